@@ -1,0 +1,266 @@
+"""The metric contract: the one place every metric sla-guard emits is defined.
+
+Engine hooks, the sidecar, the simulator, the guard, the dashboards and the alert rules all
+derive names, types, labels and buckets from here; nothing else spells a metric name.
+
+Names follow Prometheus conventions (base units, ``_total`` for counters, ``_seconds`` /
+``_bytes`` / ``_ratio`` suffixes) under the ``slaguard_`` prefix. The prefix is deliberately not
+``vllm:``: vLLM's own Prometheus logger unregisters every collector whose name starts with it.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Final
+
+PREFIX: Final = "slaguard_"
+
+
+class Kind(StrEnum):
+    COUNTER = "counter"
+    GAUGE = "gauge"
+    HISTOGRAM = "histogram"
+
+
+class Pool(StrEnum):
+    PREFILL = "prefill"
+    DECODE = "decode"
+    MIXED = "mixed"
+
+
+class Component(StrEnum):
+    """Who emits a metric; groups the generated docs and tells the guard what to expect."""
+
+    ENGINE = "engine"  # the stat-logger hook (API-server process) or the simulator
+    PROCESS = "process"  # the per-process sampler in every vLLM process
+    KV_TRANSFER = "kv_transfer"  # kv_connector_stats (NIXL)
+    HOOKS = "hooks"  # the hooks' own health
+    GUARD = "guard"  # the guard service itself
+
+
+# Label sets. ENGINE_LABELS identify one vLLM engine (DP rank) of one pool of one model.
+ENGINE_LABELS: Final = ("model", "pool", "engine")
+PROCESS_LABELS: Final = (*ENGINE_LABELS, "role", "process")
+GUARD_SLO_LABELS: Final = ("model", "pool", "slo")
+
+# SLA thresholds that must be bucket boundaries (defaults from the seeds: mean TTFT <= 2.5 s,
+# mean TPOT <= 20 ms). Overridable at engine start through the environment, see bucket_override().
+DEFAULT_TTFT_SLO_S: Final = 2.5
+DEFAULT_TPOT_SLO_S: Final = 0.020
+
+TTFT_BUCKETS: Final = (
+    0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0,
+    7.5, 10.0, 20.0, 40.0, 80.0, 160.0,
+)
+TPOT_BUCKETS: Final = (
+    0.002, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5,
+    0.75, 1.0, 2.5,
+)
+LATENCY_BUCKETS: Final = (
+    0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0, 640.0,
+)
+KV_XFER_BUCKETS: Final = (
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+)
+BYTES_BUCKETS: Final = tuple(float(2**p) for p in range(10, 36, 2))  # 1 KiB .. 32 GiB
+COUNT_BUCKETS: Final = (1.0, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
+
+
+@dataclass(frozen=True, slots=True)
+class Metric:
+    """One metric of the contract. ``name`` is the full exposed family name (counters without
+    ``_total``, as prometheus_client expects; ``exposed`` adds it)."""
+
+    name: str
+    kind: Kind
+    help: str
+    unit: str
+    labels: tuple[str, ...]
+    component: Component
+    buckets: tuple[float, ...] = ()
+    # How prometheus_client aggregates a gauge across processes in multiprocess mode.
+    multiprocess_mode: str = "mostrecent"
+    # OpenTelemetry GenAI semantic-convention name, where one exists.
+    otel_name: str | None = None
+    slo_threshold_env: str | None = field(default=None)
+
+    @property
+    def exposed(self) -> str:
+        """The family name as it appears in an exposition (``_total`` for counters)."""
+        return self.name + "_total" if self.kind is Kind.COUNTER else self.name
+
+    def series(self, suffix: str = "") -> str:
+        """A sample name: ``series('_bucket')`` for histograms, ``series()`` for the rest."""
+        return self.exposed + suffix
+
+
+def _m(name: str, kind: Kind, help: str, unit: str, labels: tuple[str, ...], component: Component,
+       **kw) -> Metric:
+    return Metric(PREFIX + name, kind, help, unit, tuple(labels), component, **kw)
+
+
+E, P, X, H, G = Component.ENGINE, Component.PROCESS, Component.KV_TRANSFER, Component.HOOKS, Component.GUARD
+C, Ga, Hi = Kind.COUNTER, Kind.GAUGE, Kind.HISTOGRAM
+EL = ENGINE_LABELS
+
+# --- per request (one observation per finished request) -------------------------------------
+REQUEST_TTFT = _m("request_ttft_seconds", Hi, "Time to first token of finished requests, as seen by this engine.",
+                  "s", EL, E, buckets=TTFT_BUCKETS, otel_name="gen_ai.server.time_to_first_token",
+                  slo_threshold_env="SLA_GUARD_TTFT_SLO_S")
+REQUEST_TPOT = _m("request_tpot_seconds", Hi,
+                  "Mean time per output token after the first, per finished request with >1 output token.",
+                  "s", EL, E, buckets=TPOT_BUCKETS, otel_name="gen_ai.server.time_per_output_token",
+                  slo_threshold_env="SLA_GUARD_TPOT_SLO_S")
+REQUEST_E2E = _m("request_e2e_seconds", Hi, "End-to-end latency of finished requests.", "s", EL, E,
+                 buckets=LATENCY_BUCKETS, otel_name="gen_ai.server.request.duration")
+REQUEST_QUEUE = _m("request_queue_seconds", Hi, "Time finished requests spent waiting in the scheduler queue.",
+                   "s", EL, E, buckets=LATENCY_BUCKETS)
+REQUEST_PREFILL = _m("request_prefill_seconds", Hi, "Prefill phase time of finished requests.", "s", EL, E,
+                     buckets=LATENCY_BUCKETS)
+REQUEST_DECODE = _m("request_decode_seconds", Hi, "Decode phase time of finished requests.", "s", EL, E,
+                    buckets=LATENCY_BUCKETS)
+INTER_TOKEN_LATENCY = _m("inter_token_latency_seconds", Hi, "Latency between consecutive output tokens.",
+                         "s", EL, E, buckets=TPOT_BUCKETS)
+REQUESTS_FINISHED = _m("requests_finished", C, "Finished requests by finish reason.", "1",
+                       (*EL, "reason"), E)
+PROMPT_TOKENS = _m("prompt_tokens", C,
+                   "Prompt tokens by source: computed here, local prefix-cache hit, or external KV transfer.",
+                   "1", (*EL, "source"), E)
+GENERATION_TOKENS = _m("generation_tokens", C, "Generated (output) tokens.", "1", EL, E,
+                       otel_name="gen_ai.client.token.usage")
+
+# --- scheduler state -------------------------------------------------------------------------
+REQUESTS_RUNNING = _m("requests_running", Ga, "Requests in the running batch.", "1", EL, E)
+REQUESTS_WAITING = _m("requests_waiting", Ga, "Requests waiting to be scheduled.", "1", EL, E)
+REQUESTS_KV_FETCH = _m("requests_kv_fetch", Ga, "Requests waiting for remote KV, by stage.", "1",
+                       (*EL, "stage"), E)
+KV_CACHE_USAGE = _m("kv_cache_usage_ratio", Ga, "Fraction of KV-cache blocks in use (0..1).", "1", EL, E)
+PREFIX_CACHE_QUERIES = _m("prefix_cache_queries_tokens", C,
+                          "Prompt tokens looked up in a prefix cache; cache=local|external (connector).",
+                          "1", (*EL, "cache"), E)
+PREFIX_CACHE_HITS = _m("prefix_cache_hits_tokens", C,
+                       "Prompt tokens found in a prefix cache; cache=local|external (connector).",
+                       "1", (*EL, "cache"), E)
+PREEMPTIONS = _m("preemptions", C, "Requests preempted (KV cache full).", "1", EL, E)
+ENGINE_STEPS = _m("engine_steps", C, "Scheduler steps recorded by the hook.", "1", EL, E)
+
+# --- speculative decoding --------------------------------------------------------------------
+SPEC_DRAFTS = _m("spec_decode_drafts", C, "Speculative-decoding drafts proposed.", "1", EL, E)
+SPEC_DRAFT_TOKENS = _m("spec_decode_draft_tokens", C, "Draft tokens proposed.", "1", EL, E)
+SPEC_ACCEPTED_TOKENS = _m("spec_decode_accepted_tokens", C, "Draft tokens accepted.", "1", EL, E)
+SPEC_DRAFT_TOKENS_POS = _m("spec_decode_draft_tokens_per_pos", C, "Draft tokens proposed at each position.",
+                           "1", (*EL, "position"), E)
+SPEC_ACCEPTED_TOKENS_POS = _m("spec_decode_accepted_tokens_per_pos", C,
+                              "Draft tokens accepted at each position.", "1", (*EL, "position"), E)
+
+# --- KV transfer (kv_connector_stats, NIXL format) -------------------------------------------
+KV_XFER_DURATION = _m("kv_transfer_duration_seconds", Hi, "Duration of one KV transfer (per transfer handle).",
+                      "s", EL, X, buckets=KV_XFER_BUCKETS)
+KV_XFER_POST_DURATION = _m("kv_transfer_post_duration_seconds", Hi, "Time to post one KV transfer.", "s", EL,
+                           X, buckets=KV_XFER_BUCKETS)
+KV_XFER_BYTES = _m("kv_transfer_bytes", Hi, "Bytes moved by one KV transfer.", "By", EL, X,
+                   buckets=BYTES_BUCKETS)
+KV_XFER_DESCRIPTORS = _m("kv_transfer_descriptors", Hi, "Descriptors in one KV transfer.", "1", EL, X,
+                         buckets=COUNT_BUCKETS)
+KV_XFER_FAILURES = _m("kv_transfer_failures", C, "KV-transfer failures; kind=transfer|notification|handshake.",
+                      "1", (*EL, "kind"), X)
+KV_XFER_EXPIRED = _m("kv_transfer_expired_requests", C, "Requests whose KV expired before it was fetched.",
+                     "1", EL, X)
+KV_XFER_LATE_NOTIFICATIONS = _m("kv_transfer_notifications_after_expiry", C,
+                                "Transfer notifications that arrived after the request expired.", "1", EL, X)
+
+# --- per process host memory (every vLLM process) --------------------------------------------
+PL = PROCESS_LABELS
+PROCESS_RSS = _m("process_resident_memory_bytes", Ga, "Resident set size of a vLLM process.", "By", PL, P,
+                 multiprocess_mode="mostrecent")
+PROCESS_MEMORY = _m("process_memory_bytes", Ga, "RSS split by kind=anon|file|shmem (from /proc status).",
+                    "By", (*PL, "kind"), P)
+PROCESS_GC_COLLECTIONS = _m("process_gc_collections", C, "Python GC collections by generation.", "1",
+                            (*PL, "generation"), P)
+PROCESS_GC_FROZEN = _m("process_gc_frozen_objects", Ga, "Objects in the permanent generation (gc.freeze).",
+                       "1", PL, P)
+PROCESS_THREADS = _m("process_threads", Ga, "OS threads of the process.", "1", PL, P)
+PROCESS_OPEN_FDS = _m("process_open_fds", Ga, "Open file descriptors of the process.", "1", PL, P)
+PROCESS_INFO = _m("process_info", Ga, "Always 1; maps a process label to its PID and start time.", "1",
+                  (*PL, "pid", "start_time"), P)
+
+# --- engine identity and hook health ---------------------------------------------------------
+ENGINE_INFO = _m("engine_info", Ga, "Always 1; static facts about an engine.", "1",
+                 (*EL, "kv_connector", "kv_role", "spec_method", "num_spec_tokens", "vllm_version",
+                  "dp_size"), E)
+HOOK_ERRORS = _m("hook_errors", C, "Errors caught inside the hooks (never raised into vLLM), by kind.", "1",
+                 ("model", "pool", "kind"), H)
+
+# --- the guard service -----------------------------------------------------------------------
+GUARD_EVAL_DURATION = _m("guard_evaluation_duration_seconds", Hi, "Time one evaluation tick took.", "s", (), G,
+                         buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0))
+GUARD_SCRAPE_ERRORS = _m("guard_scrape_errors", C, "Ingestion errors by kind.", "1", ("target", "kind"), G)
+GUARD_TARGET_UP = _m("guard_target_up", Ga, "1 if the last scrape of a target succeeded.", "1",
+                     ("target", "model", "pool"), G)
+GUARD_SERIES = _m("guard_series", Ga, "Series held in the guard's store.", "1", (), G)
+GUARD_SLO_STATUS = _m("guard_slo_status", Ga,
+                      "1 for the current status of an SLO (status=ok|at_risk|violated|unknown), else 0.",
+                      "1", (*GUARD_SLO_LABELS, "status"), G)
+GUARD_SLO_VALUE = _m("guard_slo_value", Ga, "Current value of an SLO's indicator (seconds or ratio).", "1",
+                     GUARD_SLO_LABELS, G)
+GUARD_BURN_RATE = _m("guard_burn_rate", Ga, "Error-budget burn rate over a window.", "1",
+                     (*GUARD_SLO_LABELS, "window"), G)
+GUARD_BUDGET_REMAINING = _m("guard_error_budget_remaining_ratio", Ga, "Error budget left (1 = untouched).",
+                            "1", GUARD_SLO_LABELS, G)
+GUARD_GOODPUT = _m("guard_goodput_ratio", Ga, "Share of requests meeting both TTFT and TPOT thresholds.", "1",
+                   ("model", "pool"), G)
+GUARD_FINDINGS = _m("guard_findings", Ga, "Open findings by detector and severity.", "1",
+                    ("model", "pool", "detector", "severity"), G)
+GUARD_FINDINGS_TOTAL = _m("guard_findings_opened", C, "Findings opened since start.", "1",
+                          ("model", "pool", "detector"), G)
+GUARD_LEAK_SLOPE = _m("guard_leak_slope_bytes_per_second", Ga, "Estimated memory growth of a process series.",
+                      "By/s", ("model", "pool", "instance", "process"), G)
+GUARD_ALERT_PUSH_ERRORS = _m("guard_alertmanager_push_errors", C, "Failed pushes to Alertmanager.", "1",
+                             ("reason",), G)
+GUARD_DESIRED_REPLICAS = _m("guard_desired_replicas", Ga, "Replicas the advisor recommends for a pool.", "1",
+                            ("model", "pool"), G)
+GUARD_CURRENT_REPLICAS = _m("guard_current_replicas", Ga, "Replicas the guard sees serving a pool.", "1",
+                            ("model", "pool"), G)
+GUARD_SCALING_DECISIONS = _m("guard_scaling_decisions", C, "Advisor decisions by direction and reason.", "1",
+                             ("model", "pool", "direction", "reason"), G)
+
+del E, P, X, H, G, C, Ga, Hi, EL, PL
+
+ALL: Final[tuple[Metric, ...]] = tuple(v for v in list(globals().values()) if isinstance(v, Metric))
+BY_NAME: Final[dict[str, Metric]] = {m.name: m for m in ALL}
+
+
+def by_component(component: Component) -> tuple[Metric, ...]:
+    return tuple(m for m in ALL if m.component is component)
+
+
+def buckets_with(buckets: tuple[float, ...], *thresholds: float) -> tuple[float, ...]:
+    """Buckets with each SLA threshold inserted as a boundary (a latency SLI is counted from
+    the bucket whose upper bound equals the threshold)."""
+    return tuple(sorted(set(buckets) | {float(t) for t in thresholds if t > 0}))
+
+
+def bucket_override(metric: Metric, env: dict[str, str] | None = None) -> tuple[float, ...]:
+    """Buckets for ``metric`` at engine start: the contract's, plus the SLA threshold given in
+    its environment variable (e.g. ``SLA_GUARD_TPOT_SLO_S=0.018``). Bad values are ignored
+    with the contract's buckets kept, since a hook must never fail vLLM's start-up."""
+    env = os.environ if env is None else env
+    if not metric.slo_threshold_env or metric.slo_threshold_env not in env:
+        return metric.buckets
+    try:
+        extra = [float(x) for x in env[metric.slo_threshold_env].split(",") if x.strip()]
+    except ValueError:
+        return metric.buckets
+    return buckets_with(metric.buckets, *extra)
+
+
+def pool_from_kv_role(kv_role: str | None, env: dict[str, str] | None = None) -> Pool:
+    """Pool of an engine: ``SLA_GUARD_POOL`` wins, else producer -> prefill, consumer -> decode,
+    both or none -> mixed."""
+    env = os.environ if env is None else env
+    override = env.get("SLA_GUARD_POOL", "").strip().lower()
+    if override in Pool.__members__.values():
+        return Pool(override)
+    return {"kv_producer": Pool.PREFILL, "kv_consumer": Pool.DECODE}.get(kv_role or "", Pool.MIXED)

@@ -1,0 +1,35 @@
+"""`sla-guard` command line. Each subcommand lives in ``sla_guard/commands/<name>.py`` with
+``add_parser(subparsers)`` and ``run(args) -> int``; this module only dispatches."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# Order is the order of `sla-guard --help`.
+COMMANDS = ("demo", "serve", "check", "validate_config", "replay", "analyze", "generate")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="sla-guard", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name in COMMANDS:
+        try:
+            module = importlib.import_module(f"sla_guard.commands.{name}")
+        except ModuleNotFoundError as err:
+            if err.name != f"sla_guard.commands.{name}":
+                raise
+            continue  # command not built yet in this checkout
+        p = module.add_parser(sub)
+        p.set_defaults(_run=module.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args._run(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Subcommands of `sla-guard`, one module each."""

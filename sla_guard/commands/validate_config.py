@@ -1,0 +1,27 @@
+"""`sla-guard validate-config FILE`: exit 0 and a summary if the file is usable, 2 with the
+field path, bad value and fix otherwise."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from sla_guard.config import ConfigError, load_config
+
+
+def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    p = sub.add_parser("validate-config", help="check a configuration file and exit")
+    p.add_argument("file")
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        cfg = load_config(args.file)
+    except ConfigError as err:
+        print(err, file=sys.stderr)
+        return 2
+    n_slo = sum(len(s.objectives) for s in cfg.slos)
+    print(f"ok: source={cfg.source.mode}, {n_slo} objectives in {len(cfg.slos)} SLO sets, "
+          f"evaluation every {cfg.evaluation_interval_s:g}s")
+    return 0
