@@ -91,3 +91,18 @@ class PoolRecommendation:
     confidence: float
     numbers: dict[str, float] = field(default_factory=dict)
     action: str = "scale"  # "scale" | "hold" | "rolling_restart"
+
+
+class Evaluator(Protocol):
+    """One thing the guard runs every evaluation tick (SLO evaluator, a detector, the advisor).
+
+    ``evaluate`` must not raise for bad or missing data (it reports UNKNOWN / holds instead);
+    the guard still catches, counts and logs anything that escapes, and goes on."""
+
+    name: str
+
+    def evaluate(self, view: MetricsView, now: float) -> None: ...
+
+    def snapshot(self) -> dict:
+        """JSON-able current state, served by the API and used by `check`/`demo`."""
+        ...

@@ -55,7 +55,8 @@ def test_recorder_exposes_contract_names_with_labels():
     assert f"slaguard_request_tpot_seconds_count{{{lab}}} 1.0" in text
     assert f"slaguard_request_e2e_seconds_count{{{lab}}} 2.0" in text
     assert 'slaguard_request_tpot_seconds_bucket{engine="1",le="0.02",model="m",pool="decode"} 1.0' in text
-    assert 'slaguard_spec_decode_accepted_tokens_per_pos_total{engine="1",model="m",pool="decode",position="1"} 1.0' in text
+    pos1 = 'slaguard_spec_decode_accepted_tokens_per_pos_total{engine="1",model="m",pool="decode",position="1"}'
+    assert f"{pos1} 1.0" in text
     assert "slaguard_spec_decode_draft_tokens_total" in text
 
 
