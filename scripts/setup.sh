@@ -18,7 +18,7 @@ if [[ ! -f .venv/.installed ]] || [[ pyproject.toml -nt .venv/.installed ]]; the
 fi
 
 if [[ $full == 1 ]]; then
-  if ! command -v prometheus >/dev/null || ! command -v alertmanager >/dev/null; then
+  if ! command -v prometheus >/dev/null || ! command -v prometheus-alertmanager >/dev/null; then
     SUDO=""; [[ $(id -u) != 0 ]] && SUDO=sudo
     $SUDO apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends prometheus prometheus-alertmanager >/dev/null
