@@ -4,6 +4,9 @@
 #   scripts/setup.sh --full     also Debian prometheus/alertmanager and the CPU vLLM venv (.venv-vllm)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+LOG=${SETUP_LOG:-/tmp/sla-guard-setup.log}
+# Run quietly; on failure show the end of the log (pip's "Location ... is ignored" noise stays out of CI output).
+quiet() { if ! "$@" >>"$LOG" 2>&1; then grep -v "is ignored" "$LOG" | tail -40 >&2; return 1; fi; }
 PY=${PYTHON:-python3}
 full=0; [[ "${1:-}" == "--full" ]] && full=1
 
@@ -11,8 +14,8 @@ if [[ ! -x .venv/bin/python ]]; then
   "$PY" -m venv .venv
 fi
 if [[ ! -f .venv/.installed ]] || [[ pyproject.toml -nt .venv/.installed ]]; then
-  .venv/bin/pip install -q --upgrade pip 2>&1 | grep -v "is ignored" || true
-  .venv/bin/pip install -q -e ".[otel,dashboards,report,kubernetes,dev]" 2>&1 | grep -v "is ignored" || true
+  quiet .venv/bin/pip install -q --upgrade pip
+  quiet .venv/bin/pip install -q -e ".[otel,dashboards,report,kubernetes,dev]"
   .venv/bin/python -c "import sla_guard, exporters, engine_hooks, prometheus_client, fastapi" 
   touch .venv/.installed
 fi
