@@ -1,0 +1,119 @@
+"""The ``advisor:`` section of the guard's config, validated here (GuardConfig keeps it a free
+dict so the advisor owns its schema). Errors name the full field path, e.g.
+``advisor.pools.decode.max_replicas: ...``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from sla_guard.config import ConfigError
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class PoolLimits(_Strict):
+    """Bounds and cost of one pool."""
+
+    min_replicas: int = Field(default=1, ge=0)
+    max_replicas: int = Field(default=16, ge=1)
+    gpus_per_replica: int = Field(default=8, ge=1, description="GPUs one replica holds (for the budget)")
+    max_step_up: int = Field(default=2, ge=1, description="most replicas added in one decision")
+    max_step_down: int = Field(default=1, ge=1, description="most replicas removed in one decision")
+
+    @model_validator(mode="after")
+    def _bounds(self) -> PoolLimits:
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(f"min_replicas ({self.min_replicas}) is above max_replicas ({self.max_replicas})")
+        return self
+
+
+class ProfilePrior(_Strict):
+    """Optional profile numbers; the advisor starts from them and keeps learning online."""
+
+    prefill_tokens_per_s: float | None = Field(default=None, gt=0,
+                                               description="uncached prompt tokens/s per prefill replica")
+    decode_step_base_s: float | None = Field(default=None, gt=0, description="decode step time at batch 0")
+    decode_step_per_request_s: float | None = Field(default=None, gt=0,
+                                                    description="added step time per running request")
+
+
+class Webhook(_Strict):
+    url: str
+    timeout_s: float = Field(default=5.0, gt=0)
+    retries: int = Field(default=4, ge=0)
+    backoff_s: float = Field(default=0.5, gt=0)
+    bearer_token_env: str | None = None
+
+
+class KubernetesTarget(_Strict):
+    kind: Literal["Deployment", "LeaderWorkerSet"] = "Deployment"
+    name: str
+    namespace: str = "default"
+
+
+class Actuation(_Strict):
+    """Where an active-mode decision goes. Advisory mode ignores this."""
+
+    webhook: Webhook | None = None
+    kubernetes: dict[str, KubernetesTarget] = Field(default_factory=dict,
+                                                    description="pool name -> scale target")
+    kubeconfig: str | None = Field(default=None, description="path; in-cluster config when unset")
+
+
+class AdvisorConfig(_Strict):
+    mode: Literal["advisory", "active"] = Field(default="advisory",
+                                                description="advisory only reports; active also actuates")
+    model: str = "*"
+    interval_s: float = Field(default=15.0, gt=0)
+    window_s: float = Field(default=60.0, gt=0, description="rate / quantile window for observations")
+    stale_after_s: float = Field(default=60.0, gt=0, description="hold when the newest sample is older")
+    warmup_s: float = Field(default=120.0, ge=0, description="samples of younger replicas are not learned from")
+    stabilization_down_s: float = Field(default=300.0, ge=0,
+                                        description="scale down to the max desired over this window")
+    stabilization_up_s: float = Field(default=0.0, ge=0)
+    cooldown_s: float = Field(default=60.0, ge=0, description="min time between two actions on one pool")
+    gpu_budget: int | None = Field(default=None, ge=1, description="GPUs shared by both pools")
+    prefill_target_utilization: float = Field(default=0.75, gt=0, le=1)
+    decode_tpot_headroom: float = Field(default=0.85, gt=0, le=1,
+                                        description="size decode so predicted TPOT <= headroom x SLA")
+    kv_target_usage: float = Field(default=0.85, gt=0, le=1)
+    scale_down_margin: float = Field(default=0.1, ge=0, lt=1,
+                                     description="N-1 must fit with this extra headroom")
+    forecast_horizon_s: float = Field(default=120.0, ge=0, description="trend look-ahead (~ replica start time)")
+    drain_horizon_s: float = Field(default=30.0, gt=0, description="time to drain a prefill backlog")
+    decision_log: str | None = Field(default=None, description="JSONL path; every decision appended")
+    pools: dict[Literal["prefill", "decode"], PoolLimits] = Field(
+        default_factory=lambda: {"prefill": PoolLimits(), "decode": PoolLimits()})
+    profile: ProfilePrior = Field(default_factory=ProfilePrior)
+    actuation: Actuation = Field(default_factory=Actuation)
+
+    def limits(self, pool: str) -> PoolLimits:
+        return self.pools.get(pool, PoolLimits())  # type: ignore[call-overload]
+
+    @model_validator(mode="after")
+    def _active_needs_target(self) -> AdvisorConfig:
+        a = self.actuation
+        if self.mode == "active" and a.webhook is None and not a.kubernetes:
+            raise ValueError("mode 'active' needs actuation.webhook or actuation.kubernetes "
+                             "(or set mode: advisory)")
+        return self
+
+
+def parse_advisor(data: dict[str, Any] | None, where: str = "advisor") -> AdvisorConfig:
+    """Validate the ``advisor:`` dict; errors name ``advisor.<path>`` and the bad value."""
+    try:
+        return AdvisorConfig.model_validate(data or {})
+    except ValidationError as err:
+        lines = [f"invalid advisor configuration in {where}:"]
+        for e in err.errors():
+            path = ".".join(["advisor", *(str(p) for p in e["loc"])])
+            msg = "unknown field; remove it or check its spelling" if e["type"] == "extra_forbidden" else e["msg"]
+            value = e.get("input")
+            shown = "{...}" if isinstance(value, dict) else repr(value)
+            lines.append(f"  {path}: {msg} (got {shown[:80]})")
+        raise ConfigError("\n".join(lines)) from None

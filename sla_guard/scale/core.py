@@ -1,0 +1,185 @@
+"""Replica sizing for the prefill and decode pools: pure functions over numbers.
+
+Prefill answers "how many replicas keep TTFT under the SLA": demand is *uncached* prompt tokens per
+second (a prefix-cache hit costs no prefill compute) plus what it takes to drain the backlog, and
+each replica is only loaded to a target utilisation because queueing delay, not compute, is what
+breaks TTFT. Decode answers "how many replicas keep TPOT under the SLA": the per-replica batch is
+capped by the learned ``step_time(batch) / accepted_length`` curve and by KV-cache room.
+
+Every result carries reason codes and the numbers behind them, so a decision can be explained and
+audited. The inputs (``PrefillObs`` / ``DecodeObs``) are built by adapters: one over a
+``MetricsView`` (the guard) and one over the simulator's state (replay policies).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from sla_guard.scale.learn import PrefillCapacity, StepModel
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillObs:
+    ready: int  # replicas serving
+    starting: int  # replicas launched but not serving yet
+    uncached_tps: float | None  # computed (not cached) prompt tokens/s over the window, whole pool
+    requests_per_s: float | None  # prefills finished per second
+    waiting: float | None  # requests waiting, whole pool
+    waiting_slope: float | None = None  # requests/s trend of ``waiting``
+    ttft_p99_s: float | None = None
+    ttft_slo_s: float = 2.5
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeObs:
+    ready: int
+    starting: int
+    running: float | None  # requests in the running batches, whole pool
+    running_slope: float | None = None  # requests/s trend of ``running``
+    waiting: float | None = None
+    kv_usage: float | None = None  # mean KV-cache usage ratio over ready replicas
+    preemptions_per_s: float | None = None
+    accepted_len: float = 1.0  # tokens per decode step (1 + accepted/drafts); 1 without spec decode
+    tpot_p99_s: float | None = None
+    tpot_slo_s: float = 0.020
+
+
+@dataclass(slots=True)
+class Sizing:
+    """A raw (pre-guardrail) answer: desired replicas, why, and whether N-1 would still fit."""
+
+    desired: int | None  # None: not enough data, hold
+    reasons: list[str] = field(default_factory=list)
+    numbers: dict[str, float] = field(default_factory=dict)
+    fits_at_n_minus_1: bool = False
+    confidence: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillKnobs:
+    target_utilization: float = 0.75
+    drain_horizon_s: float = 30.0
+    forecast_horizon_s: float = 120.0
+    scale_down_margin: float = 0.1
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeKnobs:
+    tpot_headroom: float = 0.85
+    kv_target_usage: float = 0.85
+    forecast_horizon_s: float = 120.0
+    scale_down_margin: float = 0.1
+    max_batch: float = 1024.0
+
+
+def _conf(samples: int, need: int) -> float:
+    return round(min(1.0, samples / max(need, 1)), 3)
+
+
+def size_prefill(obs: PrefillObs, cap: PrefillCapacity, k: PrefillKnobs) -> Sizing:
+    """Replicas = ceil((demand + backlog / drain) / (capacity x target utilisation)).
+
+    Demand is served uncached tokens/s plus queue growth (a growing queue means arrivals exceed
+    service) projected over the forecast horizon; TTFT above the SLA with a queue adds one more."""
+    if obs.uncached_tps is None or obs.waiting is None or cap.tokens_per_s <= 0:
+        return Sizing(None, ["hold_missing_data"], {})
+    n_eff = obs.ready + obs.starting
+    rps = obs.requests_per_s or 0.0
+    tokens_per_req = obs.uncached_tps / rps if rps > 0 else cap.tokens_per_s * 0.1
+    growth = max(0.0, obs.waiting_slope or 0.0) * tokens_per_req
+    backlog = obs.waiting * tokens_per_req / k.drain_horizon_s
+    demand = obs.uncached_tps + growth
+    per_replica = cap.tokens_per_s * k.target_utilization
+    need = (demand + backlog) / per_replica
+    desired = max(1, math.ceil(need - 1e-9))
+    reasons: list[str] = []
+    nums = {
+        "demand_uncached_tokens_per_s": round(demand, 1),
+        "backlog_tokens_per_s": round(backlog, 1),
+        "capacity_tokens_per_s_per_replica": round(cap.tokens_per_s, 1),
+        "target_utilization": k.target_utilization,
+        "utilization": round(demand / (cap.tokens_per_s * max(obs.ready, 1)), 3),
+        "waiting": obs.waiting,
+        "replicas_needed": round(need, 3),
+    }
+    if obs.ttft_p99_s is not None:
+        nums["ttft_p99_s"] = round(obs.ttft_p99_s, 4)
+        nums["ttft_slo_s"] = obs.ttft_slo_s
+    if desired > n_eff:
+        reasons.append("prefill_demand_over_capacity" if backlog < demand * 0.5 else "prefill_backlog")
+    over_sla = obs.ttft_p99_s is not None and obs.ttft_p99_s > obs.ttft_slo_s and obs.waiting > 0
+    if over_sla and desired <= n_eff and obs.starting == 0:
+        desired = n_eff + 1
+        reasons.append("ttft_over_sla")
+    # re-predict at N-1: the load the remaining replicas would see, with extra headroom
+    fits = False
+    if n_eff > 1:
+        util_n1 = (demand + backlog) / (cap.tokens_per_s * (n_eff - 1))
+        nums["utilization_at_n_minus_1"] = round(util_n1, 3)
+        fits = util_n1 <= k.target_utilization * (1 - k.scale_down_margin) and not over_sla
+    if desired < n_eff:
+        reasons.append("prefill_over_provisioned" if fits else "prefill_n_minus_1_would_not_fit")
+    if not reasons:
+        reasons.append("prefill_steady")
+    conf = _conf(cap.samples, 5) if cap.prior <= 0 else max(0.5, _conf(cap.samples, 5))
+    return Sizing(desired, reasons, nums, fits, conf)
+
+
+def decode_batch_limit(obs: DecodeObs, model: StepModel, k: DecodeKnobs) -> tuple[float, dict[str, float]]:
+    """Largest per-replica batch that keeps TPOT and KV usage under target, and its parts."""
+    step_budget = obs.tpot_slo_s * k.tpot_headroom * max(obs.accepted_len, 1.0)
+    b_tpot = model.batch_for_step_time(step_budget)
+    nums = {"batch_limit_tpot": round(min(b_tpot, k.max_batch), 2)}
+    b_kv = float("inf")
+    if obs.kv_usage is not None and obs.kv_usage > 0.05 and obs.running and obs.ready > 0:
+        per_replica = obs.running / obs.ready
+        b_kv = per_replica * k.kv_target_usage / obs.kv_usage
+        nums["batch_limit_kv"] = round(b_kv, 2)
+    return max(1.0, min(b_tpot, b_kv, k.max_batch)), nums
+
+
+def size_decode(obs: DecodeObs, model: StepModel, k: DecodeKnobs) -> Sizing:
+    """Replicas = ceil(forecast concurrency / per-replica batch limit); KV preemptions and TPOT
+    over the SLA force one more."""
+    if obs.running is None or (model.samples == 0 and model.a <= 0):
+        return Sizing(None, ["hold_missing_data"], {})
+    n_eff = obs.ready + obs.starting
+    trend = max(0.0, obs.running_slope or 0.0) * k.forecast_horizon_s
+    conc = obs.running + (obs.waiting or 0.0) + trend
+    limit, nums = decode_batch_limit(obs, model, k)
+    need = conc / limit
+    desired = max(1, math.ceil(need - 1e-9))
+    per_replica_now = obs.running / max(obs.ready, 1)
+    nums.update({
+        "concurrency": round(obs.running, 2),
+        "concurrency_forecast": round(conc, 2),
+        "batch_limit": round(limit, 2),
+        "accepted_len": round(obs.accepted_len, 3),
+        "step_base_s": round(model.a, 6),
+        "step_per_request_s": round(model.b, 8),
+        "tpot_predicted_s": round(model.step_time(per_replica_now) / max(obs.accepted_len, 1.0), 5),
+        "replicas_needed": round(need, 3),
+    })
+    reasons: list[str] = []
+    if desired > n_eff:
+        limiter = "kv" if nums.get("batch_limit_kv", math.inf) < nums["batch_limit_tpot"] else "tpot"
+        reasons.append(f"decode_concurrency_over_{limiter}_limit")
+    pressure = (obs.preemptions_per_s or 0.0) > 0
+    over_sla = obs.tpot_p99_s is not None and obs.tpot_p99_s > obs.tpot_slo_s
+    if obs.tpot_p99_s is not None:
+        nums["tpot_p99_s"] = round(obs.tpot_p99_s, 5)
+        nums["tpot_slo_s"] = obs.tpot_slo_s
+    if (pressure or over_sla) and desired <= n_eff and obs.starting == 0:
+        desired = n_eff + 1
+        reasons.append("kv_preemptions" if pressure else "tpot_over_sla")
+    fits = False
+    if n_eff > 1:
+        at_n1 = (obs.running + (obs.waiting or 0.0)) / (n_eff - 1)
+        nums["batch_at_n_minus_1"] = round(at_n1, 2)
+        fits = at_n1 <= limit * (1 - k.scale_down_margin) and not pressure and not over_sla
+    if desired < n_eff:
+        reasons.append("decode_over_provisioned" if fits else "decode_n_minus_1_would_not_fit")
+    if not reasons:
+        reasons.append("decode_steady")
+    return Sizing(desired, reasons, nums, fits, _conf(model.samples, 10))

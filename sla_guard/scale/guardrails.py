@@ -1,0 +1,147 @@
+"""Guardrails between a raw sizing and a decision: pure functions over explicit state.
+
+Order matters and mirrors what makes autoscalers safe in practice: hold on missing data; count
+starting replicas as present (no double scaling); scale up fast but by at most ``max_step_up``;
+scale down slowly: only to the highest desire seen over the stabilisation window, only when the
+remaining replicas are predicted to fit, never within the window after a scale-up (no reversal),
+only after the cooldown, one step at a time; clamp to min/max; then share the GPU budget.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from sla_guard.scale.core import Sizing
+
+
+@dataclass(frozen=True, slots=True)
+class Rails:
+    min_replicas: int = 1
+    max_replicas: int = 16
+    max_step_up: int = 2
+    max_step_down: int = 1
+    stabilization_down_s: float = 300.0
+    stabilization_up_s: float = 0.0
+    cooldown_s: float = 60.0
+
+
+@dataclass(slots=True)
+class PoolMemory:
+    """What the guardrails remember about one pool between decisions (bounded)."""
+
+    history: list[tuple[float, int]] = field(default_factory=list)  # (t, raw desired)
+    last_action_t: float | None = None
+    last_up_t: float | None = None
+    last_down_t: float | None = None
+
+    def remember(self, t: float, desired: int, horizon_s: float) -> None:
+        self.history.append((t, desired))
+        cutoff = t - horizon_s
+        while self.history and self.history[0][0] < cutoff:
+            self.history.pop(0)
+        del self.history[:-512]  # hard bound, whatever the window
+
+
+@dataclass(slots=True)
+class Decision:
+    pool: str
+    current: int  # ready + starting
+    desired: int
+    direction: str  # "up" | "down" | "none"
+    reasons: list[str]
+    numbers: dict[str, float]
+    confidence: float
+    action: str = "scale"  # "scale" | "hold"
+
+
+def decide(pool: str, now: float, ready: int, starting: int, sizing: Sizing, mem: PoolMemory,
+           rails: Rails) -> Decision:
+    """Turn a raw sizing into a decision and update ``mem`` when it acts."""
+    current = ready + starting
+    nums = dict(sizing.numbers)
+    nums.update({"ready": ready, "starting": starting})
+    reasons = list(sizing.reasons)
+    if sizing.desired is None:
+        return Decision(pool, current, current, "none", reasons or ["hold_missing_data"], nums, 0.0, "hold")
+    raw = min(max(sizing.desired, rails.min_replicas), rails.max_replicas)
+    nums["raw_desired"] = sizing.desired
+    mem.remember(now, raw, max(rails.stabilization_down_s, rails.stabilization_up_s))
+    desired = current
+    if current < rails.min_replicas:
+        desired = rails.min_replicas
+        reasons.append("below_min_replicas")
+    elif current > rails.max_replicas:
+        desired = rails.max_replicas
+        reasons.append("above_max_replicas")
+    elif raw > current:
+        window = [d for t, d in mem.history if t >= now - rails.stabilization_up_s]
+        target = min(window) if rails.stabilization_up_s > 0 and window else raw
+        if target > current:
+            if starting > 0 and _recent(mem.last_up_t, now, rails.cooldown_s):
+                reasons.append("hold_replicas_starting")
+            else:
+                desired = min(target, current + rails.max_step_up)
+                if desired < target:
+                    reasons.append("max_step_up")
+    elif raw < current:
+        window = [d for t, d in mem.history if t >= now - rails.stabilization_down_s]
+        target = max(window) if window else raw
+        if target >= current:
+            reasons.append("hold_stabilization_window")
+        elif not sizing.fits_at_n_minus_1:
+            reasons.append("hold_n_minus_1_would_not_fit")
+        elif starting > 0:
+            reasons.append("hold_replicas_starting")
+        elif _recent(mem.last_up_t, now, rails.stabilization_down_s):
+            reasons.append("hold_no_reversal_within_window")
+        elif _recent(mem.last_action_t, now, rails.cooldown_s):
+            reasons.append("hold_cooldown")
+        else:
+            desired = max(target, current - rails.max_step_down, rails.min_replicas)
+    direction = "up" if desired > current else "down" if desired < current else "none"
+    if direction != "none":
+        mem.last_action_t = now
+        if direction == "up":
+            mem.last_up_t = now
+        else:
+            mem.last_down_t = now
+    return Decision(pool, current, desired, direction, reasons, nums, sizing.confidence,
+                    "scale" if direction != "none" else "hold")
+
+
+def _recent(t: float | None, now: float, window: float) -> bool:
+    return t is not None and now - t < window
+
+
+def apply_budget(decisions: dict[str, Decision], gpus_per_replica: dict[str, int], budget: int | None,
+                 pressure: dict[str, float]) -> dict[str, Decision]:
+    """Fit both pools' desired replicas into one GPU budget.
+
+    Growth is granted one replica at a time to the pool under the most SLA pressure (ratio of
+    observed latency to its SLA); a pool is never cut below its current size here, since taking
+    GPUs away is the scale-down path's job."""
+    if budget is None:
+        return decisions
+    used = sum(d.current * gpus_per_replica.get(p, 1) for p, d in decisions.items())
+    want = {p: max(0, d.desired - d.current) for p, d in decisions.items()}
+    granted = dict.fromkeys(decisions, 0)
+    free = budget - used + sum(max(0, d.current - d.desired) * gpus_per_replica.get(p, 1)
+                               for p, d in decisions.items())
+    order = sorted(decisions, key=lambda p: -pressure.get(p, 0.0))
+    progress = True
+    while progress:
+        progress = False
+        for p in order:
+            cost = gpus_per_replica.get(p, 1)
+            if granted[p] < want[p] and cost <= free:
+                granted[p] += 1
+                free -= cost
+                progress = True
+    for p, d in decisions.items():
+        if want[p] > granted[p]:
+            d.desired = d.current + granted[p]
+            d.reasons.append("gpu_budget_exhausted")
+            d.numbers["gpu_budget"] = budget
+            if d.desired == d.current:
+                d.direction, d.action = "none", "hold"
+    return decisions

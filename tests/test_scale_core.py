@@ -1,0 +1,168 @@
+"""Advisor core: sizing math, online learning and guardrails (pure functions, no I/O)."""
+
+from __future__ import annotations
+
+import pytest
+
+from sla_guard.config import ConfigError
+from sla_guard.scale.config import parse_advisor
+from sla_guard.scale.core import DecodeKnobs, DecodeObs, PrefillKnobs, PrefillObs, Sizing, size_decode, size_prefill
+from sla_guard.scale.guardrails import Decision, PoolMemory, Rails, apply_budget, decide
+from sla_guard.scale.learn import PrefillCapacity, StepModel, update_prefill_capacity, update_step_model
+
+CAP = PrefillCapacity(tokens_per_s=10_000.0, samples=10)
+
+
+def _p(**kw) -> PrefillObs:
+    base = dict(ready=2, starting=0, uncached_tps=8_000.0, requests_per_s=1.0, waiting=0.0)
+    base.update(kw)
+    return PrefillObs(**base)
+
+
+def test_prefill_sizing_uses_uncached_tokens_and_target_utilization():
+    s = size_prefill(_p(uncached_tps=30_000.0, requests_per_s=3.0), CAP, PrefillKnobs(target_utilization=0.75))
+    # 30k / (10k * 0.75) = 4 replicas
+    assert s.desired == 4
+    assert "prefill_demand_over_capacity" in s.reasons
+    assert s.numbers["demand_uncached_tokens_per_s"] == 30_000.0
+
+
+def test_prefill_backlog_and_queue_growth_add_demand():
+    calm = size_prefill(_p(uncached_tps=7_000.0, requests_per_s=1.0), CAP, PrefillKnobs())
+    queued = size_prefill(_p(uncached_tps=7_000.0, requests_per_s=1.0, waiting=20.0, waiting_slope=0.2), CAP,
+                          PrefillKnobs())
+    assert calm.desired == 1
+    assert queued.desired > calm.desired
+    assert queued.numbers["backlog_tokens_per_s"] > 0
+
+
+def test_prefill_scale_down_only_if_n_minus_1_fits():
+    # 3 replicas, 14k tokens/s: at N-1=2 utilisation 0.7 > 0.75*0.9 -> does not fit
+    s = size_prefill(_p(ready=3, uncached_tps=14_000.0), CAP, PrefillKnobs())
+    assert s.desired == 2
+    assert not s.fits_at_n_minus_1
+    assert "prefill_n_minus_1_would_not_fit" in s.reasons
+    s2 = size_prefill(_p(ready=3, uncached_tps=9_000.0), CAP, PrefillKnobs())
+    assert s2.fits_at_n_minus_1
+
+
+def test_ttft_over_sla_with_queue_adds_one():
+    s = size_prefill(_p(ready=2, uncached_tps=10_000.0, waiting=1.0, ttft_p99_s=4.0), CAP, PrefillKnobs())
+    assert s.desired == 3 and "ttft_over_sla" in s.reasons
+
+
+def test_missing_data_holds():
+    assert size_prefill(_p(uncached_tps=None), CAP, PrefillKnobs()).desired is None
+    d = decide("prefill", 100.0, 2, 0, Sizing(None, ["hold_missing_data"]), PoolMemory(), Rails())
+    assert d.action == "hold" and d.desired == 2 and d.confidence == 0.0
+
+
+def test_step_model_learns_linear_step_time():
+    m = StepModel(a=0.0, b=0.0)
+    for i in range(200):
+        b = 4 + (i * 7) % 60
+        m = update_step_model(m, b, 0.008 + 0.0002 * b)
+    assert m.a == pytest.approx(0.008, rel=0.05)
+    assert m.b == pytest.approx(0.0002, rel=0.05)
+    # batch that keeps a step under 17 ms
+    assert m.batch_for_step_time(0.017) == pytest.approx(45, rel=0.05)
+
+
+def test_spec_decode_acceptance_raises_decode_capacity():
+    m = StepModel(a=0.008, b=0.0004, samples=50)
+    obs = DecodeObs(ready=2, starting=0, running=100.0, accepted_len=1.0)
+    no_spec = size_decode(obs, m, DecodeKnobs())
+    with_spec = size_decode(DecodeObs(ready=2, starting=0, running=100.0, accepted_len=2.5), m, DecodeKnobs())
+    assert with_spec.desired < no_spec.desired
+
+
+def test_kv_usage_caps_decode_batch_and_preemptions_force_growth():
+    m = StepModel(a=0.001, b=0.00001, samples=50)  # TPOT never binds
+    s = size_decode(DecodeObs(ready=2, starting=0, running=100.0, kv_usage=0.95), m, DecodeKnobs(kv_target_usage=0.85))
+    assert s.desired == 3 and "decode_concurrency_over_kv_limit" in s.reasons
+    p = size_decode(DecodeObs(ready=2, starting=0, running=20.0, kv_usage=0.3, preemptions_per_s=0.5), m, DecodeKnobs())
+    assert p.desired == 3 and "kv_preemptions" in p.reasons
+
+
+def test_prefill_capacity_learns_only_from_saturated_or_higher_samples():
+    cap = PrefillCapacity(tokens_per_s=10_000.0, samples=1)
+    lower_unsat = update_prefill_capacity(cap, 5_000.0, saturated=False)
+    assert lower_unsat.tokens_per_s == 10_000.0  # idle replicas do not shrink capacity
+    sat = update_prefill_capacity(cap, 12_000.0, saturated=True, alpha=0.5)
+    assert sat.tokens_per_s == pytest.approx(11_000.0)
+
+
+def _sz(desired: int, fits: bool = True) -> Sizing:
+    return Sizing(desired, ["x"], {}, fits, 1.0)
+
+
+def test_scale_down_waits_for_stabilization_and_needs_fit():
+    mem, rails = PoolMemory(), Rails(stabilization_down_s=300, cooldown_s=0)
+    assert decide("decode", 0, 4, 0, _sz(4), mem, rails).direction == "none"
+    # raw desire drops, but 4 was wanted inside the window
+    d = decide("decode", 100, 4, 0, _sz(2), mem, rails)
+    assert d.direction == "none" and "hold_stabilization_window" in d.reasons
+    # after the window: one step down only
+    d = decide("decode", 401, 4, 0, _sz(2), mem, rails)
+    assert (d.direction, d.desired) == ("down", 3)
+    # N-1 would not fit -> hold even though raw is lower
+    mem2 = PoolMemory()
+    d = decide("decode", 1000, 4, 0, _sz(2, fits=False), mem2, rails)
+    assert d.direction == "none" and "hold_n_minus_1_would_not_fit" in d.reasons
+
+
+def test_no_reversal_within_window_and_cooldown():
+    mem, rails = PoolMemory(), Rails(stabilization_down_s=300, cooldown_s=120)
+    up = decide("prefill", 0, 2, 0, _sz(3), mem, rails)
+    assert up.direction == "up"
+    # load vanished right after the scale-up: no reversal within the window
+    mem.history.clear()
+    d = decide("prefill", 60, 3, 0, _sz(1), mem, rails)
+    assert d.direction == "none" and "hold_no_reversal_within_window" in d.reasons
+    # cooldown after a scale-down
+    mem3 = PoolMemory(last_action_t=1000.0, last_down_t=1000.0)
+    d = decide("prefill", 1050, 4, 0, _sz(2), mem3, Rails(stabilization_down_s=0, cooldown_s=120))
+    assert "hold_cooldown" in d.reasons
+
+
+def test_starting_replicas_count_no_double_scaling():
+    mem, rails = PoolMemory(), Rails(cooldown_s=60)
+    d = decide("prefill", 0, 2, 0, _sz(3), mem, rails)
+    assert (d.direction, d.desired) == ("up", 3)
+    # next tick: the new replica is starting; the same raw desire is already met
+    d = decide("prefill", 15, 2, 1, _sz(3), mem, rails)
+    assert d.direction == "none" and d.current == 3
+    # even if more is wanted, wait for the starting one within the cooldown
+    d = decide("prefill", 30, 2, 1, _sz(5), mem, rails)
+    assert d.direction == "none" and "hold_replicas_starting" in d.reasons
+
+
+def test_max_step_and_bounds():
+    d = decide("decode", 0, 2, 0, _sz(9), PoolMemory(), Rails(max_step_up=2, max_replicas=8))
+    assert d.desired == 4 and "max_step_up" in d.reasons
+    d = decide("decode", 0, 0, 0, _sz(0), PoolMemory(), Rails(min_replicas=1))
+    assert d.desired == 1
+
+
+def test_gpu_budget_goes_to_pool_under_pressure():
+    decs = {
+        "prefill": Decision("prefill", 3, 5, "up", [], {}, 1.0),
+        "decode": Decision("decode", 2, 4, "up", [], {}, 1.0),
+    }
+    out = apply_budget(decs, {"prefill": 8, "decode": 8}, 56, {"prefill": 1.5, "decode": 1.1})
+    # 40 GPUs used, 16 free -> two replicas, prefill first then decode
+    assert out["prefill"].desired == 4 and out["decode"].desired == 3
+    assert "gpu_budget_exhausted" in out["prefill"].reasons
+
+
+def test_advisor_config_errors_name_field_path():
+    with pytest.raises(ConfigError) as e:
+        parse_advisor({"pools": {"decode": {"min_replicas": 5, "max_replicas": 2}}})
+    assert "advisor.pools.decode" in str(e.value)
+    with pytest.raises(ConfigError) as e:
+        parse_advisor({"cooldown": 5})
+    assert "advisor.cooldown" in str(e.value) and "unknown field" in str(e.value)
+    with pytest.raises(ConfigError) as e:
+        parse_advisor({"mode": "active"})
+    assert "actuation" in str(e.value)
+    assert parse_advisor({}).mode == "advisory"
