@@ -1,0 +1,186 @@
+"""The advisor: per model, every tick, desired prefill and decode replicas with reasons.
+
+``Advisor`` holds the learned state (prefill capacity, decode step-time model), the short
+histories trends are computed from, and the guardrails' memory. It reads only a ``MetricsView``
+plus the replica counts a controller knows (ready / starting), so the guard service and the
+replay policy run the very same code. The sizing and guardrail math lives in ``core`` and
+``guardrails``; this module wires it and decides which samples are admissible for learning
+(warm engines only: a replica younger than ``warmup_s`` teaches nothing, which is what makes
+other planners over-scale right after a cold start).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from sla_guard.model import Finding, MetricsView, PoolRecommendation
+from sla_guard.scale.config import AdvisorConfig
+from sla_guard.scale.core import (
+    DecodeKnobs,
+    DecodeObs,
+    PrefillKnobs,
+    PrefillObs,
+    Sizing,
+    size_decode,
+    size_prefill,
+)
+from sla_guard.scale.guardrails import Decision, PoolMemory, Rails, apply_budget, decide
+from sla_guard.scale.learn import PrefillCapacity, StepModel, slope, update_prefill_capacity, update_step_model
+from sla_guard.scale.observe import PoolReading, Reader
+
+POOLS = ("prefill", "decode")
+
+
+@dataclass(slots=True)
+class _Learned:
+    prefill: PrefillCapacity
+    decode: StepModel
+    first_seen: dict[str, float] = field(default_factory=dict)  # engine -> first time seen
+    initial_engines: set[str] | None = None
+    waiting_hist: dict[str, deque] = field(default_factory=dict)
+    running_hist: deque = field(default_factory=lambda: deque(maxlen=64))
+
+
+def leak_restarts(findings: list[Finding] | tuple[Finding, ...], model: str) -> list[PoolRecommendation]:
+    """An open leak finding recommends a rolling restart of that replica, never scaling: more
+    replicas would not stop the leaking one from running out of memory."""
+    out = []
+    for f in findings:
+        if f.detector != "leak" or not f.open:
+            continue
+        if model not in ("", "*") and f.labels.get("model", model) != model:
+            continue
+        pool = f.labels.get("pool", "")
+        replica = f.labels.get("engine") or f.labels.get("instance") or f.labels.get("process", "")
+        numbers = {k: float(v) for k, v in f.details.items() if isinstance(v, int | float)}
+        out.append(PoolRecommendation(model=f.labels.get("model", model), pool=pool, current=0, desired=0,
+                                      reasons=["leak_rolling_restart", f"replica={replica}"],
+                                      confidence=1.0 if f.severity == "critical" else 0.7,
+                                      numbers=numbers, action="rolling_restart"))
+    return out
+
+
+class Advisor:
+    """Stateful advisor for one model. ``step`` is called once per tick."""
+
+    def __init__(self, cfg: AdvisorConfig | None = None, model: str = "*", slo_ttft_s: float = 2.5,
+                 slo_tpot_s: float = 0.020) -> None:
+        self.cfg = cfg or AdvisorConfig()
+        self.model = model
+        self.slo_ttft_s = slo_ttft_s
+        self.slo_tpot_s = slo_tpot_s
+        prof = self.cfg.profile
+        self.learned = _Learned(
+            prefill=PrefillCapacity(prof.prefill_tokens_per_s or 0.0, 0, prof.prefill_tokens_per_s or 0.0),
+            decode=StepModel(a=prof.decode_step_base_s or 0.0, b=prof.decode_step_per_request_s or 0.0),
+        )
+        self.reader = Reader(self.cfg.window_s)
+        self.memory = {p: PoolMemory() for p in POOLS}
+        self.last: dict[str, Decision] = {}
+
+    # -- learning ------------------------------------------------------------------------------
+    def _warm(self, engine: str, now: float) -> bool:
+        L = self.learned
+        if L.initial_engines is not None and engine in L.initial_engines:
+            return True
+        return now - L.first_seen.get(engine, now) >= self.cfg.warmup_s
+
+    def _learn(self, now: float, readings: dict[str, PoolReading], excluded: dict[str, int]) -> None:
+        L = self.learned
+        for r in readings.values():
+            for e in r.engines:
+                L.first_seen.setdefault(e, now)
+        if L.initial_engines is None:
+            L.initial_engines = {e for r in readings.values() for e in r.engines}
+        for e, s in readings["prefill"].per_engine.items():
+            if not self._warm(e, now):
+                excluded["prefill"] += 1
+                continue
+            if s.computed_tps and s.waiting_busy_share is not None:
+                L.prefill = update_prefill_capacity(L.prefill, s.computed_tps, s.waiting_busy_share >= 0.8)
+        for e, s in readings["decode"].per_engine.items():
+            if not self._warm(e, now):
+                excluded["decode"] += 1
+                continue
+            step = s.step_s
+            if step is None and s.tpot_mean_s and s.running_min is not None and s.running_min >= 1:
+                step = s.tpot_mean_s * (s.accepted_len or 1.0)
+            if step and s.running_mean and s.running_mean >= 1:
+                L.decode = update_step_model(L.decode, s.running_mean, step)
+
+    # -- one tick ------------------------------------------------------------------------------
+    def step(self, view: MetricsView | None, now: float, counts: dict[str, tuple[int, int]],
+             findings: tuple[Finding, ...] | list[Finding] = ()) -> tuple[dict[str, Decision],
+                                                                        list[PoolRecommendation]]:
+        """Decisions per pool (``counts``: pool -> (ready, starting)) and leak restarts."""
+        cfg = self.cfg
+        restarts = leak_restarts(findings, self.model)
+        if view is None:
+            decs = {p: decide(p, now, *counts.get(p, (0, 0)), Sizing(None, ["hold_missing_data"]),
+                              self.memory[p], self._rails(p)) for p in POOLS}
+            self.last = decs
+            return decs, restarts
+        readings = {p: self.reader.read(view, self.model, p, now) for p in POOLS}
+        excluded = dict.fromkeys(POOLS, 0)
+        self._learn(now, readings, excluded)
+        sizings = {"prefill": self._size_prefill(now, readings["prefill"], counts.get("prefill", (0, 0))),
+                   "decode": self._size_decode(now, readings["decode"], counts.get("decode", (0, 0)))}
+        decs: dict[str, Decision] = {}
+        for p in POOLS:
+            ready, starting = counts.get(p, (len(readings[p].engines), 0))
+            sz = sizings[p]
+            if not readings[p].engines and ready > 0:
+                sz = Sizing(None, ["hold_stale_data"], sz.numbers)
+            d = decide(p, now, ready, starting, sz, self.memory[p], self._rails(p))
+            d.numbers["cold_samples_excluded"] = excluded[p]
+            decs[p] = d
+        pressure = {"prefill": (sizings["prefill"].numbers.get("ttft_p99_s", 0.0) / self.slo_ttft_s),
+                    "decode": (sizings["decode"].numbers.get("tpot_p99_s", 0.0) / self.slo_tpot_s)}
+        gpus = {p: cfg.limits(p).gpus_per_replica for p in POOLS}
+        decs = apply_budget(decs, gpus, cfg.gpu_budget, pressure)
+        self.last = decs
+        return decs, restarts
+
+    def _rails(self, pool: str) -> Rails:
+        lim, cfg = self.cfg.limits(pool), self.cfg
+        return Rails(min_replicas=lim.min_replicas, max_replicas=lim.max_replicas, max_step_up=lim.max_step_up,
+                     max_step_down=lim.max_step_down, stabilization_down_s=cfg.stabilization_down_s,
+                     stabilization_up_s=cfg.stabilization_up_s, cooldown_s=cfg.cooldown_s)
+
+    def _trend(self, hist: deque, now: float, value: float | None, span_s: float) -> float | None:
+        if value is None:
+            return None
+        hist.append((now, value))
+        pts = [(t, v) for t, v in hist if t >= now - span_s]
+        return slope([t for t, _ in pts], [v for _, v in pts])
+
+    def _size_prefill(self, now: float, r: PoolReading, counts: tuple[int, int]) -> Sizing:
+        t, cfg = r.totals, self.cfg
+        hist = self.learned.waiting_hist.setdefault("prefill", deque(maxlen=64))
+        wslope = self._trend(hist, now, t.get("waiting"), max(4 * cfg.interval_s, 60.0))
+        obs = PrefillObs(ready=counts[0], starting=counts[1], uncached_tps=t.get("uncached_tps"),
+                         requests_per_s=t.get("requests_per_s"), waiting=t.get("waiting"), waiting_slope=wslope,
+                         ttft_p99_s=t.get("ttft_p99_s"), ttft_slo_s=self.slo_ttft_s)
+        knobs = PrefillKnobs(target_utilization=cfg.prefill_target_utilization, drain_horizon_s=cfg.drain_horizon_s,
+                             forecast_horizon_s=cfg.forecast_horizon_s, scale_down_margin=cfg.scale_down_margin)
+        s = size_prefill(obs, self.learned.prefill, knobs)
+        if t.get("prefix_hit_ratio") is not None:
+            s.numbers["prefix_hit_ratio"] = round(float(t["prefix_hit_ratio"]), 4)
+        return s
+
+    def _size_decode(self, now: float, r: PoolReading, counts: tuple[int, int]) -> Sizing:
+        t, cfg = r.totals, self.cfg
+        rslope = self._trend(self.learned.running_hist, now, t.get("running"), max(8 * cfg.interval_s, 120.0))
+        obs = DecodeObs(ready=counts[0], starting=counts[1], running=t.get("running"), running_slope=rslope,
+                        waiting=t.get("waiting"), kv_usage=t.get("kv_usage"),
+                        preemptions_per_s=t.get("preemptions_per_s"), accepted_len=t.get("accepted_len") or 1.0,
+                        tpot_p99_s=t.get("tpot_p99_s"), tpot_slo_s=self.slo_tpot_s)
+        knobs = DecodeKnobs(tpot_headroom=cfg.decode_tpot_headroom, kv_target_usage=cfg.kv_target_usage,
+                            forecast_horizon_s=cfg.forecast_horizon_s, scale_down_margin=cfg.scale_down_margin)
+        return size_decode(obs, self.learned.decode, knobs)
+
+
+def to_recommendation(model: str, d: Decision) -> PoolRecommendation:
+    return PoolRecommendation(model=model, pool=d.pool, current=d.current, desired=d.desired, reasons=d.reasons,
+                              confidence=d.confidence, numbers=d.numbers, action=d.action)

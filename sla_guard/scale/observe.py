@@ -1,0 +1,115 @@
+"""Read the advisor's inputs from a ``MetricsView`` (the guard's store, a Prometheus server, or
+the simulator's replay store): pool totals for sizing and per-engine samples for learning.
+
+All queries go through contract ``Metric`` objects; missing data comes back as ``None`` so the
+sizing holds instead of acting on zeros.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from exporters import contract as c
+from exporters.contract import Kind, Metric
+from sla_guard.model import Labels, MetricsView
+
+
+def _sample(m: Metric, suffix: str = "") -> str:
+    """The sample name a view is queried with (``_total`` for counters, ``_sum``/``_count`` parts)."""
+    return m.series(suffix) if m.kind is Kind.HISTOGRAM else m.series()
+
+
+def _lab(labels: Labels, name: str) -> str:
+    return dict(labels).get(name, "")
+
+
+@dataclass(slots=True)
+class EngineSample:
+    """One engine's numbers over the window (learning input)."""
+
+    engine: str
+    pool: str
+    computed_tps: float | None = None
+    waiting_busy_share: float | None = None  # share of samples with requests waiting
+    running_mean: float | None = None
+    running_min: float | None = None
+    step_s: float | None = None  # window / steps while it had a running batch
+    tpot_mean_s: float | None = None
+    accepted_len: float | None = None
+
+
+@dataclass(slots=True)
+class PoolReading:
+    pool: str
+    engines: list[str] = field(default_factory=list)  # engines with a fresh sample
+    totals: dict[str, float | None] = field(default_factory=dict)
+    per_engine: dict[str, EngineSample] = field(default_factory=dict)
+
+
+class Reader:
+    """Stateless queries; one call per pool per tick."""
+
+    def __init__(self, window_s: float = 60.0) -> None:
+        self.window_s = window_s
+
+    def read(self, view: MetricsView, model: str, pool: str, now: float) -> PoolReading:
+        w = self.window_s
+        mt: Mapping[str, str] = {"pool": pool} if model in ("", "*") else {"model": model, "pool": pool}
+        r = PoolReading(pool)
+        running = view.instant(_sample(c.REQUESTS_RUNNING), mt, now)
+        waiting = view.instant(_sample(c.REQUESTS_WAITING), mt, now)
+        kv = view.instant(_sample(c.KV_CACHE_USAGE), mt, now)
+        r.engines = sorted({_lab(k, "engine") for k in running} | {_lab(k, "engine") for k in waiting})
+        t = r.totals
+        t["running"] = sum(running.values()) if running else None
+        t["waiting"] = sum(waiting.values()) if waiting else None
+        t["kv_usage"] = (sum(kv.values()) / len(kv)) if kv else None
+        t["kv_usage_max"] = max(kv.values()) if kv else None
+
+        by_e = ("engine",)
+        computed = view.increase(_sample(c.PROMPT_TOKENS), {**mt, "source": "computed"}, w, now, by_e)
+        t["uncached_tps"] = sum(computed.values()) / w if computed else (0.0 if r.engines else None)
+        prompt_all = view.increase(_sample(c.PROMPT_TOKENS), mt, w, now, ())
+        if prompt_all:
+            tot = sum(prompt_all.values())
+            t["prefix_hit_ratio"] = 1.0 - (sum(computed.values()) / tot) if tot > 0 and computed else None
+        prefills = view.increase(_sample(c.REQUEST_PREFILL, "_count"), mt, w, now, ())
+        t["requests_per_s"] = sum(prefills.values()) / w if prefills else None
+        pre = view.increase(_sample(c.PREEMPTIONS), mt, w, now, ())
+        t["preemptions_per_s"] = sum(pre.values()) / w if pre else 0.0
+        drafts = view.increase(_sample(c.SPEC_DRAFTS), mt, w, now, by_e)
+        acc = view.increase(_sample(c.SPEC_ACCEPTED_TOKENS), mt, w, now, by_e)
+        d_tot = sum(drafts.values()) if drafts else 0.0
+        t["accepted_len"] = 1.0 + sum(acc.values()) / d_tot if d_tot > 0 and acc else 1.0
+        for ind, metric in (("ttft", c.REQUEST_TTFT), ("tpot", c.REQUEST_TPOT)):
+            q = view.histogram_quantile(0.99, metric.name, mt, w, now, ())
+            vals = [v for v in q.values() if v == v]  # drop NaN (no requests)
+            t[f"{ind}_p99_s"] = max(vals) if vals else None
+
+        steps = view.increase(_sample(c.ENGINE_STEPS), mt, w, now, by_e)
+        tpot_sum = view.increase(_sample(c.REQUEST_TPOT, "_sum"), mt, w, now, by_e)
+        tpot_cnt = view.increase(_sample(c.REQUEST_TPOT, "_count"), mt, w, now, by_e)
+        run_series = {s.label("engine"): s for s in view.range(_sample(c.REQUESTS_RUNNING), mt, now - w, now)}
+        wait_series = {s.label("engine"): s for s in view.range(_sample(c.REQUESTS_WAITING), mt, now - w, now)}
+        for e in r.engines:
+            key = (("engine", e),)
+            s = EngineSample(engine=e, pool=pool)
+            if key in computed:
+                s.computed_tps = computed[key] / w
+            ws = wait_series.get(e)
+            if ws is not None and len(ws.v):
+                s.waiting_busy_share = float((ws.v > 0).mean())
+            rs = run_series.get(e)
+            if rs is not None and len(rs.v):
+                s.running_mean = float(rs.v.mean())
+                s.running_min = float(rs.v.min())
+            n_steps = steps.get(key)
+            if n_steps and n_steps > 0 and s.running_min is not None and s.running_min >= 1:
+                s.step_s = w / n_steps
+            if tpot_cnt.get(key):
+                s.tpot_mean_s = tpot_sum.get(key, 0.0) / tpot_cnt[key]
+            if drafts.get(key):
+                s.accepted_len = 1.0 + acc.get(key, 0.0) / drafts[key]
+            r.per_engine[e] = s
+        return r
