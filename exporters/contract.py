@@ -225,6 +225,8 @@ GUARD_CURRENT_REPLICAS = _m("guard_current_replicas", Ga, "Replicas the guard se
                             ("model", "pool"), G)
 GUARD_SCALING_DECISIONS = _m("guard_scaling_decisions", C, "Advisor decisions by direction and reason.", "1",
                              ("model", "pool", "direction", "reason"), G)
+GUARD_ACTUATION_ERRORS = _m("guard_actuation_errors", C, "Scaling actions an actuator failed to apply.", "1",
+                            ("model", "pool", "actuator"), G)
 
 del E, P, X, H, G, C, Ga, Hi, EL, PL
 
