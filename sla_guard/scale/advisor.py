@@ -78,6 +78,8 @@ class Advisor:
         self.reader = Reader(self.cfg.window_s)
         self.memory = {p: PoolMemory() for p in POOLS}
         self.last: dict[str, Decision] = {}
+        self.pending: dict[str, tuple[int, float]] = {}
+        self.pending_timeout_s = 1800.0
 
     # -- learning ------------------------------------------------------------------------------
     def _warm(self, engine: str, now: float) -> bool:
@@ -122,13 +124,14 @@ class Advisor:
             self.last = decs
             return decs, restarts
         readings = {p: self.reader.read(view, self.model, p, now) for p in POOLS}
+        counts = {p: counts[p] if p in counts else self._counts_from_view(p, readings[p], now) for p in POOLS}
         excluded = dict.fromkeys(POOLS, 0)
         self._learn(now, readings, excluded)
-        sizings = {"prefill": self._size_prefill(now, readings["prefill"], counts.get("prefill", (0, 0))),
-                   "decode": self._size_decode(now, readings["decode"], counts.get("decode", (0, 0)))}
+        sizings = {"prefill": self._size_prefill(now, readings["prefill"], counts["prefill"]),
+                   "decode": self._size_decode(now, readings["decode"], counts["decode"])}
         decs: dict[str, Decision] = {}
         for p in POOLS:
-            ready, starting = counts.get(p, (len(readings[p].engines), 0))
+            ready, starting = counts[p]
             sz = sizings[p]
             if not readings[p].engines and ready > 0:
                 sz = Sizing(None, ["hold_stale_data"], sz.numbers)
@@ -141,6 +144,20 @@ class Advisor:
         decs = apply_budget(decs, gpus, cfg.gpu_budget, pressure)
         self.last = decs
         return decs, restarts
+
+    def expect(self, pool: str, replicas: int, now: float) -> None:
+        """Record that ``pool`` was asked for ``replicas`` (active mode): until they show up in the
+        metrics (or ``pending_timeout_s`` passes) the missing ones count as starting, so the
+        advisor does not ask twice for the same capacity."""
+        self.pending[pool] = (replicas, now)
+
+    def _counts_from_view(self, pool: str, r: PoolReading, now: float) -> tuple[int, int]:
+        ready = len(r.engines)
+        want, since = self.pending.get(pool, (0, -1e18))
+        if now - since > self.pending_timeout_s or ready >= want:
+            self.pending.pop(pool, None)
+            return ready, 0
+        return ready, want - ready
 
     def _rails(self, pool: str) -> Rails:
         lim, cfg = self.cfg.limits(pool), self.cfg

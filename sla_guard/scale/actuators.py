@@ -1,0 +1,129 @@
+"""Actuators: one narrow interface, ``set_replicas(model, pool, replicas, key)``.
+
+The advisor never knows what it talks to (Dynamo's planner keeps the same seam between its core
+and its connectors). ``WebhookActuator`` POSTs the decision to any controller that wants it,
+retrying transient failures with exponential backoff under one idempotency key, so a retried
+POST cannot scale twice. ``KubernetesActuator`` patches the scale subresource of a Deployment or
+a LeaderWorkerSet through the official ``kubernetes`` client (what an HPA or KEDA would do).
+A failure raises ``ActuationError``; the evaluator counts it and carries on.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Callable, Mapping
+from typing import Protocol
+
+import httpx
+
+from sla_guard.scale.config import KubernetesTarget, Webhook
+
+IDEMPOTENCY_HEADER = "Idempotency-Key"
+LWS_GROUP, LWS_VERSION, LWS_PLURAL = "leaderworkerset.x-k8s.io", "v1", "leaderworkersets"
+
+
+class ActuationError(RuntimeError):
+    """The target could not be set; the message says which and why."""
+
+
+class Actuator(Protocol):
+    name: str
+
+    def set_replicas(self, model: str, pool: str, replicas: int, key: str) -> None: ...
+
+
+def idempotency_key(model: str, pool: str, replicas: int, decided_at: float) -> str:
+    """Stable for one decision (so every retry of it carries the same key), new for the next."""
+    raw = f"{model}|{pool}|{replicas}|{decided_at:.3f}"
+    return hashlib.sha256(raw.encode()).hexdigest()[:32]
+
+
+class WebhookActuator:
+    """POST ``{"model", "pool", "replicas", "idempotency_key", "reasons"}`` to a URL.
+
+    Retries connection errors, timeouts, 429 and 5xx with exponential backoff (``backoff_s`` x 2^n);
+    other 4xx are the receiver refusing the request and are not retried."""
+
+    name = "webhook"
+
+    def __init__(self, cfg: Webhook, token: str | None = None, client: httpx.Client | None = None,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+        self.cfg = cfg
+        self._client = client or httpx.Client(timeout=cfg.timeout_s)
+        self._sleep = sleep
+        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.attempts = 0
+
+    def set_replicas(self, model: str, pool: str, replicas: int, key: str,
+                     extra: Mapping[str, object] | None = None) -> None:
+        body = {"model": model, "pool": pool, "replicas": int(replicas), "idempotency_key": key, **(extra or {})}
+        headers = {**self._headers, IDEMPOTENCY_HEADER: key}
+        last = "no attempt"
+        for attempt in range(self.cfg.retries + 1):
+            if attempt:
+                self._sleep(self.cfg.backoff_s * 2 ** (attempt - 1))
+            self.attempts += 1
+            try:
+                resp = self._client.post(self.cfg.url, json=body, headers=headers)
+            except httpx.HTTPError as err:
+                last = f"{type(err).__name__}: {err}"
+                continue
+            if resp.status_code < 300:
+                return
+            last = f"HTTP {resp.status_code}"
+            if resp.status_code < 500 and resp.status_code != 429:
+                break
+        raise ActuationError(f"webhook {self.cfg.url} did not accept {pool}={replicas}: {last}")
+
+    def close(self) -> None:
+        self._client.close()
+
+
+class KubernetesActuator:
+    """Patch ``spec.replicas`` through the scale subresource of the pool's Deployment or LeaderWorkerSet."""
+
+    name = "kubernetes"
+
+    def __init__(self, targets: Mapping[str, KubernetesTarget], api_client=None, kubeconfig: str | None = None
+                 ) -> None:
+        from kubernetes import client, config  # optional extra: sla-guard[kubernetes]
+
+        if api_client is None:
+            if kubeconfig:
+                config.load_kube_config(config_file=kubeconfig)
+            else:
+                config.load_incluster_config()
+            api_client = client.ApiClient()
+        self.targets = dict(targets)
+        self.apps = client.AppsV1Api(api_client)
+        self.custom = client.CustomObjectsApi(api_client)
+
+    def _target(self, pool: str) -> KubernetesTarget:
+        t = self.targets.get(pool)
+        if t is None:
+            raise ActuationError(f"no kubernetes target for pool {pool!r}; set advisor.actuation.kubernetes.{pool}")
+        return t
+
+    def get_replicas(self, pool: str) -> int:
+        t = self._target(pool)
+        try:
+            if t.kind == "Deployment":
+                return int(self.apps.read_namespaced_deployment_scale(t.name, t.namespace).spec.replicas or 0)
+            obj = self.custom.get_namespaced_custom_object_scale(LWS_GROUP, LWS_VERSION, t.namespace, LWS_PLURAL,
+                                                                 t.name)
+            return int(obj.get("spec", {}).get("replicas", 0))
+        except Exception as err:  # ApiException, connection errors: the caller counts and continues
+            raise ActuationError(f"reading scale of {t.kind}/{t.namespace}/{t.name} failed: {err}") from err
+
+    def set_replicas(self, model: str, pool: str, replicas: int, key: str) -> None:
+        t = self._target(pool)
+        body = {"spec": {"replicas": int(replicas)}}
+        try:
+            if t.kind == "Deployment":
+                self.apps.patch_namespaced_deployment_scale(t.name, t.namespace, body)
+            else:
+                self.custom.patch_namespaced_custom_object_scale(LWS_GROUP, LWS_VERSION, t.namespace, LWS_PLURAL,
+                                                                 t.name, body)
+        except Exception as err:
+            raise ActuationError(f"scaling {t.kind}/{t.namespace}/{t.name} to {replicas} failed: {err}") from err

@@ -1,0 +1,91 @@
+"""HTTP interfaces of the advisor: what autoscalers already speak.
+
+- ``GET /v1/recommendations``: per pool current, desired, action, reasons, confidence and the
+  numbers behind them, plus rolling-restart advice from leak findings.
+- ``GET /v1/scale/keda``: a KEDA ``metrics-api`` scaler target. The body is
+  ``{"model": ..., "pools": {"prefill": {"desired": 3, "current": 2, ...}, "decode": {...}}}``;
+  point one ScaledObject per pool at it with ``valueLocation: pools.prefill.desired`` (a GJSON
+  path) and ``targetValue: "1"`` (metricType AverageValue), so KEDA's replica count follows the
+  advisor's number exactly. ``/v1/scale/keda/{pool}`` returns one pool flat
+  (``valueLocation: desired``). Until the first decision the endpoints answer 503, so KEDA keeps
+  the current size (or its configured fallback) instead of scaling on a made-up number.
+
+Both sit under ``/v1`` and require ``Authorization: Bearer <token>`` when a token is configured.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Callable, Sequence
+
+from fastapi import APIRouter, Depends, HTTPException, Request
+
+from sla_guard.scale.evaluator import AdvisorEvaluator
+
+
+def bearer_auth(token: Callable[[], str | None]) -> Callable[[Request], None]:
+    """Dependency: 401 unless the request carries the configured bearer token (no token = open)."""
+
+    def check(request: Request) -> None:
+        want = token()
+        if not want:
+            return
+        got = request.headers.get("authorization", "")
+        scheme, _, value = got.partition(" ")
+        if scheme.lower() != "bearer" or not secrets.compare_digest(value.strip().encode(), want.encode()):
+            raise HTTPException(status_code=401, detail="missing or wrong bearer token",
+                                headers={"WWW-Authenticate": "Bearer"})
+
+    return check
+
+
+def advisor_router(evaluators: Sequence[AdvisorEvaluator] | AdvisorEvaluator,
+                   token: Callable[[], str | None] = lambda: None) -> APIRouter:
+    evs = [evaluators] if isinstance(evaluators, AdvisorEvaluator) else list(evaluators)
+    router = APIRouter(prefix="/v1", dependencies=[Depends(bearer_auth(token))], tags=["scaling"])
+
+    def pick(model: str | None) -> AdvisorEvaluator:
+        if model is None:
+            if len(evs) == 1:
+                return evs[0]
+            raise HTTPException(400, detail=f"several models; pass ?model= one of {[e.model for e in evs]}")
+        for e in evs:
+            if e.model == model:
+                return e
+        raise HTTPException(404, detail=f"unknown model {model!r}; known: {[e.model for e in evs]}")
+
+    @router.get("/recommendations")
+    def recommendations(model: str | None = None) -> dict:
+        chosen = evs if model is None else [pick(model)]
+        out = []
+        for e in chosen:
+            snap = e.snapshot()
+            out.append({"model": e.model, **snap})
+        return {"models": out}
+
+    def _pools(e: AdvisorEvaluator) -> dict:
+        recs, _restarts, at = e.recommendations()
+        if at is None:
+            raise HTTPException(503, detail="no recommendation yet (first evaluation pending or no data)")
+        return {r.pool: {"desired": r.desired, "current": r.current, "action": r.action,
+                         "confidence": r.confidence, "reason": r.reasons[0] if r.reasons else ""} for r in recs}
+
+    @router.get("/scale/keda")
+    def keda(model: str | None = None) -> dict:
+        e = pick(model)
+        return {"model": e.model, "mode": e.cfg.mode, "pools": _pools(e)}
+
+    @router.get("/scale/keda/{pool}")
+    def keda_pool(pool: str, model: str | None = None) -> dict:
+        e = pick(model)
+        pools = _pools(e)
+        if pool not in pools:
+            raise HTTPException(404, detail=f"unknown pool {pool!r}; known: {sorted(pools)}")
+        return {"model": e.model, "pool": pool, **pools[pool]}
+
+    @router.get("/decisions")
+    def decisions(model: str | None = None, limit: int = 50) -> dict:
+        e = pick(model)
+        return {"model": e.model, "decisions": list(e.history)[-max(1, min(limit, 256)):]}
+
+    return router
