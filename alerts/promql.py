@@ -1,0 +1,81 @@
+"""PromQL built from contract ``Metric`` objects, shared by the alert rules and the dashboards.
+
+Nothing here spells a metric name: every selector starts from a contract ``Metric``, and the
+helpers refuse combinations that would be wrong PromQL semantics (``rate`` of a gauge, a
+``_bucket`` suffix on a counter), so a contract change breaks generation, not production.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from prometheus_client.utils import floatToGoString
+
+from exporters.contract import Kind, Metric
+
+HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
+
+
+def le(threshold: float) -> str:
+    """The ``le`` label value prometheus_client writes for a bucket bound (2.5 -> "2.5", 5 -> "5.0")."""
+    return floatToGoString(float(threshold))
+
+
+def series(metric: Metric, suffix: str = "", matchers: Sequence[str] = ()) -> str:
+    """A selector such as ``slaguard_request_ttft_seconds_count{pool=~"$pool"}``."""
+    if metric.kind is Kind.HISTOGRAM:
+        if suffix not in HISTOGRAM_SUFFIXES:
+            raise ValueError(f"{metric.name} is a histogram; use one of {HISTOGRAM_SUFFIXES}")
+    elif suffix:
+        raise ValueError(f"{metric.name} is a {metric.kind}; it has no {suffix!r} series")
+    name = metric.series(suffix)
+    return f"{name}{{{', '.join(matchers)}}}" if matchers else name
+
+
+def _counting(metric: Metric, suffix: str) -> None:
+    if metric.kind is Kind.GAUGE:
+        raise ValueError(f"{metric.name} is a gauge; rate()/increase() need a counter or histogram part")
+
+
+def rate(metric: Metric, window: str, suffix: str = "", matchers: Sequence[str] = ()) -> str:
+    _counting(metric, suffix)
+    return f"rate({series(metric, suffix, matchers)}[{window}])"
+
+
+def increase(metric: Metric, window: str, suffix: str = "", matchers: Sequence[str] = ()) -> str:
+    _counting(metric, suffix)
+    return f"increase({series(metric, suffix, matchers)}[{window}])"
+
+
+def by(labels: Sequence[str]) -> str:
+    return f" by ({', '.join(labels)})" if labels else ""
+
+
+def sum_by(labels: Sequence[str], expr: str) -> str:
+    return f"sum{by(labels)} ({expr})"
+
+
+def ratio(num: str, den: str) -> str:
+    return f"({num})\n/\n({den})" if "\n" in num + den else f"({num}) / ({den})"
+
+
+def mean(metric: Metric, window: str, labels: Sequence[str], matchers: Sequence[str] = ()) -> str:
+    """Request-weighted mean of a histogram over ``window``: sum of rates of _sum over _count."""
+    return ratio(sum_by(labels, rate(metric, window, "_sum", matchers)),
+                 sum_by(labels, rate(metric, window, "_count", matchers)))
+
+
+def quantile(q: float, metric: Metric, window: str, labels: Sequence[str], matchers: Sequence[str] = ()) -> str:
+    inner = sum_by((*labels, "le"), rate(metric, window, "_bucket", matchers))
+    return f"histogram_quantile({q:g}, {inner})"
+
+
+def share_at_or_below(metric: Metric, threshold: float, window: str, labels: Sequence[str],
+                      matchers: Sequence[str] = ()) -> str:
+    """Share of observations <= threshold (an attainment SLI); the threshold must be a bucket bound."""
+    good = sum_by(labels, rate(metric, window, "_bucket", (*matchers, f'le="{le(threshold)}"')))
+    return ratio(good, sum_by(labels, rate(metric, window, "_count", matchers)))
+
+
+def has_bucket(metric: Metric, threshold: float) -> bool:
+    return any(abs(b - threshold) < 1e-12 for b in metric.buckets)

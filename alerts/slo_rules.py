@@ -1,0 +1,194 @@
+"""Recording rules and SLA alerts generated from the SLO spec the guard reads (``GuardConfig.slos``).
+
+Per SLO and (model, pool) the rules record, over every window an alert needs:
+
+- ``model_pool_slo:sli_requests:rate<w>``        requests per second (the zero-traffic guard);
+- ``model_pool_slo:sli_error:ratio_rate<w>``     attainment SLOs: share of requests over the
+  threshold, counted from the histogram bucket whose ``le`` is the threshold;
+- ``model_pool_slo:sli_latency_seconds:mean<w>`` / ``:quantile<w>`` mean and percentile SLOs.
+
+Every ratio is request-weighted: sums of rates over all engines of a pool, divided once, over the
+whole window (never an average of shorter-window ratios). Attainment SLOs get the SRE-workbook
+multi-window multi-burn-rate alerts, with burn factors derived from the SLO's own period.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from alerts import promql as q
+from alerts.params import RuleParams, fmt_duration
+from exporters import contract as c
+from exporters.contract import Metric
+from sla_guard.config import SLO, GuardConfig, Indicator, Objective, SLOSet, parse_duration
+
+LABELS = ("model", "pool")
+SLO_LABELS = ("model", "pool", "slo")
+INDICATOR_METRIC: dict[Indicator, Metric] = {Indicator.TTFT: c.REQUEST_TTFT, Indicator.TPOT: c.REQUEST_TPOT}
+
+
+@dataclass(frozen=True)
+class BurnRow:
+    """One row of the multi-window table: alert when both windows burn faster than the factor
+    that would consume ``budget_fraction`` of the budget within ``long`` (SRE workbook)."""
+
+    budget_fraction: float
+    long: str
+    short: str
+    severity: str
+
+    def factor(self, period: str) -> float:
+        return round(self.budget_fraction * parse_duration(period) / parse_duration(self.long), 6)
+
+
+BURN_ROWS = (
+    BurnRow(0.02, "1h", "5m", "critical"),
+    BurnRow(0.05, "6h", "30m", "critical"),
+    BurnRow(0.10, "1d", "2h", "warning"),
+    BurnRow(0.10, "3d", "6h", "warning"),
+)
+
+
+class GenerationError(ValueError):
+    """An SLO spec the rule generator cannot express; the message says how to change it."""
+
+
+def set_matchers(sets: Sequence[SLOSet], i: int) -> list[str]:
+    """Label matchers that select exactly the series SLO set ``i`` governs: its own model/pool,
+    minus the series a more specific overlapping set claims (most specific wins, as in
+    ``GuardConfig.slos_for``)."""
+    s = sets[i]
+    pos = [f'{lab}="{v}"' for lab, v in (("model", s.model), ("pool", s.pool)) if v != "*"]
+    neg: dict[str, list[str]] = {"model": [], "pool": []}
+    for j, t in enumerate(sets):
+        if j == i:
+            continue
+        extra = [lab for lab, mine, theirs in (("model", s.model, t.model), ("pool", s.pool, t.pool))
+                 if mine == "*" and theirs != "*"]
+        conflict = any(mine != "*" and theirs not in ("*", mine)
+                       for mine, theirs in ((s.model, t.model), (s.pool, t.pool)))
+        narrower = [lab for lab, mine, theirs in (("model", s.model, t.model), ("pool", s.pool, t.pool))
+                    if theirs == "*" and mine != "*"]
+        if conflict or narrower or not extra:
+            continue  # disjoint, less specific, or identical scope
+        if len(extra) == 2:
+            raise GenerationError(
+                f"slos[{j}] (model={t.model!r}, pool={t.pool!r}) overrides part of slos[{i}] (model='*', pool='*');"
+                " label matchers cannot express that exclusion. Add a set for model "
+                f"{t.model!r} with pool '*' or split slos[{i}] by pool.")
+        lab = extra[0]
+        neg[lab].append(t.model if lab == "model" else t.pool)
+    for lab, values in neg.items():
+        if values:
+            pos.append(f'{lab}!~"{"|".join(sorted(set(values)))}"')
+    return pos
+
+
+def _windows(slo: SLO) -> list[str]:
+    if slo.objective is Objective.ATTAINMENT:
+        out: list[str] = []
+        for row in BURN_ROWS:
+            out += [row.long, row.short]
+        return sorted(set(out), key=parse_duration)
+    return [slo.window]
+
+
+def _rec(name: str, expr: str, slo: SLO) -> dict:
+    return {"record": name, "expr": expr, "labels": {"slo": slo.name}}
+
+
+def slo_recording_rules(slo: SLO, matchers: list[str], p: RuleParams) -> list[dict]:
+    metric = INDICATOR_METRIC[slo.indicator]
+    rules = []
+    for w in _windows(slo):
+        sw = p.window(w)
+        rules.append(_rec(f"model_pool_slo:sli_requests:rate{w}",
+                          q.sum_by(LABELS, q.rate(metric, sw, "_count", matchers)), slo))
+        if slo.objective is Objective.ATTAINMENT:
+            good = q.share_at_or_below(metric, slo.threshold_s, sw, LABELS, matchers)
+            rules.append(_rec(f"model_pool_slo:sli_error:ratio_rate{w}", f"1 - ({good})", slo))
+        elif slo.objective is Objective.MEAN:
+            rules.append(_rec(f"model_pool_slo:sli_latency_seconds:mean{w}",
+                              q.mean(metric, sw, LABELS, matchers), slo))
+        else:
+            rules.append(_rec(f"model_pool_slo:sli_latency_seconds:quantile{w}",
+                              q.quantile(slo.percentile or 0.5, metric, sw, LABELS, matchers), slo))
+    return rules
+
+
+def _sel(name: str, slo: SLO, matchers: list[str]) -> str:
+    inner = ", ".join([f'slo="{slo.name}"', *matchers])
+    return f"{name}{{{inner}}}"
+
+
+def _traffic_guard(slo: SLO, window: str, matchers: list[str], p: RuleParams) -> str:
+    secs = parse_duration(p.window(window))
+    return (f"and on (model, pool, slo) {_sel(f'model_pool_slo:sli_requests:rate{window}', slo, matchers)}"
+            f" * {secs:g} >= {slo.min_requests}")
+
+
+def slo_alert_rules(slo: SLO, matchers: list[str], p: RuleParams) -> list[dict]:
+    ind = slo.indicator.value.upper()
+    thr = f"{slo.threshold_s:g}s"
+    scope = "{{ $labels.model }}/{{ $labels.pool }}"
+    if slo.objective is Objective.ATTAINMENT:
+        budget = round(1 - (slo.target or 0), 10)
+        out = []
+        for row in BURN_ROWS:
+            factor = row.factor(slo.period)
+            limit = f"{round(factor * budget, 10):g}"
+            expr = "\n".join([
+                f"{_sel(f'model_pool_slo:sli_error:ratio_rate{row.long}', slo, matchers)} > {limit}",
+                f"and on (model, pool, slo) {_sel(f'model_pool_slo:sli_error:ratio_rate{row.short}', slo, matchers)}"
+                f" > {limit}",
+                _traffic_guard(slo, row.short, matchers, p),
+            ])
+            out.append(p.alert(
+                "SlaGuardErrorBudgetBurn", expr, row.severity, for_="0s",
+                labels={"slo": slo.name, "long_window": row.long, "short_window": row.short},
+                summary=f"{scope}: {ind} error budget of SLO {slo.name} burning {factor:g}x too fast",
+                description=(f"{{{{ $value | humanizePercentage }}}} of {ind} requests exceeded {thr} over the "
+                             f"last {row.long} (and the last {row.short}); target {slo.target:g} over "
+                             f"{slo.period}. At this rate {row.budget_fraction:.0%} of the {slo.period} error "
+                             f"budget is gone in {row.long}."),
+                runbook="slaguarderrorbudgetburn"))
+        return out
+    if slo.objective is Objective.MEAN:
+        name, rec, sev, what = f"SlaGuard{ind}MeanHigh", f"model_pool_slo:sli_latency_seconds:mean{slo.window}", \
+            "critical", f"Mean {ind}"
+    else:
+        pct = f"p{round((slo.percentile or 0) * 100):g}"
+        name, rec, sev, what = f"SlaGuard{ind}PercentileHigh", \
+            f"model_pool_slo:sli_latency_seconds:quantile{slo.window}", "warning", f"{pct} {ind}"
+    expr = f"{_sel(rec, slo, matchers)} > {slo.threshold_s:g}\n{_traffic_guard(slo, slo.window, matchers, p)}"
+    return [p.alert(
+        name, expr, sev, for_=p.slo_for, labels={"slo": slo.name},
+        summary=f"{scope}: {what} {{{{ $value | humanizeDuration }}}} breaches the SLA of {thr}",
+        description=(f"{what} of {scope} over the last {slo.window} is {{{{ $value | humanizeDuration }}}}, "
+                     f"above the {thr} objective '{slo.name}' (at least {slo.min_requests} requests in the window)."),
+        runbook=name.lower())]
+
+
+def slo_groups(config: GuardConfig, p: RuleParams) -> list[dict]:
+    """One recording group and one alerting group per SLO set."""
+    groups = []
+    for i, sset in enumerate(config.slos):
+        matchers = set_matchers(config.slos, i)
+        suffix = "" if (sset.model, sset.pool) == ("*", "*") else f"-{sset.model}-{sset.pool}".replace("*", "all")
+        records, alerts = [], []
+        for slo in sset.objectives:
+            metric = INDICATOR_METRIC[slo.indicator]
+            if slo.objective is Objective.ATTAINMENT and not q.has_bucket(metric, slo.threshold_s):
+                raise GenerationError(
+                    f"slos[{i}] objective {slo.name!r}: threshold_s {slo.threshold_s} is not a bucket of "
+                    f"{metric.name}; start the engines with {metric.slo_threshold_env}={slo.threshold_s} and add it "
+                    "to the contract buckets, or pick one of " + ", ".join(f"{b:g}" for b in metric.buckets))
+            records += slo_recording_rules(slo, matchers, p)
+            alerts += slo_alert_rules(slo, matchers, p)
+        groups.append({"name": f"sla-guard-slo-records{suffix}", "rules": records})
+        groups.append({"name": f"sla-guard-slo-alerts{suffix}", "rules": alerts})
+    return groups
+
+
+__all__ = ["BURN_ROWS", "GenerationError", "fmt_duration", "set_matchers", "slo_groups"]
