@@ -1,0 +1,207 @@
+"""Findings -> Alertmanager v2 API (``POST /api/v2/alerts``).
+
+Alertmanager expires a firing alert it has not heard about for ``resolve_timeout``, so open
+findings are re-sent every ``resend_s``; a resolved finding is sent once with ``endsAt`` (and
+kept pending until a push succeeds). Every failed attempt is counted by reason; nothing here
+ever raises into the guard: an unreachable Alertmanager degrades alerting, not the service.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+
+import httpx
+
+from exporters import contract as c
+from sla_guard.model import Finding
+
+log = logging.getLogger(__name__)
+
+ALERT_NAMES = {
+    "leak": "SlaGuardHostMemoryLeak",
+    "acceptance_drift": "SlaGuardSpecDecodeAcceptanceDrift",
+    "prefix_hit_drift": "SlaGuardPrefixCacheHitRateDrift",
+    "tpot_drift": "SlaGuardTpotDriftAtSameLoad",
+}
+RUNBOOK_ANCHORS = {
+    "leak": "#leak",
+    "acceptance_drift": "#acceptance-drift",
+    "prefix_hit_drift": "#prefix-hit-drift",
+    "tpot_drift": "#tpot-drift",
+}
+IDENTITY_LABELS = ("pool", "model", "instance", "process")
+
+
+def _iso(ts: float) -> str:
+    return datetime.fromtimestamp(ts, tz=UTC).isoformat().replace("+00:00", "Z")
+
+
+def to_alert(f: Finding, runbook_base_url: str, generator_url: str = "") -> dict:
+    """One Alertmanager v2 ``postableAlert`` for a finding (pure)."""
+    labels = {"alertname": ALERT_NAMES.get(f.detector, "SlaGuard" + f.detector.title().replace("_", "")),
+              "severity": f.severity, "detector": f.detector}
+    for k, v in f.labels.items():
+        if v not in ("", None):
+            labels[k] = str(v)
+    for k in IDENTITY_LABELS:  # always present, so routes and silences can match on them
+        labels.setdefault(k, "none")
+    alert = {
+        "labels": labels,
+        "annotations": {
+            "summary": f.summary,
+            "description": describe(f),
+            "runbook_url": runbook_base_url + RUNBOOK_ANCHORS.get(f.detector, ""),
+        },
+        "startsAt": _iso(f.opened_at),
+    }
+    if generator_url:
+        alert["generatorURL"] = generator_url
+    if f.resolved_at is not None:
+        alert["endsAt"] = _iso(f.resolved_at)
+    return alert
+
+
+def describe(f: Finding) -> str:
+    """Human description: slope and ETA for leaks, before/after rates for drifts."""
+    d = f.details
+    if f.detector == "leak":
+        parts = [f"RSS grows {d.get('slope_mib_per_h', 0):.1f} MiB/h"]
+        if d.get("confidence") is not None:
+            parts.append(f"confidence {float(d['confidence']):.4f}")
+        if d.get("onset") is not None:
+            parts.append(f"since about {_iso(float(d['onset']))}")
+        if d.get("eta_s") is not None:
+            parts.append(f"reaches its limit ({float(d.get('limit_bytes') or 0) / 2**30:.2f} GiB, "
+                         f"{d.get('limit_source', 'limit')}) in {float(d['eta_s']) / 3600:.1f} h")
+        else:
+            parts.append("no memory limit known, no ETA")
+        return "; ".join(parts) + "."
+    before, after = d.get("before"), d.get("after")
+    if before is not None and after is not None:
+        unit = d.get("unit", "")
+        return (f"{d.get('what', f.detector)} moved from {float(before):.4g}{unit} to {float(after):.4g}{unit} "
+                f"(change near {_iso(float(d.get('change_at') or f.opened_at))}).")
+    return f.summary
+
+
+class AlertmanagerClient:
+    """Synchronous pusher with bounded retries. Returns False on failure, never raises."""
+
+    def __init__(self, url: str, *, bearer_token: str | None = None, basic_auth: tuple[str, str] | None = None,
+                 timeout_s: float = 5.0, retries: int = 3, backoff_s: float = 0.5, metrics=None,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+        self.url = url.rstrip("/") + "/api/v2/alerts"
+        headers = {"Authorization": f"Bearer {bearer_token}"} if bearer_token else {}
+        self._client = httpx.Client(timeout=timeout_s, headers=headers, auth=basic_auth)
+        self.retries = max(1, retries)
+        self.backoff_s = backoff_s
+        self._metrics = metrics
+        self._sleep = sleep
+        self.failures = 0  # failed attempts, also without metrics
+        self.sent = 0
+
+    def _count(self, reason: str) -> None:
+        self.failures += 1
+        if self._metrics is not None:
+            self._metrics[c.GUARD_ALERT_PUSH_ERRORS].labels(reason).inc()
+
+    def send(self, alerts: list[dict]) -> bool:
+        if not alerts:
+            return True
+        for attempt in range(self.retries):
+            if attempt:
+                self._sleep(self.backoff_s * 2 ** (attempt - 1))
+            try:
+                r = self._client.post(self.url, json=alerts)
+            except httpx.TimeoutException:
+                self._count("timeout")
+                continue
+            except httpx.HTTPError:
+                self._count("connect")
+                continue
+            except Exception:  # never fatal
+                log.exception("alertmanager push failed")
+                self._count("other")
+                continue
+            if r.status_code < 300:
+                self.sent += len(alerts)
+                return True
+            self._count("http_4xx" if r.status_code < 500 else "http_5xx")
+            if 400 <= r.status_code < 500 and r.status_code != 429:
+                log.warning("alertmanager rejected alerts: %s %s", r.status_code, r.text[:200])
+                return False  # a bad request will not get better by retrying
+        return False
+
+    def close(self) -> None:
+        self._client.close()
+
+
+class AlertPublisher:
+    """Keeps Alertmanager in step with a FindingsBook: open findings every ``resend_s`` (and
+    at once after a change), resolved ones until delivered. ``tick(now)`` is the whole logic;
+    ``start()`` runs it on a daemon thread so HTTP never blocks an evaluation tick."""
+
+    def __init__(self, book, client: AlertmanagerClient, runbook_base_url: str, *, resend_s: float = 60.0,
+                 generator_url: str = "", max_pending: int = 1000) -> None:
+        self.book = book
+        self.client = client
+        self.runbook_base_url = runbook_base_url
+        self.resend_s = resend_s
+        self.generator_url = generator_url
+        self.max_pending = max_pending
+        self._sent_resolved: set[str] = set()
+        self._last_push = -1e18
+        self._last_version = -1
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @classmethod
+    def from_settings(cls, book, settings, metrics=None) -> AlertPublisher | None:
+        """From ``GuardConfig.alertmanager``; None when no URL is configured."""
+        if not settings.url:
+            return None
+        token = os.environ.get(settings.bearer_token_env) if settings.bearer_token_env else None
+        client = AlertmanagerClient(settings.url, bearer_token=token, timeout_s=settings.timeout_s, metrics=metrics)
+        return cls(book, client, settings.runbook_base_url)
+
+    def tick(self, now: float) -> bool | None:
+        """Push if due; returns the push result, or None when nothing was due."""
+        version = self.book.version
+        if version == self._last_version and now - self._last_push < self.resend_s:
+            return None
+        open_ = self.book.open_findings()
+        resolved = [f for f in self.book.resolved_findings() if f.key not in self._sent_resolved]
+        resolved = resolved[-self.max_pending:]
+        alerts = [to_alert(f, self.runbook_base_url, self.generator_url) for f in [*open_, *resolved]]
+        ok = self.client.send(alerts)
+        self._last_push = now
+        if ok:
+            self._last_version = version
+            self._sent_resolved |= {f.key for f in resolved}
+            open_keys = {f.key for f in open_}
+            self._sent_resolved -= open_keys  # a reopened key must be resolved again later
+            self._sent_resolved &= {f.key for f in self.book.resolved_findings()}  # bounded
+        return ok
+
+    def _run(self) -> None:
+        while not self._stop.wait(1.0):
+            try:
+                self.tick(time.time())
+            except Exception:  # never fatal
+                log.exception("alert publisher tick failed")
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="sla-guard-alertmanager", daemon=True)
+            self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        self.client.close()

@@ -1,0 +1,119 @@
+"""The findings book: one deduplicated record per finding key, with an open -> resolved
+lifecycle, the guard's findings metrics, and a bounded history of resolved findings.
+
+Detectors call ``raise_`` while a condition holds and ``resolve`` (or ``sync``) when it stops;
+the same key updates the same finding, so a leak reported every tick is one finding with a
+moving slope, and one Alertmanager alert.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping
+
+from exporters import contract as c
+from sla_guard.model import Finding
+
+
+class FindingsBook:
+    """Thread-safe (evaluators write, the API and the Alertmanager publisher read)."""
+
+    def __init__(self, metrics=None, max_resolved: int = 500) -> None:
+        """``metrics``: a ``ContractMetrics`` holding the GUARD component, or None."""
+        self._lock = threading.Lock()
+        self._open: dict[str, Finding] = {}
+        self._resolved: OrderedDict[str, Finding] = OrderedDict()
+        self._max_resolved = max_resolved
+        self._metrics = metrics
+        self._gauge_keys: set[tuple[str, str, str, str]] = set()
+        self.version = 0  # bumps on every open / resolve / severity change
+
+    # --- writes ----------------------------------------------------------------------------
+    def raise_(self, detector: str, key: str, severity: str, summary: str, labels: Mapping[str, str],
+               details: Mapping[str, float | str | None], now: float) -> Finding:
+        """Open the finding ``key`` or update it if already open."""
+        with self._lock:
+            f = self._open.get(key)
+            if f is None:
+                f = Finding(detector=detector, key=key, severity=severity, summary=summary,
+                            labels=dict(labels), details=dict(details), opened_at=now, updated_at=now)
+                self._open[key] = f
+                self._resolved.pop(key, None)
+                self.version += 1
+                if self._metrics is not None:
+                    self._metrics[c.GUARD_FINDINGS_TOTAL].labels(
+                        f.labels.get("model", ""), f.labels.get("pool", ""), detector).inc()
+            else:
+                if f.severity != severity:
+                    self.version += 1
+                f.severity, f.summary, f.updated_at = severity, summary, now
+                f.labels = dict(labels)
+                f.details = dict(details)
+            self._refresh_gauges()
+            return f
+
+    def resolve(self, key: str, now: float, details: Mapping[str, float | str | None] | None = None
+                ) -> Finding | None:
+        with self._lock:
+            f = self._open.pop(key, None)
+            if f is None:
+                return None
+            f.resolved_at = now
+            f.updated_at = now
+            if details:
+                f.details.update(details)
+            self._resolved[key] = f
+            while len(self._resolved) > self._max_resolved:
+                self._resolved.popitem(last=False)
+            self.version += 1
+            self._refresh_gauges()
+            return f
+
+    def sync(self, detector: str, active: Iterable[str], now: float) -> list[Finding]:
+        """Resolve every open finding of ``detector`` whose key is not in ``active``."""
+        keep = set(active)
+        with self._lock:
+            stale = [k for k, f in self._open.items() if f.detector == detector and k not in keep]
+        return [f for k in stale if (f := self.resolve(k, now)) is not None]
+
+    # --- reads -----------------------------------------------------------------------------
+    def get(self, key: str) -> Finding | None:
+        with self._lock:
+            return self._open.get(key) or self._resolved.get(key)
+
+    def open_findings(self) -> list[Finding]:
+        with self._lock:
+            return list(self._open.values())
+
+    def resolved_findings(self) -> list[Finding]:
+        with self._lock:
+            return list(self._resolved.values())
+
+    def all(self) -> list[Finding]:
+        with self._lock:
+            return [*self._open.values(), *self._resolved.values()]
+
+    # --- metrics ---------------------------------------------------------------------------
+    def _refresh_gauges(self) -> None:
+        if self._metrics is None:
+            return
+        counts: dict[tuple[str, str, str, str], int] = {}
+        for f in self._open.values():
+            k = (f.labels.get("model", ""), f.labels.get("pool", ""), f.detector, f.severity)
+            counts[k] = counts.get(k, 0) + 1
+        g = self._metrics[c.GUARD_FINDINGS]
+        for k in self._gauge_keys - counts.keys():
+            g.labels(*k).set(0)
+        for k, n in counts.items():
+            g.labels(*k).set(n)
+        self._gauge_keys |= counts.keys()
+
+
+def finding_json(f: Finding) -> dict:
+    """The API's JSON form of a finding."""
+    return {
+        "detector": f.detector, "key": f.key, "severity": f.severity, "summary": f.summary,
+        "labels": f.labels, "details": f.details, "state": "open" if f.open else "resolved",
+        "opened_at": f.opened_at, "updated_at": f.updated_at, "resolved_at": f.resolved_at,
+    }

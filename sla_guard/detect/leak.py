@@ -1,0 +1,402 @@
+"""Host-memory leak detection on one process's RSS series: pure functions, no I/O, no clocks.
+
+Why this shape (see docs/detectors.md): a slow leak (tens of MiB/h on a multi-GiB process) is
+invisible to ``predict_linear`` over an hour because RSS is dominated by garbage-collection
+sawtooth, allocator plateaus and load-driven swings. So we
+
+1. split the series at restarts and drop a warm-up after each start,
+2. build a *floor* series (minimum over a window longer than the GC sawtooth period, sampled per
+   bucket): the sawtooth disappears, a leak (which raises the floor) stays,
+3. optionally remove the part of the floor explained by load (running requests),
+4. on windows of several lengths (short: fast leaks soon; long: slow leaks surely) fit a robust
+   Theil-Sen slope and test it with Mann-Kendall (variance corrected for autocorrelation,
+   Hamed & Rao 1998),
+5. refuse shapes that are not leaks: a single step explains the window better than a line
+   (allocator step, one-off cache fill), or the growth stopped in the recent half (plateau,
+   saturating warm-up).
+
+A positive verdict carries slope, confidence, an onset estimate (hinge fit) and the projected
+time until the memory limit.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import asdict, dataclass, field, replace
+
+import numpy as np
+
+MIB = 1024.0 * 1024.0
+HOUR = 3600.0
+
+
+@dataclass(frozen=True, slots=True)
+class LeakParams:
+    """Production parameters. ``scaled(k)`` compresses time by ``k`` (durations / k, slopes * k)
+    so a short test can run the same detector on a k-times faster leak."""
+
+    bucket_s: float = 300.0  # one floor point per bucket
+    floor_window_s: float = 900.0  # min over this span: longer than the GC sawtooth period
+    warmup_s: float = 1800.0  # ignored after each (re)start: caches fill, arenas grow
+    windows_s: tuple[float, ...] = (2 * HOUR, 8 * HOUR, 24 * HOUR)
+    min_coverage: float = 0.7  # a window needs this share of its span in post-warm-up data
+    min_points: int = 12
+    z_crit: float = 4.0  # one-sided Mann-Kendall z (autocorrelation-corrected)
+    min_slope_bps: float = 4.0 * MIB / HOUR  # below this growth is not worth a page
+    step_ratio: float = 1.0  # a one-step fit with SSE < ratio * line SSE -> a step, not a leak
+    persistence: float = 0.4  # recent-half slope must be >= this share of the window slope
+    restart_drop: float = 0.25  # a fall by more than this fraction between samples = restart
+    max_gap_s: float = 1800.0  # a hole longer than this also starts a new segment
+
+    def scaled(self, k: float) -> LeakParams:
+        if k <= 0:
+            raise ValueError("time scale must be > 0")
+        return replace(
+            self,
+            bucket_s=self.bucket_s / k,
+            floor_window_s=self.floor_window_s / k,
+            warmup_s=self.warmup_s / k,
+            windows_s=tuple(w / k for w in self.windows_s),
+            min_slope_bps=self.min_slope_bps * k,
+            max_gap_s=self.max_gap_s / k,
+        )
+
+
+@dataclass(slots=True)
+class LeakVerdict:
+    """The state of one process series at its last sample. ``status`` is "leak", "ok" or
+    "unknown" (too little post-warm-up data: never reported as ok)."""
+
+    status: str
+    reason: str
+    at: float | None = None
+    slope_bps: float = 0.0
+    z: float = 0.0
+    p_value: float = 1.0
+    window_s: float = 0.0
+    floor_bytes: float | None = None
+    onset: float | None = None
+    limit_bytes: float | None = None
+    eta_s: float | None = None
+    bytes_per_work: float | None = None
+    segment_start: float | None = None
+    windows: list[dict] = field(default_factory=list)
+
+    @property
+    def detected(self) -> bool:
+        return self.status == "leak"
+
+    @property
+    def slope_mib_per_h(self) -> float:
+        return self.slope_bps * HOUR / MIB
+
+    @property
+    def confidence(self) -> float:
+        return 1.0 - self.p_value
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d["detected"] = self.detected
+        d["slope_mib_per_h"] = round(self.slope_mib_per_h, 3)
+        d["confidence"] = self.confidence
+        return d
+
+
+# --- building blocks ------------------------------------------------------------------------
+
+def segments(t: np.ndarray, v: np.ndarray, drop: float = 0.25, max_gap_s: float = math.inf) -> list[slice]:
+    """Index ranges between restarts: a sudden fall of RSS by more than ``drop`` (a new process
+    starts small) or a hole longer than ``max_gap_s``."""
+    if len(t) == 0:
+        return []
+    prev = v[:-1]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        fell = (v[1:] < prev * (1.0 - drop)) & (prev > 0)
+    gap = np.diff(t) > max_gap_s
+    cuts = np.flatnonzero(fell | gap) + 1
+    bounds = [0, *cuts.tolist(), len(t)]
+    return [slice(a, b) for a, b in itertools.pairwise(bounds) if b > a]
+
+
+def floor_series(t: np.ndarray, v: np.ndarray, bucket_s: float, floor_window_s: float,
+                 origin: float | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Minimum of ``v`` over the trailing ``floor_window_s``, one point per non-empty bucket
+    (stamped at the bucket end). Removes sawtooth whose period is below the floor window."""
+    if len(t) == 0:
+        return np.empty(0), np.empty(0)
+    t0 = t[0] if origin is None else origin
+    idx = np.floor((t - t0) / bucket_s).astype(np.int64)
+    nb = int(idx[-1]) + 1
+    mins = np.full(nb, np.inf)
+    np.minimum.at(mins, idx, v)
+    k = max(1, math.ceil(floor_window_s / bucket_s))
+    # rolling min over k buckets (missing buckets are +inf and so ignored)
+    roll = mins.copy()
+    for j in range(1, k):
+        roll[j:] = np.minimum(roll[j:], mins[:-j])
+    present = np.isfinite(mins)
+    ends = t0 + (np.arange(nb) + 1.0) * bucket_s
+    return ends[present], roll[present]
+
+
+def theil_sen(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+    """Median of pairwise slopes (robust to a minority of outliers) and the median intercept."""
+    i, j = np.triu_indices(len(x), k=1)
+    dx = x[j] - x[i]
+    ok = dx != 0
+    if not ok.any():
+        return 0.0, float(np.median(y)) if len(y) else 0.0
+    slope = float(np.median((y[j] - y[i])[ok] / dx[ok]))
+    return slope, float(np.median(y - slope * x))
+
+
+def _acf(r: np.ndarray, nlags: int) -> np.ndarray:
+    r = r - r.mean()
+    den = float(np.dot(r, r))
+    if den == 0:
+        return np.zeros(nlags)
+    return np.array([float(np.dot(r[:-k], r[k:])) / den for k in range(1, nlags + 1)])
+
+
+def mann_kendall(x: np.ndarray, y: np.ndarray, slope: float | None = None) -> tuple[float, float]:
+    """Mann-Kendall trend statistic S and a z-score whose variance is inflated for serial
+    correlation (Hamed & Rao 1998, on ranks of the Theil-Sen-detrended series; only lags with
+    significant autocorrelation count, and the factor is never below 1)."""
+    n = len(y)
+    if n < 3:
+        return 0.0, 0.0
+    i, j = np.triu_indices(n, k=1)
+    s = float(np.sign(y[j] - y[i]).sum())
+    _, counts = np.unique(y, return_counts=True)
+    var = (n * (n - 1) * (2 * n + 5) - float(np.sum(counts * (counts - 1) * (2 * counts + 5)))) / 18.0
+    if slope is None:
+        slope, _ = theil_sen(x, y)
+    detr = y - slope * x
+    ranks = np.argsort(np.argsort(detr)).astype(float)
+    nlags = max(1, n // 3)
+    rho = _acf(ranks, nlags)
+    k = np.arange(1, nlags + 1)
+    sig = np.abs(rho) > 1.96 / math.sqrt(n)
+    corr = 1.0 + 2.0 / (n * (n - 1) * (n - 2)) * float(
+        np.sum(((n - k) * (n - k - 1) * (n - k - 2) * rho)[sig]))
+    var *= max(1.0, corr)
+    if var <= 0:
+        return s, 0.0
+    z = (s - np.sign(s)) / math.sqrt(var)
+    return s, float(z)
+
+
+def one_sided_p(z: float) -> float:
+    return 0.5 * math.erfc(z / math.sqrt(2.0))
+
+
+def step_sse(y: np.ndarray) -> float:
+    """Least-squares error of the best piecewise-constant fit with one break."""
+    n = len(y)
+    if n < 2:
+        return 0.0
+    c1 = np.cumsum(y)
+    c2 = np.cumsum(y * y)
+    m = np.arange(1, n)  # left part has m points
+    left = c2[m - 1] - c1[m - 1] ** 2 / m
+    rc1 = c1[-1] - c1[m - 1]
+    rc2 = c2[-1] - c2[m - 1]
+    right = rc2 - rc1**2 / (n - m)
+    return float(np.min(left + right))
+
+
+def hinge_onset(x: np.ndarray, y: np.ndarray, max_candidates: int = 200) -> float | None:
+    """Start of growth: the knot of the best flat-then-linear fit."""
+    n = len(x)
+    if n < 4:
+        return None
+    cand = x[np.unique(np.linspace(0, n - 2, min(max_candidates, n - 1)).astype(int))]
+    h = np.maximum(0.0, x[None, :] - cand[:, None])  # candidates x points
+    hm = h.mean(axis=1, keepdims=True)
+    ym = y.mean()
+    var = ((h - hm) ** 2).sum(axis=1)
+    cov = ((h - hm) * (y - ym)[None, :]).sum(axis=1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        s = np.where(var > 0, cov / var, 0.0)
+    resid = (y[None, :] - ym) - s[:, None] * (h - hm)
+    sse = (resid**2).sum(axis=1)
+    sse[s <= 0] = np.inf
+    if not np.isfinite(sse).any():
+        return None
+    return float(cand[int(np.argmin(sse))])
+
+
+def remove_load(tf: np.ndarray, yf: np.ndarray, t_load: np.ndarray, load: np.ndarray,
+                bucket_s: float) -> np.ndarray:
+    """Floor minus the part explained by load (ordinary least squares of the floor on time and
+    the bucket-mean load, jointly, so a leak does not leak into the load coefficient)."""
+    if len(t_load) < 3 or len(tf) < 6:
+        return yf
+    lf = np.interp(tf - bucket_s / 2, t_load, load)
+    if float(np.std(lf)) == 0.0:
+        return yf
+    a = np.column_stack([np.ones_like(tf), tf - tf[0], lf])
+    coef, *_ = np.linalg.lstsq(a, yf, rcond=None)
+    c = float(coef[2])
+    if c <= 0:
+        return yf
+    return yf - c * (lf - lf.mean())
+
+
+def work_rate(t_work: np.ndarray, work: np.ndarray, start: float, end: float) -> float | None:
+    """Average rate of a cumulative work counter in [start, end] (resets tolerated)."""
+    m = (t_work >= start) & (t_work <= end)
+    if m.sum() < 2:
+        return None
+    d = np.diff(work[m])
+    d = np.where(d < 0, work[m][1:], d)  # a reset restarts the counter from zero
+    span = float(t_work[m][-1] - t_work[m][0])
+    return float(d.sum() / span) if span > 0 else None
+
+
+# --- the test on one window -----------------------------------------------------------------
+
+def window_test(x: np.ndarray, y: np.ndarray, p: LeakParams) -> dict:
+    """Leak test of one window of floor points; returns a JSON-able dict with ``leak`` and
+    ``reason``."""
+    slope, icpt = theil_sen(x, y)
+    _, z = mann_kendall(x, y, slope)
+    out = {"slope_bps": slope, "z": z, "n": len(x), "leak": False, "reason": "ok"}
+    if z < p.z_crit:
+        out["reason"] = "not_significant"
+        return out
+    if slope < p.min_slope_bps:
+        out["reason"] = "slope_below_min"
+        return out
+    resid = y - (icpt + slope * x)
+    line = float(np.dot(resid, resid))
+    if step_sse(y) < p.step_ratio * line:
+        out["reason"] = "step_not_trend"
+        return out
+    half = x >= (x[0] + x[-1]) / 2
+    if half.sum() >= 3:
+        recent, _ = theil_sen(x[half], y[half])
+        if recent < p.persistence * slope:
+            out["reason"] = "growth_stopped"
+            return out
+    out["leak"] = True
+    out["reason"] = "trend"
+    return out
+
+
+# --- whole-series verdicts ------------------------------------------------------------------
+
+def _prepare(t: np.ndarray, v: np.ndarray, p: LeakParams, start_time: float | None):
+    t = np.asarray(t, dtype=float)
+    v = np.asarray(v, dtype=float)
+    ok = np.isfinite(t) & np.isfinite(v) & (v >= 0)
+    t, v = t[ok], v[ok]
+    order = np.argsort(t, kind="stable")
+    t, v = t[order], v[order]
+    segs = segments(t, v, p.restart_drop, p.max_gap_s)
+    if not segs:
+        return None
+    seg = segs[-1]
+    ts, vs = t[seg], v[seg]
+    seg_start = float(ts[0])
+    if start_time is not None and start_time <= ts[0] and len(segs) == 1:
+        seg_start = float(start_time)  # the process started before our data began
+    return ts, vs, seg_start
+
+
+def assess(t: np.ndarray, v: np.ndarray, p: LeakParams = LeakParams(), *, limit_bytes: float | None = None,
+           load: tuple[np.ndarray, np.ndarray] | None = None, work: tuple[np.ndarray, np.ndarray] | None = None,
+           start_time: float | None = None) -> LeakVerdict:
+    """Leak verdict at the last sample of ``(t, v)`` (seconds, bytes). ``load`` (t, running
+    requests) removes load-driven swings; ``work`` (t, cumulative requests) adds bytes per
+    request; ``start_time`` (process start) places the warm-up when data starts later."""
+    prep = _prepare(t, v, p, start_time)
+    if prep is None:
+        return LeakVerdict("unknown", "no_data")
+    ts, vs, seg_start = prep
+    tf, yf = floor_series(ts, vs, p.bucket_s, p.floor_window_s, origin=seg_start)
+    return _assess_floor(tf, yf, float(ts[-1]), seg_start, p, limit_bytes, load, work)
+
+
+def _assess_floor(tf, yf, now, seg_start, p, limit_bytes, load, work) -> LeakVerdict:
+    post = tf >= seg_start + p.warmup_s
+    tf, yf = tf[post], yf[post]
+    verdict = LeakVerdict("unknown", "warming_up", at=now, limit_bytes=limit_bytes, segment_start=seg_start)
+    if len(tf) < p.min_points:
+        return verdict
+    longest = max(p.windows_s)
+    keep = tf > now - longest
+    tf, yf = tf[keep], yf[keep]
+    if load is not None:
+        yf = remove_load(tf, yf, np.asarray(load[0], float), np.asarray(load[1], float), p.bucket_s)
+    verdict.floor_bytes = float(yf[-1])
+    best: dict | None = None
+    tested = False
+    for w in p.windows_s:
+        m = tf > now - w
+        span = float(tf[m][-1] - tf[m][0]) + p.bucket_s if m.any() else 0.0
+        if m.sum() < p.min_points or span < p.min_coverage * w:
+            continue
+        tested = True
+        x = tf[m] - tf[m][0]
+        res = window_test(x, yf[m], p)
+        res["window_s"] = w
+        verdict.windows.append(res)
+        if res["leak"] and (best is None or res["z"] > best["z"]):
+            best = res
+    if not tested:
+        return verdict
+    if best is None:
+        last = verdict.windows[0]
+        verdict.status, verdict.reason = "ok", last["reason"]
+        verdict.slope_bps, verdict.z = last["slope_bps"], last["z"]
+        verdict.p_value = one_sided_p(last["z"])
+        verdict.window_s = last["window_s"]
+        return verdict
+    verdict.status, verdict.reason = "leak", best["reason"]
+    verdict.slope_bps, verdict.z, verdict.window_s = best["slope_bps"], best["z"], best["window_s"]
+    verdict.p_value = one_sided_p(best["z"])
+    verdict.onset = hinge_onset(tf, yf)
+    if limit_bytes and verdict.slope_bps > 0:
+        verdict.eta_s = max(0.0, (limit_bytes - verdict.floor_bytes) / verdict.slope_bps)
+    if work is not None:
+        rate = work_rate(np.asarray(work[0], float), np.asarray(work[1], float), now - best["window_s"], now)
+        if rate:
+            verdict.bytes_per_work = verdict.slope_bps / rate
+    return verdict
+
+
+def scan(t: np.ndarray, v: np.ndarray, p: LeakParams = LeakParams(), *, every_s: float | None = None,
+         limit_bytes: float | None = None, load: tuple[np.ndarray, np.ndarray] | None = None,
+         ) -> list[tuple[float, LeakVerdict]]:
+    """Replay the detector over a whole recorded series, as the guard would have run it live
+    (causal: each verdict only sees data up to its time). One verdict per floor bucket (or per
+    ``every_s``), restarts included. Used by ``sla-guard analyze leak`` and the benchmark."""
+    t = np.asarray(t, dtype=float)
+    v = np.asarray(v, dtype=float)
+    ok = np.isfinite(t) & np.isfinite(v) & (v >= 0)
+    t, v = t[ok], v[ok]
+    order = np.argsort(t, kind="stable")
+    t, v = t[order], v[order]
+    out: list[tuple[float, LeakVerdict]] = []
+    step = every_s or p.bucket_s
+    for seg in segments(t, v, p.restart_drop, p.max_gap_s):
+        ts, vs = t[seg], v[seg]
+        seg_start = float(ts[0])
+        tf, yf = floor_series(ts, vs, p.bucket_s, p.floor_window_s, origin=seg_start)
+        next_t = -math.inf
+        for k in range(len(tf)):
+            now = float(tf[k])
+            if now < next_t:
+                continue
+            next_t = now + step
+            out.append((now, _assess_floor(tf[: k + 1], yf[: k + 1], now, seg_start, p, limit_bytes, load, None)))
+    return out
+
+
+def first_detection(verdicts: list[tuple[float, LeakVerdict]]) -> tuple[float, LeakVerdict] | None:
+    for at, ver in verdicts:
+        if ver.detected:
+            return at, ver
+    return None

@@ -1,0 +1,173 @@
+"""Findings -> a REAL Alertmanager (Debian prometheus-alertmanager 0.25) on loopback, and the
+failure path (Alertmanager down: retries counted, nothing raised)."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from prometheus_client import CollectorRegistry
+
+from exporters import contract as c
+from exporters.contract import Component
+from exporters.prometheus import ContractMetrics
+from sla_guard.detect.alertmanager import AlertmanagerClient, AlertPublisher, to_alert
+from sla_guard.detect.findings import FindingsBook
+
+pytestmark = pytest.mark.prometheus
+
+RUNBOOKS = "https://example.invalid/docs/runbooks.md"
+
+
+def _binary() -> str | None:
+    return shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def alertmanager(tmp_path_factory):
+    binary = _binary()
+    if binary is None:
+        pytest.skip("prometheus-alertmanager not installed; run scripts/setup.sh --full")
+    d: Path = tmp_path_factory.mktemp("am")
+    (d / "am.yml").write_text("route:\n  receiver: 'null'\nreceivers:\n  - name: 'null'\n")
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    log = open(d / "am.log", "w")  # noqa: SIM115 - closed in finally
+    proc = subprocess.Popen(
+        [binary, f"--config.file={d / 'am.yml'}", f"--storage.path={d / 'data'}",
+         f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address=", f"--web.external-url={url}"],
+        stdout=subprocess.DEVNULL, stderr=log)
+    try:
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            try:
+                if httpx.get(url + "/-/ready", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        else:
+            pytest.fail("alertmanager did not become ready: " + (d / "am.log").read_text()[-2000:])
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+        log.close()
+
+
+def _metrics() -> ContractMetrics:
+    return ContractMetrics(CollectorRegistry(), components=[Component.GUARD])
+
+
+def _leak(book: FindingsBook, now: float, key: str = "leak/m/decode/host-a/engine_core"):
+    return book.raise_("leak", key, "critical", "EngineCore RSS grows 48.0 MiB/h",
+                       {"model": "m", "pool": "decode", "instance": "host-a:8000", "process": "engine_core"},
+                       {"slope_mib_per_h": 48.0, "confidence": 0.9999, "onset": now - 7200, "eta_s": 9000.0,
+                        "limit_bytes": 8 * 2**30, "limit_source": "cgroup"}, now)
+
+
+def _am_alerts(url: str) -> list[dict]:
+    return httpx.get(url + "/api/v2/alerts", params={"active": "true", "silenced": "true",
+                                                     "inhibited": "true", "unprocessed": "true"}).json()
+
+
+def test_alert_shape_is_pure_and_complete():
+    book = FindingsBook()
+    f = _leak(book, 1_800_000_000.0)
+    a = to_alert(f, RUNBOOKS)
+    assert a["labels"]["alertname"] == "SlaGuardHostMemoryLeak"
+    for k in ("severity", "pool", "model", "instance", "process"):
+        assert a["labels"][k]
+    assert a["annotations"]["runbook_url"] == RUNBOOKS + "#leak"
+    assert "48.0 MiB/h" in a["annotations"]["description"]
+    assert "2.5 h" in a["annotations"]["description"]
+    assert "endsAt" not in a
+
+
+def test_findings_reach_real_alertmanager_then_resolve(alertmanager):
+    m = _metrics()
+    book = FindingsBook(m)
+    now = time.time()
+    _leak(book, now)
+    book.raise_("acceptance_drift", "acc/m/decode/all", "warning", "acceptance fell",
+                {"model": "m", "pool": "decode", "position": "all"},
+                {"before": 0.6, "after": 0.5, "what": "spec-decode acceptance", "change_at": now - 300}, now)
+    pub = AlertPublisher(book, AlertmanagerClient(alertmanager, metrics=m), RUNBOOKS, resend_s=60)
+    assert pub.tick(now) is True
+    alerts = {a["labels"]["alertname"]: a for a in _am_alerts(alertmanager)}
+    leak = alerts["SlaGuardHostMemoryLeak"]
+    assert leak["labels"]["process"] == "engine_core" and leak["labels"]["pool"] == "decode"
+    assert leak["labels"]["severity"] == "critical"
+    assert leak["annotations"]["runbook_url"].endswith("#leak")
+    drift = alerts["SlaGuardSpecDecodeAcceptanceDrift"]
+    assert "0.6 to 0.5" in drift["annotations"]["description"]
+    assert drift["annotations"]["runbook_url"].endswith("#acceptance-drift")
+    assert drift["status"]["state"] == "active"
+    # nothing changed and resend interval not over: no push
+    assert pub.tick(now + 1) is None
+    # resolve the leak: Alertmanager marks it resolved (endsAt in the past -> no longer active)
+    book.resolve("leak/m/decode/host-a/engine_core", time.time())
+    assert pub.tick(time.time()) is True
+    time.sleep(0.5)
+    names = {a["labels"]["alertname"] for a in _am_alerts(alertmanager)}
+    assert "SlaGuardHostMemoryLeak" not in names
+    assert "SlaGuardSpecDecodeAcceptanceDrift" in names
+    assert m.registry.get_sample_value(c.GUARD_FINDINGS_TOTAL.exposed,
+                                       {"model": "m", "pool": "decode", "detector": "leak"}) == 1.0
+
+
+def test_alertmanager_down_counts_retries_and_never_raises():
+    m = _metrics()
+    book = FindingsBook(m)
+    _leak(book, time.time())
+    sleeps: list[float] = []
+    client = AlertmanagerClient(f"http://127.0.0.1:{_free_port()}", metrics=m, retries=3, timeout_s=1,
+                                sleep=sleeps.append)
+    pub = AlertPublisher(book, client, RUNBOOKS)
+    assert pub.tick(time.time()) is False
+    assert client.failures == 3 and sleeps == [0.5, 1.0]
+    assert m.registry.get_sample_value(c.GUARD_ALERT_PUSH_ERRORS.exposed, {"reason": "connect"}) == 3.0
+    # still pending: the next tick retries (no version bump needed)
+    assert pub.tick(time.time() + 61) is False
+    assert client.failures == 6
+
+
+def test_bearer_token_is_sent():
+    """Alertmanager 0.25 does not check auth itself (a reverse proxy does), so a real loopback
+    HTTP server records the header the client sends."""
+    import http.server
+    import threading
+
+    seen: dict = {}
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            seen["auth"] = self.headers.get("Authorization")
+            seen["path"] = self.path
+            self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *a):
+            pass
+
+    srv = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+    th = threading.Thread(target=srv.serve_forever, daemon=True)
+    th.start()
+    try:
+        client = AlertmanagerClient(f"http://127.0.0.1:{srv.server_port}", bearer_token="s3cret")
+        assert client.send([{"labels": {"alertname": "x"}}])
+        assert seen == {"auth": "Bearer s3cret", "path": "/api/v2/alerts"}
+    finally:
+        srv.shutdown()
