@@ -200,6 +200,10 @@ GUARD_SCRAPE_ERRORS = _m("guard_scrape_errors", C, "Ingestion errors by kind.", 
 GUARD_TARGET_UP = _m("guard_target_up", Ga, "1 if the last scrape of a target succeeded.", "1",
                      ("target", "model", "pool"), G)
 GUARD_SERIES = _m("guard_series", Ga, "Series held in the guard's store.", "1", (), G)
+GUARD_EVALUATOR_ERRORS = _m("guard_evaluator_errors", C,
+                            "Exceptions that escaped an evaluator (caught and logged; the tick goes on).", "1",
+                            ("evaluator",), G)
+GUARD_STORE_BYTES = _m("guard_store_bytes", Ga, "Bytes held by the embedded series store's arrays.", "By", (), G)
 GUARD_SLO_STATUS = _m("guard_slo_status", Ga,
                       "1 for the current status of an SLO (status=ok|at_risk|violated|unknown), else 0.",
                       "1", (*GUARD_SLO_LABELS, "status"), G)
