@@ -1,0 +1,98 @@
+"""Prometheus text-exposition parsing, fast path plus the reference parser as the fallback.
+
+prometheus_client's parser costs ~17 us per sample (measured on a contract exposition), which
+is ~10 ms for a 50 KB vLLM page: too slow for a guard scraping hundreds of engines. The fast
+path here handles the lines every real exporter writes (``name{l="v",...} value [ts]``, with
+escapes) in one regular expression per line, and hands the whole text to
+``prometheus_client.parser`` when it sees anything else, so odd-but-valid input still parses.
+A malformed exposition fails as a whole (as a Prometheus scrape does): ``ExpositionError``.
+"""
+
+from __future__ import annotations
+
+import collections
+import re
+
+from prometheus_client.parser import text_string_to_metric_families
+
+_LINE = re.compile(r"([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?[ \t]+(\S+)(?:[ \t]+(-?\d+))?[ \t]*")
+_LABEL = re.compile(r'[ \t]*([a-zA-Z_][a-zA-Z0-9_]*)[ \t]*=[ \t]*"((?:[^"\\]|\\.)*)"[ \t]*(,|$)')
+_ESC = re.compile(r"\\(.)")
+_UNESC = {"\\": "\\", '"': '"', "n": "\n"}
+
+Sample = tuple[str, dict[str, str], float]
+
+
+class ExpositionError(ValueError):
+    """The exposition cannot be parsed; the message says which line and why."""
+
+
+class _Fallback(Exception):
+    pass
+
+
+def _labels(text: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    pos, n = 0, len(text)
+    while pos < n:
+        m = _LABEL.match(text, pos)
+        if m is None:
+            if text[pos:].strip() in ("", ","):
+                break
+            raise _Fallback
+        name, value = m.group(1), m.group(2)
+        if "\\" in value:
+            value = _ESC.sub(lambda e: _UNESC.get(e.group(1), "\\" + e.group(1)), value)
+        if name in out:
+            raise ExpositionError(f"label {name!r} repeated in {{{text[:80]}}}")
+        out[name] = value
+        pos = m.end()
+    return out
+
+
+def _fast(text: str, drop_created: bool) -> list[Sample]:
+    out: list[Sample] = []
+    append = out.append
+    match = _LINE.fullmatch
+    for lineno, line in enumerate(text.split("\n"), 1):
+        if not line or line[0] == "#":
+            continue
+        m = match(line)
+        if m is None:
+            if not line.strip():
+                continue
+            raise _Fallback
+        name, ltext, vtext = m.group(1), m.group(2), m.group(3)
+        if drop_created and name.endswith("_created"):
+            continue
+        try:
+            value = float(vtext)
+        except ValueError:
+            raise ExpositionError(f"line {lineno}: value {vtext!r} is not a number") from None
+        append((name, _labels(ltext) if ltext else {}, value))
+    return out
+
+
+def _reference(text: str, drop_created: bool) -> list[Sample]:
+    out: list[Sample] = []
+    try:
+        for fam in text_string_to_metric_families(text):
+            for s in fam.samples:
+                if drop_created and s.name.endswith("_created"):
+                    continue
+                out.append((s.name, dict(s.labels), float(s.value)))
+    except Exception as err:  # the reference parser raises ValueError, TypeError, IndexError...
+        raise ExpositionError(f"malformed exposition: {err}") from None
+    return out
+
+
+def parse_exposition(text: str, *, drop_created: bool = True) -> tuple[list[Sample], collections.Counter]:
+    """Samples of a text exposition as ``(name, labels, value)``, plus a Counter of non-fatal
+    problems (none today; kept so callers count per kind). ``_created`` samples (creation
+    timestamps that prometheus_client exports as separate gauges) are dropped by default: they
+    double the series count and no evaluator reads them."""
+    try:
+        samples = _fast(text, drop_created)
+    except _Fallback:
+        samples = _reference(text, drop_created)
+    return samples, collections.Counter()

@@ -1,0 +1,188 @@
+"""The Guard: collect samples, run every evaluator on them, keep the result for the API.
+
+One tick = ``tick(now)``: run each ``Evaluator`` (SLOs, detectors, advisor) on the source's
+``MetricsView`` at time ``now``. Evaluators are isolated from each other: an exception escaping
+one is logged, counted in ``guard_evaluator_errors{evaluator}``, and the others still run. The
+same ``tick`` serves ``sla-guard check`` (one tick now), tests, and the simulator's offline
+replay (ticks at simulated time over a ``StoreSource``); ``run`` is the asyncio loop of
+``sla-guard serve`` (collect every scrape interval, tick every evaluation interval).
+
+Evaluators that want to export gauges on the guard's own ``/metrics`` define
+``bind_metrics(metrics: ContractMetrics)``; the Guard calls it once with its
+``ContractMetrics`` (the contract's GUARD component on the guard's own CollectorRegistry).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from prometheus_client import CollectorRegistry
+
+from exporters import contract as c
+from exporters.contract import Component
+from exporters.prometheus import ContractMetrics
+from sla_guard.config import GuardConfig
+from sla_guard.ingest.source import Source, StoreSource
+from sla_guard.model import Evaluator
+
+log = logging.getLogger("sla_guard.service")
+
+
+@dataclass(slots=True)
+class TickResult:
+    """Outcome of one tick: when, how long, and which evaluators failed (name -> error)."""
+
+    at: float
+    duration_s: float
+    errors: dict[str, str] = field(default_factory=dict)
+
+
+class Guard:
+    """Runs evaluators over a source. Build with ``Guard.from_config`` for the usual set-up, or
+    pass the parts (``Guard(config, source, evaluators, registry)``) to plug in your own."""
+
+    def __init__(self, config: GuardConfig, source: Source, evaluators: Sequence[Evaluator] = (),
+                 registry: CollectorRegistry | None = None, *, clock: Callable[[], float] = time.time) -> None:
+        self.config = config
+        self.source = source
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self.metrics = ContractMetrics(self.registry, components=(Component.GUARD,))
+        self.clock = clock
+        self.evaluators: list[Evaluator] = []
+        self.last_tick: TickResult | None = None
+        self.ticks = 0
+        self.started_at = clock()
+        for ev in evaluators:
+            self.add_evaluator(ev)
+
+    # -- construction --------------------------------------------------------------------------
+    @classmethod
+    def from_config(cls, config: GuardConfig, extra_evaluators: Sequence[Evaluator] = (),
+                    registry: CollectorRegistry | None = None, *, clock: Callable[[], float] = time.time) -> Guard:
+        """The guard ``serve``/``check`` run: the configured source (embedded scraper or
+        Prometheus) and the SLO evaluator, plus ``extra_evaluators`` (detectors, advisor)."""
+        from sla_guard.ingest import build_source
+        from sla_guard.slo import SLOEvaluator
+
+        registry = registry if registry is not None else CollectorRegistry()
+        source = build_source(config)
+        guard = cls(config, source, [], registry, clock=clock)
+        if hasattr(source, "bind_metrics"):
+            source.bind_metrics(guard.metrics)
+        guard.add_evaluator(SLOEvaluator(config))
+        for ev in extra_evaluators:
+            guard.add_evaluator(ev)
+        return guard
+
+    @classmethod
+    def for_store(cls, config: GuardConfig, store, evaluators: Sequence[Evaluator] = (),
+                  registry: CollectorRegistry | None = None, *, with_slo: bool = True) -> Guard:
+        """A guard over a store filled from outside (the simulator's replay, benchmarks)."""
+        from sla_guard.slo import SLOEvaluator
+
+        evs: list[Evaluator] = [SLOEvaluator(config)] if with_slo else []
+        return cls(config, StoreSource(store), [*evs, *evaluators], registry)
+
+    def add_evaluator(self, ev: Evaluator) -> None:
+        bind = getattr(ev, "bind_metrics", None)
+        if callable(bind):
+            bind(self.metrics)
+        self.evaluators.append(ev)
+
+    def evaluator(self, name: str) -> Evaluator | None:
+        return next((e for e in self.evaluators if e.name == name), None)
+
+    # -- one tick ------------------------------------------------------------------------------
+    def tick(self, now: float | None = None) -> TickResult:
+        """Run every evaluator once on the view at ``now`` (default: the clock). Never raises
+        for an evaluator's failure."""
+        now = self.clock() if now is None else float(now)
+        t0 = time.perf_counter()
+        errors: dict[str, str] = {}
+        view = self.source.view
+        for ev in self.evaluators:
+            try:
+                ev.evaluate(view, now)
+            except Exception as err:  # isolation: one evaluator's bug must not stop the guard
+                errors[ev.name] = f"{type(err).__name__}: {err}"
+                self.metrics[c.GUARD_EVALUATOR_ERRORS].labels(ev.name).inc()
+                log.exception("evaluator %s failed at %.3f", ev.name, now)
+        dt = time.perf_counter() - t0
+        self.metrics[c.GUARD_EVAL_DURATION].observe(dt)
+        store = getattr(self.source, "store", None)
+        if store is not None:
+            self.metrics[c.GUARD_SERIES].set(store.series_count())
+            self.metrics[c.GUARD_STORE_BYTES].set(store.nbytes())
+        self.last_tick = TickResult(now, dt, errors)
+        self.ticks += 1
+        return self.last_tick
+
+    async def collect(self, now: float | None = None) -> None:
+        """One ingestion round (a scrape of every target in embedded mode)."""
+        await self.source.collect(self.clock() if now is None else now)
+
+    async def check_once(self, now: float | None = None) -> TickResult:
+        """What ``sla-guard check`` does: collect, then tick. With an embedded scraper a rate
+        needs two scrapes, so it scrapes twice, ``evaluation_interval_s`` apart at most 5 s."""
+        if self.source.mode == "scrape":
+            await self.collect()
+            await asyncio.sleep(min(5.0, self.config.source.interval_s))
+        await self.collect()
+        return self.tick(now)
+
+    # -- the serve loop ------------------------------------------------------------------------
+    async def run(self, stop: asyncio.Event) -> None:
+        """Collect every scrape interval and tick every evaluation interval until ``stop``."""
+        scrape_every = getattr(self.config.source, "interval_s", self.config.evaluation_interval_s)
+        next_scrape = next_tick = self.clock()
+        while not stop.is_set():
+            now = self.clock()
+            if now >= next_scrape:
+                try:
+                    await self.collect(now)
+                except Exception:  # a source bug: log, keep going, retry next round
+                    log.exception("collect failed")
+                next_scrape = max(next_scrape + scrape_every, now)
+            now = self.clock()
+            if now >= next_tick:
+                # evaluators are CPU-bound numpy; run them off the event loop so scrapes and
+                # API requests keep being served during a tick
+                await asyncio.to_thread(self.tick, now)
+                next_tick = max(next_tick + self.config.evaluation_interval_s, now)
+            delay = max(0.0, min(next_scrape, next_tick) - self.clock())
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=delay)
+        await self.source.aclose()
+
+    # -- state for the API ---------------------------------------------------------------------
+    def ready(self) -> bool:
+        return self.last_tick is not None and self.source.ready()
+
+    def status(self) -> dict:
+        """Everything at a glance: the guard, its source, and each evaluator's snapshot."""
+        out: dict = {
+            "source": self.source.mode,
+            "started_at": self.started_at,
+            "ticks": self.ticks,
+            "last_tick": None,
+            "evaluators": {},
+        }
+        if self.last_tick is not None:
+            lt = self.last_tick
+            out["last_tick"] = {"at": lt.at, "duration_s": lt.duration_s, "errors": lt.errors}
+        for ev in self.evaluators:
+            try:
+                out["evaluators"][ev.name] = ev.snapshot()
+            except Exception as err:
+                out["evaluators"][ev.name] = {"error": f"{type(err).__name__}: {err}"}
+        store = getattr(self.source, "store", None)
+        if store is not None:
+            out["store"] = {"series": store.series_count(), "bytes": store.nbytes(),
+                            "dropped": dict(store.dropped)}
+        return out
+

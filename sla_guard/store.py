@@ -1,0 +1,582 @@
+"""The embedded time-series store: numpy ring buffers, bounded in time, samples and series.
+
+Layout (why it looks like this): every sample of one scrape of one target shares the scrape's
+timestamp, so timestamps are kept once per *group* (one target, or one simulated engine) in a
+ring of ``slots`` per group, and values once per *sample name* in a 2-D matrix
+``rows (series) x slots``. A window query over thousands of engines is then a handful of
+vectorised numpy operations on one matrix instead of a Python loop per series, which is what
+keeps a 1,000-engine evaluation tick under 100 ms. NaN in a cell means "no sample".
+
+Bounds: ``slots`` samples per series (the ring), ``retention_s`` (older samples are invisible
+and their series are collected), ``max_series`` in total and per group, ``max_labels`` per
+series; what breaks a bound is dropped and counted in ``IngestResult.errors`` (never raised).
+
+Producers call ``ingest_text`` (an exposition, as scraped) or ``append`` (one sample, e.g. the
+simulator's offline replay at simulated time). Consumers use the ``MetricsView`` methods
+(``instant``, ``increase``, ``range``, ``histogram_quantile``), which give what PromQL gives on
+the same samples (see sla_guard/promql.py).
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+import threading
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from sla_guard import promql
+from sla_guard.model import Labels, Series
+
+# Label names that identify a group when ``append`` is called without one.
+_GROUP_LABELS = ("instance", "model", "pool", "engine")
+
+
+@dataclass(slots=True)
+class IngestResult:
+    """What one ingest stored and what it dropped, by error kind (``parse``, ``nan``,
+    ``duplicate``, ``series_limit``, ``label_limit``, ``out_of_order``)."""
+
+    samples: int = 0
+    errors: collections.Counter = field(default_factory=collections.Counter)
+
+    def add(self, other: IngestResult) -> None:
+        self.samples += other.samples
+        self.errors.update(other.errors)
+
+
+class _Family:
+    """All series of one sample name: values[row, slot], the group of each row, label codes."""
+
+    __slots__ = ("codes", "free", "group", "labels", "last_k", "n", "name", "values")
+
+    def __init__(self, name: str, slots: int, rows: int = 16) -> None:
+        self.name = name
+        self.values = np.full((rows, slots), np.nan)
+        self.group = np.full(rows, -1, dtype=np.int32)
+        self.last_k = np.zeros(rows, dtype=np.int64)  # group slot counter at last write
+        self.labels: list[Labels | None] = [None] * rows
+        self.codes: dict[str, np.ndarray] = {}
+        self.free: list[int] = []
+        self.n = 0  # high-water mark of used rows
+
+    def grow(self) -> None:
+        rows, slots = self.values.shape
+        new = rows * 2
+        values = np.full((new, slots), np.nan)
+        values[:rows] = self.values
+        self.values = values
+        self.group = np.concatenate([self.group, np.full(rows, -1, dtype=np.int32)])
+        self.last_k = np.concatenate([self.last_k, np.zeros(rows, dtype=np.int64)])
+        self.labels.extend([None] * rows)
+        for k, arr in self.codes.items():
+            self.codes[k] = np.concatenate([arr, np.zeros(rows, dtype=np.int32)])
+
+    def nbytes(self) -> int:
+        return (self.values.nbytes + self.group.nbytes + self.last_k.nbytes
+                + sum(a.nbytes for a in self.codes.values()) + 8 * len(self.labels))
+
+
+class SeriesStore:
+    """In-memory store of recent samples; implements ``sla_guard.model.MetricsView``.
+
+    Thread-safe: one lock around writes and reads (the scraper writes from the event loop while
+    API handlers may read).
+    """
+
+    def __init__(self, *, retention_s: float = 26 * 3600, slots: int = 720, max_series: int = 200_000,
+                 max_series_per_group: int | None = None, max_labels: int = 16, max_label_value_len: int = 2048,
+                 lookback_s: float = 300.0) -> None:
+        if slots < 2:
+            raise ValueError("slots must be >= 2 (a rate needs two samples)")
+        self.retention_s = float(retention_s)
+        self.slots = int(slots)
+        self.max_series = int(max_series)
+        self.max_series_per_group = int(max_series_per_group or max_series)
+        self.max_labels = int(max_labels)
+        self.max_label_value_len = int(max_label_value_len)
+        self.lookback_s = float(lookback_s)
+        self._lock = threading.RLock()
+        self._families: dict[str, _Family] = {}
+        self._index: dict[tuple[str, Labels], tuple[_Family, int]] = {}
+        self._vocab: dict[str, int] = {"": 0}
+        self._words: list[str] = [""]
+        # groups
+        self._gid: dict[tuple, int] = {}
+        self._gkeys: list[tuple] = []
+        cap = 16
+        self._gtimes = np.full((cap, self.slots), np.nan)
+        self._gstale = np.zeros((cap, self.slots), dtype=bool)
+        self._gcount = np.zeros(cap, dtype=np.int64)
+        self._glast = np.full(cap, -np.inf)
+        self._grows: list[dict[str, list[int]]] = []
+        self._gseries: list[int] = []
+        self._series = 0
+        self._newest = -math.inf
+        self._writes_since_gc = 0
+        self.dropped = collections.Counter()  # lifetime drops by kind
+
+    # ------------------------------------------------------------------ writing
+    def ingest_text(self, exposition: str, t: float, extra_labels: Mapping[str, str] | None = None, *,
+                    group: str | None = None) -> IngestResult:
+        """Parse a text exposition (Prometheus 0.0.4 / OpenMetrics text) and store every sample
+        at time ``t``. ``extra_labels`` (e.g. instance, model, pool) are added where the sample
+        lacks them; the sample's own labels win (Prometheus's ``honor_labels: true``). The group
+        defaults to the sorted ``extra_labels``. A parse failure stores nothing and is reported
+        as ``errors['parse']``."""
+        from sla_guard.ingest.parse import ExpositionError, parse_exposition
+
+        try:
+            samples, parse_errors = parse_exposition(exposition)
+        except ExpositionError:
+            res = IngestResult()
+            res.errors["parse"] += 1
+            with self._lock:
+                self.dropped["parse"] += 1
+            return res
+        res = self.ingest_samples(samples, t, extra_labels, group=group)
+        res.errors.update(parse_errors)
+        with self._lock:
+            self.dropped.update(parse_errors)
+        return res
+
+    def ingest_samples(self, samples: Iterable[tuple[str, Mapping[str, str], float]], t: float,
+                       extra_labels: Mapping[str, str] | None = None, *, group: str | None = None) -> IngestResult:
+        """Store ``(name, labels, value)`` samples of one scrape at time ``t`` (one new slot of
+        the group). Samples of a series repeated in the same call are duplicates: the first wins."""
+        extra = dict(extra_labels or {})
+        gkey = (group,) if group is not None else tuple(sorted(extra.items()))
+        res = IngestResult()
+        t = round(float(t), 3)
+        with self._lock:
+            gid = self._group(gkey)
+            slot = self._open_slot(gid, t, stale=False)
+            if slot is None:
+                res.errors["out_of_order"] += 1
+                self.dropped["out_of_order"] += 1
+                return res
+            writes: dict[str, tuple[_Family, list[int], list[float]]] = {}
+            seen: set[tuple[str, Labels]] = set()
+            for name, labels, value in samples:
+                if value != value:  # NaN: our "no sample" marker, and useless for every evaluator
+                    res.errors["nan"] += 1
+                    continue
+                if extra:
+                    merged = dict(extra)
+                    merged.update(labels)
+                    key = (name, tuple(sorted(merged.items())))
+                else:
+                    key = (name, tuple(sorted(labels.items())))
+                if key in seen:
+                    res.errors["duplicate"] += 1
+                    continue
+                seen.add(key)
+                loc = self._index.get(key)
+                if loc is None:
+                    loc = self._new_series(key, gid, res)
+                    if loc is None:
+                        continue
+                fam, row = loc
+                w = writes.get(fam.name)
+                if w is None:
+                    w = writes[fam.name] = (fam, [], [])
+                w[1].append(row)
+                w[2].append(value)
+            k = self._gcount[gid]
+            for fam, rows, vals in writes.values():
+                fam.values[rows, slot] = vals
+                fam.last_k[rows] = k
+                res.samples += len(rows)
+            self.dropped.update(res.errors)
+            self._after_write(t)
+        return res
+
+    def append(self, name: str, labels: Mapping[str, str], t: float, v: float, *, group: str | None = None) -> bool:
+        """Store one sample. Samples of one group at the same ``t`` share a slot; a group's
+        time must not go backwards (out-of-order samples are dropped and counted). The group
+        defaults to the sample's (instance, model, pool, engine) labels, i.e. one engine.
+        Returns False if the sample was dropped."""
+        gkey = (group,) if group is not None else tuple((k, labels[k]) for k in _GROUP_LABELS if k in labels)
+        t = round(float(t), 3)
+        with self._lock:
+            if v != v:
+                self.dropped["nan"] += 1
+                return False
+            gid = self._group(gkey)
+            slot = self._open_slot(gid, t, stale=False)
+            if slot is None:
+                self.dropped["out_of_order"] += 1
+                return False
+            key = (name, tuple(sorted(labels.items())))
+            loc = self._index.get(key)
+            if loc is None:
+                res = IngestResult()
+                loc = self._new_series(key, gid, res)
+                self.dropped.update(res.errors)
+                if loc is None:
+                    return False
+            fam, row = loc
+            if fam.group[row] != gid:
+                self.dropped["duplicate"] += 1  # same series written by two groups
+                return False
+            if fam.last_k[row] == self._gcount[gid] and not math.isnan(fam.values[row, slot]):
+                self.dropped["duplicate"] += 1
+                return False
+            fam.values[row, slot] = v
+            fam.last_k[row] = self._gcount[gid]
+            self._after_write(t)
+            return True
+
+    def mark_stale(self, group_key: Mapping[str, str] | str, t: float) -> None:
+        """Prometheus's staleness marker: the target could not be scraped at ``t``, so none of
+        its series has a current value from then on (``instant`` returns nothing for them)."""
+        gkey = (group_key,) if isinstance(group_key, str) else tuple(sorted(group_key.items()))
+        with self._lock:
+            gid = self._gid.get(gkey)
+            if gid is None or self._gcount[gid] == 0:
+                return
+            cur = (self._gcount[gid] - 1) % self.slots
+            if self._gstale[gid, cur]:
+                return  # one marker per outage, like Prometheus
+            self._open_slot(gid, round(float(t), 3), stale=True)
+
+    def _group(self, gkey: tuple) -> int:
+        gid = self._gid.get(gkey)
+        if gid is not None:
+            return gid
+        gid = len(self._gkeys)
+        if gid >= len(self._gcount):
+            cap = len(self._gcount) * 2
+            gt = np.full((cap, self.slots), np.nan)
+            gt[:gid] = self._gtimes
+            gs = np.zeros((cap, self.slots), dtype=bool)
+            gs[:gid] = self._gstale
+            self._gtimes, self._gstale = gt, gs
+            self._gcount = np.concatenate([self._gcount, np.zeros(cap - gid, dtype=np.int64)])
+            self._glast = np.concatenate([self._glast, np.full(cap - gid, -np.inf)])
+        self._gid[gkey] = gid
+        self._gkeys.append(gkey)
+        self._grows.append({})
+        self._gseries.append(0)
+        return gid
+
+    def _open_slot(self, gid: int, t: float, *, stale: bool) -> int | None:
+        last = self._glast[gid]
+        if t == last and not stale:
+            slot = (self._gcount[gid] - 1) % self.slots
+            if not self._gstale[gid, slot]:
+                return int(slot)
+        if t <= last:
+            return None
+        k = int(self._gcount[gid])
+        slot = k % self.slots
+        self._gtimes[gid, slot] = t
+        self._gstale[gid, slot] = stale
+        self._gcount[gid] = k + 1
+        self._glast[gid] = t
+        for name, rows in self._grows[gid].items():  # a series absent from this scrape has no sample
+            if rows:
+                self._families[name].values[rows, slot] = np.nan
+        return slot
+
+    def _new_series(self, key: tuple[str, Labels], gid: int, res: IngestResult) -> tuple[_Family, int] | None:
+        name, labels = key
+        if len(labels) > self.max_labels or any(len(v) > self.max_label_value_len for _, v in labels):
+            res.errors["label_limit"] += 1
+            return None
+        if self._series >= self.max_series or self._gseries[gid] >= self.max_series_per_group:
+            res.errors["series_limit"] += 1
+            return None
+        fam = self._families.get(name)
+        if fam is None:
+            fam = self._families[name] = _Family(name, self.slots)
+        if fam.free:
+            row = fam.free.pop()
+        else:
+            if fam.n >= len(fam.group):
+                fam.grow()
+            row = fam.n
+            fam.n += 1
+        fam.group[row] = gid
+        fam.labels[row] = labels
+        fam.values[row, :] = np.nan
+        rows_len = len(fam.group)
+        for lname, lval in labels:
+            code = self._vocab.get(lval)
+            if code is None:
+                code = self._vocab[lval] = len(self._words)
+                self._words.append(lval)
+            arr = fam.codes.get(lname)
+            if arr is None:
+                arr = fam.codes[lname] = np.zeros(rows_len, dtype=np.int32)
+            arr[row] = code
+        self._index[key] = (fam, row)
+        self._grows[gid].setdefault(name, []).append(row)
+        self._gseries[gid] += 1
+        self._series += 1
+        return fam, row
+
+    def _after_write(self, t: float) -> None:
+        if t > self._newest:
+            self._newest = t
+        self._writes_since_gc += 1
+        if self._writes_since_gc >= 256:
+            self.collect_garbage()
+
+    def collect_garbage(self) -> int:
+        """Free series with no sample left in their ring or none within retention; returns how
+        many were freed. Runs by itself every few hundred writes; the guard also calls it."""
+        freed = 0
+        with self._lock:
+            self._writes_since_gc = 0
+            horizon = self._newest - self.retention_s
+            glast = self._glast
+            gcount = self._gcount
+            for fam in self._families.values():
+                n = fam.n
+                g = fam.group[:n]
+                live = g >= 0
+                if not live.any():
+                    continue
+                gg = np.where(live, g, 0)
+                gone = live & ((gcount[gg] - fam.last_k[:n] >= self.slots) | (glast[gg] < horizon))
+                # a row whose last write is older than retention
+                tslot = fam.last_k[:n] % self.slots
+                tlast = self._gtimes[gg, tslot]
+                gone |= live & (tlast < horizon)
+                for row in np.flatnonzero(gone):
+                    self._free(fam, int(row))
+                    freed += 1
+        return freed
+
+    def _free(self, fam: _Family, row: int) -> None:
+        gid = int(fam.group[row])
+        labels = fam.labels[row]
+        self._index.pop((fam.name, labels), None)
+        fam.group[row] = -1
+        fam.labels[row] = None
+        fam.values[row, :] = np.nan
+        for arr in fam.codes.values():
+            arr[row] = 0
+        fam.free.append(row)
+        rows = self._grows[gid].get(fam.name)
+        if rows is not None:
+            rows.remove(row)
+        self._gseries[gid] -= 1
+        self._series -= 1
+
+    # ------------------------------------------------------------------ stats
+    def series_count(self) -> int:
+        return self._series
+
+    def nbytes(self) -> int:
+        """Bytes held in numpy arrays (the bulk of the store's memory)."""
+        with self._lock:
+            return (sum(f.nbytes() for f in self._families.values()) + self._gtimes.nbytes
+                    + self._gstale.nbytes + self._gcount.nbytes + self._glast.nbytes)
+
+    def names(self) -> list[str]:
+        return sorted(n for n, f in self._families.items() if (f.group[:f.n] >= 0).any())
+
+    @property
+    def newest(self) -> float:
+        """Time of the newest sample stored (or -inf)."""
+        return self._newest
+
+    # ------------------------------------------------------------------ reading (MetricsView)
+    def _rows(self, fam: _Family, matchers: Mapping[str, str]) -> np.ndarray:
+        n = fam.n
+        mask = fam.group[:n] >= 0
+        for lname, lval in matchers.items():
+            code = self._vocab.get(lval)
+            arr = fam.codes.get(lname)
+            if arr is None:
+                if lval != "":
+                    return np.empty(0, dtype=np.int64)
+                continue
+            if code is None:
+                return np.empty(0, dtype=np.int64)
+            mask &= arr[:n] == code
+        return np.flatnonzero(mask)
+
+    def _window(self, fam: _Family, rows: np.ndarray, start: float, end: float) -> tuple[np.ndarray, np.ndarray]:
+        """(T, V), each (len(rows), K): the samples of each row in [start, end], chronological."""
+        start = max(start, self._newest - self.retention_s)
+        g = fam.group[rows]
+        ug, inv = np.unique(g, return_inverse=True)
+        c = self.slots
+        count = self._gcount[ug]
+        first = np.where(count >= c, count % c, 0)
+        ar = np.arange(c)
+        order = (first[:, None] + ar[None, :]) % c
+        ct = np.take_along_axis(self._gtimes[ug], order, axis=1)
+        avail = ar[None, :] < np.minimum(count, c)[:, None]
+        inw = avail & (ct >= start) & (ct <= end)
+        nin = inw.sum(axis=1)
+        kmax = int(nin.max()) if len(nin) else 0
+        if kmax == 0:
+            return np.empty((len(rows), 0)), np.empty((len(rows), 0))
+        lo = np.argmax(inw, axis=1)
+        j = lo[:, None] + np.arange(kmax)[None, :]
+        ok = np.arange(kmax)[None, :] < nin[:, None]
+        j = np.minimum(j, c - 1)
+        slots = np.take_along_axis(order, j, axis=1)
+        times = np.where(ok, np.take_along_axis(ct, j, axis=1), np.nan)
+        vals = fam.values[rows[:, None], slots[inv]]
+        times_r = times[inv]
+        vals = np.where(np.isnan(times_r), np.nan, vals)
+        return times_r, vals
+
+    def _keys(self, fam: _Family, rows: np.ndarray, by: tuple[str, ...]) -> tuple[np.ndarray, list[Labels]]:
+        """Group index per row for ``sum by (by)``, and the Labels of each group."""
+        if not by:
+            return np.zeros(len(rows), dtype=np.int64), [()]
+        cols = [fam.codes[b][rows] if b in fam.codes else np.zeros(len(rows), dtype=np.int32) for b in by]
+        mat = np.stack(cols, axis=1)
+        uniq, inv = np.unique(mat, axis=0, return_inverse=True)
+        labels = [tuple(sorted((b, self._words[int(cv)]) for b, cv in zip(by, u, strict=True) if cv != 0))
+                  for u in uniq]
+        return inv.reshape(-1), labels
+
+    def instant(self, metric: str, matchers: Mapping[str, str], at: float) -> dict[Labels, float]:
+        """Value of each series in its group's latest scrape at or before ``at`` (within the
+        lookback); a series missing from that scrape, or behind a staleness marker, has none."""
+        with self._lock:
+            fam = self._families.get(metric)
+            if fam is None:
+                return {}
+            rows = self._rows(fam, matchers)
+            if not len(rows):
+                return {}
+            g = fam.group[rows]
+            ug, inv = np.unique(g, return_inverse=True)
+            gt = self._gtimes[ug]
+            ok = (gt <= at) & (gt >= at - self.lookback_s)
+            ts = np.where(ok, gt, -np.inf)
+            slot = np.argmax(ts, axis=1)
+            has = np.isfinite(ts[np.arange(len(ug)), slot]) & ~self._gstale[ug, slot]
+            vals = fam.values[rows, slot[inv]]
+            keep = has[inv] & ~np.isnan(vals)
+            return {fam.labels[r]: float(v) for r, v in zip(rows[keep], vals[keep], strict=True)}
+
+    def range(self, metric: str, matchers: Mapping[str, str], start: float, end: float) -> list[Series]:
+        """Raw samples of each matching series in [start, end] (closed, like a range selector)."""
+        with self._lock:
+            fam = self._families.get(metric)
+            if fam is None:
+                return []
+            rows = self._rows(fam, matchers)
+            if not len(rows):
+                return []
+            tt, vv = self._window(fam, rows, start, end)
+            out = []
+            for i, r in enumerate(rows):
+                m = ~np.isnan(vv[i])
+                if m.any():
+                    out.append(Series(fam.labels[r], tt[i][m].copy(), vv[i][m].copy()))
+            return out
+
+    def increase(self, metric: str, matchers: Mapping[str, str], window_s: float, at: float,
+                 by: tuple[str, ...] = ()) -> dict[Labels, float]:
+        """``sum by (by) (increase(metric{matchers}[window]))`` evaluated at ``at``."""
+        return self._sum_rate(metric, matchers, window_s, at, by, is_rate=False)
+
+    def rate(self, metric: str, matchers: Mapping[str, str], window_s: float, at: float,
+             by: tuple[str, ...] = ()) -> dict[Labels, float]:
+        """``sum by (by) (rate(metric{matchers}[window]))``."""
+        return self._sum_rate(metric, matchers, window_s, at, by, is_rate=True)
+
+    def _sum_rate(self, metric, matchers, window_s, at, by, *, is_rate: bool) -> dict[Labels, float]:
+        with self._lock:
+            fam = self._families.get(metric)
+            if fam is None:
+                return {}
+            rows = self._rows(fam, matchers)
+            if not len(rows):
+                return {}
+            tt, vv = self._window(fam, rows, at - window_s, at)
+            if tt.shape[1] < 2:
+                return {}
+            inc = promql.extrapolated_rate_matrix(tt, vv, at - window_s, at, is_counter=True, is_rate=is_rate)
+            keys, labels = self._keys(fam, rows, by)
+        ok = ~np.isnan(inc)
+        if not ok.any():
+            return {}
+        sums = np.bincount(keys[ok], weights=inc[ok], minlength=len(labels))
+        present = np.bincount(keys[ok], minlength=len(labels)) > 0
+        return {labels[i]: float(sums[i]) for i in np.flatnonzero(present)}
+
+    def counter_delta(self, metric: str, matchers: Mapping[str, str], t0: float, t1: float,
+                      by: tuple[str, ...] = ()) -> dict[Labels, float]:
+        """Summed reset-aware growth between the last samples at or before t0 and t1, without
+        extrapolation: consecutive intervals add up exactly (feeds request-weighted ledgers)."""
+        with self._lock:
+            fam = self._families.get(metric)
+            if fam is None:
+                return {}
+            rows = self._rows(fam, matchers)
+            if not len(rows):
+                return {}
+            tt, vv = self._window(fam, rows, t0 - self.lookback_s, t1)
+            if tt.shape[1] == 0:
+                return {}
+            d = promql.counter_delta(tt, vv, t0, t1)
+            keys, labels = self._keys(fam, rows, by)
+        ok = ~np.isnan(d)
+        if not ok.any():
+            return {}
+        sums = np.bincount(keys[ok], weights=d[ok], minlength=len(labels))
+        present = np.bincount(keys[ok], minlength=len(labels)) > 0
+        return {labels[i]: float(sums[i]) for i in np.flatnonzero(present)}
+
+    def bucket_increase(self, metric: str, matchers: Mapping[str, str], window_s: float, at: float,
+                        by: tuple[str, ...] = ()) -> dict[Labels, dict[float, float]]:
+        """``sum by (le, by) (increase(metric_bucket[window]))`` as {group: {le: count}}."""
+        name = metric if metric.endswith("_bucket") else metric + "_bucket"
+        with self._lock:
+            fam = self._families.get(name)
+            if fam is None:
+                return {}
+            rows = self._rows(fam, matchers)
+            if not len(rows) or "le" not in fam.codes:
+                return {}
+            tt, vv = self._window(fam, rows, at - window_s, at)
+            if tt.shape[1] < 2:
+                return {}
+            inc = promql.extrapolated_rate_matrix(tt, vv, at - window_s, at, is_counter=True)
+            keys, labels = self._keys(fam, rows, by)
+            le_codes = fam.codes["le"][rows]
+        ok = ~np.isnan(inc) & (le_codes != 0)
+        out: dict[Labels, dict[float, float]] = {}
+        le_cache: dict[int, float | None] = {}
+        for kk, lc, x in zip(keys[ok], le_codes[ok], inc[ok], strict=True):
+            lc = int(lc)
+            if lc not in le_cache:
+                le_cache[lc] = _le(self._words[lc])
+            le = le_cache[lc]
+            if le is None:
+                continue
+            d = out.setdefault(labels[kk], {})
+            d[le] = d.get(le, 0.0) + float(x)
+        return out
+
+    def histogram_quantile(self, q: float, metric: str, matchers: Mapping[str, str], window_s: float,
+                           at: float, by: tuple[str, ...] = ()) -> dict[Labels, float]:
+        """``histogram_quantile(q, sum by (le, by) (rate(metric_bucket[window])))``; ``metric`` is
+        the histogram's name with or without ``_bucket``. Groups whose quantile is NaN (no
+        observations) are left out, as Prometheus returns NaN there and we return absence."""
+        out = {}
+        for key, buckets in self.bucket_increase(metric, matchers, window_s, at, by).items():
+            qv = promql.bucket_quantile(q, list(buckets), list(buckets.values()))
+            if not math.isnan(qv):
+                out[key] = qv
+        return out
+
+
+def _le(text: str) -> float | None:
+    try:
+        return float(text)
+    except ValueError:
+        return None

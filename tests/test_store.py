@@ -1,0 +1,136 @@
+"""The numpy series store: what it keeps, what it drops (and counts), and that its queries are
+the PromQL functions applied to the stored samples."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from exporters import contract as c
+from sla_guard.promql import bucket_quantile, extrapolated_rate
+from sla_guard.store import SeriesStore
+
+TTFT_B = c.REQUEST_TTFT.series("_bucket")
+TTFT_COUNT = c.REQUEST_TTFT.series("_count")
+FINISHED = c.REQUESTS_FINISHED.series()
+
+
+def _engine(model="m", pool="decode", engine="0"):
+    return {"model": model, "pool": pool, "engine": engine}
+
+
+def test_increase_matches_promql_on_the_stored_samples():
+    st = SeriesStore(slots=64)
+    rng = np.random.default_rng(0)
+    ts, vs = [], []
+    v = 0.0
+    for i in range(40):
+        t = 1000 + i * 5 + rng.uniform(0, 0.5)
+        v = v + rng.integers(0, 10) if i != 20 else 3.0  # restart at i=20
+        st.append(FINISHED, {**_engine(), "reason": "stop"}, t, v)
+        ts.append(round(t, 3))
+        vs.append(v)
+    at = 1000 + 39 * 5 + 1
+    for w in (30, 60, 120):
+        want = extrapolated_rate([t for t in ts if at - w <= t <= at], [x for t, x in zip(ts, vs, strict=True)
+                                                                        if at - w <= t <= at], at - w, at)
+        got = st.increase(FINISHED, {"model": "m"}, w, at, by=("pool",))
+        assert got[(("pool", "decode"),)] == pytest.approx(want, rel=1e-12)
+
+
+def test_sum_by_groups_and_matchers():
+    st = SeriesStore(slots=16)
+    for t in (0.0, 10.0, 20.0):
+        for pool, e in (("prefill", "0"), ("prefill", "1"), ("decode", "0")):
+            st.append(FINISHED, {**_engine(pool=pool, engine=e), "reason": "stop"}, t, t)
+    got = st.increase(FINISHED, {}, 20, 20, by=("pool",))
+    assert got == {(("pool", "prefill"),): pytest.approx(40), (("pool", "decode"),): pytest.approx(20)}
+    assert st.increase(FINISHED, {"pool": "decode"}, 20, 20) == {(): pytest.approx(20)}
+    assert st.increase(FINISHED, {"pool": "nope"}, 20, 20) == {}
+    assert st.increase("no_such_metric", {}, 20, 20) == {}
+
+
+def test_ingest_text_instant_and_staleness_marker():
+    st = SeriesStore(slots=8, lookback_s=60)
+    text = 'x_total{a="1"} 5\nx_total{a="2"} 7\ng 3.5\n'
+    r = st.ingest_text(text, 100.0, {"instance": "t1", "model": "m", "pool": "decode"})
+    assert r.samples == 3 and not r.errors
+    inst = st.instant("x_total", {"instance": "t1"}, 110)
+    assert sorted(inst.values()) == [5, 7]
+    # a series that vanished from the next scrape has no current value
+    st.ingest_text('x_total{a="1"} 6\n', 105.0, {"instance": "t1", "model": "m", "pool": "decode"})
+    assert list(st.instant("x_total", {}, 110).values()) == [6]
+    # scrape failed -> staleness marker -> nothing current; an older 'at' still sees the value
+    st.mark_stale({"instance": "t1", "model": "m", "pool": "decode"}, 108.0)
+    assert st.instant("x_total", {}, 110) == {}
+    assert list(st.instant("x_total", {}, 106).values()) == [6]
+    # beyond the lookback nothing is current either
+    assert st.instant("g", {}, 500) == {}
+
+
+def test_label_values_win_over_target_labels():
+    st = SeriesStore(slots=8)
+    st.ingest_text('y{pool="prefill"} 1\n', 1.0, {"pool": "mixed", "instance": "a"})
+    assert list(st.instant("y", {"pool": "prefill"}, 1.0)) == [(("instance", "a"), ("pool", "prefill"))]
+
+
+def test_drops_are_counted_not_raised():
+    st = SeriesStore(slots=8, max_series=120, max_series_per_group=100, max_labels=4)
+    bomb = "".join(f'bomb{{id="{i}"}} 1\n' for i in range(500))
+    r = st.ingest_text(bomb, 1.0, {"instance": "bad"})
+    assert r.samples == 100 and r.errors["series_limit"] == 400
+    r = st.ingest_text('ok 1\nok 2\nn NaN\ni +Inf\nw{a="1",b="2",c="3",d="4",e="5"} 1\n', 1.0, {"instance": "good"})
+    assert r.errors == {"duplicate": 1, "nan": 1, "label_limit": 1}
+    assert st.instant("i", {}, 1.0) == {(("instance", "good"),): math.inf}
+    assert st.ingest_text('ok 3\n', 0.5, {"instance": "good"}).errors["out_of_order"] == 1
+    r = st.ingest_text("this is { not an exposition\n", 2.0, {"instance": "good"})
+    assert r.errors["parse"] == 1 and r.samples == 0
+    assert st.series_count() <= 120
+
+
+def test_ring_keeps_last_slots_and_gc_frees_dead_series():
+    st = SeriesStore(slots=4, retention_s=1000)
+    for i in range(10):
+        st.append("c_total", {"engine": "0"}, float(i), float(i))
+    (s,) = st.range("c_total", {}, 0, 100)
+    assert list(s.t) == [6, 7, 8, 9]
+    # engine restarts with other series: the old one falls out of the ring and is collected
+    for i in range(10, 20):
+        st.append("d_total", {"engine": "0"}, float(i), 1.0)
+    assert st.collect_garbage() >= 1
+    assert st.range("c_total", {}, 0, 100) == []
+    assert st.series_count() == 1
+    # retention: samples older than newest - retention are invisible
+    st2 = SeriesStore(slots=100, retention_s=10)
+    for i in range(30):
+        st2.append("c_total", {"engine": "0"}, float(i), float(i))
+    (s,) = st2.range("c_total", {}, 0, 100)
+    assert s.t.min() >= 19
+
+
+def test_histogram_quantile_matches_bucket_quantile():
+    st = SeriesStore(slots=16)
+    bounds = [0.5, 1.0, 2.5, math.inf]
+    first = [1, 2, 3, 4]
+    second = [11, 32, 53, 64]
+    for t, counts in ((0.0, first), (30.0, second)):
+        for e in ("0", "1"):
+            for le, n in zip(bounds, counts, strict=True):
+                st.append(TTFT_B, {**_engine(engine=e), "le": "+Inf" if math.isinf(le) else str(le)}, t, n)
+    got = st.histogram_quantile(0.9, c.REQUEST_TTFT.series(), {"model": "m"}, 30, 30, by=("pool",))
+    inc = [2 * (b - a) for a, b in zip(first, second, strict=True)]
+    assert got[(("pool", "decode"),)] == pytest.approx(bucket_quantile(0.9, bounds, inc))
+    assert st.bucket_increase(c.REQUEST_TTFT.series(), {}, 30, 30)[()] == {
+        le: pytest.approx(x) for le, x in zip(bounds, inc, strict=True)}
+
+
+def test_counter_delta_telescopes_in_store():
+    st = SeriesStore(slots=64)
+    vals = [0, 5, 9, 2, 6, 10, 15]  # restart after 9
+    for i, v in enumerate(vals):
+        st.append(TTFT_COUNT, _engine(), i * 10.0, float(v))
+    whole = st.counter_delta(TTFT_COUNT, {}, 0, 60)[()]
+    parts = sum(st.counter_delta(TTFT_COUNT, {}, a, a + 20).get((), 0.0) for a in (0, 20, 40))
+    assert whole == pytest.approx(9 + 2 + 4 + 4 + 5) == pytest.approx(parts)
