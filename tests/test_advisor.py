@@ -10,70 +10,18 @@ from __future__ import annotations
 import json
 
 import pytest
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry
+from scale_support import MODEL, Engine
+from scale_support import run as _run
+from scale_support import store as _store
 
 from exporters import contract as c
 from exporters.contract import Component
-from exporters.prometheus import ContractMetrics, EngineRecorder, FinishedRequest
+from exporters.prometheus import ContractMetrics
 from sla_guard.model import Finding
 from sla_guard.scale.advisor import Advisor
 from sla_guard.scale.config import parse_advisor
 from sla_guard.scale.evaluator import AdvisorEvaluator
-from sla_guard.store import SeriesStore
-
-MODEL = "m"
-
-
-class Engine:
-    """One engine's registry and recorder, plus the counters it has reached."""
-
-    def __init__(self, pool: str, name: str) -> None:
-        self.registry = CollectorRegistry()
-        self.rec = EngineRecorder(ContractMetrics(self.registry, components=[Component.ENGINE]), MODEL, pool, name)
-        self.name = name
-
-    def tick(self, *, running: int, waiting: int, kv: float = 0.3, steps: int = 0, computed: int = 0,
-             prefills: int = 0, tpot: float | None = None, ttft: float | None = None, preempted: int = 0,
-             drafts: int = 0, accepted: int = 0) -> None:
-        self.rec.scheduler(running, waiting, kv)
-        for _ in range(max(steps - 1, 0)):
-            self.rec.steps.inc()
-        if computed:
-            self.rec.tokens(0, computed=computed)
-        for _ in range(prefills):
-            self.rec.finished(FinishedRequest(e2e_s=0.5, queue_s=0.1, prefill_s=0.4, decode_s=0.0, tpot_s=0.0,
-                                              prompt_tokens=computed // max(prefills, 1), cached_tokens=0,
-                                              generated_tokens=1))
-        if tpot is not None:
-            for _ in range(5):
-                self.rec.finished(FinishedRequest(e2e_s=5, queue_s=0, prefill_s=0, decode_s=5, tpot_s=tpot,
-                                                  prompt_tokens=1000, cached_tokens=0, generated_tokens=300))
-        if ttft is not None:
-            self.rec.observe_ttfts([ttft] * 5)
-        self.rec.preempted(preempted)
-        if drafts:
-            self.rec.spec_decode(drafts, drafts * 3, accepted)
-
-    def scrape(self, store: SeriesStore, t: float) -> None:
-        # the exposition text a scrape would read, parsed back through prometheus_client's parser
-        from prometheus_client.parser import text_string_to_metric_families
-
-        text = generate_latest(self.registry).decode()
-        samples = [(s.name, s.labels, s.value) for fam in text_string_to_metric_families(text) for s in fam.samples]
-        store.ingest_samples(samples, t, group=self.name)
-
-
-def _run(engines: list[Engine], store: SeriesStore, t0: float, t1: float, dt: float = 5.0, **tick) -> None:
-    t = t0
-    while t <= t1:
-        for e in engines:
-            e.tick(**tick.get(e.name, {}))
-            e.scrape(store, t)
-        t += dt
-
-
-def _store() -> SeriesStore:
-    return SeriesStore(lookback_s=60.0)
 
 
 def test_prefill_queue_scales_prefill_up_with_reason_and_numbers():

@@ -1,0 +1,202 @@
+"""Actuators against real HTTP servers on loopback.
+
+- Webhook: a real ``http.server`` receiver that fails with 5xx a chosen number of times.
+- Kubernetes: there is no API server here, so a loopback HTTP server speaks the two
+  scale-subresource endpoints (apps/v1 Deployment and leaderworkerset.x-k8s.io/v1
+  LeaderWorkerSet ``.../scale``) with the JSON bodies the real API server returns; the requests
+  are built and sent by the official ``kubernetes`` client, unmodified.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+from prometheus_client import CollectorRegistry
+from scale_support import Engine
+from scale_support import run as _run
+from scale_support import store as _store
+
+from exporters import contract as c
+from exporters.contract import Component
+from exporters.prometheus import ContractMetrics
+from sla_guard.scale.actuators import (
+    IDEMPOTENCY_HEADER,
+    ActuationError,
+    KubernetesActuator,
+    WebhookActuator,
+    idempotency_key,
+)
+from sla_guard.scale.config import KubernetesTarget, Webhook, parse_advisor
+from sla_guard.scale.evaluator import AdvisorEvaluator
+
+
+@contextmanager
+def serve(handler_cls) -> Iterator[tuple[str, ThreadingHTTPServer]]:
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), handler_cls)
+    th = threading.Thread(target=srv.serve_forever, daemon=True)
+    th.start()
+    try:
+        yield f"http://127.0.0.1:{srv.server_address[1]}", srv
+    finally:
+        srv.shutdown()
+        srv.server_close()
+        th.join(5)
+
+
+def receiver(fail_first: int, status: int = 503):
+    """A webhook receiver answering ``status`` to the first ``fail_first`` POSTs, then 200."""
+    seen: list[dict] = []
+
+    class H(BaseHTTPRequestHandler):
+        def do_POST(self):
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            seen.append({"key": self.headers.get(IDEMPOTENCY_HEADER), "auth": self.headers.get("Authorization"),
+                         "body": body})
+            code = status if len(seen) <= fail_first else 200
+            self.send_response(code)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *a):
+            pass
+
+    return H, seen
+
+
+def test_webhook_retries_5xx_with_one_idempotency_key():
+    handler, seen = receiver(fail_first=2)
+    with serve(handler) as (url, _):
+        act = WebhookActuator(Webhook(url=url + "/scale", retries=3, backoff_s=0.01), token="s3cret")
+        key = idempotency_key("m", "decode", 3, 1234.5)
+        act.set_replicas("m", "decode", 3, key)
+        act.close()
+    assert len(seen) == 3  # two 503s, then accepted
+    assert {s["key"] for s in seen} == {key}  # the same key on every retry
+    assert seen[-1]["body"] == {"model": "m", "pool": "decode", "replicas": 3, "idempotency_key": key}
+    assert seen[0]["auth"] == "Bearer s3cret"
+    assert idempotency_key("m", "decode", 3, 1300.0) != key  # the next decision gets a new key
+
+
+def test_webhook_gives_up_and_does_not_retry_4xx():
+    handler, seen = receiver(fail_first=100, status=500)
+    with serve(handler) as (url, _):
+        act = WebhookActuator(Webhook(url=url, retries=2, backoff_s=0.01))
+        with pytest.raises(ActuationError, match="HTTP 500"):
+            act.set_replicas("m", "prefill", 2, "k1")
+    assert len(seen) == 3
+    handler, seen = receiver(fail_first=100, status=409)
+    with serve(handler) as (url, _):
+        act = WebhookActuator(Webhook(url=url, retries=4, backoff_s=0.01))
+        with pytest.raises(ActuationError, match="HTTP 409"):
+            act.set_replicas("m", "prefill", 2, "k2")
+    assert len(seen) == 1
+
+
+def test_active_mode_failure_is_counted_not_fatal():
+    """An actuator failing in active mode: the evaluator counts it and keeps recommending."""
+    handler, seen = receiver(fail_first=100, status=502)
+    with serve(handler) as (url, _):
+        reg = CollectorRegistry()
+        cfg = parse_advisor({"mode": "active", "actuation": {"webhook": {"url": url, "retries": 1,
+                                                                         "backoff_s": 0.01}},
+                             "profile": {"prefill_tokens_per_s": 10_000, "decode_step_base_s": 0.01,
+                                         "decode_step_per_request_s": 0.0002}})
+        ev = AdvisorEvaluator(cfg, model="m", metrics=ContractMetrics(reg, components=[Component.GUARD]),
+                              actuator=WebhookActuator(cfg.actuation.webhook))
+        store = _store()
+        engines = [Engine("prefill", "p0"), Engine("decode", "d0")]
+        busy = {"running": 4, "waiting": 30, "computed": 60_000, "prefills": 6, "ttft": 8.0}
+        _run(engines, store, 1000, 1060, p0=busy, d0={"running": 10, "waiting": 0, "steps": 400})
+        ev.evaluate(store, 1060)  # must not raise
+    assert len(seen) == 2  # one try + one retry
+    assert ev.actuation_errors == 1
+    assert reg.get_sample_value(c.GUARD_ACTUATION_ERRORS.series(),
+                                {"model": "m", "pool": "prefill", "actuator": "webhook"}) == 1
+    rec = next(r for r in ev.snapshot()["recommendations"] if r["pool"] == "prefill")
+    assert rec["desired"] > rec["current"]
+
+
+def k8s_server():
+    """Speaks GET/PATCH of the Deployment and LeaderWorkerSet scale subresources."""
+    state = {("apps", "llm", "prefill-pool"): 2, ("lws", "llm", "decode-pool"): 1}
+    calls: list[dict] = []
+
+    class H(BaseHTTPRequestHandler):
+        def _key(self):
+            parts = self.path.split("?")[0].strip("/").split("/")
+            # apis/apps/v1/namespaces/{ns}/deployments/{name}/scale
+            # apis/leaderworkerset.x-k8s.io/v1/namespaces/{ns}/leaderworkersets/{name}/scale
+            if len(parts) == 8 and parts[-1] == "scale" and parts[3] == "namespaces":
+                group = {"apps": "apps", "leaderworkerset.x-k8s.io": "lws"}.get(parts[1])
+                plural_ok = (group, parts[5]) in {("apps", "deployments"), ("lws", "leaderworkersets")}
+                if group and plural_ok:
+                    return group, parts[4], parts[6]
+            return None
+
+        def _reply(self, code, obj):
+            data = json.dumps(obj).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def _scale(self, key):
+            group, ns, name = key
+            api = "autoscaling/v1" if group == "apps" else "leaderworkerset.x-k8s.io/v1"
+            return {"apiVersion": api, "kind": "Scale", "metadata": {"name": name, "namespace": ns},
+                    "spec": {"replicas": state[key]}, "status": {"replicas": state[key]}}
+
+        def do_GET(self):
+            key = self._key()
+            if key not in state:
+                return self._reply(404, {"kind": "Status", "code": 404, "reason": "NotFound"})
+            self._reply(200, self._scale(key))
+
+        def do_PATCH(self):
+            key = self._key()
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            calls.append({"path": self.path, "content_type": self.headers.get("Content-Type"), "body": body})
+            if key not in state:
+                return self._reply(404, {"kind": "Status", "code": 404, "reason": "NotFound"})
+            state[key] = int(body["spec"]["replicas"])
+            self._reply(200, self._scale(key))
+
+        def log_message(self, *a):
+            pass
+
+    return H, state, calls
+
+
+def test_kubernetes_scale_subresource_deployment_and_lws():
+    from kubernetes import client
+
+    handler, state, calls = k8s_server()
+    with serve(handler) as (url, _):
+        conf = client.Configuration(host=url)
+        api = client.ApiClient(conf)
+        act = KubernetesActuator({"prefill": KubernetesTarget(kind="Deployment", name="prefill-pool", namespace="llm"),
+                                  "decode": KubernetesTarget(kind="LeaderWorkerSet", name="decode-pool",
+                                                             namespace="llm")}, api_client=api)
+        assert act.get_replicas("prefill") == 2
+        assert act.get_replicas("decode") == 1
+        act.set_replicas("m", "prefill", 3, "k")
+        act.set_replicas("m", "decode", 2, "k")
+        with pytest.raises(ActuationError, match="no kubernetes target"):
+            act.set_replicas("m", "mixed", 1, "k")
+        missing = KubernetesActuator({"prefill": KubernetesTarget(name="nope", namespace="llm")}, api_client=api)
+        with pytest.raises(ActuationError, match="Deployment/llm/nope"):
+            missing.set_replicas("m", "prefill", 1, "k")
+        api.close()
+    assert state[("apps", "llm", "prefill-pool")] == 3
+    assert state[("lws", "llm", "decode-pool")] == 2
+    paths = [x["path"] for x in calls[:2]]
+    assert paths == ["/apis/apps/v1/namespaces/llm/deployments/prefill-pool/scale",
+                     "/apis/leaderworkerset.x-k8s.io/v1/namespaces/llm/leaderworkersets/decode-pool/scale"]
+    assert all("patch" in (x["content_type"] or "") for x in calls)
+    assert calls[0]["body"] == {"spec": {"replicas": 3}}
