@@ -96,9 +96,14 @@ class EngineRecorder:
         self._kv_fetch: dict[str, object] = {}
         self._pos_draft: list = []
         self._pos_accepted: list = []
+        self._kv_xfer: dict[str, object] | None = None  # bound on first KV-transfer stats
 
     def _bind(self, metric: Metric, *extra: str):
         return self.metrics[metric].labels(*self.labels, *extra)
+
+    def prebind_kv_fetch_stages(self, stages: Iterable[str]) -> None:
+        """Expose the remote-KV wait gauge at 0 for every stage from the start (consumers)."""
+        self.kv_fetch_by_stage({s: 0 for s in stages})
 
     # -- per request ---------------------------------------------------------------------------
     def observe_ttfts(self, values: Iterable[float]) -> None:
@@ -164,9 +169,12 @@ class EngineRecorder:
     # -- speculative decoding ------------------------------------------------------------------
     def spec_decode(self, drafts: int, draft_tokens: int, accepted: int,
                     accepted_per_pos: Iterable[int] = (), draft_per_pos: Iterable[int] = ()) -> None:
-        self.spec_drafts.inc(drafts)
-        self.spec_draft_tokens.inc(draft_tokens)
-        self.spec_accepted.inc(accepted)
+        if drafts:
+            self.spec_drafts.inc(drafts)
+        if draft_tokens:
+            self.spec_draft_tokens.inc(draft_tokens)
+        if accepted:
+            self.spec_accepted.inc(accepted)
         for children, values, metric in ((self._pos_accepted, accepted_per_pos, c.SPEC_ACCEPTED_TOKENS_POS),
                                          (self._pos_draft, draft_per_pos, c.SPEC_DRAFT_TOKENS_POS)):
             for i, v in enumerate(values):
@@ -174,3 +182,38 @@ class EngineRecorder:
                     children.append(self._bind(metric, str(len(children))))
                 if v:
                     children[i].inc(v)
+
+    # -- KV transfer (connector stats) ---------------------------------------------------------
+    def kv_transfer(self, durations: Iterable[float] = (), post_durations: Iterable[float] = (),
+                    nbytes: Iterable[float] = (), descriptors: Iterable[float] = (),
+                    failures: Mapping[str, int] | None = None, expired: int = 0,
+                    late_notifications: int = 0) -> None:
+        """One batch of per-transfer observations (NIXL's kv_connector_stats lists)."""
+        k = self._kv_xfer
+        if k is None:
+            b = self._bind
+            k = self._kv_xfer = {
+                "duration": b(c.KV_XFER_DURATION), "post": b(c.KV_XFER_POST_DURATION),
+                "bytes": b(c.KV_XFER_BYTES), "descriptors": b(c.KV_XFER_DESCRIPTORS),
+                "expired": b(c.KV_XFER_EXPIRED), "late": b(c.KV_XFER_LATE_NOTIFICATIONS),
+                **{f"fail_{kind}": b(c.KV_XFER_FAILURES, kind)
+                   for kind in ("transfer", "notification", "handshake")},
+            }
+        for key, values in (("duration", durations), ("post", post_durations), ("bytes", nbytes),
+                            ("descriptors", descriptors)):
+            obs = k[key].observe
+            for v in values:
+                obs(v)
+        for kind, n in (failures or {}).items():
+            child = k.get(f"fail_{kind}")
+            if n and child is not None:
+                child.inc(n)
+        if expired:
+            k["expired"].inc(expired)
+        if late_notifications:
+            k["late"].inc(late_notifications)
+
+    def engine_info(self, **info: str) -> None:
+        """Set the per-engine info gauge (labels beyond model/pool/engine, as the contract lists)."""
+        extra = c.ENGINE_INFO.labels[len(self.labels):]
+        self.metrics[c.ENGINE_INFO].labels(*self.labels, *(str(info.get(n, "")) for n in extra)).set(1)

@@ -1,0 +1,89 @@
+"""Parse ``SchedulerStats.kv_connector_stats`` (a plain dict) into KV-transfer observations.
+
+vLLM hands the stat logger the connector's ``to_dict()`` payload. NIXL's (``NixlKVConnectorStats``)
+is a dict of per-event lists::
+
+    {"transfer_duration": [s, ...], "post_duration": [s, ...], "bytes_transferred": [n, ...],
+     "num_descriptors": [n, ...], "num_failed_transfers": [1, ...], "num_failed_notifications": [...],
+     "num_failed_handshakes": [...], "num_kv_expired_reqs": [...], "num_notifications_after_expiry": [...]}
+
+one entry per transfer handle (not per request); failure lists hold a 1 per event. Under
+MultiConnector the payload is keyed by connector class name first:
+``{"NixlConnector": {...}, "LMCacheConnectorV1": {...}}``. Anything not in NIXL's format
+(other connectors, future fields) is ignored: unknown is not an error.
+Pure functions, no vLLM import: the recorded-dict tests run without vLLM.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+_NIXL_MARKER = "transfer_duration"
+_FAILURES = {"num_failed_transfers": "transfer", "num_failed_notifications": "notification",
+             "num_failed_handshakes": "handshake"}
+MAX_NESTING = 3  # MultiConnector nests once; guard against pathological payloads
+
+
+@dataclass(slots=True)
+class KvTransferBatch:
+    """KV-transfer observations of one connector over one stats interval."""
+
+    connector: str
+    durations: list[float] = field(default_factory=list)
+    post_durations: list[float] = field(default_factory=list)
+    nbytes: list[float] = field(default_factory=list)
+    descriptors: list[float] = field(default_factory=list)
+    failures: dict[str, int] = field(default_factory=dict)
+    expired: int = 0
+    late_notifications: int = 0
+
+    @property
+    def empty(self) -> bool:
+        return not (self.durations or self.post_durations or self.nbytes or self.descriptors
+                    or any(self.failures.values()) or self.expired or self.late_notifications)
+
+
+def _numbers(value: Any) -> list[float]:
+    if not isinstance(value, list | tuple):
+        return []
+    return [float(v) for v in value if isinstance(v, int | float) and not isinstance(v, bool)]
+
+
+def _count(value: Any) -> int:
+    """Event lists hold one entry (normally 1) per event; a bare int is taken as a count."""
+    if isinstance(value, list | tuple):
+        return int(sum(v for v in value if isinstance(v, int | float) and not isinstance(v, bool)))
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return int(value)
+    return 0
+
+
+def nixl_batch(data: Mapping[str, Any], connector: str = "NixlConnector") -> KvTransferBatch:
+    """One NIXL-format payload -> batch."""
+    return KvTransferBatch(
+        connector=connector,
+        durations=_numbers(data.get("transfer_duration")),
+        post_durations=_numbers(data.get("post_duration")),
+        nbytes=_numbers(data.get("bytes_transferred")),
+        descriptors=_numbers(data.get("num_descriptors")),
+        failures={kind: _count(data.get(key)) for key, kind in _FAILURES.items()},
+        expired=_count(data.get("num_kv_expired_reqs")),
+        late_notifications=_count(data.get("num_notifications_after_expiry")),
+    )
+
+
+def parse_kv_connector_stats(data: Any, connector: str = "", _depth: int = 0) -> Iterator[KvTransferBatch]:
+    """Yield a batch for every NIXL-format payload in ``data`` (flat, or nested under
+    MultiConnector); other connectors' payloads yield nothing."""
+    if not isinstance(data, Mapping) or _depth > MAX_NESTING:
+        return
+    if _NIXL_MARKER in data:
+        batch = nixl_batch(data, connector or "NixlConnector")
+        if not batch.empty:
+            yield batch
+        return
+    for name, sub in data.items():
+        if isinstance(sub, Mapping):
+            yield from parse_kv_connector_stats(sub, str(name), _depth + 1)

@@ -1,0 +1,194 @@
+"""Turn the run directory's per-process snapshots into the contract's PROCESS metrics.
+
+Two ways to reach vLLM's /metrics, chosen by how vLLM serves it (docs/hooks.md):
+
+* one API server: /metrics serves prometheus_client's default REGISTRY, so a custom
+  ``SnapshotCollector`` registered there reads the snapshot files at scrape time;
+* several API servers (PROMETHEUS_MULTIPROC_DIR set): /metrics serves a fresh registry holding
+  only a MultiProcessCollector over the mmap files, so a collector cannot be added. There one
+  API server (elected with a file lock, taking over if it dies) mirrors the snapshots into
+  ordinary contract gauges/counters every interval; prometheus_client writes them to the
+  multiprocess files, where vLLM's collector finds them.
+
+Labels: model and pool come from the API server's vLLM config; engine from the DP rank in the
+process title (a worker without one inherits its parent EngineCore's); role and process from
+the title; PID and start time in slaguard_process_info.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+import os
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import psutil
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from engine_hooks.process_sampler import SNAPSHOT_PREFIX, Snapshot
+from exporters import contract as c
+from exporters.prometheus import ContractMetrics
+
+log = logging.getLogger("sla_guard.process_collector")
+
+MAX_SNAPSHOTS = 4096  # bound on files read per scrape (a runaway fork loop must not hurt scrapes)
+
+
+def read_snapshots(run_dir: Path, stale_after_s: float, now: float | None = None,
+                   remove_dead: bool = True) -> list[Snapshot]:
+    """Snapshots of live processes; files of dead PIDs are removed, stale ones skipped."""
+    now = time.time() if now is None else now
+    out: list[Snapshot] = []
+    try:
+        paths = sorted(run_dir.glob(f"{SNAPSHOT_PREFIX}*.json"))[:MAX_SNAPSHOTS]
+    except OSError:
+        return out
+    for path in paths:
+        try:
+            snap = Snapshot.from_json(path.read_text())
+        except (OSError, ValueError, TypeError):
+            continue  # being replaced or garbage: skip this scrape
+        alive = _alive(snap)
+        if not alive:
+            if remove_dead:
+                with contextlib.suppress(OSError):
+                    path.unlink()
+            continue
+        if now - snap.ts > stale_after_s:
+            continue
+        out.append(snap)
+    return out
+
+
+def _alive(snap: Snapshot) -> bool:
+    try:
+        return abs(psutil.Process(snap.pid).create_time() - snap.start_time) < 1.0
+    except (psutil.Error, OSError):
+        return False
+
+
+def engine_label(snap: Snapshot, by_pid: dict[int, Snapshot], dp_size: int) -> str:
+    """DP rank as the engine label; "" for processes serving all engines (API servers)."""
+    if snap.dp_rank is not None:
+        return str(snap.dp_rank)
+    if snap.role == "worker":
+        parent = by_pid.get(snap.ppid)
+        if parent is not None and parent.dp_rank is not None:
+            return str(parent.dp_rank)
+    if snap.role in ("engine_core", "worker") and dp_size <= 1:
+        return "0"
+    return ""
+
+
+def snapshot_rows(snaps: Iterable[Snapshot], model: str, pool: str, dp_size: int):
+    """Yield (metric, label values, value) for every contract PROCESS sample of ``snaps``."""
+    snaps = list(snaps)
+    by_pid = {s.pid: s for s in snaps}
+    for s in snaps:
+        labels = (model, pool, engine_label(s, by_pid, dp_size), s.role, s.process)
+        yield c.PROCESS_RSS, labels, float(s.rss)
+        for kind, v in s.memory.items():
+            yield c.PROCESS_MEMORY, (*labels, kind), float(v)
+        for gen, n in enumerate(s.gc_collections):
+            yield c.PROCESS_GC_COLLECTIONS, (*labels, str(gen)), float(n)
+        if s.gc_frozen is not None:
+            yield c.PROCESS_GC_FROZEN, labels, float(s.gc_frozen)
+        yield c.PROCESS_THREADS, labels, float(s.threads)
+        yield c.PROCESS_OPEN_FDS, labels, float(s.fds)
+        yield c.PROCESS_INFO, (*labels, str(s.pid), f"{s.start_time:.0f}"), 1.0
+
+
+def families(rows) -> list[Metric]:
+    """Rows -> prometheus_client metric families (one per contract metric)."""
+    fams: dict[str, Metric] = {}
+    for m, labels, value in rows:
+        fam = fams.get(m.name)
+        if fam is None:
+            cls = CounterMetricFamily if m.kind is c.Kind.COUNTER else GaugeMetricFamily
+            fam = fams[m.name] = cls(m.name, m.help, labels=list(m.labels))
+        fam.add_metric(list(labels), value)
+    return list(fams.values())
+
+
+class SnapshotCollector(Collector):
+    """Custom collector for the default registry (one-API-server mode)."""
+
+    def __init__(self, run_dir: Path, model: str, pool: str, dp_size: int, stale_after_s: float) -> None:
+        self.run_dir, self.model, self.pool, self.dp_size = run_dir, model, pool, dp_size
+        self.stale_after_s = stale_after_s
+        self.errors = 0
+
+    def collect(self) -> Iterator[Metric]:
+        try:
+            snaps = read_snapshots(self.run_dir, self.stale_after_s)
+            yield from families(snapshot_rows(snaps, self.model, self.pool, self.dp_size))
+        except Exception:  # a scrape must never fail because of us
+            self.errors += 1
+            if self.errors == 1:
+                log.warning("sla-guard: reading process snapshots failed", exc_info=True)
+
+    def describe(self) -> list[Metric]:
+        return []  # unchecked collector: families depend on what processes exist
+
+
+class MultiprocessMirror:
+    """Multi-API-server mode: the lock holder copies snapshots into contract metrics that
+    prometheus_client persists in PROMETHEUS_MULTIPROC_DIR."""
+
+    def __init__(self, run_dir: Path, metrics: ContractMetrics, model: str, pool: str, dp_size: int,
+                 interval: float, stale_after_s: float) -> None:
+        self.run_dir, self.metrics, self.model, self.pool, self.dp_size = run_dir, metrics, model, pool, dp_size
+        self.interval, self.stale_after_s = interval, stale_after_s
+        self._counters: dict[tuple, float] = {}
+        self._lock_fd: int | None = None
+        self._stop = threading.Event()
+        self.errors = 0
+        self._thread = threading.Thread(target=self._run, name="sla-guard-mp-mirror", daemon=True)
+
+    def start(self) -> MultiprocessMirror:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def leader(self) -> bool:
+        if self._lock_fd is not None:
+            return True
+        fd = os.open(self.run_dir / "mp-mirror.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            return False
+        self._lock_fd = fd
+        return True
+
+    def mirror_once(self) -> None:
+        snaps = read_snapshots(self.run_dir, self.stale_after_s)
+        for m, labels, value in snapshot_rows(snaps, self.model, self.pool, self.dp_size):
+            child = self.metrics[m].labels(*labels)
+            if m.kind is c.Kind.COUNTER:
+                key = (m.name, labels)
+                delta = value - self._counters.get(key, 0.0)
+                self._counters[key] = value
+                if delta > 0:
+                    child.inc(delta)
+            else:
+                child.set(value)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                if self.leader():
+                    self.mirror_once()
+            except Exception:
+                self.errors += 1
+                if self.errors == 1:
+                    log.warning("sla-guard: multiprocess mirror failed", exc_info=True)
+            self._stop.wait(self.interval)

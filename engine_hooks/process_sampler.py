@@ -1,0 +1,201 @@
+"""Per-process host-memory sampler: one cheap daemon thread in every vLLM process.
+
+vLLM exports host memory only for the API-server process (prometheus_client's process
+collector), and not at all with several API servers. EngineCore and workers, where the 2026
+host-memory leak grew, are invisible. This thread samples, every ``SLA_GUARD_SAMPLE_INTERVAL_S``
+seconds (default 5): RSS (psutil), its anon/file/shmem split (/proc/self/status), Python GC
+collections and ``gc.get_freeze_count()`` (EngineCore calls gc.freeze(), hiding pre-freeze objects
+from gc), threads and open FDs. Each sample is written atomically as ``proc-<pid>.json`` into the
+run directory (``SLA_GUARD_RUN_DIR``), which the API server's collector turns into metrics; see
+docs/hooks.md for why files and not prometheus_client's multiprocess mode.
+
+Cost: one psutil call, one /proc read and one small file write per interval; nothing on vLLM's
+hot path. Never raises: a failing sample is logged once and skipped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import json
+import logging
+import os
+import re
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import psutil
+
+log = logging.getLogger("sla_guard.process_sampler")
+
+ENV_RUN_DIR = "SLA_GUARD_RUN_DIR"
+ENV_INTERVAL = "SLA_GUARD_SAMPLE_INTERVAL_S"
+DEFAULT_INTERVAL_S = 5.0
+SNAPSHOT_PREFIX = "proc-"
+
+_STATUS_KEYS = {"VmRSS": "rss", "RssAnon": "anon", "RssFile": "file", "RssShmem": "shmem"}
+_DP_RE = re.compile(r"_DP(\d+)")
+
+# Set by the stat logger when it is built in this process: the process is an API server even
+# when it has no vLLM title (single-API-server mode leaves the title unset).
+_is_api_server = False
+
+
+def mark_api_server() -> None:
+    global _is_api_server
+    _is_api_server = True
+
+
+@dataclass(slots=True)
+class Snapshot:
+    """One sample of one process, as written to the run directory."""
+
+    pid: int
+    ppid: int
+    start_time: float
+    ts: float
+    title: str
+    role: str
+    process: str
+    dp_rank: int | None
+    rss: int
+    memory: dict[str, int] = field(default_factory=dict)  # anon | file | shmem, bytes
+    gc_collections: list[int] = field(default_factory=list)  # per generation, self only
+    gc_frozen: int | None = None
+    threads: int = 0
+    fds: int = 0
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str) -> Snapshot:
+        return cls(**json.loads(text))
+
+
+def parse_proc_status(text: str) -> dict[str, int]:
+    """``/proc/<pid>/status`` -> {rss, anon, file, shmem} in bytes (kB lines), missing keys omitted."""
+    out: dict[str, int] = {}
+    for line in text.splitlines():
+        key, _, rest = line.partition(":")
+        name = _STATUS_KEYS.get(key)
+        if name:
+            parts = rest.split()
+            if parts and parts[0].isdigit():
+                out[name] = int(parts[0]) * 1024
+    return out
+
+
+def classify_title(title: str, api_server: bool = False) -> tuple[str, str, int | None]:
+    """Process title (``VLLM::EngineCore_DP1``, ``VLLM::Worker_DP0_TP1``, ``VLLM::APIServer_0``)
+    -> (role, process label, DP rank or None)."""
+    name = title.split("::", 1)[1].split()[0] if "::" in title else ""
+    m = _DP_RE.search(name)
+    dp = int(m.group(1)) if m else None
+    if name.startswith("EngineCore"):
+        return "engine_core", name, dp
+    if name.startswith("Worker"):
+        return "worker", name, dp
+    if name.startswith("APIServer"):
+        return "api_server", name, None
+    if name.startswith("DPCoordinator"):
+        return "dp_coordinator", name, None
+    if api_server:
+        return "api_server", "APIServer", None
+    return ("other", name, dp) if name else ("main", "main", None)
+
+
+def _own_title() -> str:
+    try:
+        import setproctitle
+
+        return setproctitle.getproctitle()
+    except ImportError:
+        with contextlib.suppress(OSError):
+            return Path("/proc/self/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    return ""
+
+
+def take_snapshot(pid: int | None = None, api_server: bool | None = None) -> Snapshot:
+    """Sample ``pid`` (default: this process). GC figures exist only for this process."""
+    own = pid is None or pid == os.getpid()
+    proc = psutil.Process(pid)
+    with proc.oneshot():
+        rss = proc.memory_info().rss
+        threads = proc.num_threads()
+        fds = proc.num_fds()
+        ppid = proc.ppid()
+        start = proc.create_time()
+        title = _own_title() if own else " ".join(proc.cmdline())
+    try:
+        memory = parse_proc_status(Path(f"/proc/{proc.pid}/status").read_text())
+        memory.pop("rss", None)
+    except OSError:
+        memory = {}
+    role, process, dp = classify_title(title, _is_api_server if api_server is None else api_server)
+    snap = Snapshot(pid=proc.pid, ppid=ppid, start_time=start, ts=time.time(), title=title[:200], role=role,
+                    process=process, dp_rank=dp, rss=rss, memory=memory, threads=threads, fds=fds)
+    if own:
+        snap.gc_collections = [g["collections"] for g in gc.get_stats()]
+        snap.gc_frozen = gc.get_freeze_count()
+    return snap
+
+
+def write_snapshot(run_dir: Path, snap: Snapshot) -> Path:
+    """Atomic write (tmp + rename) so a scrape never reads half a file."""
+    path = run_dir / f"{SNAPSHOT_PREFIX}{snap.pid}.json"
+    tmp = run_dir / f".{SNAPSHOT_PREFIX}{snap.pid}.tmp"
+    tmp.write_text(snap.to_json())
+    os.replace(tmp, path)
+    return path
+
+
+def interval_from_env(env: dict[str, str] | None = None) -> float:
+    env = os.environ if env is None else env
+    try:
+        v = float(env.get(ENV_INTERVAL, DEFAULT_INTERVAL_S))
+    except ValueError:
+        return DEFAULT_INTERVAL_S
+    return v if v > 0 else DEFAULT_INTERVAL_S
+
+
+class ProcessSampler:
+    """Daemon thread writing this process's snapshot every ``interval`` seconds."""
+
+    def __init__(self, run_dir: Path, interval: float) -> None:
+        self.run_dir = run_dir
+        self.interval = interval
+        self.pid = os.getpid()
+        self.errors = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="sla-guard-sampler", daemon=True)
+
+    def start(self) -> ProcessSampler:
+        self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 2.0) -> None:
+        self._stop.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+        with contextlib.suppress(OSError):
+            (self.run_dir / f"{SNAPSHOT_PREFIX}{self.pid}.json").unlink()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def sample_once(self) -> None:
+        try:
+            write_snapshot(self.run_dir, take_snapshot())
+        except Exception:  # never let sampling hurt the host process
+            self.errors += 1
+            if self.errors == 1:
+                log.warning("sla-guard process sampler failed in pid %d", self.pid, exc_info=True)
+
+    def _run(self) -> None:
+        self.sample_once()
+        while not self._stop.wait(self.interval):
+            self.sample_once()

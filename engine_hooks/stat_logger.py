@@ -1,0 +1,270 @@
+"""``vllm.stat_logger_plugins`` entry point: vLLM's per-step stats -> the metric contract.
+
+Runs in each API-server process, on its event loop, beside vLLM's own PrometheusStatLogger.
+It is an ``AggregateStatLoggerBase``: vLLM builds it once per API server with all DP engine
+indexes; it keeps one ``EngineRecorder`` (children bound once) per engine index, so ``record()``
+is a dict lookup plus a few child updates. With several API servers each one gets a share of the
+steps; prometheus_client's multiprocess mode (which vLLM turns on then) sums counters and
+histograms over API servers and keeps the most recent gauge value, so the union is exact.
+
+Every public method catches everything: an error is counted in slaguard_hook_errors_total{kind},
+logged once per kind, and never raised into vLLM.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import threading
+from typing import Any
+
+from prometheus_client import REGISTRY
+
+from engine_hooks import process_plugin
+from engine_hooks.kv_connector import parse_kv_connector_stats
+from engine_hooks.process_collector import MultiprocessMirror, SnapshotCollector
+from engine_hooks.process_sampler import interval_from_env, mark_api_server
+from exporters import contract as c
+from exporters.contract import Component
+from exporters.prometheus import ContractMetrics, EngineRecorder, FinishedRequest
+
+try:  # vLLM is optional for the package; the plugin only loads where it is installed.
+    from vllm.v1.metrics.loggers import AggregateStatLoggerBase
+except ImportError:  # pragma: no cover - exercised in the project venv without vLLM
+    AggregateStatLoggerBase = object  # type: ignore[assignment,misc]
+
+log = logging.getLogger("sla_guard.stat_logger")
+
+KV_FETCH_STAGES = ("waiting_to_start", "in_progress", "completed_waiting")
+
+# One set of families per process: vLLM may build several loggers (tests, engine restarts),
+# and registering the same names twice in REGISTRY raises.
+_process_lock = threading.Lock()
+_metrics: ContractMetrics | None = None
+_process_exporters: dict[str, Any] = {}
+
+
+def process_metrics() -> ContractMetrics:
+    global _metrics
+    with _process_lock:
+        if _metrics is None:
+            _metrics = ContractMetrics(REGISTRY, (Component.ENGINE, Component.KV_TRANSFER, Component.HOOKS))
+        return _metrics
+
+
+def _multiprocess_mode() -> bool:
+    return bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
+
+
+def _export_process_samples(model: str, pool: str, dp_size: int) -> None:
+    """Make the run directory's snapshots reach /metrics (once per process, see process_collector)."""
+    with _process_lock:
+        if _process_exporters:
+            return
+        run_dir = process_plugin.run_dir()
+        if run_dir is None:
+            return
+        interval = interval_from_env()
+        stale = max(30.0, 6 * interval)
+        if _multiprocess_mode():
+            pm = ContractMetrics(REGISTRY, (Component.PROCESS,))
+            _process_exporters["mirror"] = MultiprocessMirror(run_dir, pm, model, pool, dp_size, interval,
+                                                              stale).start()
+        else:
+            collector = SnapshotCollector(run_dir, model, pool, dp_size, stale)
+            REGISTRY.register(collector)
+            _process_exporters["collector"] = collector
+
+
+def _served_model(vllm_config: Any) -> str:
+    name = getattr(vllm_config.model_config, "served_model_name", None) or vllm_config.model_config.model
+    if isinstance(name, list | tuple):
+        name = name[0] if name else ""
+    return str(name)
+
+
+def _vllm_version() -> str:
+    try:
+        from vllm import __version__
+
+        return str(__version__)
+    except Exception:
+        return "unknown"
+
+
+class _Engine:
+    """Per-engine state: the bound recorder and what the config says about the engine."""
+
+    __slots__ = ("kv_consumer", "otel", "rec")
+
+    def __init__(self, rec: EngineRecorder, kv_consumer: bool, otel: Any) -> None:
+        self.rec = rec
+        self.kv_consumer = kv_consumer
+        self.otel = otel
+
+
+class SlaGuardStatLogger(AggregateStatLoggerBase):
+    """Emits the sla-guard contract from vLLM's SchedulerStats / IterationStats."""
+
+    def __init__(self, vllm_config: Any, engine_indexes: list[int] | None = None) -> None:
+        self._errors_logged: set[str] = set()
+        self._error_children: dict[str, Any] = {}
+        self._engines: dict[int, _Engine] = {}
+        self.model, self.pool = "unknown", c.Pool.MIXED.value
+        self.metrics: ContractMetrics | None = None
+        self.otel = None
+        try:
+            self._init(vllm_config, list(engine_indexes or [0]))
+        except Exception as e:
+            self._error("init", e)
+
+    def _init(self, vllm_config: Any, engine_indexes: list[int]) -> None:
+        mark_api_server()
+        process_plugin.register()  # idempotent; covers API servers the general plugin missed
+        self.metrics = process_metrics()
+        kv = vllm_config.kv_transfer_config
+        kv_role = getattr(kv, "kv_role", None) if kv is not None else None
+        self.model = _served_model(vllm_config)
+        self.pool = c.pool_from_kv_role(kv_role).value
+        spec = vllm_config.speculative_config
+        dp_size = int(getattr(vllm_config.parallel_config, "data_parallel_size", 1) or 1)
+        info = {
+            "kv_connector": (getattr(kv, "kv_connector", None) or "") if kv is not None else "",
+            "kv_role": kv_role or "",
+            "spec_method": (getattr(spec, "method", None) or "") if spec is not None else "",
+            "num_spec_tokens": str(getattr(spec, "num_speculative_tokens", 0) or 0) if spec is not None else "0",
+            "vllm_version": _vllm_version(),
+            "dp_size": str(dp_size),
+        }
+        kv_consumer = bool(kv is not None and getattr(kv, "is_kv_consumer", False))
+        self._hook_errors = self.metrics[c.HOOK_ERRORS]
+        try:
+            from exporters.otel import OtelMirror  # lazy: the OTel SDK is an optional extra
+
+            self.otel = OtelMirror.from_env()
+            if self.otel is not None:
+                atexit.register(self.otel.shutdown)
+        except Exception as e:  # OTel is a mirror: without it the Prometheus side still works
+            self._error("otel", e)
+        for idx in engine_indexes:
+            rec = EngineRecorder(self.metrics, self.model, self.pool, idx)
+            rec.engine_info(**info)
+            if kv_consumer:
+                rec.prebind_kv_fetch_stages(KV_FETCH_STAGES)
+            otel = self.otel.engine(self.model, self.pool, idx, info) if self.otel is not None else None
+            self._engines[idx] = _Engine(rec, kv_consumer, otel)
+        _export_process_samples(self.model, self.pool, dp_size)
+
+    # -- error accounting --------------------------------------------------------------------------
+    def _error(self, kind: str, exc: BaseException) -> None:
+        try:
+            child = self._error_children.get(kind)
+            if child is None and self.metrics is not None:
+                child = self._error_children[kind] = self.metrics[c.HOOK_ERRORS].labels(self.model, self.pool, kind)
+            if child is not None:
+                child.inc()
+            if kind not in self._errors_logged:
+                self._errors_logged.add(kind)
+                log.warning("sla-guard hook error (kind=%s), counted and ignored from now on: %r", kind, exc,
+                            exc_info=exc)
+        except Exception:  # even accounting must not raise into vLLM
+            pass
+
+    def _engine(self, engine_idx: int) -> _Engine | None:
+        eng = self._engines.get(engine_idx)
+        if eng is None and self.metrics is not None:  # an index vLLM did not announce: still record it
+            eng = self._engines[engine_idx] = _Engine(
+                EngineRecorder(self.metrics, self.model, self.pool, engine_idx), False, None)
+        return eng
+
+    # -- StatLoggerBase ----------------------------------------------------------------------------
+    def record(self, scheduler_stats: Any, iteration_stats: Any, mm_cache_stats: Any = None,
+               engine_idx: int = 0) -> None:
+        eng = self._engines.get(engine_idx)
+        if eng is None:
+            try:
+                eng = self._engine(engine_idx)
+            except Exception as e:
+                self._error("engine", e)
+            if eng is None:
+                return
+        if scheduler_stats is not None:
+            try:
+                self._scheduler(eng, scheduler_stats)
+            except Exception as e:
+                self._error("scheduler", e)
+        if iteration_stats is not None:
+            try:
+                self._iteration(eng, iteration_stats)
+            except Exception as e:
+                self._error("iteration", e)
+
+    def _scheduler(self, eng: _Engine, s: Any) -> None:
+        rec = eng.rec
+        rec.scheduler(s.num_running_reqs, s.num_waiting_reqs + s.num_skipped_waiting_reqs, s.kv_cache_usage)
+        if eng.otel is not None:
+            try:
+                eng.otel.scheduler(s.num_running_reqs, s.num_waiting_reqs + s.num_skipped_waiting_reqs,
+                                   s.kv_cache_usage)
+            except Exception as e:
+                self._error("otel", e)
+        if eng.kv_consumer or s.num_kv_fetch_reqs_by_stage:
+            rec.kv_fetch_by_stage(s.num_kv_fetch_reqs_by_stage)
+        p = s.prefix_cache_stats
+        if p is not None and (p.queries or p.hits):
+            rec.prefix_cache("local", p.queries, p.hits)
+        p = s.connector_prefix_cache_stats
+        if p is not None and (p.queries or p.hits):
+            rec.prefix_cache("external", p.queries, p.hits)
+        sd = s.spec_decoding_stats
+        if sd is not None:
+            try:
+                rec.spec_decode(sd.num_drafts, sd.num_draft_tokens, sd.num_accepted_tokens,
+                                sd.num_accepted_tokens_per_pos, sd.num_draft_tokens_per_pos)
+            except Exception as e:
+                self._error("spec_decode", e)
+        kvs = s.kv_connector_stats
+        if kvs:
+            try:
+                for b in parse_kv_connector_stats(kvs):
+                    rec.kv_transfer(b.durations, b.post_durations, b.nbytes, b.descriptors, b.failures,
+                                    b.expired, b.late_notifications)
+            except Exception as e:
+                self._error("kv_connector", e)
+
+    def _iteration(self, eng: _Engine, it: Any) -> None:
+        rec = eng.rec
+        if it.time_to_first_tokens_iter:
+            rec.observe_ttfts(it.time_to_first_tokens_iter)
+        if it.inter_token_latencies_iter:
+            rec.observe_itls(it.inter_token_latencies_iter)
+        pts = it.prompt_token_stats
+        rec.tokens(it.num_generation_tokens, pts.computed, pts.local_cache_hit, pts.external_kv_transfer)
+        if it.num_preempted_reqs:
+            rec.preempted(it.num_preempted_reqs)
+        if it.finished_requests:
+            for f in it.finished_requests:
+                r = FinishedRequest(
+                    e2e_s=f.e2e_latency, queue_s=f.queued_time, prefill_s=f.prefill_time, decode_s=f.decode_time,
+                    tpot_s=f.mean_time_per_output_token, prompt_tokens=f.num_prompt_tokens,
+                    cached_tokens=f.num_cached_tokens, generated_tokens=f.num_generation_tokens,
+                    reason=str(f.finish_reason),
+                    request_id=f.request_id or "")
+                rec.finished(r)
+                if eng.otel is not None:
+                    try:
+                        eng.otel.finished(r, it.iteration_timestamp)
+                    except Exception as e:
+                        self._error("otel", e)
+        if eng.otel is not None and (it.time_to_first_tokens_iter or it.inter_token_latencies_iter):
+            try:
+                eng.otel.latencies(it.time_to_first_tokens_iter, it.inter_token_latencies_iter)
+            except Exception as e:
+                self._error("otel", e)
+
+    def log_engine_initialized(self) -> None:
+        pass
+
+    def log(self) -> None:
+        pass

@@ -1,0 +1,177 @@
+"""OpenTelemetry mirror of the engine contract over OTLP/HTTP: metrics and per-request spans.
+
+Enabled only when ``SLA_GUARD_OTLP_ENDPOINT`` (base URL, e.g. ``http://collector:4318``) is
+set; ``/v1/metrics`` and ``/v1/traces`` are appended. Exports run on the SDK's background
+threads with a short timeout (``SLA_GUARD_OTLP_TIMEOUT_S``, default 2 s) so a dead collector
+never stalls vLLM, and its own providers are used (never the global ones vLLM may configure).
+
+Names: a contract metric with ``otel_name`` (GenAI semantic conventions, e.g.
+``gen_ai.server.time_to_first_token``) is exported under that name with the same buckets;
+others keep the contract name. Per the conventions the model is the attribute
+``gen_ai.request.model``; pool and engine are ``sla_guard.pool`` / ``sla_guard.engine``.
+``gen_ai.client.token.usage`` is a per-request histogram in the conventions, so it is recorded
+per finished request with ``gen_ai.token.type`` input|output instead of as a counter.
+
+Spans: one ``sla_guard.request`` span per finished request (start = arrival, end = last token)
+with child spans queue / prefill / decode, the request id as ``gen_ai.response.id``, pool,
+engine and token counts, so the prefill half and the decode half of a P/D request can be joined
+by id and a client's TTFT split into prefill queue, prefill, KV transfer and first decode step.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from exporters import contract as c
+from exporters.prometheus import FinishedRequest
+
+ENV_ENDPOINT = "SLA_GUARD_OTLP_ENDPOINT"
+ENV_TIMEOUT = "SLA_GUARD_OTLP_TIMEOUT_S"
+ENV_INTERVAL = "SLA_GUARD_OTLP_EXPORT_INTERVAL_S"
+DEFAULT_TIMEOUT_S = 2.0
+DEFAULT_INTERVAL_S = 15.0
+
+_REQUEST_HISTOGRAMS = (c.REQUEST_E2E, c.REQUEST_QUEUE, c.REQUEST_PREFILL, c.REQUEST_DECODE)
+TOKEN_USAGE = "gen_ai.client.token.usage"
+TOKEN_BUCKETS = (1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304)
+
+
+def otel_name(m: c.Metric) -> str:
+    return m.otel_name or m.name
+
+
+def _float_env(env: Mapping[str, str], key: str, default: float) -> float:
+    try:
+        v = float(env.get(key, default))
+    except ValueError:
+        return default
+    return v if v > 0 else default
+
+
+class OtelEngine:
+    """Instruments of one engine with its attributes bound (mirrors EngineRecorder)."""
+
+    def __init__(self, mirror: OtelMirror, model: str, pool: str, engine: str | int) -> None:
+        self.m = mirror
+        self.pool, self.engine = str(pool), str(engine)
+        self.attrs = {"gen_ai.request.model": model, "sla_guard.pool": self.pool, "sla_guard.engine": self.engine}
+        self._input = {**self.attrs, "gen_ai.token.type": "input"}
+        self._output = {**self.attrs, "gen_ai.token.type": "output"}
+        self._reasons: dict[str, dict[str, str]] = {}
+
+    def latencies(self, ttfts: Iterable[float], itls: Iterable[float]) -> None:
+        a, ttft, itl = self.attrs, self.m.hist[c.REQUEST_TTFT.name], self.m.hist[c.INTER_TOKEN_LATENCY.name]
+        for v in ttfts:
+            ttft.record(v, a)
+        for v in itls:
+            itl.record(v, a)
+
+    def scheduler(self, running: int, waiting: int, kv_usage: float) -> None:
+        g, a = self.m.gauges, self.attrs
+        g[c.REQUESTS_RUNNING.name].set(running, a)
+        g[c.REQUESTS_WAITING.name].set(waiting, a)
+        g[c.KV_CACHE_USAGE.name].set(kv_usage, a)
+
+    def finished(self, r: FinishedRequest, end_wall_s: float) -> None:
+        a, h = self.attrs, self.m.hist
+        for metric, v in zip(_REQUEST_HISTOGRAMS, (r.e2e_s, r.queue_s, r.prefill_s, r.decode_s), strict=True):
+            h[metric.name].record(v, a)
+        if r.generated_tokens > 1:
+            h[c.REQUEST_TPOT.name].record(r.tpot_s, a)
+        h[TOKEN_USAGE].record(r.prompt_tokens, self._input)
+        h[TOKEN_USAGE].record(r.generated_tokens, self._output)
+        ra = self._reasons.get(r.reason)
+        if ra is None:
+            ra = self._reasons[r.reason] = {**a, "sla_guard.reason": r.reason}
+        self.m.finished_counter.add(1, ra)
+        self.m.request_span(self, r, end_wall_s)
+
+
+class OtelMirror:
+    """Own MeterProvider + TracerProvider exporting OTLP/HTTP (protobuf)."""
+
+    def __init__(self, endpoint: str, timeout_s: float = DEFAULT_TIMEOUT_S,
+                 export_interval_s: float = DEFAULT_INTERVAL_S, service_name: str = "sla-guard-engine") -> None:
+        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        from opentelemetry.sdk.metrics import MeterProvider
+        from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+        from opentelemetry.sdk.resources import Resource
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+        base = endpoint.rstrip("/")
+        resource = Resource.create({"service.name": service_name, "process.pid": os.getpid()})
+        reader = PeriodicExportingMetricReader(
+            OTLPMetricExporter(endpoint=base + "/v1/metrics", timeout=timeout_s),
+            export_interval_millis=export_interval_s * 1000, export_timeout_millis=timeout_s * 1000)
+        self.meter_provider = MeterProvider(resource=resource, metric_readers=[reader])
+        self.tracer_provider = TracerProvider(resource=resource)
+        self.tracer_provider.add_span_processor(BatchSpanProcessor(
+            OTLPSpanExporter(endpoint=base + "/v1/traces", timeout=timeout_s),
+            max_queue_size=4096, export_timeout_millis=timeout_s * 1000))  # bounded: drops when full
+        self.tracer = self.tracer_provider.get_tracer("sla_guard")
+        meter = self.meter_provider.get_meter("sla_guard")
+        self.hist: dict[str, Any] = {}
+        for m in (c.REQUEST_TTFT, c.REQUEST_TPOT, c.INTER_TOKEN_LATENCY, *_REQUEST_HISTOGRAMS):
+            self.hist[m.name] = meter.create_histogram(otel_name(m), unit=m.unit, description=m.help,
+                                                       explicit_bucket_boundaries_advisory=c.bucket_override(m))
+        self.hist[TOKEN_USAGE] = meter.create_histogram(
+            TOKEN_USAGE, unit="{token}", description="Tokens per finished request, by gen_ai.token.type.",
+            explicit_bucket_boundaries_advisory=TOKEN_BUCKETS)
+        self.finished_counter = meter.create_counter(otel_name(c.REQUESTS_FINISHED), unit="{request}",
+                                                     description=c.REQUESTS_FINISHED.help)
+        self.gauges = {m.name: meter.create_gauge(otel_name(m), unit=m.unit, description=m.help)
+                       for m in (c.REQUESTS_RUNNING, c.REQUESTS_WAITING, c.KV_CACHE_USAGE)}
+        self.info = meter.create_gauge(otel_name(c.ENGINE_INFO), description=c.ENGINE_INFO.help)
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> OtelMirror | None:
+        """A mirror if ``SLA_GUARD_OTLP_ENDPOINT`` is set and the OTel SDK is installed, else None."""
+        env = os.environ if env is None else env
+        endpoint = env.get(ENV_ENDPOINT, "").strip()
+        if not endpoint:
+            return None
+        try:
+            return cls(endpoint, _float_env(env, ENV_TIMEOUT, DEFAULT_TIMEOUT_S),
+                       _float_env(env, ENV_INTERVAL, DEFAULT_INTERVAL_S))
+        except ImportError as e:
+            raise RuntimeError(f"{ENV_ENDPOINT} is set but the OpenTelemetry SDK is missing: "
+                               "pip install 'sla-guard[otel]'") from e
+
+    def engine(self, model: str, pool: str, engine: str | int, info: Mapping[str, str] | None = None) -> OtelEngine:
+        e = OtelEngine(self, model, pool, engine)
+        if info:
+            self.info.set(1, {**e.attrs, **{f"sla_guard.{k}": str(v) for k, v in info.items()}})
+        return e
+
+    def request_span(self, e: OtelEngine, r: FinishedRequest, end_wall_s: float) -> None:
+        end = int(end_wall_s * 1e9)
+        decode_start = end - int(r.decode_s * 1e9)
+        prefill_start = decode_start - int(r.prefill_s * 1e9)
+        queue_start = prefill_start - int(r.queue_s * 1e9)
+        start = min(end - int(r.e2e_s * 1e9), queue_start)
+        attrs = {**e.attrs, "gen_ai.response.id": r.request_id, "sla_guard.request_id": r.request_id,
+                 "sla_guard.queue_s": r.queue_s, "sla_guard.prefill_s": r.prefill_s,
+                 "sla_guard.decode_s": r.decode_s, "sla_guard.e2e_s": r.e2e_s,
+                 "sla_guard.ttft_s": max(r.e2e_s - r.decode_s, 0.0), "sla_guard.tpot_s": r.tpot_s,
+                 "gen_ai.usage.input_tokens": r.prompt_tokens, "gen_ai.usage.output_tokens": r.generated_tokens,
+                 "sla_guard.cached_tokens": r.cached_tokens, "gen_ai.response.finish_reasons": (r.reason,)}
+        from opentelemetry import trace
+
+        span = self.tracer.start_span("sla_guard.request", start_time=start, attributes=attrs)
+        ctx = trace.set_span_in_context(span)
+        for name, s, t in (("queue", queue_start, prefill_start), ("prefill", prefill_start, decode_start),
+                           ("decode", decode_start, end)):
+            self.tracer.start_span(name, context=ctx, start_time=s, attributes=e.attrs).end(end_time=t)
+        span.end(end_time=end)
+
+    def force_flush(self, timeout_s: float = 5.0) -> None:
+        self.tracer_provider.force_flush(int(timeout_s * 1000))
+        self.meter_provider.force_flush(int(timeout_s * 1000))
+
+    def shutdown(self) -> None:
+        self.tracer_provider.shutdown()
+        self.meter_provider.shutdown()
