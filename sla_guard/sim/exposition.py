@@ -1,0 +1,128 @@
+"""Contract exposition of simulated engines, through the project's exporters.
+
+Each simulated replica gets its own ``CollectorRegistry`` with ``ContractMetrics`` for the ENGINE,
+KV_TRANSFER and PROCESS components and an ``EngineRecorder`` bound to (model, pool, engine): the
+very code path the vLLM hooks use. A restart builds a fresh registry, so counters reset as they
+do when a real engine restarts. :class:`MetricsServer` serves one replica's current registry on a
+loopback port (503 while the replica is down).
+"""
+
+from __future__ import annotations
+
+import threading
+from wsgiref.simple_server import WSGIRequestHandler, make_server
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, ThreadingWSGIServer
+
+from exporters import contract as c
+from exporters.contract import Component
+from exporters.prometheus import ContractMetrics, EngineRecorder
+
+COMPONENTS = (Component.ENGINE, Component.KV_TRANSFER, Component.PROCESS)
+
+
+class EngineMetrics:
+    """One simulated engine's registry, recorder and the non-recorder families, children bound once."""
+
+    def __init__(self, model: str, pool: str, engine: str, *, spec_method: str = "", num_spec: int = 0,
+                 kv_role: str = "", env: dict[str, str] | None = None) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.metrics = ContractMetrics(self.registry, COMPONENTS, env=env or {})
+        self.rec = EngineRecorder(self.metrics, model, pool, engine)
+        labels = (model, pool, engine)
+        self.labels = labels
+        m = self.metrics
+        m[c.ENGINE_INFO].labels(*labels, "NixlConnector", kv_role, spec_method, str(num_spec), "sim", "1").set(1)
+        self.xfer_duration = m[c.KV_XFER_DURATION].labels(*labels)
+        self.xfer_post = m[c.KV_XFER_POST_DURATION].labels(*labels)
+        self.xfer_bytes = m[c.KV_XFER_BYTES].labels(*labels)
+        self.xfer_desc = m[c.KV_XFER_DESCRIPTORS].labels(*labels)
+        self.xfer_fail = {k: m[c.KV_XFER_FAILURES].labels(*labels, k) for k in ("transfer", "notification",
+                                                                                "handshake")}
+        self.xfer_expired = m[c.KV_XFER_EXPIRED].labels(*labels)
+        self.xfer_late = m[c.KV_XFER_LATE_NOTIFICATIONS].labels(*labels)
+        # Touch so every family has a sample from the start (as the hooks do on first record()).
+        self.xfer_expired.inc(0)
+        self.xfer_late.inc(0)
+        self.rec.kv_fetch_by_stage({"waiting_to_start": 0, "in_progress": 0, "completed_waiting": 0})
+        self.rec.preempted(0)
+        self.rec.spec_decode(0, 0, 0, [0] * num_spec, [0] * num_spec)
+        self._proc: dict[str, dict] = {}
+
+    def kv_transfer(self, duration_s: float, post_s: float, nbytes: float, descriptors: int) -> None:
+        self.xfer_duration.observe(duration_s)
+        self.xfer_post.observe(post_s)
+        self.xfer_bytes.observe(nbytes)
+        self.xfer_desc.observe(descriptors)
+
+    def kv_failure(self, kind: str = "transfer") -> None:
+        self.xfer_fail[kind].inc()
+
+    def process(self, role: str, name: str, pid: int, start_time: float, rss: float, anon: float, file: float,
+                shmem: float, gc_counts: tuple[int, int, int], frozen: int, threads: int, fds: int) -> None:
+        """One sample of a process, as the hooks' per-process sampler would set it."""
+        ch = self._proc.get(name)
+        if ch is None:
+            m, lab = self.metrics, (*self.labels, role, name)
+            ch = self._proc[name] = {
+                "rss": m[c.PROCESS_RSS].labels(*lab),
+                "kind": {k: m[c.PROCESS_MEMORY].labels(*lab, k) for k in ("anon", "file", "shmem")},
+                "gc": [m[c.PROCESS_GC_COLLECTIONS].labels(*lab, str(g)) for g in range(3)],
+                "gc_seen": [0, 0, 0],
+                "frozen": m[c.PROCESS_GC_FROZEN].labels(*lab),
+                "threads": m[c.PROCESS_THREADS].labels(*lab),
+                "fds": m[c.PROCESS_OPEN_FDS].labels(*lab),
+            }
+            m[c.PROCESS_INFO].labels(*lab, str(pid), f"{start_time:.3f}").set(1)
+        ch["rss"].set(rss)
+        ch["kind"]["anon"].set(anon)
+        ch["kind"]["file"].set(file)
+        ch["kind"]["shmem"].set(shmem)
+        for g in range(3):
+            d = gc_counts[g] - ch["gc_seen"][g]
+            if d > 0:
+                ch["gc"][g].inc(d)
+                ch["gc_seen"][g] = gc_counts[g]
+        ch["frozen"].set(frozen)
+        ch["threads"].set(threads)
+        ch["fds"].set(fds)
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+class MetricsServer:
+    """Serves ``holder()``'s current EngineMetrics at /metrics on 127.0.0.1 (port 0 = free port).
+    ``holder`` returns None while the engine is down: the scrape then gets 503, like a dead target."""
+
+    def __init__(self, holder, host: str = "127.0.0.1", port: int = 0) -> None:
+        self._holder = holder
+
+        def app(environ, start_response):
+            if environ.get("PATH_INFO", "/") not in ("/metrics", "/"):
+                start_response("404 Not Found", [("Content-Type", "text/plain")])
+                return [b"not found\n"]
+            em = self._holder()
+            if em is None:
+                start_response("503 Service Unavailable", [("Content-Type", "text/plain")])
+                return [b"engine down\n"]
+            body = em.exposition()
+            start_response("200 OK", [("Content-Type", CONTENT_TYPE_LATEST)])
+            return [body]
+
+        self._httpd = make_server(host, port, app, ThreadingWSGIServer, handler_class=_QuietHandler)
+        self.port = self._httpd.server_port
+        self.url = f"http://{host}:{self.port}/metrics"
+        self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True, name=f"sim-metrics-{port}")
+        self._thread.start()
+
+    def close(self) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        self._thread.join(timeout=5)
