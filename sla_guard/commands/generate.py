@@ -1,0 +1,47 @@
+"""`sla-guard generate [--check]`: regenerate the Grafana dashboards and Prometheus rules from the
+metric contract and the SLO spec (the defaults, or ``--config``). ``--check`` writes nothing and
+exits 1 if a committed file differs, so CI catches a contract or SLO change without regeneration."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from sla_guard.config import ConfigError, GuardConfig, load_config
+
+
+def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    p = sub.add_parser("generate", help="regenerate dashboards/json and alerts/rules from the contract and SLOs")
+    p.add_argument("--config", help="guard configuration whose SLO spec to use (default: built-in SLOs)")
+    p.add_argument("--check", action="store_true", help="compare with the files on disk; write nothing")
+    p.add_argument("--rules-dir", type=Path, help="where rule files go (default: alerts/rules)")
+    p.add_argument("--dashboards-dir", type=Path, help="where dashboard JSON goes (default: dashboards/json)")
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    from alerts.generate import RULES_DIR, diff, render_rules, write
+    from alerts.slo_rules import GenerationError
+    from dashboards.generate import JSON_DIR, render_dashboards
+
+    try:
+        config = load_config(args.config) if args.config else GuardConfig()
+        outputs = [(render_rules(config), args.rules_dir or RULES_DIR, "*.yaml"),
+                   (render_dashboards(config), args.dashboards_dir or JSON_DIR, "*.json")]
+    except (ConfigError, GenerationError) as err:
+        print(err, file=sys.stderr)
+        return 2
+    if args.check:
+        problems = [p for files, out, pattern in outputs for p in diff(files, out, pattern)]
+        for p in problems:
+            print(p, file=sys.stderr)
+        if problems:
+            print("run `sla-guard generate` (or `make generate`) and commit the result", file=sys.stderr)
+            return 1
+        print(f"ok: {sum(len(f) for f, _, _ in outputs)} generated files up to date")
+        return 0
+    for files, out, _ in outputs:
+        for path in write(files, out):
+            print(f"wrote {path}")
+    return 0
