@@ -22,7 +22,7 @@ def le(threshold: float) -> str:
 
 
 def series(metric: Metric, suffix: str = "", matchers: Sequence[str] = ()) -> str:
-    """A selector such as ``slaguard_request_ttft_seconds_count{pool=~"$pool"}``."""
+    """A selector: the series name of ``metric`` (plus ``suffix``) and optional label matchers."""
     if metric.kind is Kind.HISTOGRAM:
         if suffix not in HISTOGRAM_SUFFIXES:
             raise ValueError(f"{metric.name} is a histogram; use one of {HISTOGRAM_SUFFIXES}")

@@ -54,25 +54,33 @@ class GenerationError(ValueError):
     """An SLO spec the rule generator cannot express; the message says how to change it."""
 
 
+def _covers(u: SLOSet, t: SLOSet) -> bool:
+    return u.model in ("*", t.model) and u.pool in ("*", t.pool)
+
+
+def _score(s: SLOSet) -> int:
+    return (s.model != "*") * 2 + (s.pool != "*")  # as GuardConfig.slos_for ranks sets
+
+
+def _overlap(s: SLOSet, t: SLOSet) -> bool:
+    return all("*" in (a, b) or a == b for a, b in ((s.model, t.model), (s.pool, t.pool)))
+
+
 def set_matchers(sets: Sequence[SLOSet], i: int) -> list[str]:
     """Label matchers that select exactly the series SLO set ``i`` governs: its own model/pool,
-    minus the series a more specific overlapping set claims (most specific wins, as in
-    ``GuardConfig.slos_for``)."""
+    minus the series an overlapping, more specific set claims (ranked as ``GuardConfig.slos_for``)."""
     s = sets[i]
     pos = [f'{lab}="{v}"' for lab, v in (("model", s.model), ("pool", s.pool)) if v != "*"]
     neg: dict[str, list[str]] = {"model": [], "pool": []}
     for j, t in enumerate(sets):
-        if j == i:
+        if j == i or not _overlap(s, t) or _score(t) <= _score(s):
             continue
         extra = [lab for lab, mine, theirs in (("model", s.model, t.model), ("pool", s.pool, t.pool))
                  if mine == "*" and theirs != "*"]
-        conflict = any(mine != "*" and theirs not in ("*", mine)
-                       for mine, theirs in ((s.model, t.model), (s.pool, t.pool)))
-        narrower = [lab for lab, mine, theirs in (("model", s.model, t.model), ("pool", s.pool, t.pool))
-                    if theirs == "*" and mine != "*"]
-        if conflict or narrower or not extra:
-            continue  # disjoint, less specific, or identical scope
         if len(extra) == 2:
+            if any(k not in (i, j) and _covers(u, t) and _score(u) > _score(s) and _score(u) in (1, 2)
+                   for k, u in enumerate(sets)):
+                continue  # already excluded through a one-label set that contains it
             raise GenerationError(
                 f"slos[{j}] (model={t.model!r}, pool={t.pool!r}) overrides part of slos[{i}] (model='*', pool='*');"
                 " label matchers cannot express that exclusion. Add a set for model "

@@ -1,0 +1,196 @@
+"""Generated Prometheus rules: reproducible, valid for promtool, unit-tested (fire and no-fire per
+alert), documented (runbook anchors exist), routed by the example Alertmanager config."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from alerts import promql as pq
+from alerts.generate import RULES_DIR, diff, render_rules
+from alerts.params import RuleParams, fmt_duration
+from alerts.slo_rules import GenerationError, set_matchers
+from exporters import contract as c
+from sla_guard.cli import main as cli
+from sla_guard.config import SLO, GuardConfig, SLOSet, parse_config
+
+ROOT = Path(__file__).resolve().parents[1]
+TESTS_DIR = ROOT / "alerts" / "tests"
+RUNBOOKS = ROOT / "docs" / "runbooks.md"
+AM_CONFIG = ROOT / "alerts" / "alertmanager.yml"
+
+needs_promtool = pytest.mark.skipif(shutil.which("promtool") is None,
+                                    reason="promtool missing: run scripts/setup.sh --full")
+needs_amtool = pytest.mark.skipif(shutil.which("amtool") is None, reason="amtool missing: run scripts/setup.sh --full")
+
+
+def alert_rules(files: dict[str, str] | None = None) -> list[dict]:
+    files = files or {p.name: p.read_text() for p in RULES_DIR.glob("*.yaml")}
+    return [r for text in files.values() for g in yaml.safe_load(text)["groups"] for r in g["rules"] if "alert" in r]
+
+
+def github_anchors(markdown: str) -> set[str]:
+    """Heading slugs as GitHub renders them."""
+    out = set()
+    for line in markdown.splitlines():
+        m = re.match(r"#+\s+(.*)", line)
+        if m:
+            out.add(re.sub(r"[^\w\- ]", "", m.group(1).strip().lower()).replace(" ", "-"))
+    return out
+
+
+def test_committed_rules_are_regenerated_exactly():
+    assert diff(render_rules(), RULES_DIR, "*.yaml") == []
+
+
+def test_generate_check_detects_drift_and_write_fixes_it(tmp_path):
+    args = ["generate", "--rules-dir", str(tmp_path / "r"), "--dashboards-dir", str(tmp_path / "d")]
+    assert cli([*args, "--check"]) == 1  # nothing there yet
+    assert cli(args) == 0
+    assert cli([*args, "--check"]) == 0
+    (tmp_path / "r" / "slo.yaml").write_text("groups: []\n")
+    (tmp_path / "d" / "stray.json").write_text("{}")
+    assert cli([*args, "--check"]) == 1
+
+
+def test_generate_rejects_a_bad_config_with_the_field(tmp_path, capsys):
+    bad = tmp_path / "guard.yaml"
+    bad.write_text("slos:\n- objectives:\n  - {name: x, indicator: ttft, objective: attainment, threshold_s: 2.2,"
+                   " target: 0.99}\n")
+    assert cli(["generate", "--config", str(bad), "--check"]) == 2
+    err = capsys.readouterr().err
+    assert "threshold_s 2.2" in err and "SLA_GUARD_TTFT_SLO_S" in err
+
+
+@needs_promtool
+def test_promtool_check_rules_accepts_committed_and_scaled_rules(tmp_path):
+    files = sorted(RULES_DIR.glob("*.yaml"))
+    assert len(files) == 4
+    r = subprocess.run(["promtool", "check", "rules", *map(str, files)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+    for name, text in render_rules(params=RuleParams(time_scale=1 / 60)).items():
+        (tmp_path / name).write_text(text)
+    r = subprocess.run(["promtool", "check", "rules", *map(str, sorted(tmp_path.glob("*.yaml")))],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+@needs_promtool
+def test_promtool_unit_tests_pass():
+    tests = sorted(TESTS_DIR.glob("*_test.yaml"))
+    r = subprocess.run(["promtool", "test", "rules", *map(str, tests)], capture_output=True, text=True, cwd=TESTS_DIR)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.count("SUCCESS") == len(tests)
+
+
+@needs_promtool
+def test_promtool_unit_tests_fail_when_a_rule_is_broken(tmp_path):
+    """The unit tests can fail: a mean-TTFT SLA of 3.5 s instead of 2.5 s must break them."""
+    work = tmp_path / "alerts"
+    shutil.copytree(ROOT / "alerts" / "tests", work / "tests")
+    (work / "rules").mkdir()
+    config = parse_config({"slos": [{"objectives": [
+        {"name": "ttft_mean", "indicator": "ttft", "objective": "mean", "threshold_s": 3.5},
+        *[o.model_dump(mode="json") for o in GuardConfig().slos[0].objectives[1:]]]}]})
+    for name, text in render_rules(config).items():
+        (work / "rules" / name).write_text(text)
+    r = subprocess.run(["promtool", "test", "rules", "slo_test.yaml"], capture_output=True, text=True,
+                       cwd=work / "tests")
+    assert r.returncode != 0 and "SlaGuardTTFTMeanHigh" in r.stdout + r.stderr
+
+
+def test_every_alert_has_a_fire_and_a_no_fire_case():
+    names = {r["alert"] for r in alert_rules()}
+    fire: set[str] = set()
+    quiet: set[str] = set()
+    for f in TESTS_DIR.glob("*_test.yaml"):
+        for t in yaml.safe_load(f.read_text())["tests"]:
+            for a in t.get("alert_rule_test", []):
+                (fire if a.get("exp_alerts") else quiet).add(a["alertname"])
+    assert names, "no alerts generated"
+    assert names - fire == set(), "alerts without a firing test case"
+    assert names - quiet == set(), "alerts without a no-fire test case"
+
+
+def test_every_alert_is_documented_and_routed():
+    anchors = github_anchors(RUNBOOKS.read_text())
+    base = GuardConfig().alertmanager.runbook_base_url
+    for r in alert_rules():
+        ann = r["annotations"]
+        assert ann["summary"] and ann["description"], r["alert"]
+        assert ann["runbook_url"].startswith(base + "#"), r["alert"]
+        assert ann["runbook_url"].split("#", 1)[1] in anchors, f"{r['alert']}: no section in docs/runbooks.md"
+        assert r["labels"]["severity"] in ("critical", "warning"), r["alert"]
+
+
+def test_detector_runbook_sections_exist():
+    anchors = github_anchors(RUNBOOKS.read_text())
+    assert {"leak", "acceptance-drift", "prefix-hit-drift", "tpot-drift"} <= anchors
+
+
+@needs_amtool
+def test_amtool_checks_example_config_and_routes_by_severity():
+    r = subprocess.run(["amtool", "check-config", str(AM_CONFIG)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+    for severity, receiver in (("critical", "pager"), ("warning", "ticket"), ("info", "chat")):
+        r = subprocess.run(["amtool", "config", "routes", "test", f"--config.file={AM_CONFIG}",
+                            "alertname=SlaGuardTTFTMeanHigh", f"severity={severity}"], capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.strip() == receiver, (severity, r.stdout)
+
+
+def test_no_metric_name_is_spelled_outside_the_contract():
+    sources = [*ROOT.joinpath("alerts").glob("*.py"), *ROOT.joinpath("dashboards").glob("*.py")]
+    for src in sources:
+        text = src.read_text()
+        assert c.PREFIX not in text, f"{src.name} spells a contract metric name; import it from exporters.contract"
+
+
+def test_rules_reference_only_contract_metrics_and_own_records():
+    records = set()
+    exprs = []
+    for text in render_rules().values():
+        for g in yaml.safe_load(text)["groups"]:
+            for r in g["rules"]:
+                records.add(r.get("record"))
+                exprs.append(r["expr"])
+    known = {m.exposed for m in c.ALL} | {m.series(s) for m in c.ALL if m.kind is c.Kind.HISTOGRAM
+                                          for s in pq.HISTOGRAM_SUFFIXES} | records | {"up"}
+    for e in exprs:
+        for name in re.findall(r"\b(slaguard_\w+|\w+:\w+:\w+)", e):
+            assert name in known, f"{name} in {e!r} is neither a contract series nor a recording rule"
+
+
+def test_time_scale_shrinks_windows_but_keeps_record_names():
+    fast = render_rules(params=RuleParams(time_scale=1 / 60))["slo.yaml"]
+    assert "model_pool_slo:sli_error:ratio_rate1h" in fast
+    assert "[1m]" in fast and "[1h]" not in fast
+    assert fmt_duration(72 * 60) == "72m" and fmt_duration(5) == "5s" and fmt_duration(86400) == "1d"
+
+
+def test_slo_sets_are_disjoint_most_specific_wins():
+    sets = [SLOSet(), SLOSet(pool="decode"), SLOSet(model="big"), SLOSet(model="big", pool="prefill")]
+    assert set_matchers(sets, 0) == ['model!~"big"', 'pool!~"decode"']
+    assert set_matchers(sets, 1) == ['pool="decode"', 'model!~"big"']
+    assert set_matchers(sets, 2) == ['model="big"', 'pool!~"prefill"']
+    assert set_matchers(sets, 3) == ['model="big"', 'pool="prefill"']
+    with pytest.raises(GenerationError, match="slos\\[1\\]"):
+        set_matchers([SLOSet(), SLOSet(model="big", pool="prefill")], 0)
+
+
+def test_custom_slo_spec_drives_the_rules():
+    slo = SLO(name="tpot_fast", indicator="tpot", objective="attainment", threshold_s=0.015, target=0.999,
+              period="7d")
+    config = GuardConfig(slos=[SLOSet(pool="decode", objectives=[slo])])
+    rules = alert_rules(render_rules(config))
+    burns = [r for r in rules if r["alert"] == "SlaGuardErrorBudgetBurn"]
+    assert len(burns) == 4
+    # 2% of a 7-day budget in 1h: factor 0.02 * 168 = 3.36, times the 0.1% budget
+    assert "> 0.00336\n" in burns[0]["expr"] and 'pool="decode"' in burns[0]["expr"]
+    recs = render_rules(config)["slo.yaml"]
+    assert f'le="{pq.le(0.015)}"' in recs and c.REQUEST_TPOT.series("_bucket") in recs
