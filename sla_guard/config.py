@@ -135,7 +135,10 @@ class APISettings(_Strict):
 class Retention(_Strict):
     duration: str = Field(default="26h", description="how long the embedded store keeps samples")
     max_series: int = Field(default=200_000, ge=100)
+    max_series_per_target: int = Field(default=20_000, ge=10, description="a label bomb in one target stops here")
     max_labels_per_series: int = Field(default=16, ge=4)
+    slots: int = Field(default=1440, ge=8, le=100_000,
+                       description="samples kept per series (ring); window coverage = slots x scrape interval")
 
 
 class AlertmanagerSettings(_Strict):

@@ -1,0 +1,95 @@
+"""Which engines to scrape: the config's static targets plus a targets file re-read when it
+changes (so an operator or a deployment controller adds and removes engines without a restart).
+
+The file is YAML or JSON, either a list of targets like the config's
+(``[{url, model, pool, name}]``) or Prometheus ``file_sd`` groups
+(``[{targets: ["host:port"], labels: {model, pool}}]``). A file that cannot be read or is
+invalid keeps the last good list and counts an error; it never stops the guard.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import yaml
+from pydantic import ValidationError
+
+from sla_guard.config import Target
+
+log = logging.getLogger("sla_guard.ingest.discovery")
+
+
+class DiscoveryError(ValueError):
+    pass
+
+
+def parse_targets(data: object, where: str = "<targets>") -> list[Target]:
+    """Targets from a parsed targets file; ``DiscoveryError`` names the entry and field."""
+    if data is None:
+        return []
+    if not isinstance(data, list):
+        raise DiscoveryError(f"{where}: expected a list of targets, got {type(data).__name__}")
+    out: list[Target] = []
+    for i, entry in enumerate(data):
+        if not isinstance(entry, dict):
+            raise DiscoveryError(f"{where}[{i}]: expected a mapping, got {type(entry).__name__}")
+        try:
+            if "targets" in entry:  # Prometheus file_sd group
+                labels = dict(entry.get("labels") or {})
+                path = labels.pop("__metrics_path__", "/metrics")
+                scheme = labels.pop("__scheme__", "http")
+                for hostport in entry["targets"]:
+                    out.append(Target(url=f"{scheme}://{hostport}{path}", model=labels.get("model", "default"),
+                                      pool=labels.get("pool", "mixed"), name=labels.get("name")))
+            else:
+                out.append(Target.model_validate(entry))
+        except ValidationError as err:
+            e = err.errors()[0]
+            field = ".".join(str(p) for p in e["loc"])
+            raise DiscoveryError(f"{where}[{i}].{field}: {e['msg']} (got {e.get('input')!r})") from None
+        except (TypeError, KeyError) as err:
+            raise DiscoveryError(f"{where}[{i}]: {err}") from None
+    return out
+
+
+class TargetDiscovery:
+    """Static targets + a targets file, re-read when its mtime changes."""
+
+    def __init__(self, static: list[Target], targets_file: Path | None = None) -> None:
+        self.static = list(static)
+        self.path = Path(targets_file) if targets_file else None
+        self._mtime: float | None = None
+        self._from_file: list[Target] = []
+        self.errors = 0
+        self.last_error: str | None = None
+
+    def targets(self) -> list[Target]:
+        if self.path is not None:
+            self._refresh()
+        seen: dict[str, Target] = {}
+        for t in [*self.static, *self._from_file]:
+            seen.setdefault(t.name or t.url, t)  # first definition of a name wins
+        return list(seen.values())
+
+    def _refresh(self) -> None:
+        try:
+            mtime = self.path.stat().st_mtime
+        except OSError as err:
+            self._fail(f"cannot stat {self.path}: {err.strerror}")
+            return
+        if mtime == self._mtime:
+            return
+        try:
+            data = yaml.safe_load(self.path.read_text())
+            self._from_file = parse_targets(data, str(self.path))
+            self._mtime = mtime
+            self.last_error = None
+        except (OSError, yaml.YAMLError, DiscoveryError) as err:
+            self._fail(str(err))
+
+    def _fail(self, msg: str) -> None:
+        self.errors += 1
+        if msg != self.last_error:
+            log.warning("targets file: %s (keeping %d targets from before)", msg, len(self._from_file))
+        self.last_error = msg

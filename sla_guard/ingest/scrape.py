@@ -1,0 +1,162 @@
+"""Embedded mode: scrape every engine's /metrics into the guard's ``SeriesStore``.
+
+asyncio + httpx with a per-target timeout, a concurrency limit, and a response-size limit
+enforced while streaming (a page over the limit is abandoned, not buffered). Each scrape is
+stamped with its start time, as Prometheus does. A failed scrape (refused, timeout, non-200,
+too large, unparsable) writes ``up=0`` and a staleness marker for the target, counts
+``guard_scrape_errors{target,kind}``, and the next round simply tries again: recovery needs
+nothing. Per-sample problems (NaN, duplicates, series or label limits) are counted with their
+kind while the rest of the page is stored.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+
+import httpx
+
+from exporters import contract as c
+from exporters.prometheus import ContractMetrics
+from sla_guard.config import ScrapeSource as ScrapeConfig
+from sla_guard.config import Target
+from sla_guard.ingest.discovery import TargetDiscovery
+from sla_guard.ingest.source import UP, TargetState
+from sla_guard.store import SeriesStore
+
+log = logging.getLogger("sla_guard.ingest.scrape")
+
+ACCEPT = "text/plain;version=0.0.4;q=0.9,*/*;q=0.1"
+
+
+class ScrapeFailed(Exception):
+    def __init__(self, kind: str, msg: str) -> None:
+        super().__init__(msg)
+        self.kind = kind
+
+
+class Scraper:
+    """``Source`` for the embedded mode. ``collect(now)`` scrapes all targets once."""
+
+    mode = "scrape"
+
+    def __init__(self, cfg: ScrapeConfig, store: SeriesStore, *, clock: Callable[[], float] = time.time,
+                 transport: httpx.AsyncBaseTransport | None = None) -> None:
+        self.cfg = cfg
+        self.store = store
+        self.view = store
+        self.clock = clock
+        self.discovery = TargetDiscovery(cfg.targets, cfg.targets_file)
+        self._state: dict[str, TargetState] = {}
+        self._sem = asyncio.Semaphore(cfg.concurrency)
+        self._client = httpx.AsyncClient(
+            transport=transport, headers={"Accept": ACCEPT}, follow_redirects=False,
+            limits=httpx.Limits(max_connections=cfg.concurrency, max_keepalive_connections=cfg.concurrency),
+        )
+        self._metrics: ContractMetrics | None = None
+        self.rounds = 0
+
+    def bind_metrics(self, metrics: ContractMetrics) -> None:
+        self._metrics = metrics
+
+    # -- Source --------------------------------------------------------------------------------
+    async def collect(self, now: float | None = None) -> None:
+        targets = self.discovery.targets()
+        names = {self._name(t) for t in targets}
+        for gone in set(self._state) - names:  # removed from discovery: forget it
+            del self._state[gone]
+        await asyncio.gather(*(self._scrape_guarded(t) for t in targets))
+        self.rounds += 1
+
+    def targets(self) -> list[TargetState]:
+        return [self._state[k] for k in sorted(self._state)]
+
+    def ready(self) -> bool:
+        return self.rounds > 0
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+    # -- one target ----------------------------------------------------------------------------
+    @staticmethod
+    def _name(t: Target) -> str:
+        return t.name or t.url
+
+    async def _scrape_guarded(self, target: Target) -> None:
+        async with self._sem:
+            try:
+                await self.scrape_target(target)
+            except Exception:  # never let one target's surprise kill the round
+                log.exception("scraping %s", target.url)
+
+    async def scrape_target(self, target: Target, t: float | None = None) -> TargetState:
+        """Scrape one target now (or stamp it ``t``) and store what it served."""
+        name = self._name(target)
+        st = self._state.get(name)
+        if st is None:
+            st = self._state[name] = TargetState(name, target.url, target.model, target.pool)
+        labels = {"instance": name, "model": target.model, "pool": target.pool}
+        t0 = time.perf_counter()
+        ts = self.clock() if t is None else t
+        try:
+            text = await self._fetch(target.url)
+            res = self.store.ingest_text(text, ts, labels, group=name)
+            if res.errors.get("parse"):
+                raise ScrapeFailed("parse", "malformed exposition")
+        except ScrapeFailed as err:
+            st.up = False
+            st.last_error = f"{err.kind}: {err}"
+            st.errors[err.kind] = st.errors.get(err.kind, 0) + 1
+            self._count(name, err.kind)
+            self.store.mark_stale(name, ts)
+            self._up(name, target, ts, 0.0)
+        else:
+            st.up = True
+            st.last_error = None
+            st.samples = res.samples
+            for kind, n in res.errors.items():  # page stored, some samples dropped
+                st.errors[kind] = st.errors.get(kind, 0) + n
+                self._count(name, kind, n)
+            self._up(name, target, ts, 1.0)
+        st.last_scrape = ts
+        st.last_duration_s = time.perf_counter() - t0
+        return st
+
+    async def _fetch(self, url: str) -> str:
+        limit = self.cfg.max_body_bytes
+        try:
+            async with self._client.stream("GET", url, timeout=self.cfg.timeout_s) as resp:
+                if resp.status_code != 200:
+                    raise ScrapeFailed("http_status", f"HTTP {resp.status_code}")
+                declared = resp.headers.get("content-length")
+                if declared and declared.isdigit() and int(declared) > limit:
+                    raise ScrapeFailed("too_large", f"Content-Length {declared} > {limit} bytes")
+                chunks, size = [], 0
+                async for chunk in resp.aiter_bytes():
+                    size += len(chunk)
+                    if size > limit:
+                        raise ScrapeFailed("too_large", f"body over {limit} bytes")
+                    chunks.append(chunk)
+        except httpx.TimeoutException as err:
+            raise ScrapeFailed("timeout", f"no answer within {self.cfg.timeout_s}s") from err
+        except httpx.ConnectError as err:
+            raise ScrapeFailed("connect", str(err) or "connection refused") from err
+        except httpx.HTTPError as err:
+            raise ScrapeFailed("http", f"{type(err).__name__}: {err}") from err
+        try:
+            return b"".join(chunks).decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise ScrapeFailed("parse", f"not UTF-8: {err}") from err
+
+    def _up(self, name: str, target: Target, ts: float, value: float) -> None:
+        # own group, so the target's staleness marker does not hide its up=0
+        self.store.append(UP, {"instance": name, "model": target.model, "pool": target.pool}, ts, value,
+                          group=name + "#up")
+        if self._metrics is not None:
+            self._metrics[c.GUARD_TARGET_UP].labels(name, target.model, target.pool).set(value)
+
+    def _count(self, name: str, kind: str, n: int = 1) -> None:
+        if self._metrics is not None:
+            self._metrics[c.GUARD_SCRAPE_ERRORS].labels(name, kind).inc(n)

@@ -1,0 +1,536 @@
+"""SLO evaluation per (model, pool): status, values, error budget, multi-window burn rates.
+
+Objectives come from the config's SLO spec (``sla_guard.config.SLO``):
+
+- ``mean``: ``increase(x_sum[w]) / increase(x_count[w])`` summed over the pool's engines;
+- ``percentile``: ``histogram_quantile(p, sum by (le) (rate(x_bucket[w])))``;
+- ``attainment``: share of requests at or under the threshold (counted from the bucket whose
+  upper bound *is* the threshold, so the threshold must be a bucket boundary), with an error
+  budget over the period and the multi-window multi-burn-rate verdicts of the SRE workbook for
+  a 30-day SLO: 1h & 5m at 14.4 and 6h & 30m at 6 (page), 1d & 2h at 3 and 3d & 6h at 1
+  (ticket); windows scale with the period.
+
+Long windows are request-weighted: errors and requests are summed separately and divided once,
+never averaged ratios. With a Prometheus source they are PromQL ``increase`` over the window;
+with the embedded store (bounded retention) a per-pool ledger of exact, reset-aware per-tick
+counter deltas (``SeriesStore.counter_delta``) in fixed time buckets provides them.
+
+Never "ok" without evidence: fewer than ``min_requests`` requests, a dead target of the pool,
+or no current sample (stale or missing) gives ``unknown`` with the reason.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from exporters import contract as c
+from exporters.prometheus import ContractMetrics
+from sla_guard import promql
+from sla_guard.config import SLO, GuardConfig, Indicator, Objective, parse_duration
+from sla_guard.ingest.source import UP
+from sla_guard.model import Labels, MetricsView, Status
+
+HIST = {Indicator.TTFT: c.REQUEST_TTFT, Indicator.TPOT: c.REQUEST_TPOT}
+BY = ("model", "pool")
+THIRTY_DAYS = 30 * 86400.0
+
+# (long window, short window, burn-rate factor, severity) for a 30-day SLO
+BURN_ALERTS: tuple[tuple[float, float, float, str], ...] = (
+    (3600.0, 300.0, 14.4, "page"),
+    (6 * 3600.0, 1800.0, 6.0, "page"),
+    (86400.0, 7200.0, 3.0, "ticket"),
+    (3 * 86400.0, 6 * 3600.0, 1.0, "ticket"),
+)
+SEVERITY_ORDER = {Status.VIOLATED: 3, Status.UNKNOWN: 2, Status.AT_RISK: 1, Status.OK: 0}
+
+
+def fmt_window(seconds: float) -> str:
+    """'5m', '6h', '3d' -- the window label used in metrics and the API."""
+    for unit, n in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= n and seconds % n == 0:
+            return f"{int(seconds // n)}{unit}"
+    return f"{seconds:g}s"
+
+
+def worst(statuses) -> Status:
+    """Pool status from its objectives: violated > unknown > at_risk > ok."""
+    out = Status.OK
+    for s in statuses:
+        if SEVERITY_ORDER[s] > SEVERITY_ORDER[out]:
+            out = s
+    return out
+
+
+# ---------------------------------------------------------------- pure verdicts
+@dataclass(slots=True)
+class BurnAlert:
+    long: str
+    short: str
+    factor: float
+    severity: str
+    burn_long: float | None
+    burn_short: float | None
+    firing: bool
+
+
+def burn_rate(errors: float, total: float, target: float) -> float | None:
+    """Error ratio over the window divided by the allowed ratio (1 - target); None if no requests."""
+    if not total or total <= 0 or math.isnan(total) or math.isnan(errors):
+        return None
+    return max(0.0, errors / total) / (1.0 - target)
+
+
+def burn_alerts(windows: Mapping[float, tuple[float, float]], target: float, scale: float = 1.0) -> list[BurnAlert]:
+    """The four multi-window verdicts from {window_s: (errors, total)}; an alert fires only
+    when both its long and its short window burn faster than its factor."""
+    out = []
+    for lw, sw, factor, sev in BURN_ALERTS:
+        lw, sw = lw * scale, sw * scale
+        bl = burn_rate(*windows.get(lw, (math.nan, math.nan)), target)
+        bs = burn_rate(*windows.get(sw, (math.nan, math.nan)), target)
+        firing = bl is not None and bs is not None and bl > factor and bs > factor
+        out.append(BurnAlert(fmt_window(lw), fmt_window(sw), factor, sev, bl, bs, firing))
+    return out
+
+
+def budget_remaining(errors: float, total: float, target: float) -> float | None:
+    """1 - (errors spent / errors allowed) over the period; negative when overspent."""
+    if not total or total <= 0:
+        return None
+    return 1.0 - (errors / total) / (1.0 - target)
+
+
+def threshold_status(value: float, threshold: float, at_risk_ratio: float) -> Status:
+    if value > threshold:
+        return Status.VIOLATED
+    if value > threshold * at_risk_ratio:
+        return Status.AT_RISK
+    return Status.OK
+
+
+def attainment_status(budget: float | None, alerts: list[BurnAlert], at_risk_budget: float) -> Status:
+    if budget is not None and budget <= 0:
+        return Status.VIOLATED
+    if any(a.firing and a.severity == "page" for a in alerts):
+        return Status.VIOLATED
+    if any(a.firing for a in alerts) or (budget is not None and budget < at_risk_budget):
+        return Status.AT_RISK
+    return Status.OK
+
+
+def le_count(buckets: Mapping[float, float], threshold: float) -> float | None:
+    """Cumulative count of the bucket whose upper bound is ``threshold`` (None if no such bucket)."""
+    for le, n in buckets.items():
+        if math.isclose(le, threshold, rel_tol=1e-9, abs_tol=1e-12):
+            return n
+    return None
+
+
+# ---------------------------------------------------------------- ledger
+class Ledger:
+    """Request-weighted long windows for one (model, pool, indicator, threshold): good and
+    total request counts in fixed time buckets over the SLO period. Bounded: period/step slots."""
+
+    def __init__(self, period_s: float, step_s: float = 60.0) -> None:
+        self.step = float(step_s)
+        self.n = math.ceil(period_s / step_s) + 1
+        self.idx = np.full(self.n, -1, dtype=np.int64)
+        self.good = np.zeros(self.n)
+        self.total = np.zeros(self.n)
+        self.first_t: float | None = None
+
+    def add(self, t: float, good: float, total: float) -> None:
+        b = int(t // self.step)
+        p = b % self.n
+        if self.idx[p] != b:
+            self.idx[p] = b
+            self.good[p] = 0.0
+            self.total[p] = 0.0
+        self.good[p] += good
+        self.total[p] += total
+        if self.first_t is None:
+            self.first_t = t
+
+    def window(self, now: float, window_s: float) -> tuple[float, float]:
+        """(errors, total) over (now - window, now]."""
+        hi = int(now // self.step)
+        lo = int((now - window_s) // self.step)
+        m = (self.idx > lo) & (self.idx <= hi)
+        total = float(self.total[m].sum())
+        return total - float(self.good[m].sum()), total
+
+
+# ---------------------------------------------------------------- results
+@dataclass(slots=True)
+class SLOResult:
+    model: str
+    pool: str
+    slo: str
+    indicator: str
+    objective: str
+    threshold_s: float
+    status: Status
+    value: float | None = None
+    requests: float | None = None
+    window: str = ""
+    reason: str = ""
+    percentile: float | None = None
+    target: float | None = None
+    budget_remaining: float | None = None
+    burn_rates: dict[str, float | None] = field(default_factory=dict)
+    alerts: list[BurnAlert] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["status"] = self.status.value
+        return d
+
+
+@dataclass(slots=True)
+class PoolResult:
+    model: str
+    pool: str
+    status: Status
+    targets_up: int | None = None
+    targets_total: int | None = None
+    reason: str = ""
+    goodput_lower_bound: float | None = None
+    goodput_upper_bound: float | None = None
+    slos: list[SLOResult] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        d = {k: getattr(self, k) for k in ("model", "pool", "targets_up", "targets_total", "reason",
+                                           "goodput_lower_bound", "goodput_upper_bound")}
+        d["status"] = self.status.value
+        d["slos"] = [s.to_dict() for s in self.slos]
+        return d
+
+
+def _num(x: float | None) -> float | None:
+    return None if x is None or (isinstance(x, float) and not math.isfinite(x)) else float(x)
+
+
+# ---------------------------------------------------------------- the evaluator
+class SLOEvaluator:
+    """Evaluates every configured objective for every (model, pool) it sees; an ``Evaluator``."""
+
+    name = "slo"
+
+    def __init__(self, config: GuardConfig, *, at_risk_ratio: float = 0.9, at_risk_budget: float = 0.25,
+                 ledger_step_s: float = 60.0, max_pools: int = 1000) -> None:
+        self.config = config
+        self.at_risk_ratio = at_risk_ratio
+        self.at_risk_budget = at_risk_budget
+        self.ledger_step_s = ledger_step_s
+        self.max_pools = max_pools
+        self.pools: dict[tuple[str, str], PoolResult] = {}
+        self.known: set[tuple[str, str]] = set()
+        for t in getattr(config.source, "targets", []):
+            self.known.add((t.model, t.pool))
+        self._ledgers: dict[tuple, Ledger] = {}
+        self._last_feed: float | None = None
+        self._metrics: ContractMetrics | None = None
+        self.evaluated_at: float | None = None
+
+    def bind_metrics(self, metrics: ContractMetrics) -> None:
+        self._metrics = metrics
+
+    # -- Evaluator -----------------------------------------------------------------------------
+    def evaluate(self, view: MetricsView, now: float) -> None:
+        count_name = {i: h.series("_count") for i, h in HIST.items()}
+        # pools seen now (any indicator's count series) plus pools seen before or configured
+        current: dict[Indicator, dict[Labels, float]] = {
+            i: view.instant(count_name[i], {}, now) for i in HIST}
+        for i in HIST:
+            for lab in current[i]:
+                d = dict(lab)
+                if "model" in d and "pool" in d and len(self.known) < self.max_pools:
+                    self.known.add((d["model"], d["pool"]))
+        health = self._health(view, now)
+        for key in health:
+            if len(self.known) < self.max_pools:
+                self.known.add(key)
+        fresh = {i: {(dict(k).get("model"), dict(k).get("pool")) for k in current[i]} for i in HIST}
+
+        plan = _Plan(self.config, self.known)
+        windowed = self._windowed(view, now, plan)
+        longwin = self._long_windows(view, now, plan)
+
+        results: dict[tuple[str, str], PoolResult] = {}
+        for model, pool in sorted(self.known):
+            key = (model, pool)
+            up, total_t = health.get(key, (None, None))
+            pr = PoolResult(model, pool, Status.UNKNOWN, up, total_t)
+            gate = ""
+            if total_t and up is not None and up < total_t:
+                gate = f"{total_t - up} of {total_t} targets down"
+            for slo in self.config.slos_for(model, pool):
+                pr.slos.append(self._one(slo, key, gate, fresh, windowed, longwin))
+            self._goodput(pr, windowed)
+            pr.status = worst(s.status for s in pr.slos) if pr.slos else Status.UNKNOWN
+            pr.reason = gate or ("" if pr.slos else "no objectives configured for this pool")
+            results[key] = pr
+        self.pools = results
+        self.evaluated_at = now
+        self._export()
+
+    def snapshot(self) -> dict:
+        return {
+            "evaluated_at": self.evaluated_at,
+            "status": self.overall().value,
+            "pools": [p.to_dict() for p in self.pools.values()],
+        }
+
+    def overall(self) -> Status:
+        """violated if any objective is violated, else unknown if any is unknown, else
+        at_risk / ok (also unknown when there is nothing to judge)."""
+        if not self.pools:
+            return Status.UNKNOWN
+        return worst(p.status for p in self.pools.values())
+
+    # -- data gathering ------------------------------------------------------------------------
+    @staticmethod
+    def _health(view: MetricsView, now: float) -> dict[tuple[str, str], tuple[int, int]]:
+        out: dict[tuple[str, str], list[int]] = {}
+        for lab, v in view.instant(UP, {}, now).items():
+            d = dict(lab)
+            if "model" not in d or "pool" not in d:
+                continue
+            cnt = out.setdefault((d["model"], d["pool"]), [0, 0])
+            cnt[0] += int(v >= 1)
+            cnt[1] += 1
+        return {k: (a, b) for k, (a, b) in out.items()}
+
+    def _windowed(self, view: MetricsView, now: float, plan: _Plan) -> dict:
+        """{(indicator, window): {(model,pool): {'sum','count','buckets'}}} for mean/percentile
+        and the attainment SLI window."""
+        out: dict = {}
+        for ind, w in plan.windows:
+            h = HIST[ind]
+            sums = view.increase(h.series("_sum"), {}, w, now, BY)
+            counts = view.increase(h.series("_count"), {}, w, now, BY)
+            buckets = _bucket_increase(view, h.series(), w, now)
+            per: dict = {}
+            for lab, v in counts.items():
+                per.setdefault(_mp(lab), {})["count"] = v
+            for lab, v in sums.items():
+                per.setdefault(_mp(lab), {})["sum"] = v
+            for lab, b in buckets.items():
+                per.setdefault(_mp(lab), {})["buckets"] = b
+            out[(ind, w)] = per
+        return out
+
+    def _long_windows(self, view: MetricsView, now: float, plan: _Plan) -> dict:
+        """{(indicator, threshold, period): {(model,pool): {window_s: (errors, total)}}}."""
+        out: dict = {}
+        native = not hasattr(view, "counter_delta")
+        if not native:
+            self._feed_ledgers(view, now, plan)
+        for ind, thr, period in plan.attainments:
+            wins = plan.burn_windows(period)
+            per: dict = {}
+            if native:
+                for w in wins:
+                    h = HIST[ind]
+                    buckets = _bucket_increase(view, h.series(), w, now)
+                    for lab, b in buckets.items():
+                        good = le_count(b, thr)
+                        tot = b.get(math.inf)
+                        if good is None or tot is None:
+                            continue
+                        per.setdefault(_mp(lab), {})[w] = (tot - good, tot)
+            else:
+                for (i2, t2, p2, model, pool), led in self._ledgers.items():
+                    if (i2, t2, p2) != (ind, thr, period):
+                        continue
+                    per[(model, pool)] = {w: led.window(now, w) for w in wins}
+            out[(ind, thr, period)] = per
+        return out
+
+    def _feed_ledgers(self, view, now: float, plan: _Plan) -> None:
+        t0 = self._last_feed if self._last_feed is not None else now - self.config.evaluation_interval_s
+        if now <= t0:
+            return
+        for ind, thr, period in plan.attainments:
+            h = HIST[ind]
+            deltas = view.counter_delta(h.series("_bucket"), {}, t0, now, (*BY, "le"))
+            good: dict[tuple[str, str], float] = {}
+            total: dict[tuple[str, str], float] = {}
+            for lab, v in deltas.items():
+                d = dict(lab)
+                try:
+                    le = float(d.get("le", "nan"))
+                except ValueError:
+                    continue
+                mp = (d.get("model", ""), d.get("pool", ""))
+                if math.isinf(le):
+                    total[mp] = total.get(mp, 0.0) + v
+                elif math.isclose(le, thr, rel_tol=1e-9):
+                    good[mp] = good.get(mp, 0.0) + v
+            for mp, tot in total.items():
+                if mp not in good:
+                    continue  # threshold is not a bucket: reported per objective
+                key = (ind, thr, period, *mp)
+                led = self._ledgers.get(key)
+                if led is None:
+                    if len(self._ledgers) >= self.max_pools * 4:
+                        continue
+                    led = self._ledgers[key] = Ledger(period, self.ledger_step_s)
+                led.add(now, good[mp], tot)
+        self._last_feed = now
+
+    # -- one objective -------------------------------------------------------------------------
+    def _one(self, slo: SLO, key, gate: str, fresh, windowed, longwin) -> SLOResult:
+        w = parse_duration(slo.window)
+        r = SLOResult(key[0], key[1], slo.name, slo.indicator.value, slo.objective.value, slo.threshold_s,
+                      Status.UNKNOWN, window=slo.window, percentile=slo.percentile, target=slo.target)
+        data = windowed.get((slo.indicator, w), {}).get(key, {})
+        requests = data.get("count")
+        r.requests = _num(requests)
+        if gate:
+            r.reason = gate
+            return r
+        if key not in fresh[slo.indicator]:
+            r.reason = f"no current {slo.indicator.value} data (stale or missing)"
+            return r
+        if slo.objective is Objective.ATTAINMENT:
+            return self._attainment(slo, key, r, data, longwin)
+        if requests is None or not math.isfinite(requests) or requests < slo.min_requests:
+            r.reason = f"{0 if requests is None else round(requests, 1)} requests in {slo.window}, " \
+                       f"need >= {slo.min_requests}"
+            return r
+        if slo.objective is Objective.MEAN:
+            value = promql.mean_from_sum_count(data.get("sum", math.nan), requests)
+        else:
+            b = data.get("buckets") or {}
+            value = promql.bucket_quantile(slo.percentile, list(b), list(b.values())) if b else math.nan
+        if not math.isfinite(value):
+            r.reason = "indicator is not a finite number (malformed or missing samples)"
+            return r
+        r.value = value
+        r.status = threshold_status(value, slo.threshold_s, self.at_risk_ratio)
+        return r
+
+    def _attainment(self, slo: SLO, key, r: SLOResult, data, longwin) -> SLOResult:
+        period = parse_duration(slo.period)
+        b = data.get("buckets") or {}
+        if b and le_count(b, slo.threshold_s) is None:
+            r.reason = (f"threshold {slo.threshold_s:g}s is not a bucket boundary of {HIST[slo.indicator].name}; "
+                        f"add it at engine start ({HIST[slo.indicator].slo_threshold_env}={slo.threshold_s:g})")
+            return r
+        wins = longwin.get((slo.indicator, slo.threshold_s, period), {}).get(key, {})
+        err_p, tot_p = wins.get(period, (math.nan, math.nan))
+        scale = period / THIRTY_DAYS
+        alerts = burn_alerts(wins, slo.target, scale)
+        r.alerts = alerts
+        r.burn_rates = {fmt_window(w): _num(burn_rate(e, t, slo.target)) for w, (e, t) in sorted(wins.items())}
+        r.budget_remaining = _num(budget_remaining(err_p, tot_p, slo.target))
+        good, tot = (le_count(b, slo.threshold_s), b.get(math.inf)) if b else (None, None)
+        if tot and good is not None and tot >= slo.min_requests:
+            r.value, r.requests = good / tot, tot
+        elif tot_p and tot_p >= slo.min_requests:
+            r.value, r.requests, r.window = (tot_p - err_p) / tot_p, tot_p, slo.period
+        if not tot_p or math.isnan(tot_p) or tot_p < slo.min_requests:
+            r.reason = f"{0 if not tot_p or math.isnan(tot_p) else round(tot_p, 1)} requests in the " \
+                       f"period so far, need >= {slo.min_requests}"
+            r.status = Status.UNKNOWN
+            return r
+        r.status = attainment_status(r.budget_remaining, alerts, self.at_risk_budget)
+        if r.status is not Status.OK:
+            firing = [f"{a.long}&{a.short}>{a.factor:g}" for a in alerts if a.firing]
+            r.reason = ("burning " + ", ".join(firing)) if firing else \
+                f"error budget {100 * (r.budget_remaining or 0):.0f}% left"
+        return r
+
+    def _goodput(self, pr: PoolResult, windowed) -> None:
+        """Both-thresholds share, bounded from the two marginal attainments (histograms do not
+        give the joint distribution): lower max(0, a+b-1), upper min(a, b)."""
+        slos = {s.indicator: s for s in self.config.slos_for(pr.model, pr.pool)
+                if s.objective is Objective.ATTAINMENT}
+        if Indicator.TTFT not in slos or Indicator.TPOT not in slos:
+            return
+        shares = []
+        for ind in (Indicator.TTFT, Indicator.TPOT):
+            s = slos[ind]
+            b = windowed.get((ind, parse_duration(s.window)), {}).get((pr.model, pr.pool), {}).get("buckets") or {}
+            good, tot = le_count(b, s.threshold_s), b.get(math.inf)
+            if good is None or not tot or tot < s.min_requests:
+                return
+            shares.append(good / tot)
+        a, b2 = shares
+        pr.goodput_lower_bound = max(0.0, a + b2 - 1.0)
+        pr.goodput_upper_bound = min(a, b2)
+
+    # -- metrics -------------------------------------------------------------------------------
+    def _export(self) -> None:
+        m = self._metrics
+        if m is None:
+            return
+        status_g, value_g = m[c.GUARD_SLO_STATUS], m[c.GUARD_SLO_VALUE]
+        burn_g, budget_g, goodput_g = m[c.GUARD_BURN_RATE], m[c.GUARD_BUDGET_REMAINING], m[c.GUARD_GOODPUT]
+        for pr in self.pools.values():
+            for s in pr.slos:
+                for st in Status:
+                    status_g.labels(pr.model, pr.pool, s.slo, st.value).set(1.0 if s.status is st else 0.0)
+                value_g.labels(pr.model, pr.pool, s.slo).set(s.value if s.value is not None else math.nan)
+                for w, br in s.burn_rates.items():
+                    burn_g.labels(pr.model, pr.pool, s.slo, w).set(br if br is not None else math.nan)
+                if s.objective == Objective.ATTAINMENT.value:
+                    budget_g.labels(pr.model, pr.pool, s.slo).set(
+                        s.budget_remaining if s.budget_remaining is not None else math.nan)
+            goodput_g.labels(pr.model, pr.pool).set(
+                pr.goodput_lower_bound if pr.goodput_lower_bound is not None else math.nan)
+
+
+class _Plan:
+    """Which (indicator, window) and (indicator, threshold, period) the objectives need, so each
+    is queried once per tick for all pools (one vectorised query instead of one per pool)."""
+
+    def __init__(self, config: GuardConfig, pools) -> None:
+        windows: set[tuple[Indicator, float]] = set()
+        att: set[tuple[Indicator, float, float]] = set()
+        objs: list[SLO] = []
+        for model, pool in pools:
+            objs.extend(config.slos_for(model, pool))
+        for s in objs:
+            windows.add((s.indicator, parse_duration(s.window)))
+            if s.objective is Objective.ATTAINMENT:
+                att.add((s.indicator, s.threshold_s, parse_duration(s.period)))
+        self.windows = sorted(windows)
+        self.attainments = sorted(att)
+
+    @staticmethod
+    def burn_windows(period: float) -> list[float]:
+        scale = period / THIRTY_DAYS
+        ws = {period}
+        for lw, sw, _, _ in BURN_ALERTS:
+            ws.add(lw * scale)
+            ws.add(sw * scale)
+        return sorted(ws)
+
+
+def _mp(lab: Labels) -> tuple[str, str]:
+    d = dict(lab)
+    return d.get("model", ""), d.get("pool", "")
+
+
+def _bucket_increase(view: MetricsView, hist: str, w: float, now: float) -> dict[Labels, dict[float, float]]:
+    """sum by (le, model, pool) (increase(hist_bucket[w])) through the view's fast path if it
+    has one, else through ``increase`` by le."""
+    fn = getattr(view, "bucket_increase", None)
+    if fn is not None:
+        return fn(hist, {}, w, now, BY)
+    raw = view.increase(hist + "_bucket", {}, w, now, ("le", *BY))
+    out: dict[Labels, dict[float, float]] = {}
+    for lab, v in raw.items():
+        d = dict(lab)
+        try:
+            le = float(d.pop("le"))
+        except (KeyError, ValueError):
+            continue
+        out.setdefault(tuple(sorted(d.items())), {})[le] = v
+    return out

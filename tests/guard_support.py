@@ -1,0 +1,108 @@
+"""Helpers for the guard's tests: engines that emit the contract through the real
+``EngineRecorder`` on their own prometheus_client registry, optionally served over real
+loopback HTTP. Observations are driven by the test, so every expected value is computed from
+what was recorded, not hard-coded."""
+
+from __future__ import annotations
+
+import contextlib
+import http.server
+import socket
+import threading
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, generate_latest
+
+from exporters.contract import Component
+from exporters.prometheus import ContractMetrics, EngineRecorder, FinishedRequest
+
+
+class Engine:
+    """One simulated engine = one registry + recorder; ``restart()`` models an engine restart
+    (new registry: every counter back to zero)."""
+
+    def __init__(self, model: str = "m", pool: str = "decode", engine: str = "0") -> None:
+        self.model, self.pool, self.engine = model, pool, engine
+        self.lock = threading.Lock()
+        self.restart()
+
+    def restart(self) -> None:
+        with getattr(self, "lock", threading.Lock()):
+            self.registry = CollectorRegistry()
+            self.rec = EngineRecorder(ContractMetrics(self.registry, components=(Component.ENGINE,)),
+                                      self.model, self.pool, self.engine)
+            self.sent_ttft: list[float] = []
+            self.sent_tpot: list[float] = []
+
+    def request(self, ttft: float, tpot: float, tokens: int = 8) -> None:
+        with self.lock:
+            self.rec.observe_ttfts([ttft])
+            self.rec.finished(FinishedRequest(e2e_s=ttft + tpot * tokens, queue_s=0.01, prefill_s=ttft,
+                                              decode_s=tpot * tokens, tpot_s=tpot, prompt_tokens=64,
+                                              cached_tokens=0, generated_tokens=tokens))
+            self.rec.tokens(tokens, computed=64)
+            self.rec.scheduler(running=1, waiting=0, kv_usage=0.3)
+            self.sent_ttft.append(ttft)
+            self.sent_tpot.append(tpot)
+
+    def exposition(self) -> str:
+        with self.lock:
+            return generate_latest(self.registry).decode()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Served:
+    """A real HTTP server on 127.0.0.1 answering GET /metrics with ``body()``; ``mode`` switches
+    behaviour at run time (ok, down, slow, error, huge, garbage...)."""
+
+    def __init__(self, body: Callable[[], str | bytes]) -> None:
+        self.body = body
+        self.mode = "ok"
+        self.slow_s = 5.0
+        self.hits = 0
+        outer = self
+
+        class H(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                outer.hits += 1
+                if outer.mode == "slow":
+                    import time
+
+                    time.sleep(outer.slow_s)
+                if outer.mode == "error":
+                    self.send_response(500)
+                    self.end_headers()
+                    self.wfile.write(b"boom")
+                    return
+                data = outer.body()
+                if isinstance(data, str):
+                    data = data.encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4")
+                if outer.mode != "chunked":
+                    self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                    self.wfile.write(data)
+
+            def log_message(self, *a):
+                pass
+
+        self.port = free_port()
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", self.port), H)
+        self.server.daemon_threads = True
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/metrics"
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
