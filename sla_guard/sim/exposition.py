@@ -91,6 +91,16 @@ class EngineMetrics:
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
 
+    def samples(self) -> list[tuple[str, dict[str, str], float]]:
+        """The samples a scrape of the exposition would yield (minus ``_created``), without
+        rendering and parsing text: the offline replay's in-process scrape."""
+        out = []
+        for fam in self.registry.collect():
+            for s in fam.samples:
+                if not s.name.endswith("_created"):
+                    out.append((s.name, s.labels, s.value))
+        return out
+
 
 class _QuietHandler(WSGIRequestHandler):
     def log_message(self, format: str, *args: object) -> None:

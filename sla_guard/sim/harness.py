@@ -54,10 +54,13 @@ def scrape_into(dep: Deployment, store, fetch: Callable[[object], str | None] | 
                 store.mark_stale(labels, t)
             continue
         r.stale_marked = False
-        text = fetch(r) if fetch is not None else r.metrics.exposition().decode()
-        if text is None:
-            continue
-        res = store.ingest_text(text, t, labels)
+        if fetch is None:
+            res = store.ingest_samples(r.metrics.samples(), t, labels)
+        else:
+            text = fetch(r)
+            if text is None:
+                continue
+            res = store.ingest_text(text, t, labels)
         n += res.samples
     return n
 

@@ -1,0 +1,81 @@
+"""`sla-guard replay --trace FILE [--policy NAME] [--out DIR]`: replay a trace on the simulated
+P/D deployment as fast as possible (no HTTP), the guard and the scaling policy evaluating in
+simulated time, and print ONE JSON line of results."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    p = sub.add_parser("replay", help="replay a trace on the simulated P/D deployment; print one JSON line",
+                       description=__doc__)
+    p.add_argument("--trace", required=True,
+                   help="Mooncake .jsonl, Azure .csv, or 'agentic[:N]' (generated coding-agent sessions)")
+    p.add_argument("--policy", default="static", help="scaling policy: static (default), queue, planner, guard")
+    p.add_argument("--out", type=Path, default=None, help="write summary.json, actions.jsonl, timeline.csv here")
+    p.add_argument("--speed", type=float, default=1.0,
+                   help="trace rate multiplier: 2 replays the trace's arrivals twice as fast (default 1)")
+    p.add_argument("--duration", type=float, default=None, help="replay only the first N trace seconds")
+    p.add_argument("--profile", default="default", help="profile name in sla_guard/sim/profiles or a YAML path")
+    p.add_argument("--prefill", type=int, default=2, help="initial prefill replicas (default 2)")
+    p.add_argument("--decode", type=int, default=2, help="initial decode replicas (default 2)")
+    p.add_argument("--min-replicas", type=int, default=1)
+    p.add_argument("--max-replicas", type=int, default=16)
+    p.add_argument("--gpu-budget", type=int, default=None, help="GPUs both pools may use together")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--fault", action="append", default=[], metavar="JSON",
+                   help='fault to inject, e.g. \'{"kind":"leak","replica":"d0","mib_per_hour":48}\' (repeatable)')
+    p.add_argument("--slo-ttft", type=float, default=2.5, help="TTFT target in seconds (default 2.5)")
+    p.add_argument("--slo-tpot", type=float, default=0.020, help="TPOT target in seconds (default 0.020)")
+    p.add_argument("--scrape-interval", type=float, default=15.0, help="simulated seconds between scrapes")
+    p.add_argument("--eval-interval", type=float, default=15.0)
+    p.add_argument("--drain-s", type=float, default=600.0, help="simulated time after the last arrival")
+    p.add_argument("--no-metrics", action="store_true",
+                   help="pure simulation: no contract metrics, no store (policy must be static)")
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    from sla_guard.sim.faults import FaultSchedule
+    from sla_guard.sim.profile import ProfileError, load_profile
+    from sla_guard.sim.run import ReplaySpec, replay
+    from sla_guard.sim.traces import TraceError, load_trace
+
+    try:
+        profile = load_profile(args.profile)
+        trace = load_trace(args.trace)
+        faults = FaultSchedule(json.loads(f) for f in args.fault)
+    except (ProfileError, TraceError, ValueError) as err:
+        print(f"sla-guard replay: {err}", file=sys.stderr)
+        return 2
+    if args.speed <= 0:
+        print("sla-guard replay: --speed must be > 0", file=sys.stderr)
+        return 2
+    if args.no_metrics and args.policy != "static":
+        print("sla-guard replay: --no-metrics needs --policy static (other policies read metrics)", file=sys.stderr)
+        return 2
+    spec = ReplaySpec(profile=profile, trace=trace.scaled(1.0 / args.speed, args.duration), policy=args.policy,
+                      prefill=args.prefill, decode=args.decode, seed=args.seed, faults=faults,
+                      min_replicas=args.min_replicas, max_replicas=args.max_replicas, gpu_budget=args.gpu_budget,
+                      slo_ttft_s=args.slo_ttft, slo_tpot_s=args.slo_tpot, scrape_interval_s=args.scrape_interval,
+                      eval_interval_s=args.eval_interval, drain_s=args.drain_s, metrics=not args.no_metrics)
+    t0 = time.perf_counter()
+    try:
+        result = replay(spec)
+    except ValueError as err:
+        print(f"sla-guard replay: {err}", file=sys.stderr)
+        return 2
+    line = {"trace": trace.name, "policy": args.policy, **asdict(result.summary)}
+    line.pop("extra", None)
+    line.update(result.summary.extra)
+    line["wall_s"] = round(time.perf_counter() - t0, 3)
+    if args.out is not None:
+        result.write(args.out, line)
+    print(json.dumps(line, separators=(", ", ": ")))
+    return 0
