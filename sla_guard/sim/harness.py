@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from exporters import contract as c
 from sla_guard.model import Finding, MetricsView
-from sla_guard.sim.deployment import DRAINING, READY, STARTING, Deployment
+from sla_guard.sim.deployment import DOWN, DRAINING, READY, STARTING, STOPPED, Deployment
 from sla_guard.sim.policy import Observation, Policy, PoolState
 
 
@@ -42,25 +42,32 @@ def make_store(retention_s: float = 26 * 3600, interval_s: float = 5.0):
 
 
 def scrape_into(dep: Deployment, store, fetch: Callable[[object], str | None] | None = None) -> int:
-    """Ingest every live engine's exposition at the simulated time; returns samples stored.
-    ``fetch(replica)`` returns exposition text (HTTP in the demo); default: the registry in-process."""
+    """Ingest every target's exposition at the simulated time, with ``up`` as a scraper writes it;
+    returns samples stored. Targets are replicas that serve or crashed (``up`` 0); starting ones
+    are not discovered yet and stopped ones go stale. ``fetch(replica)`` returns exposition text
+    (HTTP in the demo) or None on failure; default: the replica's registry in-process."""
     t = dep.epoch + dep.now
     n = 0
     for r in dep.replicas:
         labels = {"instance": r.name, "model": dep.model, "pool": r.pool}
-        if r.metrics is None:
-            if not r.stale_marked:  # engine gone (crash, stop): its series end here, like a dead target
+        if r.metrics is None or r.state == STOPPED:
+            if r.state == DOWN:
+                store.ingest_samples([("up", {}, 0.0)], t, labels)
+            elif not r.stale_marked:  # scaled away: its series end here
                 r.stale_marked = True
                 store.mark_stale(labels, t)
             continue
         r.stale_marked = False
         if fetch is None:
-            res = store.ingest_samples(r.metrics.samples(), t, labels)
+            samples = r.metrics.samples()
+            samples.append(("up", {}, 1.0))
+            res = store.ingest_samples(samples, t, labels)
         else:
             text = fetch(r)
             if text is None:
-                continue
-            res = store.ingest_text(text, t, labels)
+                res = store.ingest_samples([("up", {}, 0.0)], t, labels)
+            else:
+                res = store.ingest_text(text + "up 1\n", t, labels)
         n += res.samples
     return n
 
@@ -112,10 +119,12 @@ class ClosedLoop:
                  limits: Mapping[str, PoolLimits] | None = None, gpu_budget: int | None = None,
                  fetch: Callable[[object], str | None] | None = None,
                  findings: Callable[[], Iterable[Finding]] | None = None,
-                 on_tick: Callable[[float], None] | None = None, history_window_s: float = 60.0) -> None:
+                 on_tick: Callable[[float], None] | None = None, history_window_s: float = 60.0,
+                 guard=None) -> None:
         self.dep = dep
         self.store = store
         self.policy = policy
+        self.guard = guard  # sla_guard.service.Guard over ``store``: ticked at simulated time
         self.evaluators = list(evaluators)
         self.limits = dict(limits or {"prefill": PoolLimits(), "decode": PoolLimits()})
         self.gpu_budget = gpu_budget
@@ -136,6 +145,9 @@ class ClosedLoop:
 
     def _tick(self, dep: Deployment, now: float) -> None:
         at = dep.epoch + now
+        if self.guard is not None:
+            res = self.guard.tick(at)
+            self.eval_errors += len(res.errors)
         for ev in self.evaluators:
             try:
                 ev.evaluate(self.store, at)

@@ -36,6 +36,7 @@ class ReplaySpec:
     metrics: bool = True
     policy_kwargs: dict = field(default_factory=dict)
     evaluators: list = field(default_factory=list)
+    with_guard: bool = True
 
 
 @dataclass(slots=True)
@@ -44,6 +45,7 @@ class ReplayResult:
     dep: Deployment
     loop: ClosedLoop
     store: object | None
+    guard: object | None = None
 
     def write(self, out: Path, line: dict) -> None:
         """summary.json, actions.jsonl (scaling decisions applied) and timeline.csv (replicas)."""
@@ -74,11 +76,44 @@ def replay(spec: ReplaySpec) -> ReplayResult:
     for ev in spec.evaluators:
         if hasattr(ev, "open_findings"):
             findings = ev.open_findings
-    loop = ClosedLoop(dep, store=store, policy=policy, evaluators=spec.evaluators,
+    guard = None
+    if store is not None and spec.with_guard:
+        guard = build_guard(store, spec.slo_ttft_s, spec.slo_tpot_s, spec.eval_interval_s, spec.evaluators)
+    loop = ClosedLoop(dep, store=store, policy=policy, guard=guard,
                       scrape_interval_s=spec.scrape_interval_s, eval_interval_s=spec.eval_interval_s,
                       limits={"prefill": lim, "decode": lim}, gpu_budget=spec.gpu_budget, findings=findings)
     dep.run_until(spec.trace.duration_s + spec.drain_s)
     s = dep.summary()
     s.extra.update({"prefill_final": dep.pool_counts("prefill")["ready"],
                     "decode_final": dep.pool_counts("decode")["ready"], "eval_errors": loop.eval_errors})
-    return ReplayResult(s, dep, loop, store)
+    if guard is not None:
+        slo = guard.evaluator("slo")
+        if slo is not None:
+            s.extra["guard_status"] = slo.overall().value
+    return ReplayResult(s, dep, loop, store, guard)
+
+
+def guard_config(slo_ttft_s: float = 2.5, slo_tpot_s: float = 0.020, eval_interval_s: float = 15.0):
+    """The guard's config for a simulated run: the seeds' SLO set with the run's thresholds."""
+    from sla_guard.config import SLO, Indicator, Objective, SLOSet, parse_config
+
+    slos = [
+        SLO(name="ttft_mean", indicator=Indicator.TTFT, objective=Objective.MEAN, threshold_s=slo_ttft_s),
+        SLO(name="tpot_mean", indicator=Indicator.TPOT, objective=Objective.MEAN, threshold_s=slo_tpot_s),
+        SLO(name="ttft_p90", indicator=Indicator.TTFT, objective=Objective.PERCENTILE, threshold_s=2 * slo_ttft_s,
+            percentile=0.9),
+        SLO(name="ttft_attainment", indicator=Indicator.TTFT, objective=Objective.ATTAINMENT,
+            threshold_s=slo_ttft_s, target=0.99),
+        SLO(name="tpot_attainment", indicator=Indicator.TPOT, objective=Objective.ATTAINMENT,
+            threshold_s=slo_tpot_s, target=0.99),
+    ]
+    return parse_config({"evaluation_interval_s": eval_interval_s,
+                         "slos": [SLOSet(objectives=slos).model_dump()]})
+
+
+def build_guard(store, slo_ttft_s: float = 2.5, slo_tpot_s: float = 0.020, eval_interval_s: float = 15.0,
+                evaluators=()):
+    """``sla_guard.service.Guard`` over the replay's store, with the SLO evaluator and ``evaluators``."""
+    from sla_guard.service import Guard
+
+    return Guard.for_store(guard_config(slo_ttft_s, slo_tpot_s, eval_interval_s), store, list(evaluators))
