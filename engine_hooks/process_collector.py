@@ -89,8 +89,13 @@ def snapshot_rows(snaps: Iterable[Snapshot], model: str, pool: str, dp_size: int
     """Yield (metric, label values, value) for every contract PROCESS sample of ``snaps``."""
     snaps = list(snaps)
     by_pid = {s.pid: s for s in snaps}
-    for s in snaps:
-        labels = (model, pool, engine_label(s, by_pid, dp_size), s.role, s.process)
+    keyed = [(s, (model, pool, engine_label(s, by_pid, dp_size), s.role, s.process)) for s in snaps]
+    seen: dict[tuple, int] = {}
+    for _, labels in keyed:
+        seen[labels] = seen.get(labels, 0) + 1
+    for s, labels in keyed:
+        if seen[labels] > 1:  # same title twice (untitled helpers, early workers): keep series apart
+            labels = (*labels[:4], f"{s.process}_pid{s.pid}")
         yield c.PROCESS_RSS, labels, float(s.rss)
         for kind, v in s.memory.items():
             yield c.PROCESS_MEMORY, (*labels, kind), float(v)

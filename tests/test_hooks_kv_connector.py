@@ -1,0 +1,54 @@
+"""NIXL kv_connector_stats parsing on the recorded dicts (no vLLM needed).
+
+tests/fixtures/nixl_kv_connector_stats.json was produced by vLLM's own NixlKVConnectorStats
+(tests/fixtures/record_nixl_stats.py); real NIXL transfers need CUDA.
+"""
+
+import json
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry, generate_latest
+
+from engine_hooks.kv_connector import parse_kv_connector_stats
+from exporters import contract as c
+from exporters.prometheus import ContractMetrics, EngineRecorder
+
+FIXTURE = json.loads((Path(__file__).parent / "fixtures" / "nixl_kv_connector_stats.json").read_text())
+
+
+def test_flat_nixl_dict():
+    (b,) = parse_kv_connector_stats(FIXTURE["flat"])
+    assert b.connector == "NixlConnector"
+    assert b.durations == FIXTURE["flat"]["transfer_duration"]
+    assert b.nbytes == [float(x) for x in FIXTURE["flat"]["bytes_transferred"]]
+    assert b.failures == {"transfer": 1, "notification": 1, "handshake": 1}
+    assert (b.expired, b.late_notifications) == (1, 1)
+
+
+def test_multiconnector_nesting_keeps_only_nixl():
+    batches = list(parse_kv_connector_stats(FIXTURE["multi"]))
+    assert [b.connector for b in batches] == ["NixlConnector"]
+    assert len(batches[0].durations) == len(FIXTURE["multi"]["NixlConnector"]["transfer_duration"])
+
+
+def test_unknown_empty_and_garbage_yield_nothing():
+    assert list(parse_kv_connector_stats(FIXTURE["unknown"])) == []
+    assert list(parse_kv_connector_stats(FIXTURE["empty"])) == []
+    assert list(parse_kv_connector_stats(None)) == []
+    assert list(parse_kv_connector_stats({"transfer_duration": "oops", "num_failed_transfers": [True]})) == []
+    deep: dict = {"transfer_duration": [0.1]}
+    for i in range(10):
+        deep = {f"Multi{i}": deep}
+    assert list(parse_kv_connector_stats(deep)) == []  # bounded nesting
+
+
+def test_recorder_exposes_kv_transfer_series():
+    reg = CollectorRegistry()
+    rec = EngineRecorder(ContractMetrics(reg), "m", "decode", 0)
+    for b in parse_kv_connector_stats(FIXTURE["flat"]):
+        rec.kv_transfer(b.durations, b.post_durations, b.nbytes, b.descriptors, b.failures, b.expired,
+                        b.late_notifications)
+    text = generate_latest(reg).decode()
+    n = len(FIXTURE["flat"]["transfer_duration"])
+    assert f'{c.KV_XFER_DURATION.series("_count")}{{engine="0",model="m",pool="decode"}} {float(n)}' in text
+    assert f'{c.KV_XFER_FAILURES.series()}{{engine="0",kind="handshake",model="m",pool="decode"}} 1.0' in text

@@ -1,0 +1,141 @@
+"""Process sampler, run directory and snapshot collector on real local processes (no vLLM)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from engine_hooks.process_collector import MultiprocessMirror, SnapshotCollector, read_snapshots
+from engine_hooks.process_sampler import classify_title, parse_proc_status, take_snapshot, write_snapshot
+from exporters import contract as c
+from exporters.prometheus import ContractMetrics
+
+
+@pytest.mark.parametrize(("title", "expected"), [
+    ("VLLM::EngineCore_DP1", ("engine_core", "EngineCore_DP1", 1)),
+    ("VLLM::EngineCore", ("engine_core", "EngineCore", None)),
+    ("VLLM::Worker_DP0_TP1", ("worker", "Worker_DP0_TP1", 0)),
+    ("VLLM::APIServer_2", ("api_server", "APIServer_2", None)),
+    ("VLLM::DPCoordinator", ("dp_coordinator", "DPCoordinator", None)),
+    ("python -m vllm.entrypoints.openai.api_server", ("main", "main", None)),
+])
+def test_classify_title(title, expected):
+    assert classify_title(title) == expected
+
+
+def test_untitled_stat_logger_process_is_the_api_server():
+    assert classify_title("python -m vllm.entrypoints.openai.api_server", api_server=True)[:2] == (
+        "api_server", "APIServer")
+
+
+def test_parse_proc_status_of_this_process():
+    parsed = parse_proc_status(Path("/proc/self/status").read_text())
+    assert {"rss", "anon", "file", "shmem"} <= parsed.keys()
+    assert parsed["rss"] == parsed["anon"] + parsed["file"] + parsed["shmem"]
+    assert parse_proc_status("VmRSS:\tgarbage\nName: x") == {}
+
+
+CHILD = r"""
+import os, sys, time
+from engine_hooks import process_plugin
+process_plugin.register()
+pid = os.fork()
+if pid == 0:          # forked child: the at-fork hook must restart the sampler
+    data = bytearray(64 * 2**20)  # grow RSS so the child differs from the parent
+    time.sleep(30)
+    os._exit(0)
+print(pid, flush=True)
+time.sleep(30)
+"""
+
+
+@pytest.fixture
+def sampled_pair(tmp_path):
+    env = {**os.environ, "SLA_GUARD_RUN_DIR": str(tmp_path), "SLA_GUARD_SAMPLE_INTERVAL_S": "0.2"}
+    proc = subprocess.Popen([sys.executable, "-c", CHILD], env=env, stdout=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        child = int(proc.stdout.readline())
+        yield tmp_path, proc.pid, child
+    finally:
+        os.killpg(proc.pid, 9)
+        proc.wait(10)
+
+
+def _wait_snapshots(run_dir: Path, pids: set[int], timeout: float = 10.0) -> list:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        snaps = read_snapshots(run_dir, stale_after_s=30)
+        if pids <= {s.pid for s in snaps}:
+            return snaps
+        time.sleep(0.1)
+    raise AssertionError(f"no snapshots for {pids} in {list(run_dir.iterdir())}")
+
+
+def test_sampler_survives_fork_and_collector_matches_psutil(sampled_pair):
+    run_dir, parent, child = sampled_pair
+    _wait_snapshots(run_dir, {parent, child})
+    time.sleep(0.5)  # let the child's 64 MiB show up in a sample
+    reg = CollectorRegistry()
+    reg.register(SnapshotCollector(run_dir, "m", "decode", 1, stale_after_s=30))
+    families = {f.name: f for f in text_string_to_metric_families(generate_latest(reg).decode())}
+    info = {s.labels["pid"]: s.labels for s in families[c.PROCESS_INFO.name].samples}
+    assert {str(parent), str(child)} <= info.keys()
+    assert all(lab["model"] == "m" and lab["pool"] == "decode" for lab in info.values())
+    rss = {s.labels["process"]: s.value for s in families[c.PROCESS_RSS.name].samples}
+    for pid in (parent, child):
+        now = psutil.Process(pid).memory_info().rss
+        sampled = [s.value for s in families[c.PROCESS_RSS.name].samples
+                   if s.labels["process"] == info[str(pid)]["process"]]
+        assert sampled and abs(sampled[0] - now) / now < 0.10, (pid, sampled, now, rss)
+    frozen = {s.value for s in families[c.PROCESS_GC_FROZEN.name].samples}
+    assert frozen, "gc freeze count must be exported"
+    assert families[c.PROCESS_GC_COLLECTIONS.name].type == "counter"
+
+
+def test_dead_process_snapshots_are_dropped(tmp_path):
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        write_snapshot(tmp_path, take_snapshot(proc.pid))
+        assert [s.pid for s in read_snapshots(tmp_path, 30)] == [proc.pid]
+    finally:
+        proc.kill()
+        proc.wait()
+    assert read_snapshots(tmp_path, 30) == []
+    assert not list(tmp_path.glob("proc-*.json"))
+    (tmp_path / "proc-1.json").write_text("{not json")
+    assert read_snapshots(tmp_path, 30) == []  # garbage is skipped, never raised
+
+
+def test_stale_snapshot_is_skipped(tmp_path):
+    snap = take_snapshot()
+    snap.ts -= 3600
+    write_snapshot(tmp_path, snap)
+    assert read_snapshots(tmp_path, stale_after_s=60) == []
+
+
+def test_multiprocess_mirror_leader_sets_contract_series(tmp_path):
+    write_snapshot(tmp_path, take_snapshot())
+    reg = CollectorRegistry()
+    pm = ContractMetrics(reg, (c.Component.PROCESS,))
+    a = MultiprocessMirror(tmp_path, pm, "m", "mixed", 1, 1.0, 30)
+    b = MultiprocessMirror(tmp_path, ContractMetrics(CollectorRegistry(), (c.Component.PROCESS,)), "m", "mixed",
+                           1, 1.0, 30)
+    assert a.leader() and not b.leader()  # one API server mirrors, the others wait
+    a.mirror_once()
+    a.mirror_once()  # counters advance by deltas, not re-added
+    text = generate_latest(reg).decode()
+    assert c.PROCESS_RSS.name in text and f'pid="{os.getpid()}"' in text
+    gen0 = [s for f in text_string_to_metric_families(text) if f.name == c.PROCESS_GC_COLLECTIONS.name
+            for s in f.samples if s.name.endswith("_total") and s.labels["generation"] == "0"]
+    assert gen0 and gen0[0].value <= json.loads((tmp_path / f"proc-{os.getpid()}.json").read_text())[
+        "gc_collections"][0] + 5
