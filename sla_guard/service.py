@@ -28,7 +28,7 @@ from exporters.contract import Component
 from exporters.prometheus import ContractMetrics
 from sla_guard.config import GuardConfig
 from sla_guard.ingest.source import Source, StoreSource
-from sla_guard.model import Evaluator
+from sla_guard.model import Evaluator, MetricsView
 
 log = logging.getLogger("sla_guard.service")
 
@@ -98,13 +98,13 @@ class Guard:
         return next((e for e in self.evaluators if e.name == name), None)
 
     # -- one tick ------------------------------------------------------------------------------
-    def tick(self, now: float | None = None) -> TickResult:
+    def tick(self, now: float | None = None, *, view: MetricsView | None = None) -> TickResult:
         """Run every evaluator once on the view at ``now`` (default: the clock). Never raises
-        for an evaluator's failure."""
+        for an evaluator's failure. ``view`` overrides the source's view for this tick."""
         now = self.clock() if now is None else float(now)
         t0 = time.perf_counter()
         errors: dict[str, str] = {}
-        view = self.source.view
+        view = self.source.view if view is None else view
         for ev in self.evaluators:
             try:
                 ev.evaluate(view, now)
@@ -126,14 +126,22 @@ class Guard:
         """One ingestion round (a scrape of every target in embedded mode)."""
         await self.source.collect(self.clock() if now is None else now)
 
-    async def check_once(self, now: float | None = None) -> TickResult:
-        """What ``sla-guard check`` does: collect, then tick. With an embedded scraper a rate
-        needs two scrapes, so it scrapes twice, ``evaluation_interval_s`` apart at most 5 s."""
-        if self.source.mode == "scrape":
+    async def check_once(self, wait_s: float = 0.0) -> TickResult:
+        """What ``sla-guard check`` does. With a Prometheus source: one tick now. With the
+        embedded scraper there is no history: ``wait_s > 0`` scrapes twice ``wait_s`` apart and
+        evaluates PromQL windows over that; ``wait_s == 0`` scrapes once and judges each
+        engine's lifetime (counters since start) through ``LifetimeView``."""
+        if self.source.mode != "scrape":
             await self.collect()
-            await asyncio.sleep(min(5.0, self.config.source.interval_s))
+            return self.tick()
         await self.collect()
-        return self.tick(now)
+        if wait_s > 0:
+            await asyncio.sleep(wait_s)
+            await self.collect()
+            return self.tick()
+        from sla_guard.ingest.lifetime import LifetimeView
+
+        return self.tick(view=LifetimeView(self.source.store))
 
     # -- the serve loop ------------------------------------------------------------------------
     async def run(self, stop: asyncio.Event) -> None:

@@ -235,6 +235,7 @@ class SLOEvaluator:
         self._last_feed: float | None = None
         self._metrics: ContractMetrics | None = None
         self.evaluated_at: float | None = None
+        self.window_label: str | None = None
 
     def bind_metrics(self, metrics: ContractMetrics) -> None:
         self._metrics = metrics
@@ -256,6 +257,7 @@ class SLOEvaluator:
                 self.known.add(key)
         fresh = {i: {(dict(k).get("model"), dict(k).get("pool")) for k in current[i]} for i in HIST}
 
+        self.window_label = getattr(view, "window_label", None)
         plan = _Plan(self.config, self.known)
         windowed = self._windowed(view, now, plan)
         longwin = self._long_windows(view, now, plan)
@@ -387,7 +389,8 @@ class SLOEvaluator:
     def _one(self, slo: SLO, key, gate: str, fresh, windowed, longwin) -> SLOResult:
         w = parse_duration(slo.window)
         r = SLOResult(key[0], key[1], slo.name, slo.indicator.value, slo.objective.value, slo.threshold_s,
-                      Status.UNKNOWN, window=slo.window, percentile=slo.percentile, target=slo.target)
+                      Status.UNKNOWN, window=self.window_label or slo.window, percentile=slo.percentile,
+                      target=slo.target)
         data = windowed.get((slo.indicator, w), {}).get(key, {})
         requests = data.get("count")
         r.requests = _num(requests)
@@ -433,7 +436,7 @@ class SLOEvaluator:
         if tot and good is not None and tot >= slo.min_requests:
             r.value, r.requests = good / tot, tot
         elif tot_p and tot_p >= slo.min_requests:
-            r.value, r.requests, r.window = (tot_p - err_p) / tot_p, tot_p, slo.period
+            r.value, r.requests, r.window = (tot_p - err_p) / tot_p, tot_p, self.window_label or slo.period
         if not tot_p or math.isnan(tot_p) or tot_p < slo.min_requests:
             r.reason = f"{0 if not tot_p or math.isnan(tot_p) else round(tot_p, 1)} requests in the " \
                        f"period so far, need >= {slo.min_requests}"

@@ -1,0 +1,164 @@
+"""The guard's HTTP API (FastAPI; OpenAPI docs at /docs, schema at /openapi.json).
+
+- ``/healthz``: the process answers (liveness); ``/readyz``: 200 once a first evaluation ran
+  on data (readiness), else 503; ``/metrics``: the guard's own metrics (contract GUARD
+  component) in the Prometheus text format. These three are open: probes and Prometheus
+  scrape them.
+- ``/v1/status``, ``/v1/slo``, ``/v1/targets`` and every router passed in ``extra_routers``
+  (the detectors' ``/v1/findings``, the advisor's ``/v1/recommendations``) require
+  ``Authorization: Bearer <token>``, compared in constant time. Without a configured token the
+  /v1 routes are open; ``sla-guard serve`` only allows that on a loopback address.
+- Every error is JSON: ``{"error": {"status": 401, "message": "..."}}``; request bodies over
+  ``max_body_bytes`` are refused with 413 before they are read into memory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import hmac
+import logging
+import math
+from collections.abc import Sequence
+
+from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from sla_guard.service import Guard
+
+log = logging.getLogger("sla_guard.api")
+
+_bearer = HTTPBearer(auto_error=False, description="the guard's API token (api.token_file or $SLA_GUARD_TOKEN)")
+
+
+def jsonable(obj):
+    """Replace non-finite floats by None (JSON has no NaN) and enums by their values."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {str(k): jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [jsonable(v) for v in obj]
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return jsonable(dataclasses.asdict(obj))
+    if isinstance(obj, enum.Enum):
+        return obj.value
+    return obj
+
+
+def _error(status: int, message: str, headers: dict | None = None) -> JSONResponse:
+    return JSONResponse({"error": {"status": status, "message": message}}, status_code=status, headers=headers)
+
+
+class BodyLimit:
+    """ASGI middleware: 413 for a request body over ``limit`` bytes, by Content-Length or while
+    streaming, so an oversized upload is never buffered."""
+
+    def __init__(self, app, limit: int) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        for k, v in scope.get("headers", []):
+            if k == b"content-length" and v.isdigit() and int(v) > self.limit:
+                resp = _error(413, f"request body over {self.limit} bytes")
+                return await resp(scope, receive, send)
+        seen = 0
+        limit = self.limit
+
+        async def limited():
+            nonlocal seen
+            msg = await receive()
+            if msg["type"] == "http.request":
+                seen += len(msg.get("body", b""))
+                if seen > limit:
+                    raise _TooLarge
+            return msg
+
+        try:
+            return await self.app(scope, limited, send)
+        except _TooLarge:
+            resp = _error(413, f"request body over {self.limit} bytes")
+            return await resp(scope, receive, send)
+
+
+class _TooLarge(Exception):
+    pass
+
+
+def create_app(guard: Guard, *, token: str | None = None, extra_routers: Sequence[APIRouter] = (),
+               max_body_bytes: int = 1024 * 1024) -> FastAPI:
+    """The API app for ``guard``. ``extra_routers`` are mounted behind the same bearer auth."""
+
+    def auth(creds: HTTPAuthorizationCredentials | None = Depends(_bearer)) -> None:
+        if token is None:
+            return
+        if creds is None or creds.scheme.lower() != "bearer" or not hmac.compare_digest(
+                creds.credentials.encode(), token.encode()):
+            raise HTTPException(401, "missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"})
+
+    app = FastAPI(title="sla-guard", version="0.1.0",
+                  description="SLA guard for prefill/decode-disaggregated vLLM deployments.")
+    app.add_middleware(BodyLimit, limit=max_body_bytes)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException):
+        return _error(exc.status_code, str(exc.detail), getattr(exc, "headers", None))
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(request: Request, exc: RequestValidationError):
+        parts = [f"{'.'.join(str(x) for x in e['loc'])}: {e['msg']}" for e in exc.errors()]
+        return _error(422, "; ".join(parts))
+
+    @app.exception_handler(Exception)
+    async def _internal(request: Request, exc: Exception):
+        log.exception("API error on %s", request.url.path)
+        return _error(500, f"internal error: {type(exc).__name__}")
+
+    @app.get("/healthz", tags=["probes"])
+    def healthz() -> dict:
+        return {"status": "ok"}
+
+    @app.get("/readyz", tags=["probes"])
+    def readyz():
+        if guard.ready():
+            return {"status": "ready", "ticks": guard.ticks}
+        return _error(503, "not ready: no evaluation on data yet")
+
+    @app.get("/metrics", tags=["probes"], response_class=Response)
+    def metrics() -> Response:
+        return Response(generate_latest(guard.registry), media_type=CONTENT_TYPE_LATEST)
+
+    v1 = APIRouter(prefix="/v1", dependencies=[Depends(auth)], tags=["guard"])
+
+    @v1.get("/status")
+    def status() -> dict:
+        """Everything at a glance: source, last tick, every evaluator's snapshot."""
+        return jsonable(guard.status())
+
+    @v1.get("/slo")
+    def slo(model: str | None = None, pool: str | None = None) -> dict:
+        """SLO status per (model, pool), filtered by ``model`` / ``pool``."""
+        ev = guard.evaluator("slo")
+        if ev is None:
+            raise HTTPException(404, "no SLO evaluator configured")
+        snap = ev.snapshot()
+        snap["pools"] = [p for p in snap["pools"] if (model is None or p["model"] == model)
+                         and (pool is None or p["pool"] == pool)]
+        return jsonable(snap)
+
+    @v1.get("/targets")
+    def targets() -> dict:
+        """Every scrape target (or the Prometheus server) with its health and error counts."""
+        return jsonable({"source": guard.source.mode, "targets": guard.source.targets()})
+
+    app.include_router(v1)
+    for r in extra_routers:
+        app.include_router(r, dependencies=[Depends(auth)])
+    return app

@@ -1,0 +1,104 @@
+"""`sla-guard check --config FILE`: one evaluation, a readable table on stdout, and an exit code
+for CI and cron: 0 when every SLO holds (ok or at risk), 1 on a violation, 2 when something
+cannot be judged (unknown) or the check itself failed (bad config, no data)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import sys
+
+from sla_guard.config import ConfigError, load_config
+from sla_guard.model import Status
+
+EXIT = {Status.OK: 0, Status.AT_RISK: 0, Status.VIOLATED: 1, Status.UNKNOWN: 2}
+
+
+def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    p = sub.add_parser("check", help="evaluate the SLOs once, print a table, exit 0/1/2")
+    p.add_argument("--config", required=True, help="guard configuration (YAML)")
+    p.add_argument("--wait", type=float, default=0.0, metavar="SECONDS",
+                   help="embedded mode: scrape twice this far apart and use PromQL windows over that "
+                        "(default 0: one scrape, judge each engine since its start)")
+    p.add_argument("--json", action="store_true", help="print the SLO snapshot as JSON instead of a table")
+    return p
+
+
+def _fmt_value(indicator: str, objective: str, v: float | None) -> str:
+    if v is None or (isinstance(v, float) and not math.isfinite(v)):
+        return "-"
+    if objective == "attainment":
+        return f"{100 * v:.2f}%"
+    return f"{v * 1000:.1f} ms" if v < 1 else f"{v:.3f} s"
+
+
+def _fmt_objective(s: dict) -> str:
+    thr = s["threshold_s"]
+    thr_s = f"{thr * 1000:g} ms" if thr < 1 else f"{thr:g} s"
+    if s["objective"] == "mean":
+        return f"mean {s['indicator']} <= {thr_s}"
+    if s["objective"] == "percentile":
+        return f"p{100 * s['percentile']:g} {s['indicator']} <= {thr_s}"
+    return f"{100 * s['target']:g}% {s['indicator']} <= {thr_s}"
+
+
+def render_table(snapshot: dict) -> str:
+    """The SLO snapshot as an aligned text table, one row per (model, pool, objective)."""
+    head = ("MODEL", "POOL", "SLO", "OBJECTIVE", "VALUE", "REQUESTS", "WINDOW", "BUDGET", "STATUS", "NOTE")
+    rows = []
+    for p in snapshot["pools"]:
+        for s in p["slos"]:
+            budget = s.get("budget_remaining")
+            req = s.get("requests")
+            rows.append((p["model"], p["pool"], s["slo"], _fmt_objective(s),
+                         _fmt_value(s["indicator"], s["objective"], s.get("value")),
+                         "-" if req is None else f"{req:.0f}", s["window"],
+                         "-" if budget is None else f"{100 * budget:.0f}%", s["status"], s.get("reason", "")))
+        if p.get("goodput_lower_bound") is not None:
+            rows.append((p["model"], p["pool"], "goodput", "ttft & tpot met", f"{100 * p['goodput_lower_bound']:.1f}%"
+                         f"..{100 * p['goodput_upper_bound']:.1f}%", "", "", "", "", "bounds from the marginals"))
+    widths = [max(len(str(r[i])) for r in (head, *rows)) for i in range(len(head))]
+    lines = ["  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in (head, *rows)]
+    lines.append(f"overall: {snapshot['status']}")
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        cfg = load_config(args.config)
+    except ConfigError as err:
+        print(err, file=sys.stderr)
+        return 2
+    from sla_guard.service import Guard
+
+    guard = Guard.from_config(cfg)
+
+    async def once():
+        try:
+            return await guard.check_once(args.wait)
+        finally:
+            await guard.source.aclose()
+
+    try:
+        result = asyncio.run(once())
+    except Exception as err:  # the check itself failed: say why, exit 2
+        print(f"check failed: {type(err).__name__}: {err}", file=sys.stderr)
+        return 2
+    ev = guard.evaluator("slo")
+    snap = ev.snapshot()
+    if args.json:
+        from sla_guard.api import jsonable
+
+        print(json.dumps(jsonable(snap), indent=2))
+    else:
+        print(render_table(snap))
+        for t in guard.source.targets():
+            if not t.up:
+                print(f"target {t.name} ({t.url}) down: {t.last_error}", file=sys.stderr)
+    if result.errors:
+        for name, err in result.errors.items():
+            print(f"evaluator {name} failed: {err}", file=sys.stderr)
+        return 2
+    return EXIT[ev.overall()]

@@ -1,0 +1,104 @@
+"""`sla-guard serve --config FILE`: the guard as a service: the evaluation loop and the HTTP API
+(uvicorn) in one asyncio process, until SIGINT/SIGTERM.
+
+Extensions: every module named in ``EXTENSIONS`` that exists is imported and its
+``extend(config, guard, token) -> list[APIRouter]`` called once; it adds evaluators with
+``guard.add_evaluator`` (detectors, the scaling advisor) and returns routers to mount under
+the API's bearer auth (``/v1/findings``, ``/v1/recommendations``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import importlib
+import ipaddress
+import logging
+import sys
+
+from sla_guard.config import ConfigError, load_config
+
+EXTENSIONS = ("sla_guard.detect.plugin", "sla_guard.scale.plugin")
+
+log = logging.getLogger("sla_guard.serve")
+
+
+def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    p = sub.add_parser("serve", help="run the guard: evaluation loop + HTTP API")
+    p.add_argument("--config", required=True, help="guard configuration (YAML)")
+    p.add_argument("--listen", help="HOST:PORT, overrides api.listen")
+    p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    return p
+
+
+def _split(listen: str) -> tuple[str, int]:
+    host, _, port = listen.rpartition(":")
+    if not host or not port.isdigit():
+        raise ConfigError(f"api.listen: {listen!r} is not HOST:PORT (e.g. 127.0.0.1:8080)")
+    return host.strip("[]"), int(port)
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def load_extensions(cfg, guard, token):
+    routers = []
+    for name in EXTENSIONS:
+        try:
+            mod = importlib.import_module(name)
+        except ModuleNotFoundError as err:
+            if err.name != name:
+                raise
+            continue
+        routers.extend(mod.extend(cfg, guard, token) or [])
+    return routers
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        cfg = load_config(args.config)
+        host, port = _split(args.listen or cfg.api.listen)
+        try:
+            token = cfg.api.token()
+        except OSError as err:
+            raise ConfigError(f"api.token_file: cannot read {cfg.api.token_file}: {err.strerror}") from None
+        if token is None and not _loopback(host):
+            raise ConfigError(f"api.listen: {host} is not a loopback address and no API token is set; "
+                              f"set api.token_file or ${cfg.api.token_env or 'SLA_GUARD_TOKEN'}")
+    except ConfigError as err:
+        print(err, file=sys.stderr)
+        return 2
+
+    import uvicorn
+
+    from sla_guard.api import create_app
+    from sla_guard.service import Guard
+
+    guard = Guard.from_config(cfg)
+    routers = load_extensions(cfg, guard, token)
+    app = create_app(guard, token=token, extra_routers=routers, max_body_bytes=cfg.api.max_body_bytes)
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off",
+                                           access_log=False))
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop_task = asyncio.create_task(guard.run(stop))
+        log.info("sla-guard on http://%s:%d (source=%s, %d evaluators)", host, port, guard.source.mode,
+                 len(guard.evaluators))
+        try:
+            await server.serve()
+        finally:
+            stop.set()
+            await loop_task
+
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(main())
+    return 0
