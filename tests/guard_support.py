@@ -11,10 +11,17 @@ import socket
 import threading
 from collections.abc import Callable
 
+import numpy as np
 from prometheus_client import CollectorRegistry, generate_latest
 
 from exporters.contract import Component
 from exporters.prometheus import ContractMetrics, EngineRecorder, FinishedRequest
+from sla_guard.config import parse_config
+from sla_guard.ingest.source import UP
+from sla_guard.slo import SLOEvaluator
+from sla_guard.store import SeriesStore
+
+T0 = 1_700_000_000.0
 
 
 class Engine:
@@ -106,3 +113,32 @@ class Served:
     def stop(self) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+
+def scrape_into(store, engines, t, up=True):
+    for e in engines:
+        name = f"{e.model}/{e.pool}/{e.engine}"
+        labels = {"instance": name, "model": e.model, "pool": e.pool}
+        if up:
+            store.ingest_text(e.exposition(), t, labels, group=name)
+        else:
+            store.mark_stale(name, t)
+        store.append(UP, labels, t, 1.0 if up else 0.0, group=name + "#up")
+
+
+def drive(engines, seconds, per_tick, *, store=None, ev=None, cfg=None, t0=T0, rng=None):
+    """Every 5 s: each engine serves per_tick(rng) requests, then is scraped; evaluate every 15 s."""
+    cfg = cfg or parse_config({"evaluation_interval_s": 15, "staleness_s": 60})
+    store = store or SeriesStore(slots=400, lookback_s=cfg.staleness_s)
+    ev = ev or SLOEvaluator(cfg)
+    rng = rng or np.random.default_rng(0)
+    t = t0
+    for step in range(int(seconds // 5) + 1):
+        t = t0 + step * 5
+        for e in engines:
+            for ttft, tpot in per_tick(rng, e):
+                e.request(ttft, tpot)
+        scrape_into(store, engines, t)
+        if step % 3 == 0:
+            ev.evaluate(store, t)
+    return store, ev, t

@@ -7,10 +7,9 @@ import math
 
 import numpy as np
 import pytest
-from guard_support import Engine
+from guard_support import Engine, drive, scrape_into
 
 from sla_guard.config import parse_config
-from sla_guard.ingest.source import UP
 from sla_guard.model import Status
 from sla_guard.slo import (
     Ledger,
@@ -20,7 +19,6 @@ from sla_guard.slo import (
     burn_alerts,
     burn_rate,
 )
-from sla_guard.store import SeriesStore
 
 T0 = 1_700_000_000.0
 
@@ -29,35 +27,6 @@ def _cfg(**over):
     base = {"evaluation_interval_s": 15, "staleness_s": 60}
     base.update(over)
     return parse_config(base)
-
-
-def _scrape(store, engines, t, up=True):
-    for e in engines:
-        name = f"{e.model}/{e.pool}/{e.engine}"
-        labels = {"instance": name, "model": e.model, "pool": e.pool}
-        if up:
-            store.ingest_text(e.exposition(), t, labels, group=name)
-        else:
-            store.mark_stale(name, t)
-        store.append(UP, labels, t, 1.0 if up else 0.0, group=name + "#up")
-
-
-def _run(engines, seconds, per_tick, *, store=None, ev=None, cfg=None, t0=T0, rng=None):
-    """Every 5 s: each engine serves per_tick(rng) requests, then is scraped; evaluate every 15 s."""
-    cfg = cfg or _cfg()
-    store = store or SeriesStore(slots=400, lookback_s=cfg.staleness_s)
-    ev = ev or SLOEvaluator(cfg)
-    rng = rng or np.random.default_rng(0)
-    t = t0
-    for step in range(int(seconds // 5) + 1):
-        t = t0 + step * 5
-        for e in engines:
-            for ttft, tpot in per_tick(rng, e):
-                e.request(ttft, tpot)
-        _scrape(store, engines, t)
-        if step % 3 == 0:
-            ev.evaluate(store, t)
-    return store, ev, t
 
 
 def _pool(ev, model="m", pool="decode"):
@@ -70,7 +39,7 @@ def _slo(pr, name):
 
 def test_healthy_pool_is_ok_with_exact_means():
     engines = [Engine(engine="0"), Engine(engine="1")]
-    _store, ev, _t = _run(engines, 300, lambda rng, e: [(rng.uniform(0.1, 0.5), rng.uniform(0.005, 0.012))] * 2)
+    _store, ev, _t = drive(engines, 300, lambda rng, e: [(rng.uniform(0.1, 0.5), rng.uniform(0.005, 0.012))] * 2)
     pr = _pool(ev)
     assert pr.status is Status.OK, [(s.slo, s.status, s.reason) for s in pr.slos]
     # mean TTFT over the window equals the mean of what was recorded in it (sum/count ratio:
@@ -84,7 +53,7 @@ def test_healthy_pool_is_ok_with_exact_means():
 
 def test_slow_ttft_violates_and_burns_budget():
     engines = [Engine()]
-    _, ev, _ = _run(engines, 600, lambda rng, e: [(rng.uniform(3.0, 4.0), 0.01)] * 2)
+    _, ev, _ = drive(engines, 600, lambda rng, e: [(rng.uniform(3.0, 4.0), 0.01)] * 2)
     pr = _pool(ev)
     assert pr.status is Status.VIOLATED
     assert _slo(pr, "ttft_mean").status is Status.VIOLATED
@@ -99,7 +68,7 @@ def test_slow_ttft_violates_and_burns_budget():
 def test_too_few_requests_is_unknown_never_ok():
     engines = [Engine()]
     calls = iter(range(10_000))
-    _, ev, _ = _run(engines, 300, lambda rng, e: [(0.1, 0.01)] if next(calls) % 12 == 0 else [])
+    _, ev, _ = drive(engines, 300, lambda rng, e: [(0.1, 0.01)] if next(calls) % 12 == 0 else [])
     pr = _pool(ev)
     assert _slo(pr, "ttft_mean").status is Status.UNKNOWN
     assert "requests" in _slo(pr, "ttft_mean").reason
@@ -110,16 +79,16 @@ def test_stale_and_dead_target_are_unknown_and_recover():
     cfg = _cfg()
     engines = [Engine(engine="0"), Engine(engine="1")]
     good = lambda rng, e: [(0.2, 0.01)] * 3  # noqa: E731
-    store, ev, t = _run(engines, 300, good, cfg=cfg)
+    store, ev, t = drive(engines, 300, good, cfg=cfg)
     assert _pool(ev).status is Status.OK
     # engine 1 dies: up=0 + staleness marker -> the pool is unknown, reason names it
     t += 5
-    _scrape(store, engines[:1], t)
-    _scrape(store, engines[1:], t, up=False)
+    scrape_into(store, engines[:1], t)
+    scrape_into(store, engines[1:], t, up=False)
     ev.evaluate(store, t)
     assert _pool(ev).status is Status.UNKNOWN and "1 of 2 targets down" in _pool(ev).reason
     # it comes back: ok again without any intervention
-    store, ev, t = _run(engines, 60, good, store=store, ev=ev, cfg=cfg, t0=t + 5)
+    store, ev, t = drive(engines, 60, good, store=store, ev=ev, cfg=cfg, t0=t + 5)
     assert _pool(ev).status is Status.OK
     # nobody scrapes anything any more: data goes stale -> unknown
     ev.evaluate(store, t + cfg.staleness_s + 30)
@@ -137,7 +106,7 @@ def test_engine_restart_mid_window_keeps_values_right():
             e.restart()  # counters back to zero between two scrapes
         return [(0.4, 0.01)] * 2
 
-    _, ev, _ = _run(engines, 300, traffic)
+    _, ev, _ = drive(engines, 300, traffic)
     ttft = _slo(_pool(ev), "ttft_mean")
     assert ttft.value == pytest.approx(0.4, rel=1e-6)
     # request count over the 5m window: ~2 per 5 s, extrapolated; the reset must not make it
@@ -148,7 +117,7 @@ def test_engine_restart_mid_window_keeps_values_right():
 def test_threshold_not_a_bucket_is_unknown_with_fix():
     cfg = _cfg(slos=[{"objectives": [{"name": "ttft_att", "indicator": "ttft", "objective": "attainment",
                                       "threshold_s": 2.2, "target": 0.99}]}])
-    _, ev, _ = _run([Engine()], 120, lambda rng, e: [(0.2, 0.01)] * 3, cfg=cfg)
+    _, ev, _ = drive([Engine()], 120, lambda rng, e: [(0.2, 0.01)] * 3, cfg=cfg)
     s = _slo(_pool(ev), "ttft_att")
     assert s.status is Status.UNKNOWN and "SLA_GUARD_TTFT_SLO_S=2.2" in s.reason
 
@@ -165,7 +134,7 @@ def test_pools_are_separate_and_metrics_exported():
     ev = SLOEvaluator(cfg)
     ev.bind_metrics(ContractMetrics(reg, components=(Component.GUARD,)))
     engines = [Engine(pool="prefill"), Engine(pool="decode")]
-    _run(engines, 300, lambda rng, e: [(3.5 if e.pool == "prefill" else 0.2, 0.01)] * 2, ev=ev, cfg=cfg)
+    drive(engines, 300, lambda rng, e: [(3.5 if e.pool == "prefill" else 0.2, 0.01)] * 2, ev=ev, cfg=cfg)
     assert _pool(ev, pool="prefill").status is Status.VIOLATED
     assert _pool(ev, pool="decode").status is Status.OK
     text = generate_latest(reg).decode()

@@ -1,0 +1,104 @@
+"""The Guard loop: evaluator isolation, its own metrics, the asyncio serve loop over real
+loopback targets."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from guard_support import Engine, Served
+from prometheus_client import generate_latest
+
+from exporters import contract as c
+from sla_guard.config import parse_config
+from sla_guard.model import Status
+from sla_guard.service import Guard
+from sla_guard.store import SeriesStore
+
+
+class Boom:
+    name = "boom"
+
+    def __init__(self):
+        self.calls = 0
+
+    def evaluate(self, view, now):
+        self.calls += 1
+        raise RuntimeError("detector bug")
+
+    def snapshot(self):
+        return {"calls": self.calls}
+
+
+class Counting:
+    name = "counting"
+
+    def __init__(self):
+        self.seen = []
+        self.bound = None
+
+    def bind_metrics(self, metrics):
+        self.bound = metrics
+
+    def evaluate(self, view, now):
+        self.seen.append((view, now))
+
+    def snapshot(self):
+        return {"ticks": len(self.seen)}
+
+
+def test_failing_evaluator_is_counted_and_others_still_run():
+    cfg = parse_config({})
+    store = SeriesStore()
+    boom, counting = Boom(), Counting()
+    guard = Guard.for_store(cfg, store, [boom, counting])
+    for t in (100.0, 115.0):
+        res = guard.tick(t)
+        assert "boom" in res.errors and "RuntimeError" in res.errors["boom"]
+    assert [now for _, now in counting.seen] == [100.0, 115.0]
+    assert counting.seen[0][0] is store  # evaluators get the view
+    assert counting.bound is guard.metrics  # bind_metrics called once with the guard's metrics
+    text = generate_latest(guard.registry).decode()
+    assert f'{c.GUARD_EVALUATOR_ERRORS.exposed}{{evaluator="boom"}} 2.0' in text
+    assert f"{c.GUARD_EVAL_DURATION.name}_count 2.0" in text
+    st = guard.status()
+    assert st["ticks"] == 2 and st["evaluators"]["counting"] == {"ticks": 2}
+    assert st["evaluators"]["slo"]["status"] == Status.UNKNOWN.value  # no data -> unknown
+
+
+def test_serve_loop_scrapes_and_evaluates_real_targets():
+    engines = [Engine(engine=str(i)) for i in range(2)]
+    servers = [Served(e.exposition) for e in engines]
+    try:
+        cfg = parse_config({
+            "source": {"mode": "scrape", "interval_s": 0.2, "timeout_s": 1,
+                       "targets": [{"url": s.url, "model": "m", "pool": "decode", "name": f"e{i}"}
+                                   for i, s in enumerate(servers)]},
+            "evaluation_interval_s": 0.3,
+            "slos": [{"objectives": [{"name": "ttft_mean", "indicator": "ttft", "objective": "mean",
+                                      "threshold_s": 2.5, "window": "2s", "min_requests": 5}]}],
+        })
+        guard = Guard.from_config(cfg)
+
+        async def go():
+            stop = asyncio.Event()
+            task = asyncio.create_task(guard.run(stop))
+            for _ in range(20):
+                for e in engines:
+                    for _ in range(3):
+                        e.request(0.3, 0.01)
+                await asyncio.sleep(0.1)
+            stop.set()
+            await task
+
+        asyncio.run(go())
+        assert guard.ticks >= 4
+        assert guard.source.rounds >= 6
+        pr = guard.evaluator("slo").pools[("m", "decode")]
+        assert pr.status is Status.OK, pr
+        assert pr.slos[0].value == pytest.approx(0.3)
+        assert pr.targets_up == 2
+        assert all(t.up for t in guard.source.targets())
+    finally:
+        for s in servers:
+            s.stop()
