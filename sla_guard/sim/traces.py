@@ -9,6 +9,7 @@ same position = shared prefix block of ``block_tokens`` tokens). Bad input raise
 from __future__ import annotations
 
 import csv
+import gzip
 import json
 import random
 from dataclasses import dataclass, replace
@@ -73,7 +74,7 @@ def read_mooncake(path: str | Path, limit: int | None = None) -> Trace:
     p = Path(path)
     reqs: list[TraceRequest] = []
     try:
-        fh = p.open()
+        fh = gzip.open(p, "rt") if p.suffix == ".gz" else p.open()  # noqa: SIM115 - closed by `with` below
     except OSError as err:
         raise TraceError(f"cannot read trace {p}: {err.strerror}") from None
     with fh:
@@ -95,7 +96,7 @@ def read_mooncake(path: str | Path, limit: int | None = None) -> Trace:
                                      max(1, _int_field(obj, "output_length", where)), tuple(hashes)))
             if limit and len(reqs) >= limit:
                 break
-    return _sorted(p.stem, reqs, 512)
+    return _sorted(p.name.split(".")[0], reqs, 512)
 
 
 def _parse_ts(text: str, where: str) -> float:
@@ -197,6 +198,9 @@ def agentic_sessions(n_sessions: int = 40, duration_s: float = 3600.0, seed: int
     return _sorted("agentic", reqs, block_tokens)
 
 
+BUNDLED_MOONCAKE = Path(__file__).parent / "data" / "mooncake_conversation_trace.jsonl.gz"
+
+
 def load_trace(path: str | Path, limit: int | None = None) -> Trace:
     """Read a trace by its suffix (.jsonl Mooncake, .csv Azure) or ``agentic[:N]`` for N
     generated sessions."""
@@ -205,7 +209,7 @@ def load_trace(path: str | Path, limit: int | None = None) -> Trace:
         n = int(s.split(":", 1)[1]) if ":" in s else 40
         return agentic_sessions(n_sessions=n)
     p = Path(s)
-    if p.suffix in (".jsonl", ".json"):
+    if p.suffix in (".jsonl", ".json") or p.name.endswith((".jsonl.gz", ".json.gz")):
         return read_mooncake(p, limit)
     if p.suffix == ".csv":
         return read_azure(p, limit)

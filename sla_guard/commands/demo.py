@@ -1,0 +1,174 @@
+"""`sla-guard demo`: a simulated 2P2D deployment replaying a real trace at accelerated speed, with
+a host-RSS leak and a speculative-decoding acceptance drift injected, guarded live; ends with a
+report directory (Markdown + PNG plots)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+DEFAULT_TRACE_CANDIDATES = (
+    "../shared/traces/mooncake_conversation_trace.jsonl",
+    "/work/shared/traces/mooncake_conversation_trace.jsonl",
+)
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    p = sub.add_parser("demo", help="simulated 2P2D deployment with injected faults, guarded live; writes a report",
+                       description=__doc__)
+    p.add_argument("--duration", type=float, default=60.0, help="wall-clock seconds to run (default 60)")
+    p.add_argument("--speed", type=float, default=60.0,
+                   help="simulated seconds per wall second (default 60: one simulated hour per minute)")
+    p.add_argument("--out", type=Path, default=Path("out/demo"), help="report directory (default ./out/demo)")
+    p.add_argument("--trace", default=None,
+                   help="trace file (default: the Mooncake conversation trace, shared copy or the bundled one)")
+    p.add_argument("--profile", default="default", help="simulator profile (default: GLM-5.2 on H200, DEP16)")
+    p.add_argument("--policy", default="static", help="scaling policy acting on the deployment (default static)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--leak-mib-per-hour", type=float, default=200.0,
+                   help="RSS leak injected into d0's EngineCore (default 200; the seeds' leak was ~48)")
+    p.add_argument("--drift-to", type=float, default=0.4,
+                   help="acceptance falls to this fraction of its profile value (default 0.4)")
+    p.add_argument("--scrape-interval", type=float, default=15.0, help="simulated seconds between scrapes")
+    p.add_argument("--no-http", action="store_true", help="scrape in-process instead of over loopback HTTP")
+    p.add_argument("--quiet", action="store_true", help="no live status lines")
+    return p
+
+
+def default_trace() -> str:
+    env = os.environ.get("SLA_GUARD_DEMO_TRACE")
+    if env:
+        return env
+    for cand in DEFAULT_TRACE_CANDIDATES:
+        if Path(cand).exists():
+            return cand
+    from sla_guard.sim.traces import BUNDLED_MOONCAKE
+
+    return str(BUNDLED_MOONCAKE)
+
+
+def demo_faults(sim_s: float, leak_mib_h: float, drift_to: float) -> list[dict]:
+    """The demo's schedule, scaled to the simulated span: a leak from 5% of the run on d0's
+    EngineCore, an acceptance drift over the middle third on every decode replica."""
+    return [
+        {"kind": "leak", "replica": "d0", "role": "engine_core", "mib_per_hour": leak_mib_h,
+         "start_s": round(0.05 * sim_s, 1)},
+        {"kind": "acceptance_drift", "start_s": round(sim_s / 3, 1), "end_s": round(2 * sim_s / 3, 1),
+         "to_factor": drift_to},
+    ]
+
+
+def detector_evaluators() -> tuple[list, object]:
+    """The detectors' guard evaluators when that part exists: (evaluators, findings source)."""
+    try:
+        from sla_guard.detect import evaluators as det
+    except ImportError:
+        return [], None
+    build = getattr(det, "default_evaluators", None) or getattr(det, "build_evaluators", None)
+    if build is None:
+        return [], None
+    try:
+        evs = list(build())
+    except TypeError:
+        return [], None
+    return evs, evs
+
+
+def _open_findings(evs) -> list:
+    out = []
+    for ev in evs or ():
+        fn = getattr(ev, "open_findings", None)
+        if callable(fn):
+            out.extend(fn())
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    from sla_guard.sim.deployment import Deployment
+    from sla_guard.sim.faults import FaultSchedule
+    from sla_guard.sim.harness import ClosedLoop, make_store
+    from sla_guard.sim.live import LiveEndpoints, Pacer
+    from sla_guard.sim.policy import get_policy
+    from sla_guard.sim.profile import ProfileError, load_profile
+    from sla_guard.sim.report import write_report
+    from sla_guard.sim.run import build_guard
+    from sla_guard.sim.traces import TraceError, load_trace
+
+    if args.duration <= 0 or args.speed <= 0:
+        print("sla-guard demo: --duration and --speed must be > 0", file=sys.stderr)
+        return 2
+    sim_s = args.duration * args.speed
+    trace_path = args.trace or default_trace()
+    try:
+        profile = load_profile(args.profile)
+        trace = load_trace(trace_path)
+        policy = get_policy(args.policy)
+    except (ProfileError, TraceError, ValueError) as err:
+        print(f"sla-guard demo: {err}", file=sys.stderr)
+        return 2
+    faults = demo_faults(sim_s, args.leak_mib_per_hour, args.drift_to)
+    dep = Deployment(profile, 2, 2, seed=args.seed, faults=FaultSchedule(faults),
+                     trace_block_tokens=trace.block_tokens)
+    span = max(trace.duration_s, 1.0)
+    for k in range(math.ceil(sim_s / span)):  # loop the trace to cover the run
+        dep.submit(trace.scaled(duration_s=sim_s - k * span), offset_s=k * span)
+    store = make_store(retention_s=sim_s + 3600, interval_s=args.scrape_interval)
+    detectors, _ = detector_evaluators()
+    guard = build_guard(store, dep.slo_ttft_s, dep.slo_tpot_s, args.scrape_interval, detectors)
+    live = None if args.no_http else LiveEndpoints(dep)
+    loop = ClosedLoop(dep, store=store, policy=policy, guard=guard, fetch=live.fetch if live else None,
+                      scrape_interval_s=args.scrape_interval, eval_interval_s=args.scrape_interval,
+                      findings=lambda: _open_findings(detectors))
+    tty = sys.stdout.isatty()
+    if not args.quiet:
+        where = f"{len(live.servers)} engines on http://127.0.0.1 ports " + ", ".join(
+            str(s.port) for s in live.servers.values()) if live else "in-process scraping"
+        print(f"sla-guard demo: 2P2D `{profile.model}` ({profile.name}), trace {Path(trace_path).name}, "
+              f"{sim_s / 60:.0f} simulated min at {args.speed:g}x; {where}")
+        print(f"faults: {json.dumps(faults)}")
+
+    def status(sim_now: float, wall: float) -> None:
+        if args.quiet:
+            return
+        h = loop.history[-1].values if loop.history else {}
+        slo = guard.evaluator("slo")
+        verdict = slo.overall().value if slo is not None and slo.evaluated_at else "-"
+
+        def f(key: str, scale: float = 1.0, fmt: str = "{:.2f}") -> str:
+            return fmt.format(h[key] * scale) if key in h else "-"
+
+        line = (f"[{wall:5.1f}s] sim {int(sim_now // 3600)}:{int(sim_now % 3600 // 60):02d}:{int(sim_now % 60):02d} "
+                f"| P {dep.pool_counts('prefill')['ready']} D {dep.pool_counts('decode')['ready']} "
+                f"| TTFT p {f('prefill_ttft_mean')}s d {f('decode_ttft_mean')}s "
+                f"| TPOT {f('decode_tpot_mean', 1000, '{:.1f}')}ms | accept {f('acceptance')} "
+                f"| done {len(dep.done)} | guard {verdict} | findings {len(_open_findings(detectors))}")
+        print(("\r" + line + "   ") if tty else line, end="" if tty else "\n", flush=True)
+
+    t0 = time.monotonic()
+    try:
+        Pacer(dep, args.speed).run(sim_s, status, progress_s=2.0 if not tty else 0.5)
+    except KeyboardInterrupt:
+        print("\ninterrupted; writing the report for what ran", file=sys.stderr)
+    finally:
+        if live is not None:
+            live.close()
+    wall = time.monotonic() - t0
+    if tty and not args.quiet:
+        print()
+    summary = dep.summary()
+    slo = guard.evaluator("slo")
+    findings = [{"detector": f.detector, "severity": f.severity, "summary": f.summary}
+                for f in _open_findings(detectors)]
+    report = write_report(args.out, dep=dep, summary=summary, history=loop.history, store=store,
+                          guard_status=slo.snapshot() if slo is not None else None, findings=findings,
+                          faults=faults, actions=loop.actions,
+                          meta={"topology": "2P2D", "trace": Path(trace_path).name, "speed": args.speed,
+                                "wall_s": wall, "http": live is not None, "policy": args.policy})
+    print(f"guard verdict: {slo.overall().value if slo is not None else 'n/a'}; SLO attainment "
+          f"{summary.slo_attainment:.2%} over {summary.requests} requests; report: {report}")
+    return 0

@@ -1,0 +1,169 @@
+"""Report of a simulated run: Markdown plus PNG plots (matplotlib, Agg backend).
+
+Plots come from what the guard saw (its store), not from the simulator's internals, so the
+report shows the contract doing its job: TTFT and TPOT per pool against the SLA, spec-decode
+acceptance, RSS per process, replicas per pool.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from pathlib import Path
+
+from exporters import contract as c
+from sla_guard.sim.deployment import Deployment, Summary
+from sla_guard.sim.harness import HistoryPoint
+
+GIB = 1024**3
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _series(history: list[HistoryPoint], key: str) -> tuple[list[float], list[float]]:
+    xs, ys = [], []
+    for h in history:
+        if key in h.values:
+            xs.append(h.t / 60.0)
+            ys.append(h.values[key])
+    return xs, ys
+
+
+def plot_latency(history: list[HistoryPoint], out: Path, indicator: str, slo_s: float, pools: Iterable[str]) -> Path:
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(8, 3.6))
+    unit, scale = ("ms", 1000.0) if indicator == "tpot" else ("s", 1.0)
+    for pool in pools:
+        for stat, style in (("mean", "-"), ("p90", ":")):
+            xs, ys = _series(history, f"{pool}_{indicator}_{stat}")
+            if xs:
+                ax.plot(xs, [y * scale for y in ys], style, label=f"{pool} {stat}")
+    ax.axhline(slo_s * scale, color="red", lw=1.2, ls="--", label=f"SLA {slo_s * scale:g} {unit}")
+    ax.set_xlabel("simulated time (min)")
+    ax.set_ylabel(f"{indicator.upper()} ({unit})")
+    ax.set_title(f"{indicator.upper()} per pool (engine-side, 1-min windows) vs SLA")
+    ax.legend(fontsize=8, loc="upper left")
+    ax.grid(alpha=0.3)
+    path = out / f"{indicator}.png"
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
+
+
+def plot_acceptance(history: list[HistoryPoint], out: Path) -> Path:
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(8, 3.2))
+    xs, ys = _series(history, "acceptance")
+    ax.plot(xs, ys, label="decode pool")
+    ax.set_ylim(0, 1)
+    ax.set_xlabel("simulated time (min)")
+    ax.set_ylabel("accepted / drafted")
+    ax.set_title("Speculative-decoding acceptance rate")
+    ax.grid(alpha=0.3)
+    path = out / "acceptance.png"
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
+
+
+def plot_rss(store, dep: Deployment, out: Path) -> Path:
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(8, 4))
+    series = store.range(c.PROCESS_RSS.series(), {}, dep.epoch, dep.epoch + dep.now + 1)
+    for s in sorted(series, key=lambda s: (s.label("engine"), s.label("process"))):
+        ax.plot((s.t - dep.epoch) / 60.0, s.v / GIB, lw=0.8, label=f"{s.label('engine')} {s.label('process')}")
+    ax.set_xlabel("simulated time (min)")
+    ax.set_ylabel("RSS (GiB)")
+    ax.set_title("Host RSS per process")
+    ax.legend(fontsize=6, ncol=3, loc="upper left")
+    ax.grid(alpha=0.3)
+    path = out / "rss.png"
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
+
+
+def plot_replicas(dep: Deployment, out: Path) -> Path:
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(8, 3))
+    tl = [*dep.timeline, (dep.now, *dep.timeline[-1][1:])]
+    xs = [t / 60.0 for t, *_ in tl]
+    ax.step(xs, [x[1] for x in tl], where="post", label="prefill ready")
+    ax.step(xs, [x[2] for x in tl], where="post", label="decode ready")
+    ax.step(xs, [x[3] for x in tl], where="post", ls=":", label="prefill incl. starting")
+    ax.step(xs, [x[4] for x in tl], where="post", ls=":", label="decode incl. starting")
+    ax.set_xlabel("simulated time (min)")
+    ax.set_ylabel("replicas")
+    ax.set_title("Replicas per pool")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    path = out / "replicas.png"
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
+
+
+def write_report(out: Path, *, dep: Deployment, summary: Summary, history: list[HistoryPoint], store,
+                 guard_status: dict | None, findings: list[dict], faults: list[dict], actions: list[dict],
+                 meta: dict) -> Path:
+    """Write plots and report.md into ``out``; returns the Markdown path."""
+    out.mkdir(parents=True, exist_ok=True)
+    plots = [plot_latency(history, out, "ttft", dep.slo_ttft_s, ("prefill", "decode")),
+             plot_latency(history, out, "tpot", dep.slo_tpot_s, ("decode",)),
+             plot_acceptance(history, out), plot_rss(store, dep, out), plot_replicas(dep, out)]
+    s = summary
+    lines = [
+        "# sla-guard demo report", "",
+        f"Simulated {meta.get('topology', '')} deployment of `{dep.model}` (profile `{dep.profile.name}`) replaying "
+        f"`{meta.get('trace', '')}` for {dep.now / 60:.1f} simulated minutes at {meta.get('speed', 1):g}x "
+        f"in {meta.get('wall_s', 0):.1f} s wall time. Metrics were scraped "
+        f"{'over HTTP from each engine' if meta.get('http') else 'in-process'} into the guard's store.", "",
+        "## Client-side results", "",
+        "| requests | finished | aborted | SLO attainment (TTFT and TPOT) | TTFT p50 / p90 | TPOT mean / p90 "
+        "| GPU-hours |",
+        "|---|---|---|---|---|---|---|",
+        f"| {s.requests} | {s.finished} | {s.aborted} | {s.slo_attainment:.2%} | {s.ttft_p50_s:.2f} s / "
+        f"{s.ttft_p90_s:.2f} s | {s.tpot_mean_s * 1000:.1f} ms / {s.tpot_p90_s * 1000:.1f} ms | {s.gpu_hours:.1f} |",
+        "", "## Injected faults", "",
+    ]
+    lines += [f"- `{json.dumps(f)}`" for f in faults] or ["- none"]
+    lines += ["", "## Guard verdicts at the end", ""]
+    if guard_status:
+        for pool in guard_status.get("pools", []):
+            lines.append(f"- **{pool.get('model')}/{pool.get('pool')}**: {pool.get('status')}")
+            for slo in pool.get("slos", []):
+                val = slo.get("value")
+                shown = f"{val:.4g}" if isinstance(val, int | float) else "n/a"
+                lines.append(f"  - {slo.get('slo')}: {slo.get('status')} (value {shown})")
+    else:
+        lines.append("- guard not available in this checkout")
+    lines += ["", "## Findings (detectors)", ""]
+    lines += [f"- {f.get('detector')} {f.get('severity', '')}: {f.get('summary', '')}" for f in findings] or [
+        "- none"]
+    lines += ["", "## Scaling actions", ""]
+    lines += [f"- t={a['t'] / 60:.1f} min: {json.dumps({k: v for k, v in a.items() if k != 't'})}"
+              for a in actions] or ["- none"]
+    lines += ["", "## Plots", ""]
+    lines += [f"![{p.stem}]({p.name})" for p in plots]
+    path = out / "report.md"
+    path.write_text("\n".join(lines) + "\n")
+    (out / "summary.json").write_text(json.dumps({**meta, "summary": {k: v for k, v in vars_of(s).items()}},
+                                                 indent=2, default=str) + "\n")
+    return path
+
+
+def vars_of(s: Summary) -> dict:
+    from dataclasses import asdict
+
+    return asdict(s)
