@@ -183,8 +183,10 @@ PROCESS_GC_FROZEN = _m("process_gc_frozen_objects", Ga, "Objects in the permanen
                        "1", PL, P)
 PROCESS_THREADS = _m("process_threads", Ga, "OS threads of the process.", "1", PL, P)
 PROCESS_OPEN_FDS = _m("process_open_fds", Ga, "Open file descriptors of the process.", "1", PL, P)
+# "process_pid", not "pid": prometheus_client's multiprocess collector (vLLM with several API
+# servers) strips any label named "pid" from mostrecent gauges.
 PROCESS_INFO = _m("process_info", Ga, "Always 1; maps a process label to its PID and start time.", "1",
-                  (*PL, "pid", "start_time"), P)
+                  (*PL, "process_pid", "start_time"), P)
 
 # --- engine identity and hook health ---------------------------------------------------------
 ENGINE_INFO = _m("engine_info", Ga, "Always 1; static facts about an engine.", "1",

@@ -11,11 +11,12 @@ Fixture API (session-scoped; other test modules reuse these, do not start engine
     weights are random through ``--load-format dummy``). Served as model name ``"tiny"``
     (``tests.vllm_support.MODEL_NAME``).
 
-``vllm_server_factory`` -> callable ``(extra_args=(), env=None) -> VllmServer``
+``vllm_server_factory`` -> callable ``(extra_args=(), env=None, wait=True, cli=False) -> VllmServer``
     Starts ``python -m vllm.entrypoints.openai.api_server`` on a free 127.0.0.1 port with the
     CPU settings from /work/shared/notes/vllm-cpu.md and waits for /health. The returned object
     has ``.base_url``, ``.metrics_url``, ``.pid`` (API-server PID, leader of its own process
     group), ``.proc`` (Popen), ``.log_tail()`` and ``.stop()`` (kills the whole process group).
+    ``cli=True`` launches via ``vllm serve`` instead (needed for ``--api-server-count`` > 1).
     Every server it started is stopped at session end, also on failure. Each engine costs
     ~30 s and ~1.7 GB RSS on a 2-core machine: stop servers you no longer need.
 
@@ -61,9 +62,9 @@ def vllm_server_factory(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathF
     started: list[vs.VllmServer] = []
     log_dir = tmp_path_factory.mktemp("vllm-logs")
 
-    def start(extra_args=(), env=None, wait: bool = True) -> vs.VllmServer:
+    def start(extra_args=(), env=None, wait: bool = True, cli: bool = False) -> vs.VllmServer:
         server = vs.start_server(tiny_model_dir, extra_args=list(extra_args), env=env, log_dir=log_dir,
-                                 wait=False)
+                                 wait=False, cli=cli)
         started.append(server)
         if wait:
             vs.wait_healthy(server)

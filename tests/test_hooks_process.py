@@ -88,7 +88,7 @@ def test_sampler_survives_fork_and_collector_matches_psutil(sampled_pair):
     reg = CollectorRegistry()
     reg.register(SnapshotCollector(run_dir, "m", "decode", 1, stale_after_s=30))
     families = {f.name: f for f in text_string_to_metric_families(generate_latest(reg).decode())}
-    info = {s.labels["pid"]: s.labels for s in families[c.PROCESS_INFO.name].samples}
+    info = {s.labels["process_pid"]: s.labels for s in families[c.PROCESS_INFO.name].samples}
     assert {str(parent), str(child)} <= info.keys()
     assert all(lab["model"] == "m" and lab["pool"] == "decode" for lab in info.values())
     rss = {s.labels["process"]: s.value for s in families[c.PROCESS_RSS.name].samples}
@@ -134,7 +134,7 @@ def test_multiprocess_mirror_leader_sets_contract_series(tmp_path):
     a.mirror_once()
     a.mirror_once()  # counters advance by deltas, not re-added
     text = generate_latest(reg).decode()
-    assert c.PROCESS_RSS.name in text and f'pid="{os.getpid()}"' in text
+    assert c.PROCESS_RSS.name in text and f'process_pid="{os.getpid()}"' in text
     gen0 = [s for f in text_string_to_metric_families(text) if f.name == c.PROCESS_GC_COLLECTIONS.name
             for s in f.samples if s.name.endswith("_total") and s.labels["generation"] == "0"]
     assert gen0 and gen0[0].value <= json.loads((tmp_path / f"proc-{os.getpid()}.json").read_text())[

@@ -146,9 +146,13 @@ class VllmServer:
 
 
 def start_server(model_dir: Path, *, extra_args: Sequence[str] = (), env: Mapping[str, str] | None = None,
-                 log_dir: Path | None = None, python: Path = VLLM_PYTHON, wait: bool = True) -> VllmServer:
+                 log_dir: Path | None = None, python: Path = VLLM_PYTHON, wait: bool = True,
+                 cli: bool = False) -> VllmServer:
+    """``cli=True`` launches through ``vllm serve`` (needed for ``--api-server-count`` > 1)."""
     port = free_port()
-    args = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
+    entry = (["-m", "vllm.entrypoints.cli.main", "serve", str(model_dir)] if cli else
+             ["-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir)])
+    args = [str(python), *entry,
             "--served-model-name", MODEL_NAME, "--host", "127.0.0.1", "--port", str(port),
             "--load-format", "dummy", "--dtype", "float32", "--enforce-eager", "--max-model-len", "2048",
             "--max-num-seqs", "16", *extra_args]
