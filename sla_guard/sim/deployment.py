@@ -129,6 +129,7 @@ class Replica:
         self.sampler: ProcessSampler | None = None
         self.generation = 0  # bumps on crash, invalidates scheduled step events
         self.stale_marked = True  # scrape bookkeeping (harness.scrape_into)
+        self.was_ready = False  # a discovered target: once served, a restart reads as up == 0
 
     # -- lifecycle --------------------------------------------------------------------------------
     def boot(self, now: float, ready_at: float) -> None:
@@ -142,6 +143,7 @@ class Replica:
         if gen != self.generation or self.state != STARTING:
             return
         self.state = READY
+        self.was_ready = True
         dep = self.dep
         if dep.record:
             p = dep.profile

@@ -51,7 +51,7 @@ def scrape_into(dep: Deployment, store, fetch: Callable[[object], str | None] | 
     for r in dep.replicas:
         labels = {"instance": r.name, "model": dep.model, "pool": r.pool}
         if r.metrics is None or r.state == STOPPED:
-            if r.state == DOWN:
+            if r.state == DOWN or (r.state == STARTING and r.was_ready):  # crashed, restarting
                 store.ingest_samples([("up", {}, 0.0)], t, labels)
             elif not r.stale_marked:  # scaled away: its series end here
                 r.stale_marked = True

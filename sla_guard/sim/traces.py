@@ -28,6 +28,7 @@ class TraceRequest:
     output_len: int
     hash_ids: tuple[int, ...] = ()  # prefix blocks; empty = no prefix information
     session: int = -1
+    agent: int = -1  # generated traces: one id per (sub-)agent of a session
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,8 +165,12 @@ def agentic_sessions(n_sessions: int = 40, duration_s: float = 3600.0, seed: int
         next_hash[0] += n
         return ids
 
+    agents = [0]
+
     def run_agent(sid: int, start: float, prefix: list[int], ctx: int, turns: int) -> None:
         blocks = list(prefix)
+        aid = agents[0]
+        agents[0] += 1
         t = start
         for _ in range(turns):
             if t > duration_s:
@@ -174,7 +179,7 @@ def agentic_sessions(n_sessions: int = 40, duration_s: float = 3600.0, seed: int
             if need > len(blocks):
                 blocks += new_blocks(need - len(blocks))
             out = max(8, int(rng.lognormvariate(0, 0.6) * output_mean * 0.85))
-            reqs.append(TraceRequest(t, ctx, out, tuple(blocks[:need]), sid))
+            reqs.append(TraceRequest(t, ctx, out, tuple(blocks[:need]), sid, aid))
             ctx += growth_per_turn + out
             # Generation time + tool pause: lognormal with median 2.1 s, p90 ~26 s.
             t += out * 0.02 + rng.lognormvariate(0.74, 1.96)

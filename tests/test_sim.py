@@ -1,0 +1,283 @@
+"""The simulator: determinism, conservation, lifecycle, faults visible in the contract metrics, and
+metrics over real HTTP matching the simulated events."""
+
+from __future__ import annotations
+
+import itertools
+
+import httpx
+import numpy as np
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from exporters import contract as c
+from exporters.contract import Component
+from sla_guard.sim.deployment import DOWN, READY, STARTING, STOPPED, Deployment
+from sla_guard.sim.faults import FaultSchedule, parse_fault
+from sla_guard.sim.harness import ClosedLoop, make_store
+from sla_guard.sim.live import LiveEndpoints
+from sla_guard.sim.profile import ProfileError, load_profile
+from sla_guard.sim.traces import BUNDLED_MOONCAKE, Trace, TraceRequest, agentic_sessions, load_trace
+
+PROFILE = load_profile("default")
+
+
+@pytest.fixture(scope="module")
+def mooncake():
+    return load_trace(BUNDLED_MOONCAKE)
+
+
+def _run(trace, seconds, *, seed=0, faults=(), p=2, d=2, record=False, profile=PROFILE, drain=300):
+    dep = Deployment(profile, p, d, seed=seed, faults=FaultSchedule(faults), record=record)
+    dep.submit(trace.scaled(duration_s=seconds))
+    dep.run_until(seconds + drain)
+    return dep
+
+
+def _timings(dep):
+    return [(r.rid, r.first_token, r.finish, r.generated) for r in dep.done]
+
+
+def test_deterministic_for_a_seed(mooncake):
+    a, b = _run(mooncake, 300, seed=7), _run(mooncake, 300, seed=7)
+    assert _timings(a) == _timings(b)
+    assert a.summary() == b.summary()
+    other = _run(mooncake, 300, seed=8)
+    assert _timings(other) != _timings(a)
+
+
+def test_every_request_finishes_or_is_accounted(mooncake):
+    faults = [{"kind": "crash", "replica": "d1", "at_s": 120.0, "restart_after_s": 60.0},
+              {"kind": "transfer_failures", "start_s": 50, "end_s": 100, "prob": 0.5}]
+    dep = _run(mooncake, 300, faults=faults, drain=900)
+    s = dep.summary()
+    assert s.requests == len(dep.requests) > 500
+    assert s.finished + s.aborted + s.unfinished == s.requests
+    assert s.aborted > 0  # the crash lost its in-flight requests
+    assert s.unfinished == 0  # everything else drained
+    assert all(r.generated == r.output_len for r in dep.done)
+    assert {r.status for r in dep.aborted} == {"aborted"}
+
+
+def test_load_is_served_with_prefix_hits_and_spec_decode(mooncake):
+    dep = _run(mooncake, 600)
+    s = dep.summary()
+    hit = sum(r.hit_tokens for r in dep.done) / sum(r.input_len for r in dep.done)
+    assert 0.05 < hit < 0.6  # Mooncake reuses prefixes (ideal reuse ~37%)
+    # MTP with [0.80, 0.65, 0.52] emits ~2.97 tokens per step: TPOT well under one step time
+    assert s.tpot_mean_s < PROFILE.decode.step_base_s / 2
+    assert 0 < s.ttft_p50_s < s.ttft_p90_s
+
+
+def test_no_hashes_means_no_prefix_hits():
+    reqs = tuple(TraceRequest(i * 0.5, 4000, 50) for i in range(100))
+    dep = _run(Trace("flat", reqs), 60)
+    assert sum(r.hit_tokens for r in dep.done) == 0
+    assert dep.summary().finished == 100
+
+
+def test_kv_full_preempts_and_still_finishes():
+    small = PROFILE.model_copy(update={"kv": PROFILE.kv.model_copy(update={"decode_capacity_tokens": 50_000})})
+    reqs = tuple(TraceRequest(i * 0.05, 8000, 1000) for i in range(40))
+    dep = _run(Trace("burst", reqs), 10, profile=small, record=True, drain=3000)
+    s = dep.summary()
+    assert s.finished == 40
+    pre = sum(r.metrics.registry.get_sample_value(c.PREEMPTIONS.exposed, {"model": "glm-5.2", "pool": "decode",
+                                                                            "engine": r.name})
+              for r in dep.replicas if r.pool == "decode")
+    assert pre > 0
+
+
+def test_scale_up_cold_starts_and_scale_down_drains(mooncake):
+    dep = Deployment(PROFILE, 1, 1, record=False)
+    dep.submit(mooncake.scaled(duration_s=900))
+    dep.run_until(10)
+    dep.set_replicas("prefill", 2)
+    new = dep.replicas[-1]
+    assert new.state == STARTING and dep.pool_counts("prefill")[READY] == 1
+    dep.run_until(10 + PROFILE.cold_start_s + 1)
+    assert new.state == READY
+    dep.set_replicas("prefill", 1)
+    dep.run_until(1200)
+    assert sum(r.state == STOPPED for r in dep.replicas if r.pool == "prefill") == 1
+    assert dep.scaling_actions == 2
+    # GPU-hours: 2 replicas the whole time + the one that lived a while
+    base = 2 * 1200 / 3600 * PROFILE.gpus_per_replica
+    assert base < dep.gpu_hours() < base + 1200 / 3600 * PROFILE.gpus_per_replica
+    assert dep.summary().unfinished == 0
+
+
+def test_profile_errors_name_the_field(tmp_path):
+    bad = tmp_path / "p.yaml"
+    bad.write_text(PROFILE.model_dump_json().replace('"num_spec_tokens":3', '"num_spec_tokens":2'))
+    with pytest.raises(ProfileError, match="spec"):
+        load_profile(bad)
+    with pytest.raises(ProfileError, match="not found; use one of: default"):
+        load_profile("nope")
+    with pytest.raises(ValueError, match="unknown field"):
+        parse_fault({"kind": "leak", "replica": "d0", "mib_per_h": 1})
+    with pytest.raises(ValueError, match="unknown"):
+        parse_fault({"kind": "meteor"})
+
+
+def _scrape(url: str) -> dict:
+    """Parse an exposition into {(sample name, frozenset(labels)): value}."""
+    text = httpx.get(url, timeout=5).text
+    out = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            out[(s.name, frozenset(s.labels.items()))] = s.value
+    return out
+
+
+def _sum(samples: dict, name: str, **match) -> float:
+    return sum(v for (n, lab), v in samples.items() if n == name and all((k, x) in lab for k, x in match.items()))
+
+
+def test_metrics_over_http_match_the_simulated_events(mooncake):
+    """Real loopback HTTP servers, one per engine; a real parser reads what they serve."""
+    dep = Deployment(PROFILE, 2, 2, record=True)
+    dep.submit(mooncake.scaled(duration_s=120))
+    with LiveEndpoints(dep) as ep:
+        dep.every(5, lambda d, now: d.sample_processes(), start_s=0)
+        dep.run_until(400)
+        assert dep.summary().unfinished == 0
+        per = {r.name: _scrape(ep.url(r)) for r in dep.replicas}
+    done = dep.done
+    for rep in dep.replicas:
+        s = per[rep.name]
+        mine_p = [r for r in done if r.p_replica is rep]
+        mine_d = [r for r in done if r.d_replica is rep]
+        if rep.pool == "prefill":
+            assert _sum(s, c.REQUEST_TTFT.series("_count")) == len(mine_p)
+            assert _sum(s, c.GENERATION_TOKENS.exposed) == len(mine_p)  # max_tokens=1 on prefill
+            assert _sum(s, c.PROMPT_TOKENS.exposed, source="local_cache_hit") == sum(r.hit_tokens for r in mine_p)
+            assert _sum(s, c.REQUEST_TPOT.series("_count")) == 0
+        else:
+            assert _sum(s, c.REQUEST_TTFT.series("_count")) == len(mine_d)
+            assert _sum(s, c.REQUEST_TPOT.series("_count")) == sum(r.generated > 1 for r in mine_d)
+            assert _sum(s, c.GENERATION_TOKENS.exposed) == sum(r.generated for r in mine_d)
+            assert _sum(s, c.PROMPT_TOKENS.exposed, source="external_kv_transfer") == sum(
+                r.xfer_tokens for r in mine_d)
+            assert _sum(s, c.KV_XFER_DURATION.series("_count")) == len(mine_d)
+            tpot_sum = sum((r.finish - r.first_token) / (r.generated - 1) for r in mine_d if r.generated > 1)
+            assert _sum(s, c.REQUEST_TPOT.series("_sum")) == pytest.approx(tpot_sum, rel=1e-9)
+            drafted = _sum(s, c.SPEC_DRAFT_TOKENS.exposed)
+            acc = _sum(s, c.SPEC_ACCEPTED_TOKENS.exposed)
+            assert 0.55 < acc / drafted < 0.77  # profile: (0.80 + 0.65 + 0.52) / 3 = 0.657
+            pos = [_sum(s, c.SPEC_ACCEPTED_TOKENS_POS.exposed, position=str(i)) for i in range(3)]
+            assert pos[0] > pos[1] > pos[2] > 0 and sum(pos) == acc
+            # every generated token is 1 per request-step plus accepted drafts (capped at output_len)
+            assert acc <= _sum(s, c.GENERATION_TOKENS.exposed)
+        rss = [v for (n, lab), v in s.items() if n == c.PROCESS_RSS.name]
+        assert len(rss) == len(PROFILE.processes) and all(1e9 < v < 1e10 for v in rss)
+    # every family of the engine, KV-transfer and process components is exposed by the deployment
+    names = {n for s in per.values() for n, _ in s}
+    for m in c.ALL:
+        if m.component in (Component.ENGINE, Component.KV_TRANSFER, Component.PROCESS):
+            assert any(n.startswith(m.name) for n in names), m.name
+
+
+def _rss_slope_mib_h(store, dep, engine, role, ref_engine, end_s=None):
+    """Slope of an RSS series minus its twin's (same start, same warm-up and GC phase): the leak."""
+    end = dep.epoch + (dep.now if end_s is None else end_s)
+    (s,) = store.range(c.PROCESS_RSS.name, {"engine": engine, "role": role}, dep.epoch, end)
+    (r,) = store.range(c.PROCESS_RSS.name, {"engine": ref_engine, "role": role}, dep.epoch, end)
+    t, a, b = np.intersect1d(s.t, r.t, return_indices=True)
+    slope = np.polyfit(t, s.v[a] - r.v[b], 1)[0]
+    return slope * 3600 / 2**20
+
+
+def test_faults_are_visible_in_the_metrics(mooncake):
+    """Leak slope on one EngineCore only, acceptance drop, transfer slowdown, counter reset on restart."""
+    faults = [{"kind": "leak", "replica": "d0", "role": "engine_core", "mib_per_hour": 48, "start_s": 0},
+              {"kind": "acceptance_drift", "start_s": 1200, "end_s": 1500, "to_factor": 0.5},
+              {"kind": "transfer_slowdown", "start_s": 1200, "end_s": 2400, "factor": 5.0},
+              {"kind": "crash", "replica": "p1", "at_s": 2000, "restart_after_s": 100}]
+    dep = Deployment(PROFILE, 2, 2, faults=FaultSchedule(faults))
+    dep.submit(mooncake.scaled(duration_s=2400))
+    store = make_store(interval_s=15)
+    ClosedLoop(dep, store=store, scrape_interval_s=15)
+    start_times = {}
+
+    def info(d, now):
+        r = next(x for x in d.replicas if x.name == "p1")
+        start_times[now] = r.sampler.started_at if r.metrics is not None else None
+
+    dep.every(100, info)
+    dep.run_until(2400)
+    at = dep.epoch + dep.now
+    # leak: ~48 MiB/h on d0's EngineCore over what its twin d1 shows (same warm-up growth), no leak on p0
+    assert 38 < _rss_slope_mib_h(store, dep, "d0", "engine_core", "d1") < 58
+    assert abs(_rss_slope_mib_h(store, dep, "p0", "engine_core", "p1", end_s=1990)) < 10
+    # acceptance: ~0.657 before, ~0.5 x that after the drift
+    def acceptance(t):
+        a = store.increase(c.SPEC_ACCEPTED_TOKENS.exposed, {"pool": "decode"}, 600, t, ())
+        d = store.increase(c.SPEC_DRAFT_TOKENS.exposed, {"pool": "decode"}, 600, t, ())
+        return sum(a.values()) / sum(d.values())
+
+    before, after = acceptance(dep.epoch + 1200), acceptance(at)
+    assert 0.6 < before < 0.72 and after < 0.75 * before
+    # transfer slowdown: mean transfer duration several times higher
+    def xfer_mean(t):
+        s = store.increase(c.KV_XFER_DURATION.series("_sum"), {}, 600, t, ())
+        n = store.increase(c.KV_XFER_DURATION.series("_count"), {}, 600, t, ())
+        return sum(s.values()) / sum(n.values())
+
+    assert xfer_mean(at) > 3 * xfer_mean(dep.epoch + 1150)
+    # crash + restart: p1 went dark, came back with a new process and counters from zero
+    assert start_times[1900] is not None and start_times[2000] is None and start_times[2200] is not None
+    assert start_times[2200] != start_times[1900]
+    (gen,) = store.range(c.GENERATION_TOKENS.exposed, {"instance": "p1"}, dep.epoch, at)
+    drops = np.flatnonzero(np.diff(gen.v) < 0)
+    assert len(drops) == 1 and 1950 < gen.t[drops[0] + 1] - dep.epoch < 2250
+    up = store.range("up", {"instance": "p1"}, dep.epoch, at)
+    assert any((u.v == 0).any() for u in up)
+
+
+def test_load_spike_adds_requests(mooncake):
+    base = Deployment(PROFILE, 2, 2, record=False)
+    n0 = base.submit(mooncake.scaled(duration_s=600))
+    spiky = Deployment(PROFILE, 2, 2, record=False,
+                       faults=FaultSchedule([{"kind": "load_spike", "start_s": 100, "end_s": 200, "factor": 3}]))
+    n1 = spiky.submit(mooncake.scaled(duration_s=600))
+    in_window = sum(1 for r in mooncake.requests if 100 <= r.t < 200)
+    assert n1 - n0 == 2 * in_window
+
+
+def test_agentic_sessions_shape():
+    tr = agentic_sessions(n_sessions=10, duration_s=1800, seed=3)
+    assert tr.requests and tr.duration_s <= 1800
+    by_agent: dict[int, list] = {}
+    for r in tr.requests:
+        by_agent.setdefault(r.agent, []).append(r)
+    outs = [r.output_len for r in tr.requests]
+    assert 150 < float(np.median(outs)) < 450
+    # main agents: the context grows turn over turn and keeps its prefix blocks
+    grown = 0
+    for reqs in by_agent.values():
+        reqs.sort(key=lambda r: r.t)
+        for a, b in itertools.pairwise(reqs):
+            if b.hash_ids[: len(a.hash_ids)] == a.hash_ids and b.input_len > a.input_len:
+                grown += 1
+    assert grown > len(tr.requests) * 0.7
+    gaps = np.diff(sorted(r.t for r in by_agent[0]))
+    assert np.median(gaps) < 30 < gaps.max()  # seconds-to-minutes pauses
+    # sub-agents: several agents per session, sharing the session's first (system) block
+    sessions = {r.session for r in tr.requests}
+    assert len(by_agent) > 2 * len(sessions)
+    first = {}
+    for r in tr.requests:
+        first.setdefault(r.session, set()).add(r.hash_ids[0])
+    assert all(len(v) == 1 for v in first.values())
+
+
+def test_crash_of_a_down_target_reads_503(mooncake):
+    dep = Deployment(PROFILE, 1, 1, faults=FaultSchedule([{"kind": "crash", "replica": "d0", "at_s": 30}]))
+    dep.submit(mooncake.scaled(duration_s=60))
+    with LiveEndpoints(dep) as ep:
+        dep.run_until(20)
+        assert httpx.get(ep.url("d0")).status_code == 200
+        dep.run_until(40)
+        assert next(r for r in dep.replicas if r.name == "d0").state in (DOWN, STARTING)
+        assert httpx.get(ep.url("d0")).status_code == 503
