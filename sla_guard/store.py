@@ -50,13 +50,14 @@ class IngestResult:
 class _Family:
     """All series of one sample name: values[row, slot], the group of each row, label codes."""
 
-    __slots__ = ("codes", "free", "group", "labels", "last_k", "n", "name", "values")
+    __slots__ = ("codes", "free", "group", "labels", "last_k", "n", "name", "nan_t", "values")
 
     def __init__(self, name: str, slots: int, rows: int = 16) -> None:
         self.name = name
         self.values = np.full((rows, slots), np.nan)
         self.group = np.full(rows, -1, dtype=np.int32)
         self.last_k = np.zeros(rows, dtype=np.int64)  # group slot counter at last write
+        self.nan_t = np.full(rows, -np.inf)  # time of the row's latest NaN sample
         self.labels: list[Labels | None] = [None] * rows
         self.codes: dict[str, np.ndarray] = {}
         self.free: list[int] = []
@@ -70,12 +71,13 @@ class _Family:
         self.values = values
         self.group = np.concatenate([self.group, np.full(rows, -1, dtype=np.int32)])
         self.last_k = np.concatenate([self.last_k, np.zeros(rows, dtype=np.int64)])
+        self.nan_t = np.concatenate([self.nan_t, np.full(rows, -np.inf)])
         self.labels.extend([None] * rows)
         for k, arr in self.codes.items():
             self.codes[k] = np.concatenate([arr, np.zeros(rows, dtype=np.int32)])
 
     def nbytes(self) -> int:
-        return (self.values.nbytes + self.group.nbytes + self.last_k.nbytes
+        return (self.values.nbytes + self.group.nbytes + self.last_k.nbytes + self.nan_t.nbytes
                 + sum(a.nbytes for a in self.codes.values()) + 8 * len(self.labels))
 
 
@@ -159,10 +161,8 @@ class SeriesStore:
                 return res
             writes: dict[str, tuple[_Family, list[int], list[float]]] = {}
             seen: set[tuple[str, Labels]] = set()
+            nans: list[tuple[_Family, int]] = []
             for name, labels, value in samples:
-                if value != value:  # NaN: our "no sample" marker, and useless for every evaluator
-                    res.errors["nan"] += 1
-                    continue
                 if extra:
                     merged = dict(extra)
                     merged.update(labels)
@@ -179,12 +179,20 @@ class SeriesStore:
                     if loc is None:
                         continue
                 fam, row = loc
+                if value != value:
+                    # NaN cannot be stored (NaN cells mean "no sample"); remember it instead, so
+                    # windows containing it give NaN as in PromQL, never a value from fewer samples
+                    res.errors["nan"] += 1
+                    nans.append((fam, row))
+                    continue
                 w = writes.get(fam.name)
                 if w is None:
                     w = writes[fam.name] = (fam, [], [])
                 w[1].append(row)
                 w[2].append(value)
             k = self._gcount[gid]
+            for fam, row in nans:
+                fam.nan_t[row] = t
             for fam, rows, vals in writes.values():
                 fam.values[rows, slot] = vals
                 fam.last_k[rows] = k
@@ -201,9 +209,6 @@ class SeriesStore:
         gkey = (group,) if group is not None else tuple((k, labels[k]) for k in _GROUP_LABELS if k in labels)
         t = round(float(t), 3)
         with self._lock:
-            if v != v:
-                self.dropped["nan"] += 1
-                return False
             gid = self._group(gkey)
             slot = self._open_slot(gid, t, stale=False)
             if slot is None:
@@ -218,6 +223,10 @@ class SeriesStore:
                 if loc is None:
                     return False
             fam, row = loc
+            if v != v:
+                self.dropped["nan"] += 1
+                fam.nan_t[row] = t
+                return False
             if fam.group[row] != gid:
                 self.dropped["duplicate"] += 1  # same series written by two groups
                 return False
@@ -302,6 +311,7 @@ class SeriesStore:
         fam.group[row] = gid
         fam.labels[row] = labels
         fam.values[row, :] = np.nan
+        fam.nan_t[row] = -np.inf
         rows_len = len(fam.group)
         for lname, lval in labels:
             code = self._vocab.get(lval)
@@ -429,6 +439,11 @@ class SeriesStore:
         vals = np.where(np.isnan(times_r), np.nan, vals)
         return times_r, vals
 
+    @staticmethod
+    def _poisoned(fam: _Family, rows: np.ndarray, start: float, end: float) -> np.ndarray:
+        nt = fam.nan_t[rows]
+        return (nt >= start) & (nt <= end)
+
     def _keys(self, fam: _Family, rows: np.ndarray, by: tuple[str, ...]) -> tuple[np.ndarray, list[Labels]]:
         """Group index per row for ``sum by (by)``, and the Labels of each group."""
         if not by:
@@ -501,12 +516,8 @@ class SeriesStore:
                 return {}
             inc = promql.extrapolated_rate_matrix(tt, vv, at - window_s, at, is_counter=True, is_rate=is_rate)
             keys, labels = self._keys(fam, rows, by)
-        ok = ~np.isnan(inc)
-        if not ok.any():
-            return {}
-        sums = np.bincount(keys[ok], weights=inc[ok], minlength=len(labels))
-        present = np.bincount(keys[ok], minlength=len(labels)) > 0
-        return {labels[i]: float(sums[i]) for i in np.flatnonzero(present)}
+            poisoned = self._poisoned(fam, rows, at - window_s, at)
+        return _group_sum(inc, keys, labels, poisoned)
 
     def counter_delta(self, metric: str, matchers: Mapping[str, str], t0: float, t1: float,
                       by: tuple[str, ...] = ()) -> dict[Labels, float]:
@@ -524,12 +535,8 @@ class SeriesStore:
                 return {}
             d = promql.counter_delta(tt, vv, t0, t1)
             keys, labels = self._keys(fam, rows, by)
-        ok = ~np.isnan(d)
-        if not ok.any():
-            return {}
-        sums = np.bincount(keys[ok], weights=d[ok], minlength=len(labels))
-        present = np.bincount(keys[ok], minlength=len(labels)) > 0
-        return {labels[i]: float(sums[i]) for i in np.flatnonzero(present)}
+            poisoned = self._poisoned(fam, rows, t0, t1)
+        return _group_sum(d, keys, labels, poisoned)
 
     def bucket_increase(self, metric: str, matchers: Mapping[str, str], window_s: float, at: float,
                         by: tuple[str, ...] = ()) -> dict[Labels, dict[float, float]]:
@@ -546,6 +553,7 @@ class SeriesStore:
             if tt.shape[1] < 2:
                 return {}
             inc = promql.extrapolated_rate_matrix(tt, vv, at - window_s, at, is_counter=True)
+            inc[self._poisoned(fam, rows, at - window_s, at)] = np.inf  # NaN sample in window
             keys, labels = self._keys(fam, rows, by)
             le_codes = fam.codes["le"][rows]
         ok = ~np.isnan(inc) & (le_codes != 0)
@@ -573,6 +581,18 @@ class SeriesStore:
             if not math.isnan(qv):
                 out[key] = qv
         return out
+
+
+def _group_sum(x: np.ndarray, keys: np.ndarray, labels: list[Labels], poisoned: np.ndarray) -> dict[Labels, float]:
+    """sum by group, skipping rows without a result (fewer than two samples) but giving NaN to
+    a group with a row whose window held a NaN sample (PromQL: NaN propagates through sum)."""
+    ok = ~np.isnan(x) | poisoned
+    if not ok.any():
+        return {}
+    vals = np.where(poisoned, np.nan, x)
+    sums = np.bincount(keys[ok], weights=vals[ok], minlength=len(labels))
+    present = np.bincount(keys[ok], minlength=len(labels)) > 0
+    return {labels[i]: float(sums[i]) for i in np.flatnonzero(present)}
 
 
 def _le(text: str) -> float | None:

@@ -9,9 +9,11 @@ import contextlib
 import http.server
 import socket
 import threading
+import time
 from collections.abc import Callable
 
 import numpy as np
+import uvicorn
 from prometheus_client import CollectorRegistry, generate_latest
 
 from exporters.contract import Component
@@ -63,11 +65,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+class _Server(http.server.ThreadingHTTPServer):
+    allow_reuse_address = True  # a "restarted engine" binds the same port again
+    daemon_threads = True
+
+
 class Served:
     """A real HTTP server on 127.0.0.1 answering GET /metrics with ``body()``; ``mode`` switches
     behaviour at run time (ok, down, slow, error, huge, garbage...)."""
 
-    def __init__(self, body: Callable[[], str | bytes]) -> None:
+    def __init__(self, body: Callable[[], str | bytes], port: int | None = None) -> None:
         self.body = body
         self.mode = "ok"
         self.slow_s = 5.0
@@ -100,9 +107,8 @@ class Served:
             def log_message(self, *a):
                 pass
 
-        self.port = free_port()
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", self.port), H)
-        self.server.daemon_threads = True
+        self.port = port or free_port()
+        self.server = _Server(("127.0.0.1", self.port), H)
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
 
@@ -142,3 +148,24 @@ def drive(engines, seconds, per_tick, *, store=None, ev=None, cfg=None, t0=T0, r
         if step % 3 == 0:
             ev.evaluate(store, t)
     return store, ev, t
+
+
+class UvicornThread:
+    """A real uvicorn serving ``app`` on a free 127.0.0.1 port in a thread."""
+
+    def __init__(self, app):
+        self.port = free_port()
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="error",
+                                                    lifespan="off"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        deadline = time.time() + 10
+        while not self.server.started:
+            if time.time() > deadline:
+                raise RuntimeError("uvicorn did not start")
+            time.sleep(0.02)
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def stop(self):
+        self.server.should_exit = True
+        self.thread.join(5)

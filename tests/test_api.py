@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-import threading
-import time
-
 import httpx
 import pytest
-import uvicorn
 from fastapi import APIRouter, Request
-from guard_support import Engine, drive, free_port
+from guard_support import Engine, UvicornThread, drive
 
 from exporters import contract as c
 from sla_guard.api import create_app
@@ -19,25 +15,6 @@ from sla_guard.service import Guard
 from sla_guard.slo import SLOEvaluator
 
 TOKEN = "s3cret-token"
-
-
-class _Server:
-    def __init__(self, app):
-        self.port = free_port()
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="error",
-                                                    lifespan="off"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-        self.thread.start()
-        deadline = time.time() + 10
-        while not self.server.started:
-            if time.time() > deadline:
-                raise RuntimeError("uvicorn did not start")
-            time.sleep(0.02)
-        self.url = f"http://127.0.0.1:{self.port}"
-
-    def stop(self):
-        self.server.should_exit = True
-        self.thread.join(5)
 
 
 @pytest.fixture
@@ -58,7 +35,7 @@ def api():
         return {"bytes": len(await request.body())}
 
     app = create_app(guard, token=TOKEN, extra_routers=[extra], max_body_bytes=2048)
-    srv = _Server(app)
+    srv = UvicornThread(app)
     yield guard, srv.url, t
     srv.stop()
 

@@ -134,3 +134,18 @@ def test_counter_delta_telescopes_in_store():
     whole = st.counter_delta(TTFT_COUNT, {}, 0, 60)[()]
     parts = sum(st.counter_delta(TTFT_COUNT, {}, a, a + 20).get((), 0.0) for a in (0, 20, 40))
     assert whole == pytest.approx(9 + 2 + 4 + 4 + 5) == pytest.approx(parts)
+
+
+def test_nan_sample_poisons_windows_like_promql():
+    st = SeriesStore(slots=16)
+    for i, v in enumerate([1, 2, float("nan"), 4, 5, 6]):
+        st.append("c_total", {"engine": "0"}, i * 10.0, v)
+        st.append("c_total", {"engine": "1"}, i * 10.0, float(i))
+    # the window holding the NaN sample: NaN for the sum (PromQL propagates it), not a value
+    # computed from fewer samples
+    got = st.increase("c_total", {}, 30, 30)
+    assert math.isnan(got[()])
+    assert st.increase("c_total", {"engine": "1"}, 30, 30)[()] == pytest.approx(3)
+    # once the NaN is out of the window the value is back
+    assert st.increase("c_total", {"engine": "0"}, 20, 50)[()] == pytest.approx(2)
+    assert st.dropped["nan"] == 1

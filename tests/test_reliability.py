@@ -1,0 +1,280 @@
+"""Failure modes, each against real loopback HTTP servers: the guard keeps running, marks what it
+cannot judge as unknown, counts the error by kind, and recovers by itself."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+
+import httpx
+import pytest
+from guard_support import Engine, Served, UvicornThread, free_port
+from prometheus_client import generate_latest
+
+from exporters import contract as c
+from sla_guard.config import parse_config
+from sla_guard.ingest.prometheus import PrometheusSourceImpl
+from sla_guard.model import Status
+from sla_guard.service import Guard
+
+WINDOW = "3s"
+
+
+def _cfg(servers, **source):
+    src = {"mode": "scrape", "interval_s": 0.25, "timeout_s": 0.5,
+           "targets": [{"url": s.url, "model": f"m{i}", "pool": "decode", "name": f"e{i}"}
+                       for i, s in enumerate(servers)]}
+    src.update(source)
+    return parse_config({
+        "source": src, "staleness_s": 2, "evaluation_interval_s": 0.25,
+        "slos": [{"objectives": [{"name": "ttft_mean", "indicator": "ttft", "objective": "mean", "threshold_s": 2.5,
+                                  "window": WINDOW, "min_requests": 3}]}],
+    })
+
+
+class Rig:
+    """Engines behind real HTTP servers, a guard scraping them; ``step`` = traffic + scrape + tick."""
+
+    def __init__(self, n=2, **source):
+        self.engines = [Engine(model=f"m{i}") for i in range(n)]
+        self.servers = [Served(e.exposition) for e in self.engines]
+        self.guard = Guard.from_config(_cfg(self.servers, **source))
+        self.loop = asyncio.new_event_loop()
+
+    def step(self, n=4, ttft=0.2, pause=0.25):
+        for e in self.engines:
+            for _ in range(n):
+                e.request(ttft, 0.01)
+        self.loop.run_until_complete(self.guard.collect())
+        self.loop.run_until_complete(asyncio.sleep(pause))
+        return self.guard.tick()
+
+    def steps(self, k, **kw):
+        for _ in range(k):
+            self.step(**kw)
+
+    def pool(self, i):
+        return self.guard.evaluator("slo").pools[(f"m{i}", "decode")]
+
+    def errors(self, target):
+        return {k: v for k, v in self.guard.source._state[target].errors.items()}
+
+    def metric_text(self):
+        return generate_latest(self.guard.registry).decode()
+
+    def close(self):
+        self.loop.run_until_complete(self.guard.source.aclose())
+        self.loop.close()
+        for s in self.servers:
+            s.stop()
+
+
+@pytest.fixture
+def rig():
+    r = Rig()
+    yield r
+    r.close()
+
+
+def test_target_down_is_unknown_counted_and_recovers(rig):
+    rig.steps(6)
+    assert rig.pool(0).status is Status.OK and rig.pool(1).status is Status.OK
+    port = rig.servers[1].port
+    rig.servers[1].stop()
+    rig.steps(2)
+    assert rig.pool(1).status is Status.UNKNOWN and "1 of 1 targets down" in rig.pool(1).reason
+    assert rig.pool(0).status is Status.OK  # the other pool is unaffected
+    assert rig.errors("e1")["connect"] >= 2
+    assert f'{c.GUARD_SCRAPE_ERRORS.exposed}{{kind="connect",target="e1"}}' in rig.metric_text()
+    assert f'{c.GUARD_TARGET_UP.name}{{model="m1",pool="decode",target="e1"}} 0.0' in rig.metric_text()
+    rig.servers[1] = Served(rig.engines[1].exposition, port=port)  # back on the same address
+    rig.steps(6)
+    assert rig.pool(1).status is Status.OK
+
+
+def test_timeout_is_unknown_and_recovers(rig):
+    rig.steps(6)
+    rig.servers[0].mode, rig.servers[0].slow_s = "slow", 1.5
+    rig.steps(2)
+    assert rig.errors("e0")["timeout"] >= 1
+    assert rig.pool(0).status is Status.UNKNOWN
+    rig.servers[0].mode = "ok"
+    rig.steps(8)
+    assert rig.pool(0).status is Status.OK
+
+
+def test_engine_restart_mid_window(rig):
+    rig.steps(6, ttft=0.4)
+    rig.engines[0].restart()  # all counters back to 0, like a restarted vLLM
+    rig.steps(6, ttft=0.4)
+    s = rig.pool(0).slos[0]
+    assert s.status is Status.OK
+    assert s.value == pytest.approx(0.4, rel=1e-6)  # a reset would otherwise give a negative/huge mean
+    assert s.requests > 0
+
+
+def test_malformed_exposition_is_a_failed_scrape(rig):
+    rig.steps(6)
+    rig.servers[0].body = lambda: "slaguard_x{a=\"1\" 3\nnot even { close\n"
+    rig.steps(3)
+    assert rig.errors("e0")["parse"] >= 3
+    assert rig.pool(0).status is Status.UNKNOWN
+    assert rig.pool(1).status is Status.OK
+    rig.servers[0].body = rig.engines[0].exposition
+    rig.steps(8)
+    assert rig.pool(0).status is Status.OK
+
+
+@pytest.mark.parametrize("chunked", [False, True])
+def test_oversized_exposition_is_abandoned(chunked):
+    r = Rig(max_body_bytes=64 * 1024)
+    try:
+        r.steps(6)
+        pad = "".join(f'pad_total{{i="{i}"}} {i}\n' for i in range(10_000))  # ~200 KB
+        r.servers[0].mode = "chunked" if chunked else "ok"
+        r.servers[0].body = lambda: r.engines[0].exposition() + pad
+        r.steps(2)
+        assert r.errors("e0")["too_large"] >= 2
+        assert r.pool(0).status is Status.UNKNOWN
+        assert r.guard.source.store.range("pad_total", {}, 0, 1e12) == []
+    finally:
+        r.close()
+
+
+def test_nan_and_inf_samples_never_give_ok(rig):
+    rig.steps(6)
+    ttft_sum = c.REQUEST_TTFT.series("_sum")
+
+    def poisoned():
+        text = rig.engines[0].exposition()
+        lines = [ln if not ln.startswith(ttft_sum) else ln.rsplit(" ", 1)[0] + " NaN" for ln in text.split("\n")]
+        return "\n".join(lines) + 'odd_gauge{k="inf"} +Inf\n'
+
+    rig.servers[0].body = poisoned
+    rig.steps(3)
+    assert rig.errors("e0")["nan"] >= 3
+    s = rig.pool(0).slos[0]
+    assert s.status is Status.UNKNOWN, s
+    now = rig.guard.last_tick.at
+    assert math.isinf(next(iter(rig.guard.source.store.instant("odd_gauge", {}, now).values())))  # +Inf stored
+    rig.servers[0].body = rig.engines[0].exposition
+    rig.steps(14)  # the NaN leaves the 3 s window
+    assert rig.pool(0).slos[0].status is Status.OK
+
+
+def test_duplicate_series_counted_first_wins(rig):
+    rig.steps(3)
+    rig.servers[0].body = lambda: rig.engines[0].exposition() + 'dup_g{a="1"} 1\ndup_g{a="1"} 2\n'
+    rig.steps(2)
+    assert rig.errors("e0")["duplicate"] >= 2
+    assert list(rig.guard.source.store.instant("dup_g", {}, rig.guard.last_tick.at).values()) == [1.0]
+    assert rig.pool(0).status is Status.OK
+
+
+def test_label_cardinality_bomb_is_bounded(rig):
+    rig.guard.source.store.max_series_per_group = 2_000
+    rig.steps(3)
+    n = iter(range(10**9))
+
+    def bomb():  # every scrape brings 3000 brand-new series
+        base = next(n) * 3000
+        return rig.engines[1].exposition() + "".join(f'bomb_total{{id="{base + i}"}} 1\n' for i in range(3000))
+
+    rig.servers[1].body = bomb
+    rig.steps(6)
+    st = rig.guard.source.store
+    assert rig.errors("e1")["series_limit"] > 0
+    assert st.series_count() < 2_000 + 1_000
+    assert rig.pool(0).status is Status.OK  # the well-behaved target is unaffected
+    assert rig.guard.last_tick.errors == {}
+
+
+def test_prometheus_unreachable_or_failing_is_unknown_and_counted():
+    cfg = parse_config({"source": {"mode": "prometheus", "url": f"http://127.0.0.1:{free_port()}",
+                                   "timeout_s": 0.5}})
+    guard = Guard.from_config(cfg)
+    src = guard.source
+    assert isinstance(src, PrometheusSourceImpl)
+    asyncio.run(guard.collect())
+    res = guard.tick()
+    assert res.errors == {}
+    assert src.view.errors["connect"] >= 2
+    assert not guard.ready() and guard.evaluator("slo").overall() is Status.UNKNOWN
+    # a server answering 500, then one answering garbage
+    bad = Served(lambda: b"")
+    bad.mode = "error"
+    try:
+        src.view.url = f"http://127.0.0.1:{bad.port}"
+        guard.tick()
+        assert src.view.errors["http_status"] >= 1
+        bad.mode = "ok"
+        bad.body = lambda: "<html>not prometheus</html>"
+        guard.tick()
+        assert src.view.errors["bad_response"] >= 1
+        assert src.targets()[0].up is False
+    finally:
+        bad.stop()
+    text = generate_latest(guard.registry).decode()
+    assert f'{c.GUARD_SCRAPE_ERRORS.exposed}{{kind="connect",target="prometheus"}}' in text
+
+
+def test_targets_file_discovery_reloads(tmp_path):
+    engines = [Engine(pool="prefill"), Engine(pool="decode")]
+    servers = [Served(e.exposition) for e in engines]
+    f = tmp_path / "targets.yaml"
+    f.write_text(f"- url: {servers[0].url}\n  model: m\n  pool: prefill\n  name: e0\n")
+    cfg = parse_config({"source": {"mode": "scrape", "targets_file": str(f), "timeout_s": 0.5}})
+    guard = Guard.from_config(cfg)
+    loop = asyncio.new_event_loop()
+    try:
+        loop.run_until_complete(guard.collect())
+        assert [t.name for t in guard.source.targets()] == ["e0"]
+        import os
+        import time
+
+        # Prometheus file_sd format works too
+        f.write_text(f'[{{"targets": ["127.0.0.1:{servers[1].port}"], "labels": {{"model": "m", "pool": "decode"}}}}]')
+        os.utime(f, (time.time() + 5, time.time() + 5))
+        loop.run_until_complete(guard.collect())
+        assert [t.pool for t in guard.source.targets()] == ["decode"]
+        # a broken file keeps the last good list and counts the error
+        f.write_text("- url: ftp://nope\n")
+        os.utime(f, (time.time() + 10, time.time() + 10))
+        loop.run_until_complete(guard.collect())
+        assert [t.pool for t in guard.source.targets()] == ["decode"]
+        assert guard.source.discovery.errors == 1 and "http" in guard.source.discovery.last_error
+        assert all(t.up for t in guard.source.targets())
+    finally:
+        loop.run_until_complete(guard.source.aclose())
+        loop.close()
+        for s in servers:
+            s.stop()
+
+
+def test_api_keeps_answering_while_targets_fail():
+    """The guard process stays up: /healthz answers during failures."""
+    from sla_guard.api import create_app
+
+    r = Rig()
+    try:
+        r.servers[0].mode = "error"
+        r.steps(3)
+        srv = UvicornThread(create_app(r.guard))
+        try:
+            assert httpx.get(f"{srv.url}/healthz").status_code == 200
+            body = httpx.get(f"{srv.url}/v1/targets").json()
+        finally:
+            srv.stop()
+        e0 = next(t for t in body["targets"] if t["name"] == "e0")
+        assert e0["up"] is False and e0["errors"]["http_status"] >= 3
+    finally:
+        r.close()
+
+
+def test_httpx_is_real_loopback():
+    """Sanity: the servers used above are real sockets on 127.0.0.1."""
+    s = Served(lambda: "x 1\n")
+    try:
+        assert httpx.get(s.url).text == "x 1\n"
+    finally:
+        s.stop()
