@@ -36,7 +36,8 @@ class RateDriftParams:
     interval_s: float = 60.0  # one CUSUM step
     warmup_s: float = 3600.0  # baseline learned over this span
     min_warmup_trials: int = 2000  # and at least this many trials (tokens) in it
-    shift: float = 0.05  # design shift (absolute rate) the CUSUM is tuned to
+    shift: float = 0.04  # design shift (absolute rate) beyond the tolerance band
+    tolerance: float = 0.03  # indifference band: slow wander within +-tolerance is not drift
     sides: str = "both"  # "down" | "up" | "both"
     arl0_s: float = 30 * DAY  # mean time between false alarms, per detector family
     family: int = 1  # detectors sharing the ARL0 budget (e.g. overall + per position)
@@ -126,16 +127,18 @@ class RateCusum:
             self.recent.pop(0)
         new: Alarm | None = None
         if p.sides in ("down", "both"):
-            p1 = max(p0 - p.shift, 1e-4)
+            h0 = max(p0 - p.tolerance, 2e-4)
+            p1 = max(h0 - p.shift, 1e-4)
             self.s_down, self.since_down = self._step(self.s_down, self.since_down, t, n, x,
-                                                      binomial_llr(x, n, p0, p1) / phi)
+                                                      binomial_llr(x, n, h0, p1) / phi)
             if self.s_down > p.threshold:
                 new = self._fire(t, "down", self.s_down, self.since_down)
                 self.s_down, self.since_down = 0.0, (t, 0.0, 0.0)
         if p.sides in ("up", "both"):
-            p1 = min(p0 + p.shift, 1 - 1e-4)
+            h0 = min(p0 + p.tolerance, 1 - 2e-4)
+            p1 = min(h0 + p.shift, 1 - 1e-4)
             self.s_up, self.since_up = self._step(self.s_up, self.since_up, t, n, x,
-                                                  binomial_llr(x, n, p0, p1) / phi)
+                                                  binomial_llr(x, n, h0, p1) / phi)
             if self.s_up > p.threshold:
                 new = self._fire(t, "up", self.s_up, self.since_up)
                 self.s_up, self.since_up = 0.0, (t, 0.0, 0.0)
@@ -167,7 +170,7 @@ class RateCusum:
 
     def _back_to_baseline(self) -> bool:
         rate = self.recent_rate()
-        return rate is not None and abs(rate - float(self.p0)) < self.params.shift / 2
+        return rate is not None and abs(rate - float(self.p0)) < self.params.tolerance + self.params.shift / 2
 
     def snapshot(self) -> dict:
         return {"baseline": self.p0, "tau": math.sqrt(self.tau2) if self.p0 is not None else None,

@@ -39,13 +39,19 @@ class LeakParams:
     bucket_s: float = 300.0  # one floor point per bucket
     floor_window_s: float = 900.0  # min over this span: longer than the GC sawtooth period
     warmup_s: float = 1800.0  # ignored after each (re)start: caches fill, arenas grow
+    long_warmup_s: float = 7200.0  # windows longer than the shortest start this late: a warm-up
+    # tail is small next to a 2 h window's rise but not next to an 8 h window's
     windows_s: tuple[float, ...] = (2 * HOUR, 8 * HOUR, 24 * HOUR)
     min_coverage: float = 0.7  # a window needs this share of its span in post-warm-up data
     min_points: int = 12
     z_crit: float = 4.0  # one-sided Mann-Kendall z (autocorrelation-corrected)
     min_slope_bps: float = 4.0 * MIB / HOUR  # below this growth is not worth a page
+    min_rise_bytes: float = 64 * MIB  # and a window must have grown at least this much: load
+    # swings and cache fills move the floor by tens of MiB without leaking
+    unconditioned_rise_bytes: float = 128 * MIB  # long windows whose load swings were not
+    # removed (no load series, or under 12 h of it) must rise more than a diurnal swing
     step_ratio: float = 1.0  # a one-step fit with SSE < ratio * line SSE -> a step, not a leak
-    persistence: float = 0.4  # recent-half slope must be >= this share of the window slope
+    persistence: float = 0.6  # last-third slope must be >= this share of the window slope
     restart_drop: float = 0.25  # a fall by more than this fraction between samples = restart
     max_gap_s: float = 1800.0  # a hole longer than this also starts a new segment
 
@@ -57,6 +63,7 @@ class LeakParams:
             bucket_s=self.bucket_s / k,
             floor_window_s=self.floor_window_s / k,
             warmup_s=self.warmup_s / k,
+            long_warmup_s=self.long_warmup_s / k,
             windows_s=tuple(w / k for w in self.windows_s),
             min_slope_bps=self.min_slope_bps * k,
             max_gap_s=self.max_gap_s / k,
@@ -191,19 +198,25 @@ def one_sided_p(z: float) -> float:
     return 0.5 * math.erfc(z / math.sqrt(2.0))
 
 
-def step_sse(y: np.ndarray) -> float:
-    """Least-squares error of the best piecewise-constant fit with one break."""
+def step_sse(y: np.ndarray, breaks: int = 2) -> float:
+    """Least-squares error of the best piecewise-constant fit with up to two breaks (one or two
+    allocator steps in a window look like a trend to Mann-Kendall, not to this)."""
     n = len(y)
-    if n < 2:
+    if n < 3:
         return 0.0
-    c1 = np.cumsum(y)
-    c2 = np.cumsum(y * y)
-    m = np.arange(1, n)  # left part has m points
-    left = c2[m - 1] - c1[m - 1] ** 2 / m
-    rc1 = c1[-1] - c1[m - 1]
-    rc2 = c2[-1] - c2[m - 1]
-    right = rc2 - rc1**2 / (n - m)
-    return float(np.min(left + right))
+    c1 = np.concatenate([[0.0], np.cumsum(y)])
+    c2 = np.concatenate([[0.0], np.cumsum(y * y)])
+
+    def seg(a, b):  # SSE of y[a:b] around its mean, vectorized over index arrays
+        return c2[b] - c2[a] - (c1[b] - c1[a]) ** 2 / (b - a)
+
+    m = np.arange(1, n)
+    best = float(np.min(seg(0, m) + seg(m, n)))
+    if breaks >= 2 and n >= 3:
+        i, j = np.triu_indices(n - 1, k=1)
+        i, j = i + 1, j + 1  # 1 <= i < j <= n-1
+        best = min(best, float(np.min(seg(0, i) + seg(i, j) + seg(j, n))))
+    return best
 
 
 def hinge_onset(x: np.ndarray, y: np.ndarray, max_candidates: int = 200) -> float | None:
@@ -228,12 +241,19 @@ def hinge_onset(x: np.ndarray, y: np.ndarray, max_candidates: int = 200) -> floa
 
 
 def remove_load(tf: np.ndarray, yf: np.ndarray, t_load: np.ndarray, load: np.ndarray,
-                bucket_s: float) -> np.ndarray:
+                p: LeakParams) -> np.ndarray:
     """Floor minus the part explained by load (ordinary least squares of the floor on time and
-    the bucket-mean load, jointly, so a leak does not leak into the load coefficient)."""
-    if len(t_load) < 3 or len(tf) < 6:
+    the load's own floor over the same windows, jointly, so a leak does not leak into the load
+    coefficient)."""
+    if len(t_load) < 3 or len(tf) < 6 or tf[-1] - tf[0] < 12 * HOUR * (p.bucket_s / 300.0):
+        return yf  # under half a day, load and time are too confounded to separate
+    order = np.argsort(t_load, kind="stable")
+    t_load, load = t_load[order], load[order]
+    lt, lv = floor_series(t_load, load, p.bucket_s, p.floor_window_s, origin=tf[0] - p.bucket_s
+                          if t_load[0] >= tf[0] - p.bucket_s else None)
+    if len(lt) < 3:
         return yf
-    lf = np.interp(tf - bucket_s / 2, t_load, load)
+    lf = np.interp(tf, lt, lv)
     if float(np.std(lf)) == 0.0:
         return yf
     a = np.column_stack([np.ones_like(tf), tf - tf[0], lf])
@@ -257,7 +277,8 @@ def work_rate(t_work: np.ndarray, work: np.ndarray, start: float, end: float) ->
 
 # --- the test on one window -----------------------------------------------------------------
 
-def window_test(x: np.ndarray, y: np.ndarray, p: LeakParams) -> dict:
+def window_test(x: np.ndarray, y: np.ndarray, p: LeakParams, window_s: float | None = None,
+                min_rise: float | None = None) -> dict:
     """Leak test of one window of floor points; returns a JSON-able dict with ``leak`` and
     ``reason``."""
     slope, icpt = theil_sen(x, y)
@@ -266,7 +287,8 @@ def window_test(x: np.ndarray, y: np.ndarray, p: LeakParams) -> dict:
     if z < p.z_crit:
         out["reason"] = "not_significant"
         return out
-    if slope < p.min_slope_bps:
+    span = window_s if window_s is not None else float(x[-1] - x[0])
+    if slope < p.min_slope_bps or slope * span < (p.min_rise_bytes if min_rise is None else min_rise):
         out["reason"] = "slope_below_min"
         return out
     resid = y - (icpt + slope * x)
@@ -274,10 +296,12 @@ def window_test(x: np.ndarray, y: np.ndarray, p: LeakParams) -> dict:
     if step_sse(y) < p.step_ratio * line:
         out["reason"] = "step_not_trend"
         return out
-    half = x >= (x[0] + x[-1]) / 2
-    if half.sum() >= 3:
-        recent, _ = theil_sen(x[half], y[half])
-        if recent < p.persistence * slope:
+    last = x >= x[0] + (x[-1] - x[0]) * 2 / 3
+    first = x <= x[0] + (x[-1] - x[0]) / 3
+    if last.sum() >= 3 and first.sum() >= 3:
+        recent, _ = theil_sen(x[last], y[last])
+        early, _ = theil_sen(x[first], y[first])
+        if recent < p.persistence * max(slope, early):  # plateau, or a saturating warm-up
             out["reason"] = "growth_stopped"
             return out
     out["leak"] = True
@@ -328,19 +352,26 @@ def _assess_floor(tf, yf, now, seg_start, p, limit_bytes, load, work) -> LeakVer
     longest = max(p.windows_s)
     keep = tf > now - longest
     tf, yf = tf[keep], yf[keep]
+    conditioned = False
     if load is not None:
-        yf = remove_load(tf, yf, np.asarray(load[0], float), np.asarray(load[1], float), p.bucket_s)
+        adj = remove_load(tf, yf, np.asarray(load[0], float), np.asarray(load[1], float), p)
+        conditioned, yf = adj is not yf, adj
     verdict.floor_bytes = float(yf[-1])
     best: dict | None = None
     tested = False
+    shortest = min(p.windows_s)
     for w in p.windows_s:
         m = tf > now - w
+        if w > shortest:
+            m &= tf >= seg_start + max(p.warmup_s, p.long_warmup_s)
         span = float(tf[m][-1] - tf[m][0]) + p.bucket_s if m.any() else 0.0
         if m.sum() < p.min_points or span < p.min_coverage * w:
             continue
         tested = True
         x = tf[m] - tf[m][0]
-        res = window_test(x, yf[m], p)
+        rise = p.min_rise_bytes if (w == shortest or conditioned) else max(p.min_rise_bytes,
+                                                                             p.unconditioned_rise_bytes)
+        res = window_test(x, yf[m], p, w, rise)
         res["window_s"] = w
         verdict.windows.append(res)
         if res["leak"] and (best is None or res["z"] > best["z"]):

@@ -1,0 +1,160 @@
+"""`sla-guard analyze leak|drift FILE.csv`: run a detector offline over a recorded series, as the
+guard would have run it live, for post-mortems and CI. Prints one JSON object; exit code 0
+whether or not something was detected, 2 when the input cannot be read."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import sys
+from datetime import datetime
+from pathlib import Path
+
+import numpy as np
+
+from sla_guard.detect import drift, leak
+
+
+class InputError(ValueError):
+    """Unreadable input; the message names the file, row and column and how to fix it."""
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    p = sub.add_parser("analyze", help="detect leaks / rate drifts in a recorded CSV (post-mortem, CI)",
+                       description=__doc__)
+    kinds = p.add_subparsers(dest="kind", required=True)
+    lk = kinds.add_parser("leak", help="CSV columns: timestamp,rss_bytes[,limit_bytes]")
+    lk.add_argument("file", type=Path)
+    lk.add_argument("--limit-bytes", type=float, default=None, help="memory limit when the CSV has none")
+    lk.add_argument("--time-scale", type=float, default=1.0,
+                    help="compress the detector's time constants by this factor (tests; default 1 = production)")
+    dr = kinds.add_parser("drift", help="CSV columns: timestamp,draft_tokens,accepted_tokens (cumulative)")
+    dr.add_argument("file", type=Path)
+    dr.add_argument("--arl0-days", type=float, default=30.0, help="mean time between false alarms (days)")
+    dr.add_argument("--shift", type=float, default=0.04, help="design shift beyond the tolerance band")
+    dr.add_argument("--tolerance", type=float, default=0.03, help="rate wander (+-) that is not drift")
+    dr.add_argument("--sides", choices=("down", "up", "both"), default="both")
+    dr.add_argument("--warmup-s", type=float, default=3600.0, help="baseline learning span (s)")
+    dr.add_argument("--interval-s", type=float, default=60.0, help="CUSUM step (s)")
+    return p
+
+
+def _ts(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        return datetime.fromisoformat(text.strip().replace("Z", "+00:00")).timestamp()
+
+
+def read_csv(path: Path, required: tuple[str, ...], optional: tuple[str, ...] = ()) -> dict[str, np.ndarray]:
+    """Numeric columns of a CSV with a header; timestamps as unix seconds or ISO 8601."""
+    try:
+        with path.open(newline="") as fh:
+            reader = csv.DictReader(fh)
+            header = [h.strip() for h in (reader.fieldnames or [])]
+            missing = [c for c in required if c not in header]
+            if missing:
+                raise InputError(f"{path}: missing column(s) {', '.join(missing)}; the header must contain "
+                                 f"{','.join(required)}" + (f" (optional: {','.join(optional)})" if optional else "")
+                                 + f", got {','.join(header) or 'no header'}")
+            cols: dict[str, list[float]] = {c: [] for c in (*required, *optional) if c in header}
+            for row_no, row in enumerate(reader, start=2):
+                row = {(k or "").strip(): v for k, v in row.items()}
+                for c in cols:
+                    raw = (row.get(c) or "").strip()
+                    if c in optional and raw == "":
+                        cols[c].append(math.nan)
+                        continue
+                    try:
+                        val = _ts(raw) if c == "timestamp" else float(raw)
+                    except ValueError:
+                        raise InputError(f"{path}: row {row_no}, column {c}: {raw!r} is not a number"
+                                         + (" or ISO 8601 time" if c == "timestamp" else "")) from None
+                    if not math.isfinite(val):
+                        raise InputError(f"{path}: row {row_no}, column {c}: {raw!r} is not finite")
+                    cols[c].append(val)
+    except OSError as err:
+        raise InputError(f"cannot read {path}: {err.strerror or err}") from None
+    except (UnicodeDecodeError, csv.Error) as err:
+        raise InputError(f"{path} is not a readable CSV: {err}") from None
+    out = {c: np.asarray(v, dtype=float) for c, v in cols.items()}
+    if len(out["timestamp"]) < 2:
+        raise InputError(f"{path}: need at least 2 data rows, got {len(out['timestamp'])}")
+    return out
+
+
+def analyze_leak(cols: dict[str, np.ndarray], limit_bytes: float | None, time_scale: float = 1.0) -> dict:
+    params = leak.LeakParams().scaled(time_scale)
+    if limit_bytes is None and "limit_bytes" in cols:
+        lim = cols["limit_bytes"][np.isfinite(cols["limit_bytes"])]
+        limit_bytes = float(lim[-1]) if len(lim) else None
+    t, v = cols["timestamp"], cols["rss_bytes"]
+    verdicts = leak.scan(t, v, params, limit_bytes=limit_bytes)
+    first = leak.first_detection(verdicts)
+    last = verdicts[-1][1] if verdicts else leak.LeakVerdict("unknown", "too_short")
+    shown = first[1] if first else last
+    flags = [ver.detected for _, ver in verdicts]
+    episodes = sum(1 for i, f in enumerate(flags) if f and (i == 0 or not flags[i - 1]))
+    return {
+        "detected": first is not None,
+        "detected_at": first[0] if first else None,
+        "status_at_end": last.status,
+        "reason": shown.reason,
+        "slope_mib_per_h": round(shown.slope_mib_per_h, 3),
+        "confidence": shown.confidence,
+        "z": shown.z,
+        "window_s": shown.window_s,
+        "onset": shown.onset,
+        "floor_bytes": shown.floor_bytes,
+        "limit_bytes": limit_bytes,
+        "eta_s": shown.eta_s,
+        "alarms": episodes,
+        "samples": len(t),
+        "span_s": float(t.max() - t.min()),
+        "time_scale": time_scale,
+    }
+
+
+def analyze_drift(cols: dict[str, np.ndarray], args) -> dict:
+    params = drift.RateDriftParams(interval_s=args.interval_s, warmup_s=args.warmup_s, shift=args.shift, tolerance=args.tolerance,
+                                   sides=args.sides, arl0_s=args.arl0_days * drift.DAY)
+    alarms, cus = drift.scan_rate(cols["timestamp"], cols["draft_tokens"], cols["accepted_tokens"], params)
+    first = alarms[0] if alarms else None
+    return {
+        "detected": first is not None,
+        "detected_at": first.at if first else None,
+        "direction": first.direction if first else None,
+        "baseline_rate": cus.p0,
+        "rate_after": first.after if first else cus.recent_rate(),
+        "change_at": first.change_at if first else None,
+        "alarms": len(alarms),
+        "threshold_nats": params.threshold,
+        "arl0_days": args.arl0_days,
+        "tau": math.sqrt(cus.tau2) if cus.p0 is not None else None,
+        "baseline_learned": cus.p0 is not None,
+        "intervals_skipped": cus.skipped,
+    }
+
+
+def _finite(v):
+    """JSON has no NaN/inf: report them as null."""
+    if isinstance(v, float | np.floating):
+        return float(v) if math.isfinite(v) else None
+    return v
+
+
+def run(args) -> int:
+    try:
+        if args.kind == "leak":
+            cols = read_csv(args.file, ("timestamp", "rss_bytes"), ("limit_bytes",))
+            result = analyze_leak(cols, args.limit_bytes, args.time_scale)
+        else:
+            cols = read_csv(args.file, ("timestamp", "draft_tokens", "accepted_tokens"))
+            result = analyze_drift(cols, args)
+    except InputError as err:
+        print(f"sla-guard analyze: {err}", file=sys.stderr)
+        return 2
+    print(json.dumps({k: _finite(v) for k, v in result.items()}))
+    return 0
