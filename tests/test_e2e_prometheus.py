@@ -9,21 +9,27 @@ test at about a minute), the generated dashboards' PromQL, the example Alertmana
 (alerts/alertmanager.yml with its webhook URLs pointed at the test receiver), and the exposition
 through ``ContractMetrics``/``EngineRecorder`` -- the code path of the vLLM hooks and the simulator.
 
-What stands in: the engines are two loopback /metrics servers (a prefill and a decode engine)
-driven by ``EngineRecorder`` with every ENGINE, KV_TRANSFER, PROCESS and HOOKS family populated
-(NIXL cannot run without CUDA; the simulator has no real-time loopback runner yet), and the guard is
-a loopback server exposing the GUARD families of the contract with plausible values, because the
-dashboards' guard panels and the guard-health alerts need them.
+The engines are the simulated P/D deployment (sla_guard.sim, 2 prefill + 2 decode replicas, the
+default profile with speculative decoding) run in wall-clock time by deploy/compose/twin/live_twin.py
+(the compose `twin` profile), each replica on its own loopback /metrics, recording every ENGINE,
+KV_TRANSFER and PROCESS family through ``EngineRecorder``. Faults go through the simulator's own
+fault hooks (``FaultSchedule.transfer_factor`` / ``transfer_failure_prob``), switched on by the test.
+
+What stands in: the guard is a loopback server exposing the GUARD families of the contract with
+plausible values, because the dashboards' guard panels and the guard-health alerts need them and a
+real guard would need minutes of data before it has findings or replica advice to show.
 
 Every panel query of every dashboard, with $model/$pool/$instance resolved through
 /api/v1/label/<name>/values and $__rate_interval substituted as Grafana would (4 x scrape
-interval), must return data as an instant and as a range query. Then a fault is injected (decode TTFT
-of 4 s and failing KV transfers); the mean-TTFT SLA alert must reach the pager receiver and the
-KV-transfer alert the ticket receiver, and the KV-transfer alert must resolve after the fault ends.
+interval), must return data as an instant and as a range query. Then a fault is injected (KV
+transfers 400x slower, so decode TTFT rises over the 2.5 s SLA, and half of them failing); the
+mean-TTFT SLA alert must reach the pager receiver and the KV-transfer alert the ticket receiver,
+and the KV-transfer alert must resolve after the fault ends.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import re
@@ -46,12 +52,12 @@ from dashboards.common import OPTIONAL_METRICS
 from dashboards.generate import render_dashboards
 from exporters import contract as c
 from exporters.contract import Component
-from exporters.prometheus import ContractMetrics, EngineRecorder, FinishedRequest
+from exporters.prometheus import ContractMetrics
+from sla_guard.sim.faults import FaultSchedule
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMETHEUS = shutil.which("prometheus")
 ALERTMANAGER = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
-MODEL = "tiny"
 SCRAPE_S = 1
 RATE_INTERVAL = f"{4 * SCRAPE_S}s"  # Grafana: max($__interval + scrape interval, 4 x scrape interval)
 TICK_S = 0.25
@@ -75,75 +81,32 @@ def serve(registry: CollectorRegistry):
     return httpd, f"127.0.0.1:{httpd.server_port}"
 
 
-class Engine:
-    """One engine's contract metrics on its own registry, advanced by ``tick``."""
+def load_live_twin():
+    spec = importlib.util.spec_from_file_location("live_twin", ROOT / "deploy" / "compose" / "twin" / "live_twin.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.LiveTwin
 
-    def __init__(self, pool: str) -> None:
-        self.pool = pool
-        self.registry = CollectorRegistry(auto_describe=False)
-        self.m = ContractMetrics(self.registry, (Component.ENGINE, Component.KV_TRANSFER, Component.PROCESS,
-                                                 Component.HOOKS))
-        self.rec = EngineRecorder(self.m, MODEL, pool, "0")
-        self.labels = (MODEL, pool, "0")
-        self.m[c.ENGINE_INFO].labels(*self.labels, "NixlConnector", "kv_both", "ngram", "3", "test", "1").set(1)
-        self.fail = {k: self.m[c.KV_XFER_FAILURES].labels(*self.labels, k) for k in ("transfer", "notification",
-                                                                                     "handshake")}
-        for ch in (*self.fail.values(), self.m[c.KV_XFER_EXPIRED].labels(*self.labels),
-                   self.m[c.KV_XFER_LATE_NOTIFICATIONS].labels(*self.labels),
-                   self.m[c.HOOK_ERRORS].labels(MODEL, pool, "stat_logger")):
-            ch.inc(0)
-        self.procs = [("api_server", "APIServer"), ("engine_core", "EngineCore_DP0"), ("worker", "Worker_TP0")]
-        for i, (role, name) in enumerate(self.procs):
-            self.m[c.PROCESS_INFO].labels(*self.labels, role, name, str(1000 + i), "1767225600.000").set(1)
-        self.fault = False
 
-    def tick(self, n: int = 5) -> None:
-        r, m, lab = self.rec, self.m, self.labels
-        decode = self.pool == "decode"
-        ttft = (4.0 if self.fault else 0.6) if decode else 0.3
-        r.observe_ttfts([ttft] * n)
-        for _ in range(n):
-            r.finished(FinishedRequest(e2e_s=ttft + (1.2 if decode else 0), queue_s=0.02, prefill_s=0.25,
-                                       decode_s=1.2 if decode else 0.0, tpot_s=0.012 if decode else 0.0,
-                                       prompt_tokens=512, cached_tokens=128, generated_tokens=100 if decode else 1))
-        if decode:
-            r.observe_itls([0.011, 0.012, 0.014] * n)
-            r.tokens(generated=100 * n, external=512 * n)
-            r.scheduler(running=24, waiting=0, kv_usage=0.55)
-            r.kv_fetch_by_stage({"waiting_to_start": 1, "in_progress": 2})
-            r.prefix_cache("local", 512 * n, 0)
-            r.prefix_cache("external", 512 * n, 512 * n)
-            r.spec_decode(10 * n, 30 * n, 21 * n, [8 * n, 7 * n, 6 * n], [10 * n, 10 * n, 10 * n])
-            for _ in range(n):
-                m[c.KV_XFER_DURATION].labels(*lab).observe(0.004)
-                m[c.KV_XFER_POST_DURATION].labels(*lab).observe(0.0004)
-                m[c.KV_XFER_BYTES].labels(*lab).observe(8.0e6)
-                m[c.KV_XFER_DESCRIPTORS].labels(*lab).observe(24)
-            if self.fault:
-                self.fail["transfer"].inc(2)
-        else:
-            r.tokens(generated=n, computed=384 * n, local_hit=128 * n)
-            r.scheduler(running=3, waiting=1, kv_usage=0.35)
-            r.prefix_cache("local", 512 * n, 128 * n)
-            r.prefix_cache("external", 0, 0)
-            r.spec_decode(0, 0, 0, [0, 0, 0], [0, 0, 0])
-        r.preempted(0)
-        for role, name in self.procs:
-            plab = (*lab, role, name)
-            m[c.PROCESS_RSS].labels(*plab).set(2.0e9)
-            for kind, v in (("anon", 1.5e9), ("file", 4.0e8), ("shmem", 1.0e8)):
-                m[c.PROCESS_MEMORY].labels(*plab, kind).set(v)
-            for g in ("0", "1", "2"):
-                m[c.PROCESS_GC_COLLECTIONS].labels(*plab, g).inc(3 - int(g))
-            m[c.PROCESS_GC_FROZEN].labels(*plab).set(150_000)
-            m[c.PROCESS_THREADS].labels(*plab).set(40)
-            m[c.PROCESS_OPEN_FDS].labels(*plab).set(120)
+class SwitchableFaults(FaultSchedule):
+    """The simulator's fault schedule with the KV-transfer fault switched by the test, not by time."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.on = False
+
+    def transfer_factor(self, t: float) -> float:
+        return 400.0 if self.on else super().transfer_factor(t)
+
+    def transfer_failure_prob(self, t: float, base: float = 0.0) -> float:
+        return 0.5 if self.on else super().transfer_failure_prob(t, base)
 
 
 class GuardStandIn:
     """The GUARD families with the values a healthy guard would publish for these two engines."""
 
-    def __init__(self, targets: list[str]) -> None:
+    def __init__(self, model: str, targets: list[str]) -> None:
+        self.model = model
         self.registry = CollectorRegistry(auto_describe=False)
         self.m = ContractMetrics(self.registry, (Component.GUARD,))
         self.targets = targets
@@ -156,23 +119,23 @@ class GuardStandIn:
         m[c.GUARD_SCRAPE_ERRORS].labels(self.targets[0], "timeout").inc(0)
         m[c.GUARD_EVALUATOR_ERRORS].labels("slo").inc(0)
         m[c.GUARD_ALERT_PUSH_ERRORS].labels("http").inc(0)
-        for target, pool in zip(self.targets, ("prefill", "decode"), strict=True):
-            m[c.GUARD_TARGET_UP].labels(target, MODEL, pool).set(1)
+        for target, pool in zip(self.targets, ("prefill", "prefill", "decode", "decode"), strict=True):
+            m[c.GUARD_TARGET_UP].labels(target, self.model, pool).set(1)
             for slo in ("ttft_mean", "tpot_mean"):
                 for status in ("ok", "at_risk", "violated", "unknown"):
-                    m[c.GUARD_SLO_STATUS].labels(MODEL, pool, slo, status).set(1 if status == "ok" else 0)
-                m[c.GUARD_SLO_VALUE].labels(MODEL, pool, slo).set(0.5)
-                m[c.GUARD_BUDGET_REMAINING].labels(MODEL, pool, slo).set(0.97)
+                    m[c.GUARD_SLO_STATUS].labels(self.model, pool, slo, status).set(1 if status == "ok" else 0)
+                m[c.GUARD_SLO_VALUE].labels(self.model, pool, slo).set(0.5)
+                m[c.GUARD_BUDGET_REMAINING].labels(self.model, pool, slo).set(0.97)
                 for window in ("1h", "5m"):
-                    m[c.GUARD_BURN_RATE].labels(MODEL, pool, slo, window).set(0.3)
-            m[c.GUARD_GOODPUT].labels(MODEL, pool).set(0.995)
-            m[c.GUARD_FINDINGS].labels(MODEL, pool, "leak", "warning").set(1 if pool == "decode" else 0)
-            m[c.GUARD_FINDINGS_TOTAL].labels(MODEL, pool, "leak").inc(0)
-            m[c.GUARD_LEAK_SLOPE].labels(MODEL, pool, "engine-0", "EngineCore_DP0").set(1.3e4)
-            m[c.GUARD_DESIRED_REPLICAS].labels(MODEL, pool).set(3)
-            m[c.GUARD_CURRENT_REPLICAS].labels(MODEL, pool).set(2)
-            m[c.GUARD_SCALING_DECISIONS].labels(MODEL, pool, "up", "ttft").inc(0)
-            m[c.GUARD_ACTUATION_ERRORS].labels(MODEL, pool, "webhook").inc(0)
+                    m[c.GUARD_BURN_RATE].labels(self.model, pool, slo, window).set(0.3)
+            m[c.GUARD_GOODPUT].labels(self.model, pool).set(0.995)
+            m[c.GUARD_FINDINGS].labels(self.model, pool, "leak", "warning").set(1 if pool == "decode" else 0)
+            m[c.GUARD_FINDINGS_TOTAL].labels(self.model, pool, "leak").inc(0)
+            m[c.GUARD_LEAK_SLOPE].labels(self.model, pool, "engine-0", "EngineCore_DP0").set(1.3e4)
+            m[c.GUARD_DESIRED_REPLICAS].labels(self.model, pool).set(3)
+            m[c.GUARD_CURRENT_REPLICAS].labels(self.model, pool).set(2)
+            m[c.GUARD_SCALING_DECISIONS].labels(self.model, pool, "up", "ttft").inc(0)
+            m[c.GUARD_ACTUATION_ERRORS].labels(self.model, pool, "webhook").inc(0)
 
 
 class Webhook:
@@ -215,16 +178,14 @@ def wait_for(what: str, fn, timeout: float, interval: float = 0.5):
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("promstack")
-    engines = [Engine("prefill"), Engine("decode")]
-    servers = [serve(e.registry) for e in engines]
-    guard = GuardStandIn([f"http://{addr}/metrics" for _, addr in servers])
+    faults = SwitchableFaults()
+    twin = load_live_twin()(faults=faults, prefill=2, decode=2).start()
+    guard = GuardStandIn(twin.dep.model, [f"http://{t}/metrics" for t in twin.targets])
     gserver = serve(guard.registry)
     stop = threading.Event()
 
     def drive():
         while not stop.is_set():
-            for e in engines:
-                e.tick()
             guard.tick()
             stop.wait(TICK_S)
 
@@ -251,7 +212,7 @@ def stack(tmp_path_factory):
         "rule_files": [str(rules / "*.yaml")],
         "alerting": {"alertmanagers": [{"static_configs": [{"targets": [f"127.0.0.1:{am_port}"]}]}]},
         "scrape_configs": [
-            {"job_name": "vllm", "static_configs": [{"targets": [addr for _, addr in servers]}]},
+            {"job_name": "vllm", "static_configs": [{"targets": twin.targets}]},
             {"job_name": RuleParams().guard_job, "static_configs": [{"targets": [gserver[1]]}]},
         ],
     }
@@ -281,12 +242,11 @@ def stack(tmp_path_factory):
 
         wait_for("alertmanager ready", lambda: ready(am), 30)
         wait_for("prometheus ready", lambda: ready(prom), 30)
-        wait_for("all 3 targets up", lambda: len(instant(prom, "up == 1")) == 3, 40)
+        wait_for("all 5 targets up", lambda: len(instant(prom, "up == 1")) == 5, 40)
         # enough samples for rate() over $__rate_interval on every engine
         wait_for("rates", lambda: len(instant(prom, f"rate({c.REQUEST_TTFT.series('_count')}[{RATE_INTERVAL}]) > 0"))
-                 == 2, 30)
-        yield {"prom": prom, "am": am, "engines": dict(zip(("prefill", "decode"), engines, strict=True)),
-               "hook": hook, "tmp": tmp}
+                 == 4, 30)
+        yield {"prom": prom, "am": am, "faults": faults, "model": twin.dep.model, "hook": hook, "tmp": tmp}
     finally:
         stop.set()
         for p in procs:
@@ -298,9 +258,9 @@ def stack(tmp_path_factory):
                 p.kill()
         for log in logs:
             log.close()
-        for httpd, _ in [*servers, gserver]:
-            httpd.shutdown()
-            httpd.server_close()
+        twin.stop()
+        gserver[0].shutdown()
+        gserver[0].server_close()
         hook.httpd.shutdown()
         hook.httpd.server_close()
 
@@ -388,7 +348,8 @@ def test_rules_load_and_nothing_fires_while_healthy(stack):
     assert all(r["health"] == "ok" for r in rules), [r for r in rules if r["health"] != "ok"][:3]
     # recording rules produce series from the live data
     means = instant(prom, 'model_pool_slo:sli_latency_seconds:mean5m{slo="ttft_mean"}')
-    assert {m["metric"]["pool"]: round(float(m["value"][1]), 3) for m in means} == {"prefill": 0.3, "decode": 0.6}
+    assert {m["metric"]["pool"] for m in means} == {"prefill", "decode"}
+    assert all(0 < float(m["value"][1]) < 2.5 for m in means), means
 
     def quiet():
         alerts = _check(prom.get("/api/v1/alerts"), "alerts")["alerts"]
@@ -399,18 +360,19 @@ def test_rules_load_and_nothing_fires_while_healthy(stack):
 
 
 def test_injected_faults_reach_the_webhook_by_severity(stack):
-    decode, hook = stack["engines"]["decode"], stack["hook"]
+    faults, hook = stack["faults"], stack["hook"]
     assert not hook.alerts("pager", "SlaGuardTTFTMeanHigh") and not hook.alerts("ticket", "SlaGuardKVTransferFailures")
-    decode.fault = True
+    faults.on = True
     try:
         ttft = wait_for("SlaGuardTTFTMeanHigh at the pager receiver",
                         lambda: hook.alerts("pager", "SlaGuardTTFTMeanHigh"), 60)
         xfer = wait_for("SlaGuardKVTransferFailures at the ticket receiver",
                         lambda: hook.alerts("ticket", "SlaGuardKVTransferFailures"), 60)
     finally:
-        decode.fault = False
+        faults.on = False
     a = ttft[0]
-    assert a["labels"] | {"model": MODEL, "pool": "decode", "slo": "ttft_mean", "severity": "critical"} == a["labels"]
+    want = {"model": stack["model"], "pool": "decode", "slo": "ttft_mean", "severity": "critical"}
+    assert a["labels"] | want == a["labels"]
     assert a["annotations"]["runbook_url"].endswith("docs/runbooks.md#slaguardttftmeanhigh")
     assert "breaches the SLA of 2.5s" in a["annotations"]["summary"]
     x = xfer[0]
