@@ -1,0 +1,31 @@
+"""`sla-guard demo` end to end, short: real loopback HTTP endpoints, the guard, the report."""
+
+from __future__ import annotations
+
+import json
+
+from sla_guard.cli import main
+
+
+def test_demo_writes_the_report(tmp_path, capsys):
+    out = tmp_path / "demo"
+    rc = main(["demo", "--duration", "6", "--speed", "300", "--out", str(out), "--scrape-interval", "15"])
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "engines on http://127.0.0.1 ports" in text  # scraped over real HTTP
+    assert "report:" in text
+    report = (out / "report.md").read_text()
+    assert "## Injected faults" in report and '"kind": "leak"' in report and "acceptance_drift" in report
+    assert "## Guard verdicts at the end" in report and "glm-5.2/decode" in report
+    for name in ("ttft", "tpot", "acceptance", "rss", "replicas"):
+        png = out / f"{name}.png"
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
+        assert f"({name}.png)" in report
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["http"] is True and summary["summary"]["requests"] > 100
+    assert summary["summary"]["finished"] > 0
+
+
+def test_demo_rejects_bad_options(capsys, tmp_path):
+    assert main(["demo", "--duration", "0", "--out", str(tmp_path)]) == 2
+    assert "--duration and --speed must be > 0" in capsys.readouterr().err

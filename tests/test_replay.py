@@ -1,0 +1,70 @@
+"""`sla-guard replay`: one JSON line of results on both shared traces, policies, bad input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from sla_guard.cli import main
+from sla_guard.sim.traces import BUNDLED_MOONCAKE
+
+AZURE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "azure_llm_2023_conv.csv"
+KEYS = {"requests", "slo_attainment", "ttft_p50_s", "ttft_p90_s", "tpot_mean_s", "tpot_p90_s", "gpu_hours",
+        "scaling_actions", "finished", "aborted", "unfinished"}
+
+
+def _replay(capsys, *args: str) -> dict:
+    assert main(["replay", *args]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    assert len(out) == 1  # exactly one line
+    return json.loads(out[0])
+
+
+def test_replay_mooncake_json_line(capsys, tmp_path):
+    line = _replay(capsys, "--trace", str(BUNDLED_MOONCAKE), "--duration", "300", "--out", str(tmp_path))
+    assert set(line) >= KEYS
+    assert line["requests"] == line["finished"] > 500
+    assert 0 < line["slo_attainment"] <= 1
+    assert 0 < line["ttft_p50_s"] <= line["ttft_p90_s"]
+    assert 0 < line["tpot_mean_s"] < 0.05
+    # 4 replicas x 16 GPUs for 300 s of trace + 600 s drain
+    assert line["gpu_hours"] == pytest.approx(4 * 16 * 900 / 3600, rel=1e-3)
+    assert line["scaling_actions"] == 0 and line["policy"] == "static"
+    assert line["guard_status"] in ("ok", "at_risk", "violated", "unknown")
+    assert json.loads((tmp_path / "summary.json").read_text())["requests"] == line["requests"]
+    assert (tmp_path / "timeline.csv").read_text().startswith("t_s,")
+
+
+def test_replay_is_deterministic_and_speed_scales_load(capsys):
+    a = _replay(capsys, "--trace", str(BUNDLED_MOONCAKE), "--duration", "200", "--no-metrics")
+    b = _replay(capsys, "--trace", str(BUNDLED_MOONCAKE), "--duration", "200", "--no-metrics")
+    a.pop("wall_s"), b.pop("wall_s")
+    assert a == b
+    fast = _replay(capsys, "--trace", str(BUNDLED_MOONCAKE), "--duration", "200", "--speed", "2", "--no-metrics")
+    assert fast["requests"] > 1.7 * a["requests"]
+
+
+@pytest.mark.skipif(not AZURE.exists(), reason="shared Azure trace not present")
+def test_replay_azure(capsys):
+    line = _replay(capsys, "--trace", str(AZURE), "--duration", "300")
+    assert line["requests"] == line["finished"] > 1000
+    assert line["slo_attainment"] > 0.9  # short conversation prompts on 2P2D of the default profile
+
+
+def test_replay_policy_can_scale(capsys):
+    """A policy that acts is applied with cold start and counted; ``queue`` is the advisor's KEDA baseline."""
+    line = _replay(capsys, "--trace", str(BUNDLED_MOONCAKE), "--duration", "600", "--policy", "queue",
+                   "--prefill", "1", "--decode", "1")
+    assert line["policy"] == "queue"
+    assert line["requests"] == line["finished"] + line["aborted"] + line["unfinished"]
+
+
+def test_replay_bad_input(capsys, tmp_path):
+    assert main(["replay", "--trace", str(BUNDLED_MOONCAKE), "--policy", "nope"]) == 2
+    assert "unknown policy 'nope'; choose one of:" in capsys.readouterr().err
+    assert main(["replay", "--trace", str(tmp_path / "none.jsonl")]) == 2
+    assert "cannot read trace" in capsys.readouterr().err
+    assert main(["replay", "--trace", str(BUNDLED_MOONCAKE), "--fault", '{"kind": "meteor"}']) == 2
+    assert "fault kind 'meteor' unknown" in capsys.readouterr().err
