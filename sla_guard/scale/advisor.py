@@ -26,7 +26,15 @@ from sla_guard.scale.core import (
     size_prefill,
 )
 from sla_guard.scale.guardrails import Decision, PoolMemory, Rails, apply_budget, decide
-from sla_guard.scale.learn import PrefillCapacity, StepModel, slope, update_prefill_capacity, update_step_model
+from sla_guard.scale.learn import (
+    PrefillCapacity,
+    StepModel,
+    adapt_target_utilization,
+    ewma,
+    slope,
+    update_prefill_capacity,
+    update_step_model,
+)
 from sla_guard.scale.observe import PoolReading, Reader
 
 POOLS = ("prefill", "decode")
@@ -80,6 +88,9 @@ class Advisor:
         self.last: dict[str, Decision] = {}
         self.pending: dict[str, tuple[int, float]] = {}
         self.pending_timeout_s = 1800.0
+        self._q = "p99" if self.cfg.tail_quantile >= 0.99 else "p90"
+        self._accepted_len: float | None = None
+        self.u_target = self.cfg.prefill_target_utilization
 
     # -- learning ------------------------------------------------------------------------------
     def _warm(self, engine: str, now: float) -> bool:
@@ -99,8 +110,8 @@ class Advisor:
             if not self._warm(e, now):
                 excluded["prefill"] += 1
                 continue
-            if s.computed_tps and s.waiting_busy_share is not None:
-                L.prefill = update_prefill_capacity(L.prefill, s.computed_tps, s.waiting_busy_share >= 0.8)
+            if s.computed_tps and s.busy_share is not None:
+                L.prefill = update_prefill_capacity(L.prefill, s.computed_tps, s.busy_share)
         for e, s in readings["decode"].per_engine.items():
             if not self._warm(e, now):
                 excluded["decode"] += 1
@@ -138,8 +149,8 @@ class Advisor:
             d = decide(p, now, ready, starting, sz, self.memory[p], self._rails(p))
             d.numbers["cold_samples_excluded"] = excluded[p]
             decs[p] = d
-        pressure = {"prefill": (sizings["prefill"].numbers.get("ttft_p99_s", 0.0) / self.slo_ttft_s),
-                    "decode": (sizings["decode"].numbers.get("tpot_p99_s", 0.0) / self.slo_tpot_s)}
+        pressure = {"prefill": (sizings["prefill"].numbers.get("ttft_tail_s", 0.0) / self.slo_ttft_s),
+                    "decode": (sizings["decode"].numbers.get("tpot_tail_s", 0.0) / self.slo_tpot_s)}
         gpus = {p: cfg.limits(p).gpus_per_replica for p in POOLS}
         decs = apply_budget(decs, gpus, cfg.gpu_budget, pressure)
         self.last = decs
@@ -163,7 +174,16 @@ class Advisor:
         lim, cfg = self.cfg.limits(pool), self.cfg
         return Rails(min_replicas=lim.min_replicas, max_replicas=lim.max_replicas, max_step_up=lim.max_step_up,
                      max_step_down=lim.max_step_down, stabilization_down_s=cfg.stabilization_down_s,
-                     stabilization_up_s=cfg.stabilization_up_s, cooldown_s=cfg.cooldown_s)
+                     stabilization_up_s=cfg.stabilization_up_s, cooldown_s=cfg.cooldown_s,
+                     min_evidence_s=cfg.min_evidence_s)
+
+    def _peak(self, key: str, now: float, value: float | None) -> float | None:
+        """Highest value over the stabilisation window (bounded history)."""
+        hist = self.learned.waiting_hist.setdefault(key, deque(maxlen=256))
+        if value is not None:
+            hist.append((now, value))
+        vals = [v for t, v in hist if t >= now - self.cfg.stabilization_down_s]
+        return max(vals) if vals else None
 
     def _trend(self, hist: deque, now: float, value: float | None, span_s: float) -> float | None:
         if value is None:
@@ -178,10 +198,16 @@ class Advisor:
         wslope = self._trend(hist, now, t.get("waiting"), max(4 * cfg.interval_s, 60.0))
         obs = PrefillObs(ready=counts[0], starting=counts[1], uncached_tps=t.get("uncached_tps"),
                          requests_per_s=t.get("requests_per_s"), waiting=t.get("waiting"), waiting_slope=wslope,
-                         ttft_p99_s=t.get("ttft_p99_s"), ttft_slo_s=self.slo_ttft_s)
-        knobs = PrefillKnobs(target_utilization=cfg.prefill_target_utilization, drain_horizon_s=cfg.drain_horizon_s,
+                         ttft_tail_s=t.get(f"ttft_{self._q}_s"), ttft_slo_s=self.slo_ttft_s,
+                         peak_uncached_tps=self._peak("prefill_demand", now, t.get("uncached_tps")))
+        cap = self.learned.prefill
+        if self.cfg.adapt_utilization and cap.tokens_per_s > 0 and counts[0] > 0 and obs.uncached_tps is not None \
+                and counts[1] == 0:
+            u_obs = obs.uncached_tps / (cap.tokens_per_s * counts[0])
+            self.u_target = adapt_target_utilization(self.u_target, u_obs, obs.ttft_tail_s, self.slo_ttft_s)
+        knobs = PrefillKnobs(target_utilization=self.u_target, drain_horizon_s=cfg.drain_horizon_s,
                              forecast_horizon_s=cfg.forecast_horizon_s, scale_down_margin=cfg.scale_down_margin)
-        s = size_prefill(obs, self.learned.prefill, knobs)
+        s = size_prefill(obs, cap, knobs)
         if t.get("prefix_hit_ratio") is not None:
             s.numbers["prefix_hit_ratio"] = round(float(t["prefix_hit_ratio"]), 4)
         return s
@@ -189,10 +215,13 @@ class Advisor:
     def _size_decode(self, now: float, r: PoolReading, counts: tuple[int, int]) -> Sizing:
         t, cfg = r.totals, self.cfg
         rslope = self._trend(self.learned.running_hist, now, t.get("running"), max(8 * cfg.interval_s, 120.0))
+        if t.get("accepted_len_seen"):
+            self._accepted_len = ewma(self._accepted_len, t["accepted_len"], 0.3)
         obs = DecodeObs(ready=counts[0], starting=counts[1], running=t.get("running"), running_slope=rslope,
                         waiting=t.get("waiting"), kv_usage=t.get("kv_usage"),
-                        preemptions_per_s=t.get("preemptions_per_s"), accepted_len=t.get("accepted_len") or 1.0,
-                        tpot_p99_s=t.get("tpot_p99_s"), tpot_slo_s=self.slo_tpot_s)
+                        preemptions_per_s=t.get("preemptions_per_s"), accepted_len=self._accepted_len or 1.0,
+                        tpot_tail_s=t.get(f"tpot_{self._q}_s"), tpot_slo_s=self.slo_tpot_s,
+                        peak_running=self._peak("decode_running", now, t.get("running")))
         knobs = DecodeKnobs(tpot_headroom=cfg.decode_tpot_headroom, kv_target_usage=cfg.kv_target_usage,
                             forecast_horizon_s=cfg.forecast_horizon_s, scale_down_margin=cfg.scale_down_margin)
         return size_decode(obs, self.learned.decode, knobs)

@@ -70,19 +70,25 @@ class AdvisorConfig(_Strict):
                                                 description="advisory only reports; active also actuates")
     model: str = "*"
     interval_s: float = Field(default=15.0, gt=0)
-    window_s: float = Field(default=60.0, gt=0, description="rate / quantile window for observations")
+    window_s: float = Field(default=120.0, gt=0, description="rate / quantile window for observations")
     stale_after_s: float = Field(default=60.0, gt=0, description="hold when the newest sample is older")
     warmup_s: float = Field(default=120.0, ge=0, description="samples of younger replicas are not learned from")
     stabilization_down_s: float = Field(default=300.0, ge=0,
                                         description="scale down to the max desired over this window")
     stabilization_up_s: float = Field(default=0.0, ge=0)
+    min_evidence_s: float = Field(default=60.0, ge=0,
+                                  description="data needed before the first scale-down (overwhelming fit only)")
     cooldown_s: float = Field(default=60.0, ge=0, description="min time between two actions on one pool")
     gpu_budget: int | None = Field(default=None, ge=1, description="GPUs shared by both pools")
-    prefill_target_utilization: float = Field(default=0.75, gt=0, le=1)
+    prefill_target_utilization: float = Field(default=0.5, gt=0, le=1,
+                                              description="busy share a prefill replica is sized for; queueing "
+                                                          "delay, not compute, is what breaks TTFT")
+    adapt_utilization: bool = Field(default=True, description="learn the prefill utilisation that meets the TTFT SLA")
+    tail_quantile: float = Field(default=0.9, description="TTFT/TPOT quantile compared with the SLA (0.9 or 0.99)")
     decode_tpot_headroom: float = Field(default=0.85, gt=0, le=1,
                                         description="size decode so predicted TPOT <= headroom x SLA")
     kv_target_usage: float = Field(default=0.85, gt=0, le=1)
-    scale_down_margin: float = Field(default=0.1, ge=0, lt=1,
+    scale_down_margin: float = Field(default=0.2, ge=0, lt=1,
                                      description="N-1 must fit with this extra headroom")
     forecast_horizon_s: float = Field(default=120.0, ge=0, description="trend look-ahead (~ replica start time)")
     drain_horizon_s: float = Field(default=30.0, gt=0, description="time to drain a prefill backlog")

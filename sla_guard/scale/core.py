@@ -27,8 +27,9 @@ class PrefillObs:
     requests_per_s: float | None  # prefills finished per second
     waiting: float | None  # requests waiting, whole pool
     waiting_slope: float | None = None  # requests/s trend of ``waiting``
-    ttft_p99_s: float | None = None
+    ttft_tail_s: float | None = None  # TTFT at the control quantile (p90 default)
     ttft_slo_s: float = 2.5
+    peak_uncached_tps: float | None = None  # highest demand over the stabilisation window
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,8 +42,9 @@ class DecodeObs:
     kv_usage: float | None = None  # mean KV-cache usage ratio over ready replicas
     preemptions_per_s: float | None = None
     accepted_len: float = 1.0  # tokens per decode step (1 + accepted/drafts); 1 without spec decode
-    tpot_p99_s: float | None = None
+    tpot_tail_s: float | None = None  # TPOT at the control quantile
     tpot_slo_s: float = 0.020
+    peak_running: float | None = None  # highest concurrency over the stabilisation window
 
 
 @dataclass(slots=True)
@@ -54,6 +56,7 @@ class Sizing:
     numbers: dict[str, float] = field(default_factory=dict)
     fits_at_n_minus_1: bool = False
     confidence: float = 0.0
+    strong_fit: bool = False  # N-1 fits with twice the margin and the tail is far inside the SLA
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,7 +64,7 @@ class PrefillKnobs:
     target_utilization: float = 0.75
     drain_horizon_s: float = 30.0
     forecast_horizon_s: float = 120.0
-    scale_down_margin: float = 0.1
+    scale_down_margin: float = 0.2
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,7 +72,7 @@ class DecodeKnobs:
     tpot_headroom: float = 0.85
     kv_target_usage: float = 0.85
     forecast_horizon_s: float = 120.0
-    scale_down_margin: float = 0.1
+    scale_down_margin: float = 0.2
     max_batch: float = 1024.0
 
 
@@ -103,27 +106,30 @@ def size_prefill(obs: PrefillObs, cap: PrefillCapacity, k: PrefillKnobs) -> Sizi
         "waiting": obs.waiting,
         "replicas_needed": round(need, 3),
     }
-    if obs.ttft_p99_s is not None:
-        nums["ttft_p99_s"] = round(obs.ttft_p99_s, 4)
+    if obs.ttft_tail_s is not None:
+        nums["ttft_tail_s"] = round(obs.ttft_tail_s, 4)
         nums["ttft_slo_s"] = obs.ttft_slo_s
     if desired > n_eff:
         reasons.append("prefill_demand_over_capacity" if backlog < demand * 0.5 else "prefill_backlog")
-    over_sla = obs.ttft_p99_s is not None and obs.ttft_p99_s > obs.ttft_slo_s and obs.waiting > 0
+    over_sla = obs.ttft_tail_s is not None and obs.ttft_tail_s > obs.ttft_slo_s
     if over_sla and desired <= n_eff and obs.starting == 0:
         desired = n_eff + 1
         reasons.append("ttft_over_sla")
-    # re-predict at N-1: the load the remaining replicas would see, with extra headroom
-    fits = False
+    # re-predict at N-1: the peak load of the window on the remaining replicas, with headroom
+    fits = strong = False
     if n_eff > 1:
-        util_n1 = (demand + backlog) / (cap.tokens_per_s * (n_eff - 1))
+        peak = max(demand, obs.peak_uncached_tps or 0.0)
+        util_n1 = (peak + backlog) / (cap.tokens_per_s * (n_eff - 1))
         nums["utilization_at_n_minus_1"] = round(util_n1, 3)
         fits = util_n1 <= k.target_utilization * (1 - k.scale_down_margin) and not over_sla
+        strong = (util_n1 <= k.target_utilization * (1 - 2 * k.scale_down_margin)
+                  and obs.ttft_tail_s is not None and obs.ttft_tail_s <= 0.5 * obs.ttft_slo_s)
     if desired < n_eff:
         reasons.append("prefill_over_provisioned" if fits else "prefill_n_minus_1_would_not_fit")
     if not reasons:
         reasons.append("prefill_steady")
     conf = _conf(cap.samples, 5) if cap.prior <= 0 else max(0.5, _conf(cap.samples, 5))
-    return Sizing(desired, reasons, nums, fits, conf)
+    return Sizing(desired, reasons, nums, fits, conf, strong and fits)
 
 
 def decode_batch_limit(obs: DecodeObs, model: StepModel, k: DecodeKnobs) -> tuple[float, dict[str, float]]:
@@ -166,20 +172,23 @@ def size_decode(obs: DecodeObs, model: StepModel, k: DecodeKnobs) -> Sizing:
         limiter = "kv" if nums.get("batch_limit_kv", math.inf) < nums["batch_limit_tpot"] else "tpot"
         reasons.append(f"decode_concurrency_over_{limiter}_limit")
     pressure = (obs.preemptions_per_s or 0.0) > 0
-    over_sla = obs.tpot_p99_s is not None and obs.tpot_p99_s > obs.tpot_slo_s
-    if obs.tpot_p99_s is not None:
-        nums["tpot_p99_s"] = round(obs.tpot_p99_s, 5)
+    over_sla = obs.tpot_tail_s is not None and obs.tpot_tail_s > obs.tpot_slo_s
+    if obs.tpot_tail_s is not None:
+        nums["tpot_tail_s"] = round(obs.tpot_tail_s, 5)
         nums["tpot_slo_s"] = obs.tpot_slo_s
     if (pressure or over_sla) and desired <= n_eff and obs.starting == 0:
         desired = n_eff + 1
         reasons.append("kv_preemptions" if pressure else "tpot_over_sla")
-    fits = False
+    fits = strong = False
     if n_eff > 1:
-        at_n1 = (obs.running + (obs.waiting or 0.0)) / (n_eff - 1)
+        at_n1 = (max(obs.running, obs.peak_running or 0.0) + (obs.waiting or 0.0)) / (n_eff - 1)
         nums["batch_at_n_minus_1"] = round(at_n1, 2)
         fits = at_n1 <= limit * (1 - k.scale_down_margin) and not pressure and not over_sla
+        strong = (at_n1 <= limit * (1 - 2 * k.scale_down_margin) and obs.tpot_tail_s is not None
+                  and obs.tpot_tail_s <= 0.8 * obs.tpot_slo_s)
     if desired < n_eff:
         reasons.append("decode_over_provisioned" if fits else "decode_n_minus_1_would_not_fit")
     if not reasons:
         reasons.append("decode_steady")
-    return Sizing(desired, reasons, nums, fits, _conf(model.samples, 10))
+    conf = _conf(model.samples, 10) if model.samples else 0.5
+    return Sizing(desired, reasons, nums, fits, conf, strong and fits)

@@ -2,7 +2,8 @@
 
 Order matters and mirrors what makes autoscalers safe in practice: hold on missing data; count
 starting replicas as present (no double scaling); scale up fast but by at most ``max_step_up``;
-scale down slowly: only to the highest desire seen over the stabilisation window, only when the
+scale down slowly: only to the highest desire seen over the stabilisation window (before a full
+window exists, only on an overwhelming fit with ``min_evidence_s`` of data), only when the
 remaining replicas are predicted to fit, never within the window after a scale-up (no reversal),
 only after the cooldown, one step at a time; clamp to min/max; then share the GPU budget.
 """
@@ -23,6 +24,7 @@ class Rails:
     stabilization_down_s: float = 300.0
     stabilization_up_s: float = 0.0
     cooldown_s: float = 60.0
+    min_evidence_s: float = 60.0
 
 
 @dataclass(slots=True)
@@ -33,8 +35,12 @@ class PoolMemory:
     last_action_t: float | None = None
     last_up_t: float | None = None
     last_down_t: float | None = None
+    first_t: float | None = None  # first decision: no scale-down before a full window was seen
+    last_starting_t: float | None = None  # last time replicas were still starting
 
     def remember(self, t: float, desired: int, horizon_s: float) -> None:
+        if self.first_t is None:
+            self.first_t = t
         self.history.append((t, desired))
         cutoff = t - horizon_s
         while self.history and self.history[0][0] < cutoff:
@@ -63,6 +69,8 @@ def decide(pool: str, now: float, ready: int, starting: int, sizing: Sizing, mem
     reasons = list(sizing.reasons)
     if sizing.desired is None:
         return Decision(pool, current, current, "none", reasons or ["hold_missing_data"], nums, 0.0, "hold")
+    if starting > 0:
+        mem.last_starting_t = now
     raw = min(max(sizing.desired, rails.min_replicas), rails.max_replicas)
     nums["raw_desired"] = sizing.desired
     mem.remember(now, raw, max(rails.stabilization_down_s, rails.stabilization_up_s))
@@ -86,13 +94,19 @@ def decide(pool: str, now: float, ready: int, starting: int, sizing: Sizing, mem
     elif raw < current:
         window = [d for t, d in mem.history if t >= now - rails.stabilization_down_s]
         target = max(window) if window else raw
-        if target >= current:
+        seen = now - mem.first_t if mem.first_t is not None else 0.0
+        # before a full window exists, only an overwhelming fit on enough evidence may shrink the
+        # pool (an operator's initial size is not a decision the advisor has to reverse slowly)
+        early = sizing.strong_fit and sizing.confidence >= 0.5 and seen >= rails.min_evidence_s
+        if target >= current or (seen < rails.stabilization_down_s and not early):
             reasons.append("hold_stabilization_window")
         elif not sizing.fits_at_n_minus_1:
             reasons.append("hold_n_minus_1_would_not_fit")
         elif starting > 0:
             reasons.append("hold_replicas_starting")
-        elif _recent(mem.last_up_t, now, rails.stabilization_down_s):
+        elif _recent(mem.last_up_t, now, rails.stabilization_down_s) or \
+                _recent(mem.last_starting_t, now, rails.stabilization_down_s):
+            # the window runs from when the added replicas began to serve, not from the order
             reasons.append("hold_no_reversal_within_window")
         elif _recent(mem.last_action_t, now, rails.cooldown_s):
             reasons.append("hold_cooldown")

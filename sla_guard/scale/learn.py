@@ -1,9 +1,9 @@
 """Online capacity learning as pure state-in / state-out functions.
 
-Prefill: a replica's capacity is only observable while it is saturated (requests waiting), so
-only saturated, warm samples move the estimate; unsaturated throughput is a lower bound that can
-raise it but never lower it. Decode: step time is close to linear in the per-replica batch, so a
-recursive least-squares fit with forgetting tracks ``step_time(batch) = a + b * batch``; TPOT is
+Prefill: a replica's capacity is its throughput divided by the share of time it was busy (so a
+half-idle replica is not mistaken for a slow one), and only warm, reasonably busy windows count.
+Decode: step time is close to linear in the per-replica batch, so a recursive least-squares fit
+with forgetting tracks ``step_time(batch) = a + b * batch``; TPOT is
 then ``step_time / mean accepted length``, which makes speculative-decoding acceptance a first-class
 input of decode capacity. No clocks, no I/O: the caller decides which samples are admissible
 (cold-start replicas are excluded before calling).
@@ -23,21 +23,20 @@ class PrefillCapacity:
     prior: float = 0.0  # profile value (0 = none)
 
 
-def update_prefill_capacity(cap: PrefillCapacity, observed_tps_per_replica: float, saturated: bool,
-                            alpha: float = 0.2) -> PrefillCapacity:
-    """Blend one window's per-replica throughput into the estimate.
+def update_prefill_capacity(cap: PrefillCapacity, observed_tps_per_replica: float, busy_share: float,
+                            alpha: float = 0.15, min_busy: float = 0.2) -> PrefillCapacity:
+    """Blend one window of one warm replica into the estimate.
 
-    Saturated windows measure capacity (EWMA towards them); unsaturated windows only prove the
-    replica can do at least that much, so they can only raise the estimate."""
+    A replica that computed ``tps`` uncached tokens/s while busy ``busy_share`` of the time
+    (share of scrapes with a running batch) would do about ``tps / busy_share`` flat out. Nearly
+    idle windows (``busy_share < min_busy``) say too little and are skipped. The first admissible
+    sample replaces the profile prior: the prior is a starting point, not a vote."""
     x = float(observed_tps_per_replica)
-    if not x > 0:
+    if not (x > 0 and busy_share >= min_busy):
         return cap
-    if saturated:
-        est = x if cap.samples == 0 and cap.tokens_per_s <= 0 else (1 - alpha) * cap.tokens_per_s + alpha * x
-        return replace(cap, tokens_per_s=est, samples=cap.samples + 1)
-    if x > cap.tokens_per_s:
-        return replace(cap, tokens_per_s=x, samples=cap.samples + 1)
-    return cap
+    est = x / min(busy_share, 1.0)
+    new = est if cap.samples == 0 else (1 - alpha) * cap.tokens_per_s + alpha * est
+    return replace(cap, tokens_per_s=new, samples=cap.samples + 1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +88,23 @@ def update_step_model(m: StepModel, batch: float, step_s: float, forget: float =
         b = min_slope
         a = step_s - b * x1
     return StepModel(a=max(a, 0.0), b=b, p00=p00, p01=p01, p11=p11, samples=m.samples + 1)
+
+
+def adapt_target_utilization(u_target: float, u_obs: float | None, tail_s: float | None, slo_s: float,
+                             lo: float = 0.15, hi: float = 0.9, gain: float = 0.05) -> float:
+    """The prefill utilisation that still meets the TTFT SLA, learned from outcomes.
+
+    If the TTFT tail broke the SLA at utilisation ``u_obs``, the pool must run below it: cut the
+    target to 90% of ``u_obs`` at once. If the tail stayed well inside the SLA (< 70%) while
+    running hotter than the target, creep the target up. Queueing delay depends on the workload
+    (prompt-length spread, prefix hits), which a fixed utilisation target cannot know."""
+    if u_obs is None or tail_s is None or u_obs < 0.05:
+        return u_target
+    if tail_s > slo_s:
+        return max(lo, min(u_target, 0.9 * u_obs))
+    if tail_s < 0.7 * slo_s and u_obs > u_target:
+        return min(hi, u_target + gain * (u_obs - u_target))
+    return u_target
 
 
 def ewma(prev: float | None, x: float | None, alpha: float) -> float | None:

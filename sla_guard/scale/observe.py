@@ -32,6 +32,7 @@ class EngineSample:
     pool: str
     computed_tps: float | None = None
     waiting_busy_share: float | None = None  # share of samples with requests waiting
+    busy_share: float | None = None  # share of samples with a running batch
     running_mean: float | None = None
     running_min: float | None = None
     step_s: float | None = None  # window / steps while it had a running batch
@@ -82,10 +83,12 @@ class Reader:
         acc = view.increase(_sample(c.SPEC_ACCEPTED_TOKENS), mt, w, now, by_e)
         d_tot = sum(drafts.values()) if drafts else 0.0
         t["accepted_len"] = 1.0 + sum(acc.values()) / d_tot if d_tot > 0 and acc else 1.0
+        t["accepted_len_seen"] = 1.0 if d_tot > 0 else 0.0
         for ind, metric in (("ttft", c.REQUEST_TTFT), ("tpot", c.REQUEST_TPOT)):
-            q = view.histogram_quantile(0.99, metric.name, mt, w, now, ())
-            vals = [v for v in q.values() if v == v]  # drop NaN (no requests)
-            t[f"{ind}_p99_s"] = max(vals) if vals else None
+            for qname, qv in (("p90", 0.9), ("p99", 0.99)):
+                q = view.histogram_quantile(qv, metric.name, mt, w, now, ())
+                vals = [v for v in q.values() if v == v]  # drop NaN (no requests)
+                t[f"{ind}_{qname}_s"] = max(vals) if vals else None
 
         steps = view.increase(_sample(c.ENGINE_STEPS), mt, w, now, by_e)
         tpot_sum = view.increase(_sample(c.REQUEST_TPOT, "_sum"), mt, w, now, by_e)
@@ -104,6 +107,7 @@ class Reader:
             if rs is not None and len(rs.v):
                 s.running_mean = float(rs.v.mean())
                 s.running_min = float(rs.v.min())
+                s.busy_share = float((rs.v > 0).mean())
             n_steps = steps.get(key)
             if n_steps and n_steps > 0 and s.running_min is not None and s.running_min >= 1:
                 s.step_s = w / n_steps

@@ -182,40 +182,34 @@ class PlannerPolicy:
         return out
 
     def _load_loop(self, now: float, obs: Observation) -> dict[str, int]:
-        """Per-engine live state: up by one when all engines miss, down by one when N-1 would meet."""
+        """Live per-engine state: up by one when every engine misses its target, down by one when
+        N-1 engines would still meet it at load x N/(N-1) (with the sensitivity margin)."""
         view, prof, out = obs.view, obs.profile, {}
-        w = 30.0
-        # prefill: estimated TTFT of each engine from its queue
+        w, by = 60.0, ("engine",)
         st = obs.pools.get("prefill")
         if st is not None and st.ready:
-            waiting = view.instant(_sample(c.REQUESTS_WAITING), {"pool": "prefill"}, now)
-            n_req = _total(view, c.REQUEST_PREFILL, {"pool": "prefill"}, w, now, "_count") or 0.0
-            computed = _total(view, c.PROMPT_TOKENS, {"pool": "prefill", "source": "computed"}, w, now) or 0.0
-            tok_req = computed / n_req if n_req else 0.0
-            cap = prefill_tokens_per_s(prof, max(tok_req, 1.0))
-            est = [(q + 1) * tok_req / cap for q in waiting.values()] if waiting and tok_req else []
-            if est and all(e > obs.slo_ttft_s for e in est):
+            s = view.increase(_sample(c.REQUEST_TTFT, "_sum"), {"pool": "prefill"}, w, now, by)
+            n = view.increase(_sample(c.REQUEST_TTFT, "_count"), {"pool": "prefill"}, w, now, by)
+            ttft = [s[k] / n[k] for k in n if n[k] > 0 and k in s]
+            if ttft and len(ttft) >= st.ready and all(x > obs.slo_ttft_s for x in ttft):
                 out["prefill"] = st.current + 1
-            elif est and st.ready > 1:
-                # mean queue per engine scaled to N-1 engines (load x N/(N-1))
-                q_n1 = sum(waiting.values()) / len(waiting) * st.ready / (st.ready - 1)
-                # and the throughput the N-1 engines would carry
-                util_n1 = computed / w / (cap * (st.ready - 1))
-                if (q_n1 + 1) * tok_req / cap < obs.slo_ttft_s * self.sensitivity and util_n1 < self.sensitivity:
-                    out["prefill"] = st.current - 1
+            elif ttft and st.ready > 1 and max(ttft) * st.ready / (st.ready - 1) < obs.slo_ttft_s * self.sensitivity:
+                # TTFT taken as growing linearly with the load per engine
+                out["prefill"] = st.current - 1
         st = obs.pools.get("decode")
         if st is not None and st.ready:
+            s = view.increase(_sample(c.REQUEST_TPOT, "_sum"), {"pool": "decode"}, w, now, by)
+            n = view.increase(_sample(c.REQUEST_TPOT, "_count"), {"pool": "decode"}, w, now, by)
+            itl = [s[k] / n[k] for k in n if n[k] > 0 and k in s]
             running = view.instant(_sample(c.REQUESTS_RUNNING), {"pool": "decode"}, now)
-            if running:
+            if itl and len(itl) >= st.ready and all(x > obs.slo_tpot_s for x in itl):
+                out["decode"] = st.current + 1
+            elif itl and running and st.ready > 1:
+                b = sum(running.values()) / st.ready
                 ctx = 12000.0
-                per = list(running.values())
-                itl = [decode_step_s(prof, b, ctx) / accepted_len(prof) for b in per]
-                if all(x > obs.slo_tpot_s for x in itl):
-                    out["decode"] = st.current + 1
-                elif st.ready > 1:
-                    b_n1 = sum(per) / (st.ready - 1)
-                    if decode_step_s(prof, b_n1, ctx) / accepted_len(prof) < obs.slo_tpot_s * self.sensitivity:
-                        out["decode"] = st.current - 1
+                grow = decode_step_s(prof, b * st.ready / (st.ready - 1), ctx) / decode_step_s(prof, b, ctx)
+                if max(itl) * grow < obs.slo_tpot_s * self.sensitivity:
+                    out["decode"] = st.current - 1
         return out
 
 
