@@ -15,7 +15,7 @@ import re
 
 from prometheus_client.parser import text_string_to_metric_families
 
-_LINE = re.compile(r"([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?[ \t]+(\S+)(?:[ \t]+(-?\d+))?[ \t]*")
+_LINE = re.compile(r"([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?[ \t]+(\S+)(?:[ \t]+(-?[0-9][0-9.eE+-]*))?[ \t]*")
 _LABEL = re.compile(r'[ \t]*([a-zA-Z_][a-zA-Z0-9_]*)[ \t]*=[ \t]*"((?:[^"\\]|\\.)*)"[ \t]*(,|$)')
 _ESC = re.compile(r"\\(.)")
 _UNESC = {"\\": "\\", '"': '"', "n": "\n"}
@@ -61,7 +61,9 @@ def _fast(text: str, drop_created: bool) -> list[Sample]:
         if m is None:
             if not line.strip():
                 continue
-            raise _Fallback
+            if "#" in line:  # OpenMetrics exemplar: the reference parser knows those
+                raise _Fallback
+            raise ExpositionError(f"line {lineno}: cannot parse {line[:120]!r}")
         name, ltext, vtext = m.group(1), m.group(2), m.group(3)
         if drop_created and name.endswith("_created"):
             continue

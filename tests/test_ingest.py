@@ -1,0 +1,176 @@
+"""Exposition parsing (fast path vs prometheus_client's reference parser), the scraper against
+real loopback servers, and target files."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import http.server
+import threading
+from pathlib import Path
+
+import pytest
+from guard_support import Engine, Served, free_port
+
+from exporters import contract as c
+from sla_guard.config import ScrapeSource, Target
+from sla_guard.ingest.discovery import DiscoveryError, parse_targets
+from sla_guard.ingest.parse import ExpositionError, _reference, parse_exposition
+from sla_guard.ingest.scrape import Scraper
+from sla_guard.ingest.source import UP
+from sla_guard.store import SeriesStore
+
+FIXTURE = Path(__file__).parent / "fixtures" / "vllm_exposition.txt"
+
+TRICKY = r'''# HELP x_total A counter with "quotes" and \ backslash
+# TYPE x_total counter
+x_total{path="/a,b}c",q="say \"hi\"",nl="a\nb",bs="c:\\dir"} 3
+x_total{path="",q="",nl="",bs=""} 1e3
+g_ratio -0.5
+g_ratio{a="1"} +Inf
+g_ratio{a="2"} -Inf
+g_ratio{a="3"} NaN
+with_ts{a="x"} 7 1700000000000
+spaces{ a = "1" , b="2",} 9
+'''
+
+
+def _norm(samples):
+    return sorted((n, tuple(sorted(lab.items())), repr(v)) for n, lab, v in samples)
+
+
+def test_fast_parser_agrees_with_reference_on_contract_exposition():
+    e = Engine()
+    for i in range(50):
+        e.request(0.1 * i, 0.001 * i)
+    e.rec.spec_decode(2, 6, 4, [2, 1, 1], [2, 2, 2])
+    text = e.exposition()
+    fast, _ = parse_exposition(text)
+    assert _norm(fast) == _norm(_reference(text, True))
+    assert any(n == c.REQUEST_TTFT.series("_bucket") for n, _, _ in fast)
+    assert not any(n.endswith("_created") for n, _, _ in fast)
+
+
+def test_fast_parser_agrees_with_reference_on_tricky_lines():
+    fast, _ = parse_exposition(TRICKY)
+    ref = _reference(TRICKY, True)
+    assert _norm(fast) == _norm(ref)
+    x = next(lab for n, lab, _ in fast if n == "x_total" and lab["path"])
+    assert x == {"path": "/a,b}c", "q": 'say "hi"', "nl": "a\nb", "bs": "c:\\dir"}
+
+
+@pytest.mark.skipif(not FIXTURE.exists(), reason="no recorded vLLM exposition yet")
+def test_fast_parser_agrees_on_recorded_vllm_exposition():
+    text = FIXTURE.read_text()
+    fast, _ = parse_exposition(text)
+    assert len(fast) > 100
+    assert _norm(fast) == _norm(_reference(text, True))
+
+
+@pytest.mark.parametrize("bad", ["x_total{a=\"1\" 3\n", "x_total 1 2 3 4\n", "x_total notanumber\n",
+                                 "{a=\"1\"} 3\n", 'x{a="1",a="2"} 1\n'])
+def test_malformed_lines_fail_the_whole_exposition(bad):
+    with pytest.raises(ExpositionError):
+        parse_exposition("ok_total 1\n" + bad)
+
+
+def test_openmetrics_exemplars_fall_back_to_reference():
+    text = ('# TYPE r counter\nr_total 5 # {trace_id="abc"} 1.0\n# EOF\n')
+    samples, _ = parse_exposition(text)
+    assert [(n, v) for n, _, v in samples] == [("r_total", 5.0)]
+
+
+def test_targets_file_formats_and_errors():
+    ts = parse_targets([{"url": "http://a:1/metrics", "model": "m", "pool": "decode"},
+                        {"targets": ["b:2", "c:3"], "labels": {"model": "n", "pool": "prefill"}}])
+    assert [(t.url, t.model, t.pool) for t in ts] == [
+        ("http://a:1/metrics", "m", "decode"), ("http://b:2/metrics", "n", "prefill"),
+        ("http://c:3/metrics", "n", "prefill")]
+    with pytest.raises(DiscoveryError, match=r"\[0\]\.pool"):
+        parse_targets([{"url": "http://a/metrics", "pool": "middle"}], "t.yaml")
+    with pytest.raises(DiscoveryError, match="expected a list"):
+        parse_targets({"url": "x"})
+
+
+class _Gzip(http.server.BaseHTTPRequestHandler):
+    body = b""
+
+    def do_GET(self):
+        data = gzip.compress(self.body)
+        self.send_response(200)
+        self.send_header("Content-Encoding", "gzip")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *a):
+        pass
+
+
+def test_scraper_stores_target_labels_up_and_gzip():
+    e = Engine(model="llama", pool="prefill", engine="3")
+    for _ in range(5):
+        e.request(0.2, 0.01)
+    plain = Served(e.exposition)
+    _Gzip.body = e.exposition().encode()
+    gz = http.server.ThreadingHTTPServer(("127.0.0.1", free_port()), _Gzip)
+    threading.Thread(target=gz.serve_forever, daemon=True).start()
+    store = SeriesStore()
+    cfg = ScrapeSource(targets=[Target(url=plain.url, model="llama", pool="prefill", name="a"),
+                                Target(url=f"http://127.0.0.1:{gz.server_address[1]}/metrics", model="llama",
+                                       pool="prefill", name="b")], timeout_s=2)
+    scr = Scraper(cfg, store, clock=lambda: 1000.0)
+    try:
+        asyncio.run(scr.collect(1000.0))
+        count = c.REQUEST_TTFT.series("_count")
+        got = store.instant(count, {}, 1000.0)
+        assert {dict(k)["instance"] for k in got} == {"a", "b"}
+        assert all(v == 5 for v in got.values())
+        # the exposition's own labels are kept (engine), target labels fill in instance
+        assert all(dict(k)["engine"] == "3" and dict(k)["model"] == "llama" for k in got)
+        ups = store.instant(UP, {"model": "llama", "pool": "prefill"}, 1000.0)
+        assert sorted(ups.values()) == [1.0, 1.0]
+        st = {t.name: t for t in scr.targets()}
+        assert st["a"].up and st["b"].up and st["a"].samples == st["b"].samples > 50
+    finally:
+        plain.stop()
+        gz.shutdown()
+        gz.server_close()
+
+
+def test_scraper_concurrency_limit_is_respected():
+    active, peak, lock = [0], [0], threading.Lock()
+
+    class Slow(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            with lock:
+                active[0] += 1
+                peak[0] = max(peak[0], active[0])
+            import time
+
+            time.sleep(0.2)
+            with lock:
+                active[0] -= 1
+            body = b"x_total 1\n"
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a):
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", free_port()), Slow)
+    srv.daemon_threads = True
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    port = srv.server_address[1]
+    cfg = ScrapeSource(targets=[Target(url=f"http://127.0.0.1:{port}/metrics?i={i}", name=f"t{i}")
+                                for i in range(8)], concurrency=3, timeout_s=5)
+    scr = Scraper(cfg, SeriesStore())
+    try:
+        asyncio.run(scr.collect())
+        assert peak[0] == 3
+        assert all(t.up for t in scr.targets())
+    finally:
+        srv.shutdown()
+        srv.server_close()
