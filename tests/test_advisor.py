@@ -40,7 +40,7 @@ def test_prefill_queue_scales_prefill_up_with_reason_and_numbers():
     assert any(r.startswith("prefill_") for r in pre.reasons)
     # 20k tok/s at 75% of 10k per replica -> 3 replicas plus the backlog
     assert pre.numbers["demand_uncached_tokens_per_s"] == pytest.approx(20_000, rel=0.1)
-    assert pre.numbers["ttft_p99_s"] > 2.5
+    assert pre.numbers["ttft_tail_s"] > 2.5
 
 
 def test_stale_data_holds_never_scales():

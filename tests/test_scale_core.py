@@ -8,7 +8,13 @@ from sla_guard.config import ConfigError
 from sla_guard.scale.config import parse_advisor
 from sla_guard.scale.core import DecodeKnobs, DecodeObs, PrefillKnobs, PrefillObs, Sizing, size_decode, size_prefill
 from sla_guard.scale.guardrails import Decision, PoolMemory, Rails, apply_budget, decide
-from sla_guard.scale.learn import PrefillCapacity, StepModel, update_prefill_capacity, update_step_model
+from sla_guard.scale.learn import (
+    PrefillCapacity,
+    StepModel,
+    adapt_target_utilization,
+    update_prefill_capacity,
+    update_step_model,
+)
 
 CAP = PrefillCapacity(tokens_per_s=10_000.0, samples=10)
 
@@ -46,9 +52,10 @@ def test_prefill_scale_down_only_if_n_minus_1_fits():
     assert s2.fits_at_n_minus_1
 
 
-def test_ttft_over_sla_with_queue_adds_one():
-    s = size_prefill(_p(ready=2, uncached_tps=10_000.0, waiting=1.0, ttft_p99_s=4.0), CAP, PrefillKnobs())
+def test_ttft_tail_over_sla_adds_one_and_blocks_scale_down():
+    s = size_prefill(_p(ready=2, uncached_tps=10_000.0, waiting=1.0, ttft_tail_s=4.0), CAP, PrefillKnobs())
     assert s.desired == 3 and "ttft_over_sla" in s.reasons
+    assert not s.fits_at_n_minus_1
 
 
 def test_missing_data_holds():
@@ -84,12 +91,24 @@ def test_kv_usage_caps_decode_batch_and_preemptions_force_growth():
     assert p.desired == 3 and "kv_preemptions" in p.reasons
 
 
-def test_prefill_capacity_learns_only_from_saturated_or_higher_samples():
-    cap = PrefillCapacity(tokens_per_s=10_000.0, samples=1)
-    lower_unsat = update_prefill_capacity(cap, 5_000.0, saturated=False)
-    assert lower_unsat.tokens_per_s == 10_000.0  # idle replicas do not shrink capacity
-    sat = update_prefill_capacity(cap, 12_000.0, saturated=True, alpha=0.5)
-    assert sat.tokens_per_s == pytest.approx(11_000.0)
+def test_prefill_capacity_is_throughput_over_busy_share():
+    prior = PrefillCapacity(tokens_per_s=100_000.0, samples=0, prior=100_000.0)
+    # half busy at 20k tok/s -> 40k flat out; the first real sample replaces the prior
+    first = update_prefill_capacity(prior, 20_000.0, busy_share=0.5)
+    assert first.tokens_per_s == pytest.approx(40_000.0) and first.samples == 1
+    # nearly idle windows teach nothing (an idle replica is not a slow one)
+    assert update_prefill_capacity(first, 1_000.0, busy_share=0.05) == first
+    nxt = update_prefill_capacity(first, 30_000.0, busy_share=1.0, alpha=0.5)
+    assert nxt.tokens_per_s == pytest.approx(35_000.0)
+
+
+def test_target_utilization_adapts_to_ttft_outcomes():
+    # TTFT tail broke the SLA at 40% busy: the target drops below it at once
+    assert adapt_target_utilization(0.5, 0.4, 3.0, 2.5) == pytest.approx(0.36)
+    # comfortably inside the SLA while hotter than the target: creep up slowly
+    up = adapt_target_utilization(0.3, 0.5, 1.0, 2.5)
+    assert 0.3 < up < 0.32
+    assert adapt_target_utilization(0.3, None, 1.0, 2.5) == 0.3
 
 
 def _sz(desired: int, fits: bool = True) -> Sizing:
@@ -106,21 +125,21 @@ def test_scale_down_waits_for_stabilization_and_needs_fit():
     d = decide("decode", 401, 4, 0, _sz(2), mem, rails)
     assert (d.direction, d.desired) == ("down", 3)
     # N-1 would not fit -> hold even though raw is lower
-    mem2 = PoolMemory()
+    mem2 = PoolMemory(first_t=0.0)
     d = decide("decode", 1000, 4, 0, _sz(2, fits=False), mem2, rails)
     assert d.direction == "none" and "hold_n_minus_1_would_not_fit" in d.reasons
 
 
 def test_no_reversal_within_window_and_cooldown():
-    mem, rails = PoolMemory(), Rails(stabilization_down_s=300, cooldown_s=120)
-    up = decide("prefill", 0, 2, 0, _sz(3), mem, rails)
+    mem, rails = PoolMemory(first_t=0.0), Rails(stabilization_down_s=300, cooldown_s=120)
+    up = decide("prefill", 1000, 2, 0, _sz(3), mem, rails)
     assert up.direction == "up"
     # load vanished right after the scale-up: no reversal within the window
     mem.history.clear()
-    d = decide("prefill", 60, 3, 0, _sz(1), mem, rails)
+    d = decide("prefill", 1060, 3, 0, _sz(1), mem, rails)
     assert d.direction == "none" and "hold_no_reversal_within_window" in d.reasons
     # cooldown after a scale-down
-    mem3 = PoolMemory(last_action_t=1000.0, last_down_t=1000.0)
+    mem3 = PoolMemory(last_action_t=1000.0, last_down_t=1000.0, first_t=0.0)
     d = decide("prefill", 1050, 4, 0, _sz(2), mem3, Rails(stabilization_down_s=0, cooldown_s=120))
     assert "hold_cooldown" in d.reasons
 
@@ -166,3 +185,29 @@ def test_advisor_config_errors_name_field_path():
         parse_advisor({"mode": "active"})
     assert "actuation" in str(e.value)
     assert parse_advisor({}).mode == "advisory"
+
+
+def test_window_runs_from_when_started_replicas_serve():
+    """A scale-up whose replicas took 10 minutes to start must not be reversed the moment they serve."""
+    mem, rails = PoolMemory(first_t=0.0), Rails(stabilization_down_s=300, cooldown_s=60)
+    assert decide("prefill", 1000, 2, 0, _sz(3), mem, rails).direction == "up"
+    for t in range(1015, 1600, 15):
+        decide("prefill", t, 2, 1, _sz(3), mem, rails)  # still starting
+    mem.history.clear()
+    d = decide("prefill", 1700, 3, 0, _sz(2), mem, rails)
+    assert d.direction == "none" and "hold_no_reversal_within_window" in d.reasons
+
+
+def test_first_scale_down_needs_evidence_and_overwhelming_fit():
+    rails = Rails(stabilization_down_s=300, cooldown_s=0, min_evidence_s=60)
+    mem = PoolMemory()
+    strong = Sizing(1, ["x"], {}, True, 0.8, strong_fit=True)
+    assert decide("decode", 0, 2, 0, strong, mem, rails).direction == "none"  # no evidence yet
+    assert decide("decode", 30, 2, 0, strong, mem, rails).direction == "none"
+    assert decide("decode", 60, 2, 0, strong, mem, rails).direction == "down"
+    # an ordinary fit waits for the full window
+    mem2 = PoolMemory()
+    plain = Sizing(1, ["x"], {}, True, 0.8, strong_fit=False)
+    for t in (0, 60, 120, 240):
+        assert decide("decode", t, 2, 0, plain, mem2, rails).direction == "none"
+    assert decide("decode", 300, 2, 0, plain, mem2, rails).direction == "down"

@@ -10,9 +10,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from exporters import contract as c
 from exporters.contract import Kind, Metric
-from sla_guard.model import Labels, MetricsView
+from sla_guard.model import Labels, MetricsView, Series
 
 
 def _sample(m: Metric, suffix: str = "") -> str:
@@ -22,6 +24,24 @@ def _sample(m: Metric, suffix: str = "") -> str:
 
 def _lab(labels: Labels, name: str) -> str:
     return dict(labels).get(name, "")
+
+
+def counter_rates(series: list[Series], by: str = "engine") -> dict[str, float]:
+    """Per-``by`` rate of counters from raw samples: reset-aware growth over the time the samples
+    actually cover. Unlike ``increase``, no extrapolation to the window's edges, so a replica
+    (or a guard) that started inside the window is not under- or over-counted."""
+    out: dict[str, float] = {}
+    for s in series:
+        if len(s.v) < 2:
+            continue
+        dt = float(s.t[-1] - s.t[0])
+        if dt <= 0:
+            continue
+        d = np.diff(s.v)
+        growth = float(np.where(d >= 0, d, s.v[1:]).sum())  # after a reset the counter restarts at 0
+        key = s.label(by)
+        out[key] = out.get(key, 0.0) + growth / dt
+    return out
 
 
 @dataclass(slots=True)
@@ -69,14 +89,16 @@ class Reader:
         t["kv_usage_max"] = max(kv.values()) if kv else None
 
         by_e = ("engine",)
-        computed = view.increase(_sample(c.PROMPT_TOKENS), {**mt, "source": "computed"}, w, now, by_e)
-        t["uncached_tps"] = sum(computed.values()) / w if computed else (0.0 if r.engines else None)
+        comp_mt = {**mt, "source": "computed"}
+        computed = counter_rates(view.range(_sample(c.PROMPT_TOKENS), comp_mt, now - w, now))
+        t["uncached_tps"] = sum(computed.values()) if computed else (0.0 if r.engines else None)
         prompt_all = view.increase(_sample(c.PROMPT_TOKENS), mt, w, now, ())
-        if prompt_all:
+        comp_inc = view.increase(_sample(c.PROMPT_TOKENS), comp_mt, w, now, ())
+        if prompt_all and comp_inc:
             tot = sum(prompt_all.values())
-            t["prefix_hit_ratio"] = 1.0 - (sum(computed.values()) / tot) if tot > 0 and computed else None
-        prefills = view.increase(_sample(c.REQUEST_PREFILL, "_count"), mt, w, now, ())
-        t["requests_per_s"] = sum(prefills.values()) / w if prefills else None
+            t["prefix_hit_ratio"] = 1.0 - (sum(comp_inc.values()) / tot) if tot > 0 else None
+        prefills = counter_rates(view.range(_sample(c.REQUEST_PREFILL, "_count"), mt, now - w, now))
+        t["requests_per_s"] = sum(prefills.values()) if prefills else None
         pre = view.increase(_sample(c.PREEMPTIONS), mt, w, now, ())
         t["preemptions_per_s"] = sum(pre.values()) / w if pre else 0.0
         drafts = view.increase(_sample(c.SPEC_DRAFTS), mt, w, now, by_e)
@@ -90,7 +112,7 @@ class Reader:
                 vals = [v for v in q.values() if v == v]  # drop NaN (no requests)
                 t[f"{ind}_{qname}_s"] = max(vals) if vals else None
 
-        steps = view.increase(_sample(c.ENGINE_STEPS), mt, w, now, by_e)
+        steps = counter_rates(view.range(_sample(c.ENGINE_STEPS), mt, now - w, now))
         tpot_sum = view.increase(_sample(c.REQUEST_TPOT, "_sum"), mt, w, now, by_e)
         tpot_cnt = view.increase(_sample(c.REQUEST_TPOT, "_count"), mt, w, now, by_e)
         run_series = {s.label("engine"): s for s in view.range(_sample(c.REQUESTS_RUNNING), mt, now - w, now)}
@@ -98,8 +120,8 @@ class Reader:
         for e in r.engines:
             key = (("engine", e),)
             s = EngineSample(engine=e, pool=pool)
-            if key in computed:
-                s.computed_tps = computed[key] / w
+            if e in computed:
+                s.computed_tps = computed[e]
             ws = wait_series.get(e)
             if ws is not None and len(ws.v):
                 s.waiting_busy_share = float((ws.v > 0).mean())
@@ -108,9 +130,9 @@ class Reader:
                 s.running_mean = float(rs.v.mean())
                 s.running_min = float(rs.v.min())
                 s.busy_share = float((rs.v > 0).mean())
-            n_steps = steps.get(key)
-            if n_steps and n_steps > 0 and s.running_min is not None and s.running_min >= 1:
-                s.step_s = w / n_steps
+            steps_per_s = steps.get(e)
+            if steps_per_s and steps_per_s > 0 and s.running_min is not None and s.running_min >= 1:
+                s.step_s = 1.0 / steps_per_s
             if tpot_cnt.get(key):
                 s.tpot_mean_s = tpot_sum.get(key, 0.0) / tpot_cnt[key]
             if drafts.get(key):
