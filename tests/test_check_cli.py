@@ -1,0 +1,130 @@
+"""`sla-guard check` as a user runs it (a subprocess), against engines served on real loopback
+HTTP: the table's numbers come from what the engines recorded; exit codes 0 / 1 / 2."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from guard_support import Engine, Served, free_port
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _check(cfg: dict, tmp_path: Path, *extra: str) -> subprocess.CompletedProcess:
+    f = tmp_path / "guard.yaml"
+    f.write_text(yaml.safe_dump(cfg))
+    return subprocess.run([sys.executable, "-m", "sla_guard.cli", "check", "--config", str(f), *extra],
+                          capture_output=True, text=True, timeout=60, cwd=ROOT)
+
+
+def _cfg(servers, min_requests=5):
+    objectives = [
+        {"name": "ttft_mean", "indicator": "ttft", "objective": "mean", "threshold_s": 2.5,
+         "min_requests": min_requests},
+        {"name": "tpot_mean", "indicator": "tpot", "objective": "mean", "threshold_s": 0.02,
+         "min_requests": min_requests},
+        {"name": "ttft_p90", "indicator": "ttft", "objective": "percentile", "threshold_s": 5.0,
+         "percentile": 0.9, "min_requests": min_requests},
+        {"name": "ttft_attainment", "indicator": "ttft", "objective": "attainment", "threshold_s": 2.5,
+         "target": 0.99, "min_requests": min_requests},
+    ]
+    return {"source": {"mode": "scrape", "timeout_s": 2,
+                       "targets": [{"url": s.url, "model": "m", "pool": pool} for s, pool in servers]},
+            "slos": [{"objectives": objectives}]}
+
+
+def _rows(stdout: str) -> dict[tuple[str, str], list[str]]:
+    lines = stdout.strip().splitlines()
+    head = lines[0]
+    cols = [head.index(h) for h in ("MODEL", "POOL", "SLO", "OBJECTIVE", "VALUE", "REQUESTS", "WINDOW", "BUDGET",
+                                     "STATUS", "NOTE")]
+    out = {}
+    for ln in lines[1:-1]:
+        cells = [ln[a:b].strip() for a, b in zip(cols, [*cols[1:], None], strict=True)]
+        out[(cells[1], cells[2])] = cells
+    return out
+
+
+def test_check_ok_table_matches_recorded_values(tmp_path):
+    e0, e1 = Engine(pool="decode", engine="0"), Engine(pool="decode", engine="1")
+    for i in range(10):
+        e0.request(0.1 + 0.01 * i, 0.010)
+        e1.request(0.3, 0.012)
+    servers = [Served(e0.exposition), Served(e1.exposition)]
+    try:
+        r = _check(_cfg([(servers[0], "decode"), (servers[1], "decode")]), tmp_path)
+    finally:
+        for s in servers:
+            s.stop()
+    assert r.returncode == 0, r.stdout + r.stderr
+    rows = _rows(r.stdout)
+    sent = e0.sent_ttft + e1.sent_ttft
+    assert rows[("decode", "ttft_mean")][4] == f"{sum(sent) / len(sent) * 1000:.1f} ms"
+    assert rows[("decode", "ttft_mean")][5] == "20"
+    assert rows[("decode", "tpot_mean")][4] == f"{(0.010 * 10 + 0.012 * 10) / 20 * 1000:.1f} ms"
+    assert rows[("decode", "ttft_attainment")][4] == "100.00%"
+    assert all(cells[8] == "ok" for cells in rows.values())
+    assert r.stdout.strip().endswith("overall: ok")
+
+
+def test_check_violation_exits_1(tmp_path):
+    e = Engine(pool="prefill")
+    for _ in range(10):
+        e.request(4.0, 0.01)
+    s = Served(e.exposition)
+    try:
+        r = _check(_cfg([(s, "prefill")]), tmp_path)
+    finally:
+        s.stop()
+    assert r.returncode == 1, r.stdout + r.stderr
+    rows = _rows(r.stdout)
+    assert rows[("prefill", "ttft_mean")][8] == "violated"
+    assert rows[("prefill", "ttft_mean")][4] == "4.000 s"
+
+
+def test_check_unknown_exits_2(tmp_path):
+    e = Engine()
+    e.request(0.1, 0.01)  # 1 request < min_requests
+    s = Served(e.exposition)
+    dead = f"http://127.0.0.1:{free_port()}/metrics"
+    try:
+        r = _check(_cfg([(s, "decode")]), tmp_path)
+        assert r.returncode == 2 and "unknown" in r.stdout and "need >= 5" in r.stdout
+        cfg = _cfg([(s, "decode")])
+        cfg["source"]["targets"].append({"url": dead, "model": "m", "pool": "prefill"})
+        r = _check(cfg, tmp_path)
+        assert r.returncode == 2 and "1 of 1 targets down" in r.stdout and "down" in r.stderr
+    finally:
+        s.stop()
+
+
+@pytest.mark.parametrize("content, fragment", [
+    ("source: {mode: scrape, interval_s: -1}\n", "source.scrape.interval_s"),
+    ("slos: [{objectives: [{name: x, indicator: ttft, objective: percentile, threshold_s: 1}]}]\n", "percentile"),
+    ("nonsense: 1\n", "nonsense: unknown field"),
+])
+def test_check_bad_config_exits_2_naming_the_field(tmp_path, content, fragment):
+    f = tmp_path / "bad.yaml"
+    f.write_text(content)
+    r = subprocess.run([sys.executable, "-m", "sla_guard.cli", "check", "--config", str(f)],
+                       capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert r.returncode == 2 and fragment in r.stderr, r.stderr
+
+
+def test_check_json_output(tmp_path):
+    import json
+
+    e = Engine()
+    for _ in range(6):
+        e.request(0.2, 0.01)
+    s = Served(e.exposition)
+    try:
+        r = _check(_cfg([(s, "decode")]), tmp_path, "--json")
+    finally:
+        s.stop()
+    body = json.loads(r.stdout)
+    assert body["status"] == "ok" and body["pools"][0]["slos"][0]["value"] == pytest.approx(0.2)
