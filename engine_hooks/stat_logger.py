@@ -209,7 +209,7 @@ class SlaGuardStatLogger(AggregateStatLoggerBase):
                                    s.kv_cache_usage)
             except Exception as e:
                 self._error("otel", e)
-        if eng.kv_consumer or s.num_kv_fetch_reqs_by_stage:
+        if eng.kv_consumer:  # like vLLM: the remote-KV wait gauge exists on consumers only
             rec.kv_fetch_by_stage(s.num_kv_fetch_reqs_by_stage)
         p = s.prefix_cache_stats
         if p is not None and (p.queries or p.hits):
