@@ -8,6 +8,7 @@ moving slope, and one Alertmanager alert.
 
 from __future__ import annotations
 
+import math
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping
@@ -114,6 +115,11 @@ def finding_json(f: Finding) -> dict:
     """The API's JSON form of a finding."""
     return {
         "detector": f.detector, "key": f.key, "severity": f.severity, "summary": f.summary,
-        "labels": f.labels, "details": f.details, "state": "open" if f.open else "resolved",
+        "labels": f.labels, "details": {k: _finite(v) for k, v in f.details.items()},
+        "state": "open" if f.open else "resolved",
         "opened_at": f.opened_at, "updated_at": f.updated_at, "resolved_at": f.resolved_at,
     }
+
+
+def _finite(v):
+    return None if isinstance(v, float) and not math.isfinite(v) else v

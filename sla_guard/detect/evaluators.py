@@ -1,0 +1,344 @@
+"""Evaluators that bind the detectors to the guard: each tick they pull series from a
+``MetricsView``, feed the pure detectors, keep findings in a ``FindingsBook`` and export the
+guard's detector metrics. ``router(book)`` serves ``GET /v1/findings``.
+
+Configuration lives under ``detectors:`` in the guard's YAML (validated by ``DetectorsConfig``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections import defaultdict
+
+import numpy as np
+from fastapi import APIRouter, HTTPException
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from exporters import contract as c
+from sla_guard.config import ConfigError
+from sla_guard.detect import drift, leak
+from sla_guard.detect.findings import FindingsBook, finding_json
+from sla_guard.model import MetricsView
+
+HOUR = 3600.0
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class LeakConfig(_Strict):
+    enabled: bool = True
+    limit_bytes: float | None = Field(default=None, gt=0, description="memory limit when no cgroup limit is known")
+    time_scale: float = Field(default=1.0, gt=0, description="compress time constants (tests only)")
+    critical_eta_h: float = Field(default=24.0, gt=0, description="ETA to the limit under this -> critical")
+
+
+class RateConfig(_Strict):
+    enabled: bool = True
+    arl0_days: float = Field(default=30.0, gt=0, description="mean time between false alarms")
+    shift: float = Field(default=0.04, gt=0, lt=1)
+    tolerance: float = Field(default=0.03, ge=0, lt=1)
+    warmup_s: float = Field(default=3600.0, gt=0)
+    interval_s: float = Field(default=60.0, gt=0)
+    per_position: bool = True
+
+
+class TpotConfig(_Strict):
+    enabled: bool = True
+    arl0_days: float = Field(default=30.0, gt=0)
+    rel_shift: float = Field(default=0.15, gt=0)
+    warmup_s: float = Field(default=3600.0, gt=0)
+    interval_s: float = Field(default=60.0, gt=0)
+
+
+class DetectorsConfig(_Strict):
+    leak: LeakConfig = Field(default_factory=LeakConfig)
+    acceptance: RateConfig = Field(default_factory=RateConfig)
+    prefix_hit: RateConfig = Field(default_factory=lambda: RateConfig(per_position=False))
+    tpot: TpotConfig = Field(default_factory=TpotConfig)
+
+
+def parse_detectors(data: dict | None) -> DetectorsConfig:
+    try:
+        return DetectorsConfig.model_validate(data or {})
+    except ValidationError as err:
+        lines = ["invalid configuration in detectors:"]
+        for e in err.errors():
+            path = ".".join(str(p) for p in e["loc"])
+            lines.append(f"  detectors.{path}: {e['msg']} (got {e.get('input')!r:.80})")
+        raise ConfigError("\n".join(lines)) from None
+
+
+def host_memory_bytes() -> float | None:
+    try:
+        import psutil
+
+        return float(psutil.virtual_memory().total)
+    except Exception:
+        return None
+
+
+def _lab(labels, name: str) -> str:
+    return dict(labels).get(name, "")
+
+
+# --- leak ------------------------------------------------------------------------------------
+
+class LeakEvaluator:
+    """RSS of every vLLM process (PROCESS_RSS) -> leak findings, one per process series."""
+
+    name = "leak"
+
+    def __init__(self, book: FindingsBook, cfg: LeakConfig = LeakConfig()) -> None:
+        self.book = book
+        self.cfg = cfg
+        self.params = leak.LeakParams().scaled(cfg.time_scale)
+        self.lookback_s = max(self.params.windows_s) + self.params.long_warmup_s + self.params.floor_window_s
+        self.metrics = None
+        self.verdicts: dict[str, leak.LeakVerdict] = {}
+        self._last_bucket: dict[str, int] = {}
+
+    def bind_metrics(self, metrics) -> None:
+        self.metrics = metrics
+
+    def _limit(self, view: MetricsView, matchers: dict, now: float) -> tuple[float | None, str]:
+        lim_metric = getattr(c, "PROCESS_MEMORY_LIMIT", None)
+        if lim_metric is not None:
+            vals = [v for v in view.instant(lim_metric.name, matchers, now).values() if v > 0 and math.isfinite(v)]
+            if vals:
+                return min(vals), "cgroup"
+        if self.cfg.limit_bytes:
+            return self.cfg.limit_bytes, "configured"
+        host = host_memory_bytes()
+        return host, "host_memory"
+
+    def evaluate(self, view: MetricsView, now: float) -> None:
+        if not self.cfg.enabled:
+            return
+        seen: set[str] = set()
+        for s in view.range(c.PROCESS_RSS.name, {}, now - self.lookback_s, now):
+            lab = dict(s.labels)
+            key = "leak/" + "/".join(lab.get(k, "") for k in ("instance", "model", "pool", "engine", "process"))
+            seen.add(key)
+            if len(s.t) == 0:
+                continue
+            bucket = int(s.t[-1] // self.params.bucket_s)
+            if self._last_bucket.get(key) == bucket and key in self.verdicts:
+                continue  # the floor only changes once per bucket
+            self._last_bucket[key] = bucket
+            ident = {k: lab[k] for k in ("model", "pool", "engine", "instance") if k in lab}
+            load = None
+            runs = view.range(c.REQUESTS_RUNNING.name, ident, now - self.lookback_s, now)
+            if runs:
+                load = (runs[0].t, runs[0].v)
+            start = None
+            for labels in view.instant(c.PROCESS_INFO.name, {**ident, "process": lab.get("process", "")}, now):
+                with contextlib.suppress(ValueError):
+                    start = float(_lab(labels, "start_time"))
+            limit, source = self._limit(view, {**ident, "process": lab.get("process", "")}, now)
+            v = leak.assess(s.t, s.v, self.params, limit_bytes=limit, load=load, start_time=start)
+            self.verdicts[key] = v
+            self._report(key, lab, v, limit, source, now)
+        for key in list(self.verdicts):
+            if key not in seen:  # the series is gone (process ended): nothing left to leak
+                self.verdicts.pop(key, None)
+                self._last_bucket.pop(key, None)
+                self.book.resolve(key, now, {"resolution": "series_gone"})
+
+    def _report(self, key, lab, v: leak.LeakVerdict, limit, source, now) -> None:
+        if self.metrics is not None and v.status != "unknown":
+            self.metrics[c.GUARD_LEAK_SLOPE].labels(lab.get("model", ""), lab.get("pool", ""),
+                                                    lab.get("instance", ""), lab.get("process", "")).set(v.slope_bps)
+        labels = {k: lab.get(k, "") for k in ("model", "pool", "instance", "process", "engine", "role")}
+        if v.detected:
+            sev = "critical" if v.eta_s is not None and v.eta_s < self.cfg.critical_eta_h * HOUR else "warning"
+            summary = (f"{lab.get('process', 'process')} RSS of {lab.get('model', '')}/{lab.get('pool', '')} grows "
+                       f"{v.slope_mib_per_h:.1f} MiB/h")
+            details = {"slope_mib_per_h": round(v.slope_mib_per_h, 3), "slope_bytes_per_s": v.slope_bps,
+                       "confidence": v.confidence, "z": v.z, "window_s": v.window_s, "onset": v.onset,
+                       "floor_bytes": v.floor_bytes, "limit_bytes": limit, "limit_source": source, "eta_s": v.eta_s}
+            self.book.raise_("leak", key, sev, summary, labels, details, now)
+            return
+        f = self.book.get(key)
+        if f is not None and f.open and (v.status == "ok" or (v.segment_start or 0) > f.opened_at):
+            self.book.resolve(key, now, {"resolution": "restart" if v.status == "unknown" else "trend_gone"})
+
+    def snapshot(self) -> dict:
+        return {"processes": {k: {"status": v.status, "reason": v.reason,
+                                  "slope_mib_per_h": round(v.slope_mib_per_h, 3), "z": v.z, "eta_s": v.eta_s}
+                              for k, v in self.verdicts.items()}}
+
+
+# --- rates -----------------------------------------------------------------------------------
+
+class _Counters:
+    """Increments of cumulative counters between ticks, summed by a label tuple."""
+
+    def __init__(self) -> None:
+        self.last: dict = {}
+
+    def step(self, values: dict, by: tuple[str, ...]) -> dict[tuple, float]:
+        out: dict[tuple, float] = defaultdict(float)
+        for labels, v in values.items():
+            if not math.isfinite(v):
+                continue
+            prev = self.last.get(labels)
+            self.last[labels] = v
+            if prev is None:
+                continue
+            out[tuple(_lab(labels, k) for k in by)] += v - prev if v >= prev else v
+        return out
+
+
+class RateDriftEvaluator:
+    """A ratio of two counters (successes / trials) per (model, pool[, position]) -> CUSUM."""
+
+    def __init__(self, book: FindingsBook, name: str, detector: str, trials, successes, cfg: RateConfig,
+                 sides: str, what: str, matchers: dict | None = None, by_position: bool = False,
+                 family: int = 1) -> None:
+        self.book, self.name, self.detector = book, name, detector
+        self.trials, self.successes, self.cfg = trials, successes, cfg
+        self.what, self.matchers = what, matchers or {}
+        self.by = ("model", "pool", "position") if by_position else ("model", "pool")
+        self.params = drift.RateDriftParams(interval_s=cfg.interval_s, warmup_s=cfg.warmup_s, shift=cfg.shift,
+                                            tolerance=cfg.tolerance, sides=sides, arl0_s=cfg.arl0_days * drift.DAY,
+                                            family=family)
+        self._n, self._x = _Counters(), _Counters()
+        self._acc: dict[tuple, list[float]] = defaultdict(lambda: [0.0, 0.0])
+        self._next: float | None = None
+        self.cusums: dict[tuple, drift.RateCusum] = {}
+
+    def evaluate(self, view: MetricsView, now: float) -> None:
+        if not self.cfg.enabled:
+            return
+        dn = self._n.step(view.instant(self.trials.exposed, self.matchers, now), self.by)
+        dx = self._x.step(view.instant(self.successes.exposed, self.matchers, now), self.by)
+        for k, n in dn.items():
+            acc = self._acc[k]
+            acc[0] += n
+            acc[1] += dx.get(k, 0.0)
+        if self._next is None:
+            self._next = now + self.params.interval_s
+            return
+        if now < self._next:
+            return
+        self._next = now + self.params.interval_s
+        for k, (n, x) in list(self._acc.items()):
+            self._acc[k] = [0.0, 0.0]
+            cus = self.cusums.setdefault(k, drift.RateCusum(self.params))
+            was_open = cus.alarm is not None
+            cus.update(now, n, min(x, n))
+            self._report(k, cus, was_open, now)
+
+    def _key(self, k: tuple) -> str:
+        return "/".join((self.detector, *k))
+
+    def _report(self, k: tuple, cus: drift.RateCusum, was_open: bool, now: float) -> None:
+        key = self._key(k)
+        labels = dict(zip(self.by, k, strict=True))
+        a = cus.alarm
+        if a is not None:
+            word = "fell" if a.direction == "down" else "rose"
+            where = f" at draft position {labels['position']}" if labels.get("position") else ""
+            summary = (f"{self.what}{where} of {labels.get('model')}/{labels.get('pool')} {word} "
+                       f"from {a.baseline:.3f} to {a.after:.3f}")
+            details = {"before": a.baseline, "after": a.after, "change_at": a.change_at, "direction": a.direction,
+                       "what": self.what, "unit": "", "statistic": a.statistic, "threshold": self.params.threshold,
+                       "arl0_days": self.cfg.arl0_days}
+            self.book.raise_(self.detector, key, "warning", summary, labels, details, now)
+        elif was_open:
+            self.book.resolve(key, now, {"after": cus.recent_rate()})
+
+    def snapshot(self) -> dict:
+        return {"/".join(k): cus.snapshot() for k, cus in self.cusums.items()}
+
+
+class TpotDriftEvaluator:
+    """Mean TPOT per interval vs the baseline at the same batch size -> latency-drift findings."""
+
+    name = "tpot_drift"
+
+    def __init__(self, book: FindingsBook, cfg: TpotConfig = TpotConfig()) -> None:
+        self.book, self.cfg = book, cfg
+        self.params = drift.LatencyDriftParams(interval_s=cfg.interval_s, warmup_s=cfg.warmup_s,
+                                               rel_shift=cfg.rel_shift, arl0_s=cfg.arl0_days * drift.DAY)
+        self._s, self._n = _Counters(), _Counters()
+        self._next: float | None = None
+        self._acc: dict[tuple, list[float]] = defaultdict(lambda: [0.0, 0.0])
+        self.cusums: dict[tuple, drift.LatencyCusum] = {}
+
+    def evaluate(self, view: MetricsView, now: float) -> None:
+        if not self.cfg.enabled:
+            return
+        by = ("model", "pool")
+        ds = self._s.step(view.instant(c.REQUEST_TPOT.series("_sum"), {}, now), by)
+        dn = self._n.step(view.instant(c.REQUEST_TPOT.series("_count"), {}, now), by)
+        for k, n in dn.items():
+            self._acc[k][0] += ds.get(k, 0.0)
+            self._acc[k][1] += n
+        if self._next is None or now < self._next:
+            self._next = self._next or now + self.params.interval_s
+            return
+        self._next = now + self.params.interval_s
+        running: dict[tuple, list[float]] = defaultdict(list)
+        for labels, v in view.instant(c.REQUESTS_RUNNING.name, {}, now).items():
+            running[tuple(_lab(labels, x) for x in by)].append(v)
+        for k, (s, n) in list(self._acc.items()):
+            self._acc[k] = [0.0, 0.0]
+            if n <= 0 or k not in running:
+                continue
+            cus = self.cusums.setdefault(k, drift.LatencyCusum(self.params))
+            was_open = cus.alarm is not None
+            cus.update(now, s / n, float(np.mean(running[k])))
+            key = "/".join(("tpot_drift", *k))
+            labels = dict(zip(by, k, strict=True))
+            if cus.alarm is not None:
+                a = cus.alarm
+                self.book.raise_("tpot_drift", key, "warning",
+                                 f"TPOT of {k[0]}/{k[1]} is {100 * (a.after - 1):.0f}% above its baseline at the same "
+                                 "batch size", labels,
+                                 {"before": 1.0, "after": a.after, "what": "TPOT relative to baseline at same load",
+                                  "unit": "x", "change_at": a.change_at, "threshold": self.params.threshold,
+                                  "arl0_days": self.cfg.arl0_days}, now)
+            elif was_open:
+                self.book.resolve(key, now)
+
+    def snapshot(self) -> dict:
+        return {"/".join(k): cus.snapshot() for k, cus in self.cusums.items()}
+
+
+def build_evaluators(book: FindingsBook, cfg: DetectorsConfig) -> list:
+    evs: list = [LeakEvaluator(book, cfg.leak)]
+    fam = 5 if cfg.acceptance.per_position else 1  # overall + up to 4 positions share the ARL0
+    evs.append(RateDriftEvaluator(book, "acceptance_drift", "acceptance_drift", c.SPEC_DRAFT_TOKENS,
+                                  c.SPEC_ACCEPTED_TOKENS, cfg.acceptance, "both", "spec-decode acceptance",
+                                  family=fam))
+    if cfg.acceptance.per_position:
+        evs.append(RateDriftEvaluator(book, "acceptance_drift_per_position", "acceptance_drift",
+                                      c.SPEC_DRAFT_TOKENS_POS, c.SPEC_ACCEPTED_TOKENS_POS, cfg.acceptance, "both",
+                                      "spec-decode acceptance", by_position=True, family=fam))
+    evs.append(RateDriftEvaluator(book, "prefix_hit_drift", "prefix_hit_drift", c.PREFIX_CACHE_QUERIES,
+                                  c.PREFIX_CACHE_HITS, cfg.prefix_hit, "down", "prefix-cache hit rate",
+                                  matchers={"cache": "local"}))
+    evs.append(TpotDriftEvaluator(book, cfg.tpot))
+    return evs
+
+
+def router(book: FindingsBook) -> APIRouter:
+    """``GET /v1/findings?state=open|resolved|all&detector=&model=&pool=``."""
+    r = APIRouter(tags=["findings"])
+
+    @r.get("/v1/findings")
+    def findings(state: str = "open", detector: str | None = None, model: str | None = None,
+                 pool: str | None = None) -> dict:
+        if state not in ("open", "resolved", "all"):
+            raise HTTPException(400, "state must be one of open, resolved, all")
+        items = {"open": book.open_findings, "resolved": book.resolved_findings, "all": book.all}[state]()
+        out = [finding_json(f) for f in items
+               if (detector is None or f.detector == detector) and (model is None or f.labels.get("model") == model)
+               and (pool is None or f.labels.get("pool") == pool)]
+        return {"findings": out, "count": len(out)}
+
+    return r

@@ -1,0 +1,97 @@
+"""`sla-guard analyze leak|drift` on generated CSVs and on bad input (the real CLI entry point
+in a subprocess, as CI and post-mortems run it)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from sla_guard.detect import synthetic as sy
+
+CLI = [sys.executable, "-m", "sla_guard.cli", "analyze"]
+
+
+def _run(*args) -> subprocess.CompletedProcess:
+    return subprocess.run([*CLI, *map(str, args)], capture_output=True, text=True, timeout=120)
+
+
+def _leak_csv(path: Path, rate: float, seed: int, with_limit: bool = True) -> sy.RssCase:
+    c = sy.rss_case("sawtooth", seed, leak_mib_h=rate, days=0.75, onset_h=5.0)
+    cols = ["timestamp", "rss_bytes"] + (["limit_bytes"] if with_limit else [])
+    rows = [",".join(cols)]
+    for t, v in zip(c.t, c.v, strict=True):
+        rows.append(f"{1.8e9 + t:.3f},{v:.0f}" + (f",{c.limit_bytes:.0f}" if with_limit else ""))
+    path.write_text("\n".join(rows) + "\n")
+    return c
+
+
+def test_analyze_leak_detects_48_mib_per_hour(tmp_path):
+    c = _leak_csv(tmp_path / "rss.csv", 48.0, seed=3)
+    r = _run("leak", tmp_path / "rss.csv")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["detected"] is True
+    assert 0 < out["detected_at"] - (1.8e9 + c.onset) <= 2.5 * 3600
+    assert 25 < out["slope_mib_per_h"] < 80
+    assert out["limit_bytes"] == pytest.approx(8 * 2**30) and out["eta_s"] > 0
+
+
+def test_analyze_leak_quiet_on_non_leaking_series(tmp_path):
+    _leak_csv(tmp_path / "rss.csv", 0.0, seed=4, with_limit=False)
+    r = _run("leak", tmp_path / "rss.csv")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["detected"] is False and out["detected_at"] is None
+    assert out["status_at_end"] == "ok"
+
+
+def test_analyze_drift_detects_drop_and_iso_timestamps(tmp_path):
+    c = sy.rate_case("step", 5, change=-0.10, baseline=0.6, days=0.5, onset_h=4.0)
+    from datetime import UTC, datetime
+
+    rows = ["timestamp,draft_tokens,accepted_tokens"]
+    for t, n, x in zip(c.t, c.drafts, c.accepted, strict=True):
+        rows.append(f"{datetime.fromtimestamp(1.8e9 + t, UTC).isoformat()},{n:.0f},{x:.0f}")
+    (tmp_path / "acc.csv").write_text("\n".join(rows) + "\n")
+    r = _run("drift", tmp_path / "acc.csv")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["detected"] is True and out["direction"] == "down"
+    assert 0 < out["detected_at"] - (1.8e9 + c.onset) <= 600
+    assert out["baseline_rate"] == pytest.approx(0.6, abs=0.03)
+
+
+def test_analyze_drift_no_change(tmp_path):
+    c = sy.rate_case("stationary", 6, days=0.5)
+    rows = ["timestamp,draft_tokens,accepted_tokens"] + [
+        f"{t:.0f},{n:.0f},{x:.0f}" for t, n, x in zip(c.t, c.drafts, c.accepted, strict=True)]
+    (tmp_path / "acc.csv").write_text("\n".join(rows) + "\n")
+    out = json.loads(_run("drift", tmp_path / "acc.csv").stdout)
+    assert out["detected"] is False and out["baseline_learned"] is True
+
+
+@pytest.mark.parametrize(("content", "needle"), [
+    ("time,rss\n1,2\n", "missing column(s) timestamp, rss_bytes"),
+    ("timestamp,rss_bytes\n1,2\n2,lots\n", "row 3, column rss_bytes: 'lots' is not a number"),
+    ("timestamp,rss_bytes\n1,2\n", "need at least 2 data rows"),
+    ("timestamp,rss_bytes\nyesterday,2\n2,3\n", "column timestamp"),
+])
+def test_analyze_bad_input_exit_2_with_clear_message(tmp_path, content, needle):
+    (tmp_path / "bad.csv").write_text(content)
+    r = _run("leak", tmp_path / "bad.csv")
+    assert r.returncode == 2
+    assert needle in r.stderr
+    assert r.stdout == ""
+
+
+def test_analyze_missing_and_binary_file(tmp_path):
+    r = _run("drift", tmp_path / "nope.csv")
+    assert r.returncode == 2 and "cannot read" in r.stderr
+    (tmp_path / "bin.csv").write_bytes(np.random.default_rng(0).bytes(256))
+    r = _run("drift", tmp_path / "bin.csv")
+    assert r.returncode == 2 and "bin.csv" in r.stderr

@@ -1,0 +1,186 @@
+"""Pure-math tests of the leak and drift detectors (small synthetic data, no I/O)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from sla_guard.detect import drift, leak
+from sla_guard.detect import synthetic as sy
+
+MIB, HOUR = leak.MIB, leak.HOUR
+
+
+def test_theil_sen_ignores_outliers():
+    x = np.arange(30.0)
+    y = 3.0 * x + 7
+    y[[3, 17, 25]] += 1000
+    slope, icpt = leak.theil_sen(x, y)
+    assert slope == pytest.approx(3.0)
+    assert icpt == pytest.approx(7.0)
+
+
+def test_mann_kendall_trend_vs_noise_and_autocorrelation_correction():
+    rng = np.random.default_rng(0)
+    x = np.arange(40.0)
+    _, z_up = leak.mann_kendall(x, x + rng.normal(0, 2, 40))
+    _, z_noise = leak.mann_kendall(x, rng.normal(0, 1, 40))
+    assert z_up > 5 and abs(z_noise) < 3
+    # a random walk has a spurious trend: the corrected z is smaller than the naive one
+    walk = np.cumsum(rng.normal(0, 1, 40))
+    s, z = leak.mann_kendall(x, walk)
+    naive = (s - np.sign(s)) / math.sqrt(40 * 39 * 85 / 18)
+    assert abs(z) <= abs(naive) + 1e-12
+
+
+def test_floor_removes_gc_sawtooth_but_keeps_slope():
+    t = np.arange(0, 6 * HOUR, 15.0)
+    saw = 100 * MIB * ((t / 420.0) % 1.0)  # 7-minute GC sawtooth, 100 MiB tall
+    v = 6 * 2**30 + saw + t * 48 * MIB / HOUR
+    tf, yf = leak.floor_series(t, v, 300, 900)
+    slope, _ = leak.theil_sen(tf, yf)
+    assert slope * HOUR / MIB == pytest.approx(48, rel=0.05)
+    resid = yf - (yf[0] + slope * (tf - tf[0]))
+    assert np.ptp(resid[3:]) < 10 * MIB  # sawtooth gone (raw series swings 100 MiB)
+
+
+def test_step_sse_prefers_steps():
+    y = np.r_[np.zeros(20), np.ones(20) * 5, np.ones(20) * 9]
+    assert leak.step_sse(y) == pytest.approx(0.0, abs=1e-9)
+    line = np.arange(60.0)
+    assert leak.step_sse(line) > 100
+
+
+def _series(rate_mib_h=0.0, onset_h=3.0, hours=8.0, seed=0, step_at_h=None):
+    rng = np.random.default_rng(seed)
+    t = np.arange(0, hours * HOUR, 30.0)
+    v = 6 * 2**30 + rng.normal(0, 3 * MIB, len(t)) + 60 * MIB * ((t / 300.0) % 1.0)
+    v += np.maximum(0, t - onset_h * HOUR) * rate_mib_h * MIB / HOUR
+    if step_at_h is not None:
+        v += np.where(t >= step_at_h * HOUR, 300 * MIB, 0.0)
+    return t, v
+
+
+def test_leak_48_mib_h_detected_with_slope_eta_and_onset():
+    t, v = _series(48.0, onset_h=3.0, hours=6.0)
+    verdict = leak.assess(t, v, limit_bytes=8 * 2**30)
+    assert verdict.detected
+    assert verdict.slope_mib_per_h == pytest.approx(48, rel=0.2)
+    assert verdict.confidence > 0.999
+    assert verdict.eta_s == pytest.approx((8 * 2**30 - verdict.floor_bytes) / verdict.slope_bps)
+    assert abs(verdict.onset - 3 * HOUR) < 0.75 * HOUR
+    first = leak.first_detection(leak.scan(t, v))
+    assert first is not None and 3 * HOUR < first[0] <= 5 * HOUR
+
+
+def test_no_leak_flat_step_and_warmup():
+    t, v = _series(0.0, hours=10.0)
+    assert leak.assess(t, v).status == "ok"
+    t, v = _series(0.0, hours=10.0, step_at_h=5.0)  # one allocator step of 300 MiB
+    assert not any(ver.detected for _, ver in leak.scan(t, v))
+    t, v = _series(48.0, onset_h=0.0, hours=0.4)
+    assert leak.assess(t, v).status == "unknown"  # still warming up: never "ok"
+
+
+def test_restart_starts_a_new_segment():
+    t, v = _series(200.0, onset_h=0.5, hours=8.0)
+    v[t >= 7 * HOUR] = 2 * 2**30  # restarted process: RSS falls, warm-up again
+    verdict = leak.assess(t, v)
+    assert verdict.segment_start == pytest.approx(7 * HOUR)
+    assert verdict.status == "unknown"
+
+
+def test_scaled_params_compress_time_only():
+    p = leak.LeakParams()
+    q = p.scaled(60)
+    assert q.windows_s[0] == p.windows_s[0] / 60 and q.min_slope_bps == p.min_slope_bps * 60
+    assert q.min_rise_bytes == p.min_rise_bytes and q.z_crit == p.z_crit
+
+
+def test_synthetic_leak_case_detected_and_sawtooth_case_quiet():
+    c = sy.rss_case("sawtooth", 1000, leak_mib_h=48.0, days=0.6, onset_h=4.0)
+    first = leak.first_detection(leak.scan(c.t, c.v, load=(c.t, c.load)))
+    assert first is not None and first[0] - c.onset < 2.5 * HOUR
+
+
+# --- drift ------------------------------------------------------------------------------------
+
+def test_threshold_from_arl0():
+    p = drift.RateDriftParams(arl0_s=30 * 86400, interval_s=60, sides="both", family=1)
+    assert p.threshold == pytest.approx(math.log(30 * 1440 * 2))
+    assert drift.threshold_for_arl(86400, 60, 1, 5) == pytest.approx(math.log(1440 * 5))
+
+
+def _binomial_counters(p_before, p_after, onset_s, total_s, rate=50.0, dt=10.0, seed=0):
+    rng = np.random.default_rng(seed)
+    t = np.arange(dt, total_s + dt, dt)
+    p = np.where(t >= onset_s, p_after, p_before)
+    n = rng.poisson(rate * dt, len(t))
+    x = rng.binomial(n, p)
+    return t, np.cumsum(n).astype(float), np.cumsum(x).astype(float)
+
+
+def test_acceptance_drop_060_to_050_at_50_per_s_within_10_minutes():
+    onset = 3 * HOUR
+    t, n, x = _binomial_counters(0.6, 0.5, onset, 5 * HOUR)
+    alarms, cus = drift.scan_rate(t, n, x)
+    assert alarms and alarms[0].direction == "down"
+    assert 0 < alarms[0].at - onset <= 600
+    assert cus.p0 == pytest.approx(0.6, abs=0.01)
+    assert alarms[0].after == pytest.approx(0.5, abs=0.03)
+
+
+def test_no_alarm_without_change_and_counter_reset_tolerated():
+    t, n, x = _binomial_counters(0.6, 0.6, 0, 12 * HOUR, seed=3)
+    half = len(t) // 2
+    n[half:] -= n[half - 1]  # engine restart: counters start over
+    x[half:] -= x[half - 1]
+    alarms, cus = drift.scan_rate(t, n, x)
+    assert alarms == []
+    assert cus.p0 is not None
+
+
+def test_false_alarm_rate_respects_lorden_bound():
+    """With ARL0 = 6 h, 5 simulated days of a stationary binomial rate at the band edge
+    (worst case, p = p0 - tolerance) should give about <= 20 alarms (Lorden: ARL0 >= e^h)."""
+    params = drift.RateDriftParams(arl0_s=6 * HOUR, sides="down", tolerance=0.0, min_tau=0.0, warmup_s=600)
+    rng = np.random.default_rng(7)
+    cus = drift.RateCusum(params)
+    alarms = 0
+    for i in range(5 * 1440):
+        n = rng.poisson(3000)
+        if cus.update(60.0 * (i + 1), n, rng.binomial(n, 0.6)) is not None:
+            alarms += 1
+        if cus.alarm is not None:
+            cus.alarm = None  # count every crossing
+    assert cus.p0 == pytest.approx(0.6, abs=0.01)
+    assert alarms <= 20 * 1.5
+
+
+def test_latency_drift_conditioned_on_load():
+    params = drift.LatencyDriftParams(warmup_s=1800)
+    cus = drift.LatencyCusum(params)
+    rng = np.random.default_rng(1)
+
+    def tpot(running):  # a busier batch is slower: not a drift
+        return 0.010 + 0.0005 * running
+
+    t = 0.0
+    for i in range(120):  # warm-up over two load levels
+        t += 60
+        r = 4 if i % 2 else 16
+        cus.update(t, tpot(r) * rng.normal(1, 0.03), r)
+    alarms = []
+    for _ in range(240):  # load shifts to the high bin only: no drift
+        t += 60
+        alarms.append(cus.update(t, tpot(16) * rng.normal(1, 0.03), 16))
+    assert not any(alarms)
+    fired = None
+    for i in range(60):  # same load, 30 % slower: drift
+        t += 60
+        if cus.update(t, 1.3 * tpot(16) * rng.normal(1, 0.03), 16) is not None:
+            fired = i
+            break
+    assert fired is not None and fired < 10

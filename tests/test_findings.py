@@ -1,0 +1,125 @@
+"""Findings lifecycle, and the detector evaluators end to end inside the real guard: samples in
+the real embedded store -> Guard ticks -> findings -> GET /v1/findings (bearer auth) and the
+guard's /metrics."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+from prometheus_client import CollectorRegistry
+
+from exporters import contract as c
+from exporters.contract import Component
+from exporters.prometheus import ContractMetrics
+from sla_guard.api import create_app
+from sla_guard.config import ConfigError, GuardConfig
+from sla_guard.detect.evaluators import DetectorsConfig, LeakEvaluator, RateDriftEvaluator, parse_detectors, router
+from sla_guard.detect.findings import FindingsBook
+from sla_guard.service import Guard
+from sla_guard.store import SeriesStore
+
+MIB, HOUR = 1024.0 * 1024.0, 3600.0
+T0 = 1_800_000_000.0
+LAB = {"model": "m", "pool": "decode", "engine": "0", "instance": "host-a:8000"}
+
+
+def test_book_dedups_and_resolves_with_metrics():
+    m = ContractMetrics(CollectorRegistry(), components=[Component.GUARD])
+    book = FindingsBook(m, max_resolved=2)
+    labels = {"model": "m", "pool": "decode"}
+    f1 = book.raise_("leak", "k1", "warning", "s", labels, {"slope_mib_per_h": 10.0}, 1.0)
+    f2 = book.raise_("leak", "k1", "critical", "s2", labels, {"slope_mib_per_h": 20.0}, 2.0)
+    assert f1 is f2 and f2.opened_at == 1.0 and f2.updated_at == 2.0 and f2.details["slope_mib_per_h"] == 20.0
+    g = m.registry.get_sample_value
+    assert g(c.GUARD_FINDINGS.name, {**labels, "detector": "leak", "severity": "critical"}) == 1
+    assert g(c.GUARD_FINDINGS.name, {**labels, "detector": "leak", "severity": "warning"}) == 0
+    assert g(c.GUARD_FINDINGS_TOTAL.exposed, {**labels, "detector": "leak"}) == 1
+    book.raise_("leak", "k2", "warning", "s", labels, {}, 3.0)
+    assert [f.key for f in book.sync("leak", ["k2"], 4.0)] == ["k1"]
+    assert book.get("k1").resolved_at == 4.0 and not book.get("k1").open
+    assert g(c.GUARD_FINDINGS.name, {**labels, "detector": "leak", "severity": "critical"}) == 0
+    for i in range(3):  # bounded history of resolved findings
+        book.raise_("x", f"r{i}", "warning", "s", labels, {}, 5.0)
+        book.resolve(f"r{i}", 6.0)
+    assert len(book.resolved_findings()) == 2
+
+
+def test_detectors_config_errors_name_the_field():
+    assert parse_detectors({}).acceptance.arl0_days == 30
+    with pytest.raises(ConfigError, match=r"detectors\.acceptance\.arl0_days"):
+        parse_detectors({"acceptance": {"arl0_days": -1}})
+    with pytest.raises(ConfigError, match=r"detectors\.leak\.bogus"):
+        parse_detectors({"leak": {"bogus": 1}})
+
+
+def _guard(evaluators, store):
+    return Guard.for_store(GuardConfig(), store, evaluators, with_slo=False)
+
+
+def test_leak_evaluator_in_guard_opens_finding_served_by_api():
+    store = SeriesStore(slots=1500, retention_s=30 * HOUR)
+    book = FindingsBook()
+    ev = LeakEvaluator(book, DetectorsConfig().leak.model_copy(update={"limit_bytes": 8 * 2**30}))
+    guard = _guard([ev], store)
+    ev.book = book = FindingsBook(guard.metrics)
+    rng = np.random.default_rng(0)
+    onset = T0 + 1 * HOUR
+    labels = {**LAB, "role": "engine_core", "process": "engine_core"}
+    opened = None
+    for i, t in enumerate(np.arange(T0, T0 + 6 * HOUR, 30.0)):
+        v = 6 * 2**30 + rng.normal(0, 3 * MIB) + 80 * MIB * ((t / 360) % 1) + max(0.0, t - onset) * 200 * MIB / HOUR
+        store.append(c.PROCESS_RSS.name, labels, t, v)
+        store.append(c.REQUESTS_RUNNING.name, LAB, t, 8 + 2 * np.sin(t / 5000))
+        if i % 10 == 0:
+            guard.tick(t)
+            if opened is None and book.open_findings():
+                opened = t
+    assert opened is not None and opened - onset < 2.5 * HOUR
+    f = book.open_findings()[0]
+    assert f.detector == "leak" and f.labels["process"] == "engine_core" and f.labels["instance"] == "host-a:8000"
+    assert 120 < f.details["slope_mib_per_h"] < 280 and f.details["limit_source"] == "configured"
+    assert f.severity == "critical"  # the limit is hours away
+    slope = guard.registry.get_sample_value(c.GUARD_LEAK_SLOPE.name, {"model": "m", "pool": "decode",
+                                                                       "instance": "host-a:8000",
+                                                                       "process": "engine_core"})
+    assert slope == pytest.approx(f.details["slope_bytes_per_s"])
+    app = create_app(guard, token="tok", extra_routers=[router(book)])
+    client = TestClient(app)
+    assert client.get("/v1/findings").status_code == 401
+    r = client.get("/v1/findings", headers={"Authorization": "Bearer tok"})
+    assert r.status_code == 200
+    body = r.json()
+    assert body["count"] == 1 and body["findings"][0]["state"] == "open"
+    assert client.get("/v1/findings?state=nope", headers={"Authorization": "Bearer tok"}).status_code == 400
+    assert "slaguard_guard_findings" in client.get("/metrics").text
+
+
+def test_acceptance_drift_evaluator_fires_within_10_minutes_and_resolves():
+    store = SeriesStore(slots=1000, retention_s=30 * HOUR)
+    book = FindingsBook()
+    cfg = DetectorsConfig().acceptance
+    ev = RateDriftEvaluator(book, "acceptance_drift", "acceptance_drift", c.SPEC_DRAFT_TOKENS,
+                            c.SPEC_ACCEPTED_TOKENS, cfg, "both", "spec-decode acceptance")
+    guard = _guard([ev], store)
+    rng = np.random.default_rng(2)
+    n = x = 0.0
+    onset, back = T0 + 2 * HOUR, T0 + 3 * HOUR
+    opened = resolved = None
+    for t in np.arange(T0, T0 + 4 * HOUR, 15.0):
+        p = 0.5 if onset <= t < back else 0.6
+        dn = rng.poisson(50 * 15)
+        n += dn
+        x += rng.binomial(dn, p)
+        store.append(c.SPEC_DRAFT_TOKENS.exposed, LAB, t, n)
+        store.append(c.SPEC_ACCEPTED_TOKENS.exposed, LAB, t, x)
+        guard.tick(t)
+        f = book.get("acceptance_drift/m/decode")
+        if f is not None and opened is None:
+            opened = t
+        if f is not None and not f.open and resolved is None:
+            resolved = t
+    assert opened is not None and 0 < opened - onset <= 600
+    f = book.get("acceptance_drift/m/decode")
+    assert f.details["before"] == pytest.approx(0.6, abs=0.02) and f.details["direction"] == "down"
+    assert resolved is not None and resolved > back
