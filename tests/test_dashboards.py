@@ -105,3 +105,12 @@ def test_every_engine_side_metric_is_on_a_dashboard():
     wanted = [m for m in c.ALL if m.component is not c.Component.GUARD and m not in not_plotted]
     missing = [m.name for m in wanted if not re.search(rf"\b{m.exposed}(_bucket|_sum|_count)?\b", used)]
     assert missing == []
+
+
+def test_dashboards_doc_is_regenerated_exactly():
+    from dashboards.docs import DOC_PATH, render_doc
+
+    doc = render_doc(render_dashboards())
+    assert DOC_PATH.read_text() == doc
+    for b in BOARDS.values():
+        assert f"## {b['title']}" in doc and all(e in doc for e in exprs(b))

@@ -23,12 +23,16 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     from alerts.generate import RULES_DIR, diff, render_rules, write
     from alerts.slo_rules import GenerationError
+    from dashboards.docs import DOC_PATH, render_doc
     from dashboards.generate import JSON_DIR, render_dashboards
 
     try:
         config = load_config(args.config) if args.config else GuardConfig()
+        boards = render_dashboards(config)
         outputs = [(render_rules(config), args.rules_dir or RULES_DIR, "*.yaml"),
-                   (render_dashboards(config), args.dashboards_dir or JSON_DIR, "*.json")]
+                   (boards, args.dashboards_dir or JSON_DIR, "*.json")]
+        if args.dashboards_dir is None and args.config is None:  # the committed doc describes the defaults
+            outputs.append(({DOC_PATH.name: render_doc(boards)}, DOC_PATH.parent, DOC_PATH.name))
     except (ConfigError, GenerationError) as err:
         print(err, file=sys.stderr)
         return 2
