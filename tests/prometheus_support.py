@@ -1,0 +1,92 @@
+"""A real Prometheus (Debian package) on 127.0.0.1 with temporary storage, for tests and
+benchmarks that compare the guard with it."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import yaml
+
+
+def prometheus_binary() -> str | None:
+    return shutil.which("prometheus")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class PrometheusProcess:
+    """``prometheus`` scraping ``targets`` (host:port) every ``interval_s``; stop() kills it
+    and removes its storage."""
+
+    def __init__(self, targets: list[str], interval_s: float = 1.0, job: str = "engines",
+                 metrics_path: str = "/metrics") -> None:
+        self.dir = Path(tempfile.mkdtemp(prefix="sla-guard-prom-"))
+        self.port = _free_port()
+        cfg = {
+            "global": {"scrape_interval": f"{int(interval_s * 1000)}ms",
+                       "scrape_timeout": f"{int(interval_s * 900)}ms",
+                       "evaluation_interval": "1s"},
+            "scrape_configs": [{"job_name": job, "metrics_path": metrics_path,
+                                "static_configs": [{"targets": targets}]}],
+        }
+        (self.dir / "prometheus.yml").write_text(yaml.safe_dump(cfg))
+        self.log = open(self.dir / "log.txt", "w")  # noqa: SIM115 (closed in stop)
+        self.proc = subprocess.Popen(
+            [prometheus_binary() or "prometheus", f"--config.file={self.dir / 'prometheus.yml'}",
+             f"--storage.tsdb.path={self.dir / 'data'}", f"--web.listen-address=127.0.0.1:{self.port}",
+             "--web.enable-lifecycle", "--log.level=warn"],
+            stdout=self.log, stderr=subprocess.STDOUT)
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.client = httpx.Client(timeout=10)
+
+    def wait_ready(self, timeout: float = 30) -> None:
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"prometheus exited: {(self.dir / 'log.txt').read_text()[-2000:]}")
+            try:
+                if self.client.get(f"{self.url}/-/ready").status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        raise TimeoutError("prometheus not ready")
+
+    def wait_up(self, n: int, samples: int = 3, timeout: float = 60) -> None:
+        """Until ``n`` targets are up with at least ``samples`` scrapes each."""
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            r = self.query(f"count_over_time(up[{samples + 2}s]) >= {samples}", time.time())
+            if len(r) >= n:
+                return
+            time.sleep(0.25)
+        raise TimeoutError("targets not scraped")
+
+    def query(self, promql: str, at: float) -> list[dict]:
+        r = self.client.get(f"{self.url}/api/v1/query", params={"query": promql, "time": f"{at:.3f}"})
+        r.raise_for_status()
+        body = r.json()
+        assert body["status"] == "success", body
+        return body["data"]["result"]
+
+    def stop(self) -> None:
+        self.client.close()
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        self.log.close()
+        shutil.rmtree(self.dir, ignore_errors=True)

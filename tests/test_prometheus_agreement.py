@@ -1,0 +1,264 @@
+"""The guard's window math against a REAL Prometheus (Debian package) on the same live targets.
+
+Three loopback engines emit the contract through ``EngineRecorder`` with randomised
+observations (one engine restarts mid-run: a counter reset). Prometheus scrapes them every
+second; the embedded guard scrapes the same targets on its own, each target just after
+Prometheus does (same phase, found from Prometheus's own sample timestamps), while the engines
+change only mid-way between scrapes, so both hold the same values at nearly the same times.
+Then, at the same evaluation timestamps (``&time=``) and windows, we compare:
+
+- increase / rate per series and ``sum by (pool)``, means from _sum/_count, a gauge: within 1%;
+- histogram_quantile: within one bucket's interpolation error (in practice equal);
+- the pure math on Prometheus's OWN raw samples: equal to 1e-9 (extrapolatedRate exactly);
+- the SLO evaluator over the store vs over the Prometheus source (PromQL): same values.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import threading
+import time
+
+import numpy as np
+import pytest
+from guard_support import Engine, Served
+from prometheus_support import PrometheusProcess, prometheus_binary
+
+from exporters import contract as c
+from sla_guard import promql
+from sla_guard.config import ScrapeSource, Target, parse_config
+from sla_guard.ingest.prometheus import PrometheusView, duration
+from sla_guard.ingest.scrape import Scraper
+from sla_guard.slo import SLOEvaluator
+from sla_guard.store import SeriesStore
+
+pytestmark = [
+    pytest.mark.prometheus,
+    pytest.mark.slow,
+    pytest.mark.skipif(prometheus_binary() is None, reason="prometheus binary not installed (scripts/setup.sh --full)"),
+]
+
+RUN_S = 40.0
+RESET_AT_S = 18.0
+COUNT = c.REQUEST_TTFT.series("_count")
+SUM = c.REQUEST_TTFT.series("_sum")
+TPOT_SUM, TPOT_COUNT = c.REQUEST_TPOT.series("_sum"), c.REQUEST_TPOT.series("_count")
+KV = c.KV_CACHE_USAGE.series()
+
+
+def _by(result: list[dict], label: str) -> dict[str, float]:
+    return {r["metric"].get(label, ""): float(r["value"][1]) for r in result}
+
+
+def _store_by(d: dict, label: str) -> dict[str, float]:
+    return {dict(k).get(label, ""): v for k, v in d.items()}
+
+
+@pytest.fixture(scope="module")
+def world():
+    rng = np.random.default_rng(20261129)
+    engines = [Engine(pool=p, engine=str(i)) for i, p in enumerate(("prefill", "decode", "decode"))]
+    servers = [Served(e.exposition) for e in engines]
+    instances = [f"127.0.0.1:{s.port}" for s in servers]
+    prom = PrometheusProcess(instances, interval_s=1.0)
+    stop = threading.Event()
+    threads: list[threading.Thread] = []
+    store = SeriesStore(slots=256, lookback_s=5)
+    scraper = Scraper(ScrapeSource(targets=[Target(url=s.url, model="m", pool=e.pool, name=inst)
+                                            for s, e, inst in zip(servers, engines, instances, strict=True)],
+                                   timeout_s=0.8), store)
+    try:
+        prom.wait_ready()
+        prom.wait_up(3, samples=2)
+        # each target's scrape phase within the second, from Prometheus's sample timestamps
+        phase = {r["metric"]["instance"]: float(r["values"][-1][0]) % 1.0
+                 for r in prom.query("up[5s]", time.time())}
+        assert set(phase) == set(instances)
+        t_start = time.time()
+
+        def drive(i: int, e: Engine) -> None:
+            local = np.random.default_rng(rng.integers(1 << 30))
+            off = (phase[instances[i]] + 0.5) % 1.0  # change values mid-way between scrapes
+            restarted = False
+            while not stop.is_set():
+                now = time.time()
+                nxt = math.floor(now) + off
+                if nxt <= now:
+                    nxt += 1
+                if stop.wait(nxt - now):
+                    return
+                if i == 2 and not restarted and time.time() - t_start > RESET_AT_S:
+                    e.restart()
+                    restarted = True
+                for _ in range(int(local.integers(0, 6))):
+                    e.request(float(local.lognormal(-0.5, 0.8)), float(local.uniform(0.004, 0.03)))
+                e.rec.scheduler(running=int(local.integers(0, 9)), waiting=0, kv_usage=float(local.uniform()))
+
+        for i, e in enumerate(engines):
+            th = threading.Thread(target=drive, args=(i, e), daemon=True)
+            th.start()
+            threads.append(th)
+
+        async def guard_scrapes():
+            async def one(target: Target):
+                off = (phase[target.name] + 0.03) % 1.0  # just after Prometheus
+                while time.time() - t_start < RUN_S:
+                    now = time.time()
+                    nxt = math.floor(now) + off
+                    if nxt <= now:
+                        nxt += 1
+                    await asyncio.sleep(nxt - now)
+                    await scraper.scrape_target(target)
+
+            await asyncio.gather(*(one(t) for t in scraper.cfg.targets))
+            await scraper.aclose()
+
+        asyncio.run(guard_scrapes())
+        stop.set()
+        end = time.time()
+        # evaluation instants: mid-way in the largest gap between all sample times (mod 1 s)
+        fr = sorted({p % 1.0 for p in phase.values()} | {(p + 0.03) % 1.0 for p in phase.values()})
+        gaps = [((fr[(k + 1) % len(fr)] - fr[k]) % 1.0, fr[k]) for k in range(len(fr))]
+        size, lo = max(gaps)
+        f = (lo + size / 2) % 1.0
+        ats = [math.floor(end) - 2 - 4 * k + f for k in range(3)]
+        ats = [a if a < end - 1.5 else a - 1 for a in ats]
+        time.sleep(1.5)  # let Prometheus commit its last scrape
+        yield {"prom": prom, "store": store, "engines": engines, "ats": ats, "t_start": t_start,
+               "instances": instances}
+    finally:
+        stop.set()
+        for th in threads:
+            th.join(3)
+        prom.stop()
+        for s in servers:
+            s.stop()
+
+
+WINDOWS = (10.0, 20.0, 30.0)
+
+
+def _combos(world):
+    """(at, window) pairs whose window lies inside the guard's scraping period."""
+    return [(at, w) for at in world["ats"] for w in WINDOWS if at - w > world["t_start"] + 1.5]
+
+
+def _close(a: float, b: float, rel: float = 0.01, abs_: float = 1e-9) -> bool:
+    return math.isclose(a, b, rel_tol=rel, abs_tol=abs_)
+
+
+def test_increase_and_rate_agree_within_1pct(world):
+    prom, store = world["prom"], world["store"]
+    compared, worst = 0, 0.0
+    for at, w in _combos(world):
+        for metric in (COUNT, SUM, TPOT_COUNT):
+            want = _by(prom.query(f"sum by (instance) (increase({metric}[{duration(w)}]))", at), "instance")
+            got = _store_by(store.increase(metric, {}, w, at, ("instance",)), "instance")
+            assert set(got) == set(want), (metric, w)
+            for k in want:
+                assert _close(got[k], want[k]), (metric, w, at, k, got[k], want[k])
+                compared += 1
+                if want[k]:
+                    worst = max(worst, abs(got[k] - want[k]) / abs(want[k]))
+        want = _by(prom.query(f"sum by (pool) (rate({COUNT}[{duration(w)}]))", at), "pool")
+        got = _store_by(store.rate(COUNT, {}, w, at, ("pool",)), "pool")
+        assert want.keys() == got.keys()
+        for k in want:
+            assert _close(got[k], want[k]), ("rate", w, k, got[k], want[k])
+    assert compared >= 60
+    print(f"\n{compared} increases compared with Prometheus; largest relative difference {worst:.2e}")
+
+
+def test_counter_reset_window_agrees(world):
+    """A window spanning the restart of engine 2: Prometheus and the guard both add the value
+    before the drop; no negative or doubled increase."""
+    prom, store = world["prom"], world["store"]
+    inst = world["instances"][2]
+    at = world["ats"][0]
+    w = at - world["t_start"] - 2
+    want = _by(prom.query(f'increase({COUNT}{{instance="{inst}"}}[{duration(w)}])', at), "instance")[inst]
+    got = store.increase(COUNT, {"instance": inst}, w, at)[()]
+    assert _close(got, want) and got > 0
+    # and the guard saw the reset: the raw series drops somewhere in the window
+    (s,) = store.range(COUNT, {"instance": inst}, at - w, at)
+    assert (np.diff(s.v) < 0).any()
+
+
+def test_means_quantiles_and_gauges_agree(world):
+    prom, store = world["prom"], world["store"]
+    for at, w in _combos(world):
+        d = duration(w)
+        want = _by(prom.query(f"sum by (pool) (increase({SUM}[{d}])) / sum by (pool) (increase({COUNT}[{d}]))",
+                              at), "pool")
+        s = _store_by(store.increase(SUM, {}, w, at, ("pool",)), "pool")
+        n = _store_by(store.increase(COUNT, {}, w, at, ("pool",)), "pool")
+        for k, v in want.items():
+            assert _close(s[k] / n[k], v), ("mean", w, k)
+        for q in (0.5, 0.9, 0.99):
+            want = _by(prom.query(f"histogram_quantile({q}, sum by (le, pool) "
+                                  f"(rate({c.REQUEST_TTFT.series('_bucket')}[{d}])))", at), "pool")
+            got = _store_by(store.histogram_quantile(q, c.REQUEST_TTFT.series(), {}, w, at, ("pool",)), "pool")
+            for k, v in want.items():
+                if math.isnan(v):
+                    assert k not in got
+                    continue
+                bound = promql.bucket_error_bound(v, c.TTFT_BUCKETS)
+                assert abs(got[k] - v) <= bound, (q, w, k, got[k], v)
+                assert _close(got[k], v), (q, w, k, got[k], v)  # in practice equal
+    for at in world["ats"]:
+        want = _by(prom.query(KV, at), "instance")
+        got = _store_by(store.instant(KV, {}, at), "instance")
+        assert want.keys() == got.keys() and all(_close(got[k], want[k], 1e-9) for k in want)
+
+
+def test_extrapolated_rate_is_exact_on_prometheus_own_samples(world):
+    prom = world["prom"]
+    checked = 0
+    for at in world["ats"]:
+        for w in WINDOWS:
+            raw = prom.query(f"{COUNT}[{duration(w)}]", at)
+            inc = {r["metric"]["instance"]: float(r["value"][1])
+                   for r in prom.query(f"increase({COUNT}[{duration(w)}])", at)}
+            rate = {r["metric"]["instance"]: float(r["value"][1])
+                    for r in prom.query(f"rate({COUNT}[{duration(w)}])", at)}
+            for r in raw:
+                t = [float(p[0]) for p in r["values"]]
+                v = [float(p[1]) for p in r["values"]]
+                inst = r["metric"]["instance"]
+                mine = promql.extrapolated_rate(t, v, at - w, at)
+                assert math.isclose(mine, inc[inst], rel_tol=1e-9, abs_tol=1e-9), (w, inst, mine, inc[inst])
+                mine_r = promql.extrapolated_rate(t, v, at - w, at, is_rate=True)
+                assert math.isclose(mine_r, rate[inst], rel_tol=1e-9, abs_tol=1e-12)
+                checked += 1
+    assert checked >= 20
+
+
+def test_slo_evaluator_same_on_store_and_on_prometheus(world):
+    cfg = parse_config({"slos": [{"objectives": [
+        {"name": "ttft_mean", "indicator": "ttft", "objective": "mean", "threshold_s": 2.5, "window": "20s",
+         "min_requests": 3},
+        {"name": "tpot_mean", "indicator": "tpot", "objective": "mean", "threshold_s": 0.02, "window": "20s",
+         "min_requests": 3},
+        {"name": "ttft_p90", "indicator": "ttft", "objective": "percentile", "threshold_s": 5, "percentile": 0.9,
+         "window": "20s", "min_requests": 3},
+        {"name": "ttft_att", "indicator": "ttft", "objective": "attainment", "threshold_s": 2.5, "target": 0.9,
+         "window": "20s", "min_requests": 3},
+    ]}]})
+    at = world["ats"][0]
+    on_store, on_prom = SLOEvaluator(cfg), SLOEvaluator(cfg)
+    on_store.evaluate(world["store"], at)
+    view = PrometheusView(world["prom"].url)
+    try:
+        on_prom.evaluate(view, at)
+    finally:
+        view.close()
+    assert view.errors == {}
+    assert on_store.pools.keys() == on_prom.pools.keys() == {("m", "prefill"), ("m", "decode")}
+    for key, pr in on_store.pools.items():
+        other = {s.slo: s for s in on_prom.pools[key].slos}
+        for s in pr.slos:
+            o = other[s.slo]
+            assert s.value is not None and o.value is not None, (key, s.slo, s.reason, o.reason)
+            assert _close(s.value, o.value), (key, s.slo, s.value, o.value)
+            assert _close(s.requests, o.requests), (key, s.slo)
