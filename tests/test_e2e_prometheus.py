@@ -368,6 +368,10 @@ def test_injected_faults_reach_the_webhook_by_severity(stack):
                         lambda: hook.alerts("pager", "SlaGuardTTFTMeanHigh"), 60)
         xfer = wait_for("SlaGuardKVTransferFailures at the ticket receiver",
                         lambda: hook.alerts("ticket", "SlaGuardKVTransferFailures"), 60)
+        # the TTFT attainment SLO's fast-burn page: 1h and 5m windows (1m and 5s here) both over 14.4x
+        burn = wait_for("SlaGuardErrorBudgetBurn (1h/5m) at the pager receiver",
+                        lambda: [b for b in hook.alerts("pager", "SlaGuardErrorBudgetBurn")
+                                 if b["labels"]["long_window"] == "1h"], 60)
     finally:
         faults.on = False
     a = ttft[0]
@@ -380,5 +384,7 @@ def test_injected_faults_reach_the_webhook_by_severity(stack):
     assert x["annotations"]["runbook_url"].endswith("#slaguardkvtransferfailures")
     # the prefill pool stayed healthy: nothing about it was delivered
     assert not [al for _, p in hook.received for al in p["alerts"] if al["labels"].get("pool") == "prefill"]
+    assert {(b["labels"]["pool"], b["labels"]["slo"], b["labels"]["severity"]) for b in burn} == {
+        ("decode", "ttft_attainment", "critical")}
     wait_for("SlaGuardKVTransferFailures resolved", lambda: hook.alerts("ticket", "SlaGuardKVTransferFailures",
                                                                         "resolved"), 60)
