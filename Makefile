@@ -29,3 +29,4 @@ generate: setup
 
 bench: setup-full
 	for b in bench/bench_*.py; do .venv/bin/python $$b || exit 1; done
+	.venv/bin/python bench/detectors/run.py
