@@ -37,6 +37,7 @@ except ImportError:  # pragma: no cover - exercised in the project venv without 
 log = logging.getLogger("sla_guard.stat_logger")
 
 KV_FETCH_STAGES = ("waiting_to_start", "in_progress", "completed_waiting")
+_REASONS: dict[Any, str] = {}  # FinishReason -> label (str() of an IntEnum is not free)
 
 # One set of families per process: vLLM may build several loggers (tests, engine restarts),
 # and registering the same names twice in REGISTRY raises.
@@ -244,17 +245,21 @@ class SlaGuardStatLogger(AggregateStatLoggerBase):
         if it.num_preempted_reqs:
             rec.preempted(it.num_preempted_reqs)
         if it.finished_requests:
+            otel = eng.otel
             for f in it.finished_requests:
-                r = FinishedRequest(
-                    e2e_s=f.e2e_latency, queue_s=f.queued_time, prefill_s=f.prefill_time, decode_s=f.decode_time,
-                    tpot_s=f.mean_time_per_output_token, prompt_tokens=f.num_prompt_tokens,
-                    cached_tokens=f.num_cached_tokens, generated_tokens=f.num_generation_tokens,
-                    reason=str(f.finish_reason),
-                    request_id=f.request_id or "")
-                rec.finished(r)
-                if eng.otel is not None:
+                reason = _REASONS.get(f.finish_reason)
+                if reason is None:
+                    reason = _REASONS[f.finish_reason] = str(f.finish_reason)
+                rec.request_done(f.e2e_latency, f.queued_time, f.prefill_time, f.decode_time,
+                                 f.mean_time_per_output_token, f.num_generation_tokens, reason)
+                if otel is not None:
                     try:
-                        eng.otel.finished(r, it.iteration_timestamp)
+                        otel.finished(FinishedRequest(
+                            e2e_s=f.e2e_latency, queue_s=f.queued_time, prefill_s=f.prefill_time,
+                            decode_s=f.decode_time, tpot_s=f.mean_time_per_output_token,
+                            prompt_tokens=f.num_prompt_tokens, cached_tokens=f.num_cached_tokens,
+                            generated_tokens=f.num_generation_tokens, reason=reason,
+                            request_id=f.request_id or ""), it.iteration_timestamp)
                     except Exception as e:
                         self._error("otel", e)
         if eng.otel is not None and (it.time_to_first_tokens_iter or it.inter_token_latencies_iter):

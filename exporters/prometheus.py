@@ -8,7 +8,8 @@ bound once: ``.labels()`` is too slow for vLLM's per-step hot path.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from bisect import bisect_left
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
@@ -47,6 +48,55 @@ def _family(m: Metric, registry: CollectorRegistry | None, env: Mapping[str, str
         kw["multiprocess_mode"] = m.multiprocess_mode
     # prometheus_client appends _total to counters itself.
     return _CLASSES[m.kind](m.name, m.help, list(m.labels), **kw)
+
+
+class FastHistogram:
+    """Batched observation into one bound histogram child: a bisect per value and one locked
+    increment per touched bucket, instead of ``observe()``'s linear bucket scan and two locked
+    increments per value. Uses the child's value cells (prometheus_client internals, stable since
+    0.4 and multiprocess-aware); falls back to ``observe()`` if they are absent."""
+
+    __slots__ = ("bounds", "buckets", "child", "total")
+
+    def __init__(self, child) -> None:
+        self.child = child
+        try:
+            self.bounds: list[float] | None = list(child._upper_bounds)
+            self.buckets = child._buckets
+            self.total = child._sum
+        except AttributeError:  # pragma: no cover - a prometheus_client without these internals
+            self.bounds = None
+
+    def observe(self, v: float) -> None:
+        if self.bounds is None:
+            self.child.observe(v)
+            return
+        self.buckets[bisect_left(self.bounds, v)].inc(1)
+        self.total.inc(v)
+
+    def observe_many(self, values: Iterable[float]) -> None:
+        b = self.bounds
+        if b is None:
+            for v in values:
+                self.child.observe(v)
+            return
+        counts: dict[int, int] = {}
+        s = 0.0
+        for v in values:
+            i = bisect_left(b, v)
+            counts[i] = counts.get(i, 0) + 1
+            s += v
+        if counts:
+            buckets = self.buckets
+            for i, n in counts.items():
+                buckets[i].inc(n)
+            self.total.inc(s)
+
+
+def fast_inc(child) -> Callable[[float], None]:
+    """A counter child's increment without the per-call checks (amount is never negative here)."""
+    value = getattr(child, "_value", None)
+    return value.inc if value is not None and hasattr(value, "inc") else child.inc
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +147,18 @@ class EngineRecorder:
         self._pos_draft: list = []
         self._pos_accepted: list = []
         self._kv_xfer: dict[str, object] | None = None  # bound on first KV-transfer stats
+        # Hot-path handles (record() runs every engine step on vLLM's event loop).
+        self._h_ttft, self._h_tpot, self._h_itl = FastHistogram(self.ttft), FastHistogram(self.tpot), \
+            FastHistogram(self.itl)
+        self._h_e2e, self._h_queue = FastHistogram(self.e2e), FastHistogram(self.queue)
+        self._h_prefill, self._h_decode = FastHistogram(self.prefill), FastHistogram(self.decode)
+        self._inc_steps = fast_inc(self.steps)
+        self._inc_gen = fast_inc(self.generation_tokens)
+        self._inc_prompt = {k: fast_inc(v) for k, v in self.prompt_by_source.items()}
+        self._inc_queries = {k: fast_inc(v) for k, v in self.cache_queries.items()}
+        self._inc_hits = {k: fast_inc(v) for k, v in self.cache_hits.items()}
+        self._inc_spec = (fast_inc(self.spec_drafts), fast_inc(self.spec_draft_tokens), fast_inc(self.spec_accepted))
+        self._inc_finished: dict[str, Callable[[float], None]] = {}
 
     def _bind(self, metric: Metric, *extra: str):
         return self.metrics[metric].labels(*self.labels, *extra)
@@ -107,44 +169,46 @@ class EngineRecorder:
 
     # -- per request ---------------------------------------------------------------------------
     def observe_ttfts(self, values: Iterable[float]) -> None:
-        obs = self.ttft.observe
-        for v in values:
-            obs(v)
+        self._h_ttft.observe_many(values)
 
     def observe_itls(self, values: Iterable[float]) -> None:
-        obs = self.itl.observe
-        for v in values:
-            obs(v)
+        self._h_itl.observe_many(values)
 
     def finished(self, r: FinishedRequest) -> None:
-        self.e2e.observe(r.e2e_s)
-        self.queue.observe(r.queue_s)
-        self.prefill.observe(r.prefill_s)
-        self.decode.observe(r.decode_s)
-        if r.generated_tokens > 1:
-            self.tpot.observe(r.tpot_s)
-        child = self._finished.get(r.reason)
-        if child is None:
-            child = self._finished[r.reason] = self._bind(c.REQUESTS_FINISHED, r.reason)
-        child.inc()
+        self.request_done(r.e2e_s, r.queue_s, r.prefill_s, r.decode_s, r.tpot_s, r.generated_tokens, r.reason)
+
+    def request_done(self, e2e_s: float, queue_s: float, prefill_s: float, decode_s: float, tpot_s: float,
+                     generated_tokens: int, reason: str) -> None:
+        """``finished()`` without building a FinishedRequest (the per-step hot path)."""
+        self._h_e2e.observe(e2e_s)
+        self._h_queue.observe(queue_s)
+        self._h_prefill.observe(prefill_s)
+        self._h_decode.observe(decode_s)
+        if generated_tokens > 1:
+            self._h_tpot.observe(tpot_s)
+        inc = self._inc_finished.get(reason)
+        if inc is None:
+            child = self._finished[reason] = self._bind(c.REQUESTS_FINISHED, reason)
+            inc = self._inc_finished[reason] = fast_inc(child)
+        inc(1)
 
     def tokens(self, generated: int, computed: int = 0, local_hit: int = 0, external: int = 0) -> None:
         if generated:
-            self.generation_tokens.inc(generated)
-        p = self.prompt_by_source
+            self._inc_gen(generated)
+        p = self._inc_prompt
         if computed:
-            p["computed"].inc(computed)
+            p["computed"](computed)
         if local_hit:
-            p["local_cache_hit"].inc(local_hit)
+            p["local_cache_hit"](local_hit)
         if external:
-            p["external_kv_transfer"].inc(external)
+            p["external_kv_transfer"](external)
 
     # -- scheduler state -----------------------------------------------------------------------
     def scheduler(self, running: int, waiting: int, kv_usage: float) -> None:
         self.running.set(running)
         self.waiting.set(waiting)
         self.kv_usage.set(kv_usage)
-        self.steps.inc()
+        self._inc_steps(1)
 
     def kv_fetch_by_stage(self, by_stage: Mapping[str, int]) -> None:
         for stage, child in self._kv_fetch.items():  # stages that vanished read 0, not stale
@@ -158,9 +222,9 @@ class EngineRecorder:
 
     def prefix_cache(self, cache: str, queries: int, hits: int) -> None:
         if queries:
-            self.cache_queries[cache].inc(queries)
+            self._inc_queries[cache](queries)
         if hits:
-            self.cache_hits[cache].inc(hits)
+            self._inc_hits[cache](hits)
 
     def preempted(self, n: int) -> None:
         if n:
@@ -169,19 +233,21 @@ class EngineRecorder:
     # -- speculative decoding ------------------------------------------------------------------
     def spec_decode(self, drafts: int, draft_tokens: int, accepted: int,
                     accepted_per_pos: Iterable[int] = (), draft_per_pos: Iterable[int] = ()) -> None:
+        inc_drafts, inc_draft_tokens, inc_accepted = self._inc_spec
         if drafts:
-            self.spec_drafts.inc(drafts)
+            inc_drafts(drafts)
         if draft_tokens:
-            self.spec_draft_tokens.inc(draft_tokens)
+            inc_draft_tokens(draft_tokens)
         if accepted:
-            self.spec_accepted.inc(accepted)
-        for children, values, metric in ((self._pos_accepted, accepted_per_pos, c.SPEC_ACCEPTED_TOKENS_POS),
-                                         (self._pos_draft, draft_per_pos, c.SPEC_DRAFT_TOKENS_POS)):
+            inc_accepted(accepted)
+        for incs, values, metric in ((self._pos_accepted, accepted_per_pos, c.SPEC_ACCEPTED_TOKENS_POS),
+                                     (self._pos_draft, draft_per_pos, c.SPEC_DRAFT_TOKENS_POS)):
             for i, v in enumerate(values):
-                while len(children) <= i:
-                    children.append(self._bind(metric, str(len(children))))
+                if len(incs) <= i:
+                    while len(incs) <= i:
+                        incs.append(fast_inc(self._bind(metric, str(len(incs)))))
                 if v:
-                    children[i].inc(v)
+                    incs[i](v)
 
     # -- KV transfer (connector stats) ---------------------------------------------------------
     def kv_transfer(self, durations: Iterable[float] = (), post_durations: Iterable[float] = (),
@@ -201,9 +267,7 @@ class EngineRecorder:
             }
         for key, values in (("duration", durations), ("post", post_durations), ("bytes", nbytes),
                             ("descriptors", descriptors)):
-            obs = k[key].observe
-            for v in values:
-                obs(v)
+            FastHistogram(k[key]).observe_many(values)
         for kind, n in (failures or {}).items():
             child = k.get(f"fail_{kind}")
             if n and child is not None:
