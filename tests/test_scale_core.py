@@ -98,8 +98,11 @@ def test_prefill_capacity_is_throughput_over_busy_share():
     assert first.tokens_per_s == pytest.approx(40_000.0) and first.samples == 1
     # nearly idle windows teach nothing (an idle replica is not a slow one)
     assert update_prefill_capacity(first, 1_000.0, busy_share=0.05) == first
-    nxt = update_prefill_capacity(first, 30_000.0, busy_share=1.0, alpha=0.5)
+    assert update_prefill_capacity(first, 10_000.0, busy_share=0.3) == first  # too lightly loaded
+    nxt = update_prefill_capacity(first, 30_000.0, busy_share=1.0, alpha_down=0.5)
     assert nxt.tokens_per_s == pytest.approx(35_000.0)
+    up = update_prefill_capacity(first, 60_000.0, busy_share=1.0, alpha_up=0.5)
+    assert up.tokens_per_s == pytest.approx(50_000.0)
 
 
 def test_target_utilization_adapts_to_ttft_outcomes():

@@ -83,12 +83,11 @@ class Advisor:
             prefill=PrefillCapacity(prof.prefill_tokens_per_s or 0.0, 0, prof.prefill_tokens_per_s or 0.0),
             decode=StepModel(a=prof.decode_step_base_s or 0.0, b=prof.decode_step_per_request_s or 0.0),
         )
-        self.reader = Reader(self.cfg.window_s)
+        self.reader = Reader(self.cfg.window_s, self.cfg.tail_quantile, self.cfg.learn_quantile)
         self.memory = {p: PoolMemory() for p in POOLS}
         self.last: dict[str, Decision] = {}
         self.pending: dict[str, tuple[int, float]] = {}
         self.pending_timeout_s = 1800.0
-        self._q = "p99" if self.cfg.tail_quantile >= 0.99 else "p90"
         self._accepted_len: float | None = None
         self.u_target = self.cfg.prefill_target_utilization
 
@@ -198,13 +197,15 @@ class Advisor:
         wslope = self._trend(hist, now, t.get("waiting"), max(4 * cfg.interval_s, 60.0))
         obs = PrefillObs(ready=counts[0], starting=counts[1], uncached_tps=t.get("uncached_tps"),
                          requests_per_s=t.get("requests_per_s"), waiting=t.get("waiting"), waiting_slope=wslope,
-                         ttft_tail_s=t.get(f"ttft_{self._q}_s"), ttft_slo_s=self.slo_ttft_s,
+                         ttft_tail_s=t.get("ttft_tail_s"), ttft_slo_s=self.slo_ttft_s,
                          peak_uncached_tps=self._peak("prefill_demand", now, t.get("uncached_tps")))
         cap = self.learned.prefill
-        if self.cfg.adapt_utilization and cap.tokens_per_s > 0 and counts[0] > 0 and obs.uncached_tps is not None \
+        # learn the utilisation target only against a learned capacity (a profile prior can be far
+        # off) and only while the pool is settled (no replica starting)
+        if self.cfg.adapt_utilization and cap.samples >= 3 and counts[0] > 0 and obs.uncached_tps is not None \
                 and counts[1] == 0:
             u_obs = obs.uncached_tps / (cap.tokens_per_s * counts[0])
-            self.u_target = adapt_target_utilization(self.u_target, u_obs, obs.ttft_tail_s, self.slo_ttft_s)
+            self.u_target = adapt_target_utilization(self.u_target, u_obs, t.get("ttft_learn_s"), self.slo_ttft_s)
         knobs = PrefillKnobs(target_utilization=self.u_target, drain_horizon_s=cfg.drain_horizon_s,
                              forecast_horizon_s=cfg.forecast_horizon_s, scale_down_margin=cfg.scale_down_margin)
         s = size_prefill(obs, cap, knobs)
@@ -220,7 +221,7 @@ class Advisor:
         obs = DecodeObs(ready=counts[0], starting=counts[1], running=t.get("running"), running_slope=rslope,
                         waiting=t.get("waiting"), kv_usage=t.get("kv_usage"),
                         preemptions_per_s=t.get("preemptions_per_s"), accepted_len=self._accepted_len or 1.0,
-                        tpot_tail_s=t.get(f"tpot_{self._q}_s"), tpot_slo_s=self.slo_tpot_s,
+                        tpot_tail_s=t.get("tpot_tail_s"), tpot_slo_s=self.slo_tpot_s,
                         peak_running=self._peak("decode_running", now, t.get("running")))
         knobs = DecodeKnobs(tpot_headroom=cfg.decode_tpot_headroom, kv_target_usage=cfg.kv_target_usage,
                             forecast_horizon_s=cfg.forecast_horizon_s, scale_down_margin=cfg.scale_down_margin)

@@ -84,7 +84,13 @@ class AdvisorConfig(_Strict):
                                               description="busy share a prefill replica is sized for; queueing "
                                                           "delay, not compute, is what breaks TTFT")
     adapt_utilization: bool = Field(default=True, description="learn the prefill utilisation that meets the TTFT SLA")
-    tail_quantile: float = Field(default=0.9, description="TTFT/TPOT quantile compared with the SLA (0.9 or 0.99)")
+    tail_quantile: float = Field(default=0.9, gt=0.5, lt=1,
+                                 description="TTFT/TPOT quantile whose breach of the SLA adds a replica now; "
+                                             "kept above the share of requests no replica count can save "
+                                             "(very long prompts, 2-token outputs)")
+    learn_quantile: float = Field(default=0.95, gt=0.5, lt=1,
+                                  description="TTFT quantile the prefill utilisation target is learned from "
+                                              "(a 5% miss budget): slower, sizing-level feedback")
     decode_tpot_headroom: float = Field(default=0.85, gt=0, le=1,
                                         description="size decode so predicted TPOT <= headroom x SLA")
     kv_target_usage: float = Field(default=0.85, gt=0, le=1)

@@ -121,7 +121,8 @@ def size_prefill(obs: PrefillObs, cap: PrefillCapacity, k: PrefillKnobs) -> Sizi
         peak = max(demand, obs.peak_uncached_tps or 0.0)
         util_n1 = (peak + backlog) / (cap.tokens_per_s * (n_eff - 1))
         nums["utilization_at_n_minus_1"] = round(util_n1, 3)
-        fits = util_n1 <= k.target_utilization * (1 - k.scale_down_margin) and not over_sla
+        tail_ok = obs.ttft_tail_s is None or obs.ttft_tail_s <= (1 - k.scale_down_margin) * obs.ttft_slo_s
+        fits = util_n1 <= k.target_utilization * (1 - k.scale_down_margin) and tail_ok
         strong = (util_n1 <= k.target_utilization * (1 - 2 * k.scale_down_margin)
                   and obs.ttft_tail_s is not None and obs.ttft_tail_s <= 0.5 * obs.ttft_slo_s)
     if desired < n_eff:
@@ -183,7 +184,8 @@ def size_decode(obs: DecodeObs, model: StepModel, k: DecodeKnobs) -> Sizing:
     if n_eff > 1:
         at_n1 = (max(obs.running, obs.peak_running or 0.0) + (obs.waiting or 0.0)) / (n_eff - 1)
         nums["batch_at_n_minus_1"] = round(at_n1, 2)
-        fits = at_n1 <= limit * (1 - k.scale_down_margin) and not pressure and not over_sla
+        tail_ok = obs.tpot_tail_s is None or obs.tpot_tail_s <= (1 - k.scale_down_margin) * obs.tpot_slo_s
+        fits = at_n1 <= limit * (1 - k.scale_down_margin) and not pressure and tail_ok
         strong = (at_n1 <= limit * (1 - 2 * k.scale_down_margin) and obs.tpot_tail_s is not None
                   and obs.tpot_tail_s <= 0.8 * obs.tpot_slo_s)
     if desired < n_eff:

@@ -24,18 +24,25 @@ class PrefillCapacity:
 
 
 def update_prefill_capacity(cap: PrefillCapacity, observed_tps_per_replica: float, busy_share: float,
-                            alpha: float = 0.15, min_busy: float = 0.2) -> PrefillCapacity:
+                            alpha_up: float = 0.2, alpha_down: float = 0.05, min_busy: float = 0.5
+                            ) -> PrefillCapacity:
     """Blend one window of one warm replica into the estimate.
 
     A replica that computed ``tps`` uncached tokens/s while busy ``busy_share`` of the time
-    (share of scrapes with a running batch) would do about ``tps / busy_share`` flat out. Nearly
-    idle windows (``busy_share < min_busy``) say too little and are skipped. The first admissible
-    sample replaces the profile prior: the prior is a starting point, not a vote."""
+    (share of scrapes with a running batch) would do about ``tps / busy_share`` flat out. Lightly
+    loaded windows (``busy_share < min_busy``) are skipped: a replica working on one prompt at a
+    time batches poorly, so its throughput-while-busy understates capacity, and learning from it
+    would make every added replica look slower (and ask for yet another one). The estimate rises
+    faster than it falls for the same reason. The first admissible sample replaces the prior."""
     x = float(observed_tps_per_replica)
     if not (x > 0 and busy_share >= min_busy):
         return cap
     est = x / min(busy_share, 1.0)
-    new = est if cap.samples == 0 else (1 - alpha) * cap.tokens_per_s + alpha * est
+    if cap.samples == 0:
+        new = est
+    else:
+        a = alpha_up if est > cap.tokens_per_s else alpha_down
+        new = (1 - a) * cap.tokens_per_s + a * est
     return replace(cap, tokens_per_s=new, samples=cap.samples + 1)
 
 

@@ -71,8 +71,10 @@ class PoolReading:
 class Reader:
     """Stateless queries; one call per pool per tick."""
 
-    def __init__(self, window_s: float = 60.0) -> None:
+    def __init__(self, window_s: float = 60.0, tail_quantile: float = 0.9, learn_quantile: float = 0.95) -> None:
         self.window_s = window_s
+        self.tail_quantile = tail_quantile
+        self.learn_quantile = learn_quantile
 
     def read(self, view: MetricsView, model: str, pool: str, now: float) -> PoolReading:
         w = self.window_s
@@ -107,7 +109,7 @@ class Reader:
         t["accepted_len"] = 1.0 + sum(acc.values()) / d_tot if d_tot > 0 and acc else 1.0
         t["accepted_len_seen"] = 1.0 if d_tot > 0 else 0.0
         for ind, metric in (("ttft", c.REQUEST_TTFT), ("tpot", c.REQUEST_TPOT)):
-            for qname, qv in (("p90", 0.9), ("p99", 0.99)):
+            for qname, qv in (("tail", self.tail_quantile), ("learn", self.learn_quantile), ("p99", 0.99)):
                 q = view.histogram_quantile(qv, metric.name, mt, w, now, ())
                 vals = [v for v in q.values() if v == v]  # drop NaN (no requests)
                 t[f"{ind}_{qname}_s"] = max(vals) if vals else None
