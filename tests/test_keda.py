@@ -1,7 +1,9 @@
-"""The advisor's autoscaler interfaces over real HTTP: a uvicorn server on a loopback port serving
-the FastAPI app with the advisor router (bearer auth), polled with httpx the way KEDA's
-metrics-api scaler polls it, plus the desired-replicas gauges on ``/metrics`` (what
-prometheus-adapter would scrape for HPA External metrics)."""
+"""The advisor's autoscaler interfaces over real HTTP: the guard's own FastAPI app
+(``sla_guard.api.create_app``) with the advisor mounted by its ``serve`` extension, served by
+uvicorn on a loopback port with bearer auth, polled with httpx the way KEDA's metrics-api scaler
+polls it; plus the desired-replicas gauges on the guard's ``/metrics`` (what prometheus-adapter
+scrapes for HPA External metrics). The KEDA manifest's ``valueLocation`` is read from
+deploy/k8s and resolved against the live response, so docs and code cannot drift apart."""
 
 from __future__ import annotations
 
@@ -9,23 +11,22 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import httpx
 import pytest
 import uvicorn
-from fastapi import FastAPI
-from prometheus_client import CollectorRegistry, make_asgi_app
+import yaml
 from prometheus_client.parser import text_string_to_metric_families
 from scale_support import MODEL, Engine
 from scale_support import run as _run
 from scale_support import store as _store
 
 from exporters import contract as c
-from exporters.contract import Component
-from exporters.prometheus import ContractMetrics
-from sla_guard.scale.api import advisor_router
-from sla_guard.scale.config import parse_advisor
-from sla_guard.scale.evaluator import AdvisorEvaluator
+from sla_guard.api import create_app
+from sla_guard.config import parse_config
+from sla_guard.scale import plugin
+from sla_guard.service import Guard
 
 TOKEN = "t0ken"
 
@@ -56,39 +57,57 @@ def uvicorn_server(app) -> Iterator[str]:
         th.join(10)
 
 
+class Served:
+    def __init__(self, url: str, guard, store) -> None:
+        self.url, self.guard, self.store = url, guard, store
+
+
 @pytest.fixture()
 def served():
-    reg = CollectorRegistry()
-    cfg = parse_advisor({"profile": {"prefill_tokens_per_s": 10_000, "decode_step_base_s": 0.01,
-                                     "decode_step_per_request_s": 0.0002}})
-    ev = AdvisorEvaluator(cfg, model=MODEL, metrics=ContractMetrics(reg, components=[Component.GUARD]))
-    app = FastAPI()
-    app.include_router(advisor_router(ev, token=lambda: TOKEN))
-    app.mount("/metrics", make_asgi_app(registry=reg))
-    with uvicorn_server(app) as url:
-        yield url, ev
-
-
-def _evaluate_under_prefill_pressure(ev: AdvisorEvaluator) -> None:
+    config = parse_config({"advisor": {"model": MODEL, "profile": {
+        "prefill_tokens_per_s": 10_000, "decode_step_base_s": 0.01, "decode_step_per_request_s": 0.0002}}})
     store = _store()
+    guard = Guard.for_store(config, store, with_slo=False)
+    routers = plugin.extend(config, guard)
+    app = create_app(guard, token=TOKEN, extra_routers=routers)
+    with uvicorn_server(app) as url:
+        yield Served(url, guard, store)
+
+
+def _evaluate_under_prefill_pressure(s: Served) -> None:
     engines = [Engine("prefill", "p0"), Engine("decode", "d0")]
     busy = {"running": 4, "waiting": 30, "computed": 60_000, "prefills": 6, "ttft": 8.0}
-    _run(engines, store, 1000, 1060, p0=busy, d0={"running": 10, "waiting": 0, "steps": 400})
-    ev.evaluate(store, 1060)
+    _run(engines, s.store, 1000, 1060, p0=busy, d0={"running": 10, "waiting": 0, "steps": 400})
+    tick = s.guard.tick(1060)
+    assert not tick.errors
+
+
+def manifest_value_locations() -> dict[str, str]:
+    docs = yaml.safe_load_all((Path(__file__).parent.parent / "deploy/k8s/keda-scaledobject.yaml").read_text())
+    out = {}
+    for d in docs:
+        if d and d.get("kind") == "ScaledObject":
+            for trig in d["spec"]["triggers"]:
+                assert trig["type"] == "metrics-api" and trig["metadata"]["targetValue"] == "1"
+                out[d["metadata"]["name"]] = trig["metadata"]["valueLocation"]
+    return out
 
 
 def test_keda_metrics_api_endpoint(served):
-    url, ev = served
+    url = served.url
     auth = {"Authorization": f"Bearer {TOKEN}"}
     with httpx.Client(base_url=url, timeout=5) as h:
         assert h.get("/v1/scale/keda").status_code == 401
         assert h.get("/v1/scale/keda", headers={"Authorization": "Bearer wrong"}).status_code == 401
         # before the first evaluation: 503, so KEDA keeps the current size instead of acting on nothing
         assert h.get("/v1/scale/keda", headers=auth).status_code == 503
-        _evaluate_under_prefill_pressure(ev)
+        _evaluate_under_prefill_pressure(served)
         doc = h.get("/v1/scale/keda", headers=auth).json()
-        desired = gjson_get(doc, "pools.prefill.desired")  # the documented valueLocation
+        locations = manifest_value_locations()
+        desired = gjson_get(doc, locations["glm-prefill"])  # the valueLocation the manifest documents
+        assert locations["glm-prefill"] == "pools.prefill.desired"
         assert isinstance(desired, int) and desired > gjson_get(doc, "pools.prefill.current")
+        assert isinstance(gjson_get(doc, locations["glm-decode"]), int)
         flat = h.get("/v1/scale/keda/prefill", headers=auth).json()
         assert gjson_get(flat, "desired") == desired
         assert h.get("/v1/scale/keda/nope", headers=auth).status_code == 404
@@ -99,12 +118,14 @@ def test_keda_metrics_api_endpoint(served):
 
 
 def test_desired_replicas_gauges_on_metrics(served):
-    url, ev = served
-    _evaluate_under_prefill_pressure(ev)
-    text = httpx.get(url + "/metrics/", timeout=5).text
+    _evaluate_under_prefill_pressure(served)
+    text = httpx.get(served.url + "/metrics", timeout=5).text
     values = {(s.name, s.labels.get("pool")): s.value for f in text_string_to_metric_families(text)
               for s in f.samples if s.labels.get("model") == MODEL}
     desired = values[(c.GUARD_DESIRED_REPLICAS.series(), "prefill")]
     current = values[(c.GUARD_CURRENT_REPLICAS.series(), "prefill")]
     assert desired > current == 1
     assert (c.GUARD_DESIRED_REPLICAS.series(), "decode") in values
+    # the HPA manifest selects exactly this contract metric
+    hpa = [d for d in yaml.safe_load_all((Path(__file__).parent.parent / "deploy/k8s/hpa-external.yaml").read_text())]
+    assert {d["spec"]["metrics"][0]["external"]["metric"]["name"] for d in hpa} == {c.GUARD_DESIRED_REPLICAS.name}

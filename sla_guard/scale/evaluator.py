@@ -70,6 +70,10 @@ class AdvisorEvaluator:
         self._restarts: list[PoolRecommendation] = []
         self.updated_at: float | None = None
 
+    def bind_metrics(self, metrics: ContractMetrics) -> None:
+        """Called once by the Guard: publish on the guard's own /metrics."""
+        self.metrics = metrics
+
     # -- Evaluator protocol --------------------------------------------------------------------
     def evaluate(self, view: MetricsView, now: float) -> None:
         try:
