@@ -50,10 +50,28 @@ def _labels(text: str) -> dict[str, str]:
     return out
 
 
+# Label text -> parsed labels. The same pages are scraped every few seconds with the same label
+# sets, so parsing each distinct text once removes most of the per-sample cost. Bounded: cleared
+# when full (a label bomb cannot grow it without limit). Cached dicts are shared: never mutate.
+_LABEL_CACHE: dict[str, dict[str, str]] = {}
+_LABEL_CACHE_MAX = 200_000
+
+
+def _cached_labels(text: str) -> dict[str, str]:
+    got = _LABEL_CACHE.get(text)
+    if got is None:
+        got = _labels(text)
+        if len(_LABEL_CACHE) >= _LABEL_CACHE_MAX:
+            _LABEL_CACHE.clear()
+        _LABEL_CACHE[text] = got
+    return got
+
+
 def _fast(text: str, drop_created: bool) -> list[Sample]:
     out: list[Sample] = []
     append = out.append
     match = _LINE.fullmatch
+    labels_of = _cached_labels
     for lineno, line in enumerate(text.split("\n"), 1):
         if not line or line[0] == "#":
             continue
@@ -71,7 +89,7 @@ def _fast(text: str, drop_created: bool) -> list[Sample]:
             value = float(vtext)
         except ValueError:
             raise ExpositionError(f"line {lineno}: value {vtext!r} is not a number") from None
-        append((name, _labels(ltext) if ltext else {}, value))
+        append((name, labels_of(ltext) if ltext else {}, value))
     return out
 
 
@@ -89,7 +107,8 @@ def _reference(text: str, drop_created: bool) -> list[Sample]:
 
 
 def parse_exposition(text: str, *, drop_created: bool = True) -> tuple[list[Sample], collections.Counter]:
-    """Samples of a text exposition as ``(name, labels, value)``, plus a Counter of non-fatal
+    """Samples of a text exposition as ``(name, labels, value)`` (labels dicts may be shared:
+    read them, do not mutate them), plus a Counter of non-fatal
     problems (none today; kept so callers count per kind). ``_created`` samples (creation
     timestamps that prometheus_client exports as separate gauges) are dropped by default: they
     double the series count and no evaluator reads them."""
