@@ -10,9 +10,11 @@ from __future__ import annotations
 import json
 import time
 
+import httpx
 import psutil
 import pytest
 import vllm_support as vs
+from fixtures.otlp_receiver import OtlpReceiver, attrs
 from pd_proxy import PdProxy
 
 from exporters import contract as c
@@ -100,8 +102,12 @@ def test_pd_pair_pools_external_hits_and_kv_wait_gauge(vllm_server_factory, tmp_
                "kv_connector_extra_config": {"shared_storage_path": str(storage)}}
         return ["--kv-transfer-config", json.dumps(cfg)]
 
-    prefill = vllm_server_factory(kv_args("kv_producer"), env={"VLLM_CPU_OMP_THREADS_BIND": "0"}, wait=False)
-    decode = vllm_server_factory(kv_args("kv_consumer"), env={"VLLM_CPU_OMP_THREADS_BIND": "1"}, wait=False)
+    receiver = OtlpReceiver().__enter__()  # both engines also mirror to OTLP: spans joinable by id
+    otel = {"SLA_GUARD_OTLP_ENDPOINT": receiver.endpoint, "SLA_GUARD_OTLP_EXPORT_INTERVAL_S": "1"}
+    prefill = vllm_server_factory(kv_args("kv_producer"), env={"VLLM_CPU_OMP_THREADS_BIND": "0", **otel},
+                                  wait=False)
+    decode = vllm_server_factory(kv_args("kv_consumer"), env={"VLLM_CPU_OMP_THREADS_BIND": "1", **otel},
+                                 wait=False)
     proxy = None
     try:
         vs.wait_healthy(prefill)
@@ -109,8 +115,11 @@ def test_pd_pair_pools_external_hits_and_kv_wait_gauge(vllm_server_factory, tmp_
         proxy = PdProxy(prefill.base_url, decode.base_url, vs.free_port()).start()
         n = 3
         for i in range(n):  # > 128 tokens (the CPU block size) so whole blocks are stored and loaded
-            vs.complete(proxy.url, f"request {i}: " + "the quick brown fox jumps over the lazy dog " * 30,
-                        max_tokens=8)
+            body = {"model": vs.MODEL_NAME, "max_tokens": 8, "ignore_eos": True, "temperature": 0.0,
+                    "prompt": f"request {i}: " + "the quick brown fox jumps over the lazy dog " * 30}
+            r = httpx.post(proxy.url + "/v1/completions", json=body, headers={"X-Request-Id": f"pd-join-{i}"},
+                           timeout=120)
+            assert r.status_code == 200, r.text
         ttft = c.REQUEST_TTFT.series("_count")
         p = wait_for(prefill.metrics_url, lambda s: vs.total(s, ttft) >= n)
         d = wait_for(decode.metrics_url, lambda s: vs.total(s, ttft) >= n)
@@ -128,7 +137,23 @@ def test_pd_pair_pools_external_hits_and_kv_wait_gauge(vllm_server_factory, tmp_
         assert vs.total(p, c.ENGINE_INFO.series(), kv_role="kv_producer", kv_connector="ExampleConnector") == 1
         assert vs.total(d, c.ENGINE_INFO.series(), kv_role="kv_consumer") == 1
         assert vs.select(d, c.PROCESS_RSS.series(), role="worker", pool="decode")
+
+        def halves(r: OtlpReceiver) -> dict:
+            ids: dict = {}
+            for span in r.spans():
+                if span.name == "sla_guard.request":
+                    a = attrs(span.attributes)
+                    ids.setdefault(a["sla_guard.pool"], set()).add(a["gen_ai.response.id"])
+            return ids
+
+        assert receiver.wait(lambda r: {"prefill", "decode"} <= halves(r).keys() and all(
+            len(v) >= n for v in halves(r).values())), halves(receiver)
+        for i in range(n):  # each client request has a prefill half and a decode half carrying its id
+            for pool, ids in halves(receiver).items():
+                assert any(f"pd-join-{i}" in rid for rid in ids), (pool, ids)
+        assert c.REQUEST_TTFT.otel_name in receiver.metric_points()
     finally:
+        receiver.__exit__()
         if proxy is not None:
             proxy.stop()
         prefill.stop()

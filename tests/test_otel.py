@@ -1,0 +1,79 @@
+"""OpenTelemetry mirror over OTLP/HTTP into a real loopback receiver (protobuf decoded)."""
+
+from __future__ import annotations
+
+import pytest
+from fixtures.otlp_receiver import OtlpReceiver, attrs
+
+from exporters import contract as c
+from exporters.otel import OtelMirror
+from exporters.prometheus import FinishedRequest
+
+
+@pytest.fixture
+def receiver():
+    with OtlpReceiver() as r:
+        yield r
+
+
+def test_disabled_without_endpoint():
+    assert OtelMirror.from_env({}) is None
+
+
+def test_metrics_use_genai_names_and_sla_buckets(receiver):
+    mirror = OtelMirror.from_env({"SLA_GUARD_OTLP_ENDPOINT": receiver.endpoint, "SLA_GUARD_OTLP_TIMEOUT_S": "2"})
+    try:
+        eng = mirror.engine("tiny", "decode", 1, {"kv_role": "kv_consumer"})
+        eng.latencies([0.1, 3.0], [0.019, 0.021, 0.5])
+        eng.scheduler(4, 2, 0.5)
+        eng.finished(FinishedRequest(2.0, 0.1, 0.3, 1.6, 0.016, 200, 64, 101, "length", "req-A"), 1_800_000_000.0)
+        mirror.force_flush()
+        points = receiver.metric_points()  # one cumulative export (shutdown would send another)
+    finally:
+        mirror.shutdown()
+    ttft = points[c.REQUEST_TTFT.otel_name]
+    assert c.REQUEST_TTFT.otel_name == "gen_ai.server.time_to_first_token"
+    assert sum(p.count for p in ttft) == 2
+    assert 2.5 in list(ttft[0].explicit_bounds)
+    a = attrs(ttft[0].attributes)
+    assert a == {"gen_ai.request.model": "tiny", "sla_guard.pool": "decode", "sla_guard.engine": "1"}
+    tpot = points[c.REQUEST_TPOT.otel_name]
+    assert 0.02 in list(tpot[0].explicit_bounds) and tpot[0].count == 1
+    itl = points[c.INTER_TOKEN_LATENCY.name]
+    bounds = list(itl[0].explicit_bounds)
+    below = sum(itl[0].bucket_counts[: bounds.index(0.02) + 1])
+    assert below == 1  # only 0.019 s is within the 20 ms TPOT threshold
+    usage = {attrs(p.attributes)["gen_ai.token.type"]: p.sum for p in points["gen_ai.client.token.usage"]}
+    assert usage == {"input": 200, "output": 101}
+    assert points[c.KV_CACHE_USAGE.name][0].as_double == 0.5
+    assert sum(p.as_int for p in points[c.REQUESTS_FINISHED.name]) == 1
+
+
+def test_finished_request_span_with_phase_children(receiver):
+    mirror = OtelMirror(receiver.endpoint, timeout_s=2)
+    try:
+        eng = mirror.engine("tiny", "prefill", 0)
+        end = 1_800_000_000.0
+        eng.finished(FinishedRequest(0.5, 0.1, 0.3, 0.0, 0.0, 300, 0, 1, "length", "cmpl-xyz-0"), end)
+        mirror.force_flush()
+    finally:
+        mirror.shutdown()
+    spans = {s.name: s for s in receiver.spans()}
+    root = spans["sla_guard.request"]
+    a = attrs(root.attributes)
+    assert a["gen_ai.response.id"] == "cmpl-xyz-0" and a["sla_guard.pool"] == "prefill"
+    assert a["gen_ai.usage.input_tokens"] == 300 and a["sla_guard.queue_s"] == pytest.approx(0.1)
+    assert root.end_time_unix_nano == int(end * 1e9)
+    assert root.end_time_unix_nano - root.start_time_unix_nano == pytest.approx(0.5e9, rel=1e-6)
+    for phase, seconds in (("queue", 0.1), ("prefill", 0.3), ("decode", 0.0)):
+        child = spans[phase]
+        assert child.parent_span_id == root.span_id and child.trace_id == root.trace_id
+        assert child.end_time_unix_nano - child.start_time_unix_nano == pytest.approx(seconds * 1e9, abs=1e3)
+
+
+def test_dead_endpoint_does_not_raise():
+    mirror = OtelMirror("http://127.0.0.1:9", timeout_s=0.5)  # discard port: connection refused
+    eng = mirror.engine("tiny", "mixed", 0)
+    eng.finished(FinishedRequest(1.0, 0.1, 0.2, 0.7, 0.01, 10, 0, 5), 1_800_000_000.0)
+    mirror.force_flush(timeout_s=1)
+    mirror.shutdown()
