@@ -63,29 +63,8 @@ def demo_faults(sim_s: float, leak_mib_h: float, drift_to: float) -> list[dict]:
     ]
 
 
-def detector_evaluators() -> tuple[list, object]:
-    """The detectors' guard evaluators when that part exists: (evaluators, findings source)."""
-    try:
-        from sla_guard.detect import evaluators as det
-    except ImportError:
-        return [], None
-    build = getattr(det, "default_evaluators", None) or getattr(det, "build_evaluators", None)
-    if build is None:
-        return [], None
-    try:
-        evs = list(build())
-    except TypeError:
-        return [], None
-    return evs, evs
-
-
-def _open_findings(evs) -> list:
-    out = []
-    for ev in evs or ():
-        fn = getattr(ev, "open_findings", None)
-        if callable(fn):
-            out.extend(fn())
-    return out
+def _open_findings(book) -> list:
+    return list(book.open_findings()) if book is not None else []
 
 
 def run(args: argparse.Namespace) -> int:
@@ -97,6 +76,7 @@ def run(args: argparse.Namespace) -> int:
     from sla_guard.sim.profile import ProfileError, load_profile
     from sla_guard.sim.report import write_report
     from sla_guard.sim.run import build_guard
+    from sla_guard.sim.run import detectors as replay_detectors
     from sla_guard.sim.traces import TraceError, load_trace
 
     if args.duration <= 0 or args.speed <= 0:
@@ -118,12 +98,13 @@ def run(args: argparse.Namespace) -> int:
     for k in range(math.ceil(sim_s / span)):  # loop the trace to cover the run
         dep.submit(trace.scaled(duration_s=sim_s - k * span), offset_s=k * span)
     store = make_store(retention_s=sim_s + 3600, interval_s=args.scrape_interval)
-    detectors, _ = detector_evaluators()
+    # detectors' warm-ups shortened to fit the run (their defaults learn baselines for an hour)
+    detectors, book = replay_detectors(min(900.0, sim_s / 4))
     guard = build_guard(store, dep.slo_ttft_s, dep.slo_tpot_s, args.scrape_interval, detectors)
     live = None if args.no_http else LiveEndpoints(dep)
     loop = ClosedLoop(dep, store=store, policy=policy, guard=guard, fetch=live.fetch if live else None,
                       scrape_interval_s=args.scrape_interval, eval_interval_s=args.scrape_interval,
-                      findings=lambda: _open_findings(detectors))
+                      findings=lambda: _open_findings(book))
     tty = sys.stdout.isatty()
     if not args.quiet:
         where = f"{len(live.servers)} engines on http://127.0.0.1 ports " + ", ".join(
@@ -146,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
                 f"| P {dep.pool_counts('prefill')['ready']} D {dep.pool_counts('decode')['ready']} "
                 f"| TTFT p {f('prefill_ttft_mean')}s d {f('decode_ttft_mean')}s "
                 f"| TPOT {f('decode_tpot_mean', 1000, '{:.1f}')}ms | accept {f('acceptance')} "
-                f"| done {len(dep.done)} | guard {verdict} | findings {len(_open_findings(detectors))}")
+                f"| done {len(dep.done)} | guard {verdict} | findings {len(_open_findings(book))}")
         print(("\r" + line + "   ") if tty else line, end="" if tty else "\n", flush=True)
 
     t0 = time.monotonic()
@@ -162,8 +143,9 @@ def run(args: argparse.Namespace) -> int:
         print()
     summary = dep.summary()
     slo = guard.evaluator("slo")
-    findings = [{"detector": f.detector, "severity": f.severity, "summary": f.summary}
-                for f in _open_findings(detectors)]
+    findings = [{"detector": f.detector, "severity": f.severity, "summary": f.summary,
+                 "opened_min": round((f.opened_at - dep.epoch) / 60, 1), "open": f.open}
+                for f in (book.all() if book is not None else [])]
     report = write_report(args.out, dep=dep, summary=summary, history=loop.history, store=store,
                           guard_status=slo.snapshot() if slo is not None else None, findings=findings,
                           faults=faults, actions=loop.actions,

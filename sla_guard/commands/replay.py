@@ -36,6 +36,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--scrape-interval", type=float, default=15.0, help="simulated seconds between scrapes")
     p.add_argument("--eval-interval", type=float, default=15.0)
     p.add_argument("--drain-s", type=float, default=600.0, help="simulated time after the last arrival")
+    p.add_argument("--no-detectors", action="store_true", help="run the guard without the leak/drift detectors")
     p.add_argument("--no-metrics", action="store_true",
                    help="pure simulation: no contract metrics, no store (policy must be static)")
     return p
@@ -64,7 +65,8 @@ def run(args: argparse.Namespace) -> int:
                       prefill=args.prefill, decode=args.decode, seed=args.seed, faults=faults,
                       min_replicas=args.min_replicas, max_replicas=args.max_replicas, gpu_budget=args.gpu_budget,
                       slo_ttft_s=args.slo_ttft, slo_tpot_s=args.slo_tpot, scrape_interval_s=args.scrape_interval,
-                      eval_interval_s=args.eval_interval, drain_s=args.drain_s, metrics=not args.no_metrics)
+                      eval_interval_s=args.eval_interval, drain_s=args.drain_s, metrics=not args.no_metrics,
+                      with_detectors=not args.no_detectors)
     t0 = time.perf_counter()
     try:
         result = replay(spec)

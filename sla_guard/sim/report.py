@@ -76,16 +76,19 @@ def plot_acceptance(history: list[HistoryPoint], out: Path) -> Path:
 
 
 def plot_rss(store, dep: Deployment, out: Path) -> Path:
+    """One panel per process role (API server, EngineCore, worker): a leak stands out from its twins."""
     plt = _plt()
-    fig, ax = plt.subplots(figsize=(8, 4))
     series = store.range(c.PROCESS_RSS.series(), {}, dep.epoch, dep.epoch + dep.now + 1)
-    for s in sorted(series, key=lambda s: (s.label("engine"), s.label("process"))):
-        ax.plot((s.t - dep.epoch) / 60.0, s.v / GIB, lw=0.8, label=f"{s.label('engine')} {s.label('process')}")
-    ax.set_xlabel("simulated time (min)")
-    ax.set_ylabel("RSS (GiB)")
-    ax.set_title("Host RSS per process")
-    ax.legend(fontsize=6, ncol=3, loc="upper left")
-    ax.grid(alpha=0.3)
+    roles = sorted({s.label("role") for s in series}) or ["-"]
+    fig, axes = plt.subplots(len(roles), 1, figsize=(8, 2.4 * len(roles)), sharex=True, squeeze=False)
+    for ax, role in zip(axes[:, 0], roles, strict=True):
+        for s in sorted((s for s in series if s.label("role") == role), key=lambda s: s.label("engine")):
+            ax.plot((s.t - dep.epoch) / 60.0, s.v / GIB, lw=0.8, label=f"{s.label('engine')} {s.label('process')}")
+        ax.set_ylabel("RSS (GiB)")
+        ax.set_title(f"Host RSS: {role}", fontsize=9)
+        ax.legend(fontsize=6, ncol=4, loc="upper left")
+        ax.grid(alpha=0.3)
+    axes[-1, 0].set_xlabel("simulated time (min)")
     path = out / "rss.png"
     fig.tight_layout()
     fig.savefig(path, dpi=90)
@@ -149,7 +152,8 @@ def write_report(out: Path, *, dep: Deployment, summary: Summary, history: list[
     else:
         lines.append("- guard not available in this checkout")
     lines += ["", "## Findings (detectors)", ""]
-    lines += [f"- {f.get('detector')} {f.get('severity', '')}: {f.get('summary', '')}" for f in findings] or [
+    lines += [f"- {f.get('detector')} ({f.get('severity', '')}, opened at {f.get('opened_min', '?')} min"
+              f"{'' if f.get('open', True) else ', resolved'}): {f.get('summary', '')}" for f in findings] or [
         "- none"]
     lines += ["", "## Scaling actions", ""]
     lines += [f"- t={a['t'] / 60:.1f} min: {json.dumps({k: v for k, v in a.items() if k != 't'})}"

@@ -37,6 +37,7 @@ class ReplaySpec:
     policy_kwargs: dict = field(default_factory=dict)
     evaluators: list = field(default_factory=list)
     with_guard: bool = True
+    with_detectors: bool = True
 
 
 @dataclass(slots=True)
@@ -73,12 +74,15 @@ def replay(spec: ReplaySpec) -> ReplayResult:
     policy = get_policy(spec.policy, **spec.policy_kwargs)
     lim = PoolLimits(spec.min_replicas, spec.max_replicas)
     findings = None
-    for ev in spec.evaluators:
-        if hasattr(ev, "open_findings"):
-            findings = ev.open_findings
+    evaluators = list(spec.evaluators)
+    book = None
+    if store is not None and spec.with_detectors:
+        dets, book = detectors()
+        evaluators += dets
+        findings = book.open_findings if book is not None else None
     guard = None
     if store is not None and spec.with_guard:
-        guard = build_guard(store, spec.slo_ttft_s, spec.slo_tpot_s, spec.eval_interval_s, spec.evaluators)
+        guard = build_guard(store, spec.slo_ttft_s, spec.slo_tpot_s, spec.eval_interval_s, evaluators)
     loop = ClosedLoop(dep, store=store, policy=policy, guard=guard,
                       scrape_interval_s=spec.scrape_interval_s, eval_interval_s=spec.eval_interval_s,
                       limits={"prefill": lim, "decode": lim}, gpu_budget=spec.gpu_budget, findings=findings)
@@ -90,6 +94,11 @@ def replay(spec: ReplaySpec) -> ReplayResult:
         slo = guard.evaluator("slo")
         if slo is not None:
             s.extra["guard_status"] = slo.overall().value
+    if book is not None:
+        s.extra["findings"] = sorted({f.detector for f in book.all()})
+    restarts = [a for a in loop.actions if "restart" in a]
+    if restarts:
+        s.extra["restarts"] = len(restarts)
     return ReplayResult(s, dep, loop, store, guard)
 
 
@@ -117,3 +126,15 @@ def build_guard(store, slo_ttft_s: float = 2.5, slo_tpot_s: float = 0.020, eval_
     from sla_guard.service import Guard
 
     return Guard.for_store(guard_config(slo_ttft_s, slo_tpot_s, eval_interval_s), store, list(evaluators))
+
+
+def detectors(warmup_s: float | None = None):
+    """The detectors' evaluators and their findings book, when that part is installed."""
+    try:
+        from sla_guard.detect.evaluators import build_evaluators, parse_detectors
+        from sla_guard.detect.findings import FindingsBook
+    except ImportError:
+        return [], None
+    cfg = {} if warmup_s is None else {k: {"warmup_s": warmup_s} for k in ("acceptance", "prefix_hit", "tpot")}
+    book = FindingsBook()
+    return build_evaluators(book, parse_detectors(cfg)), book

@@ -1,0 +1,256 @@
+"""Simulator fidelity against REAL CPU vLLM: calibrate the tiny-cpu profile from measured runs, then
+replay the same request mix on the real P/D pair and on the simulator and compare TTFT and TPOT
+p50/p90 (target: within +-20%).
+
+Real side: two vLLM 0.32 CPU servers of the tiny random-weight Llama (tests/vllm_support.py), one
+``kv_producer`` (prefill) and one ``kv_consumer`` (decode) sharing KV through vLLM's ExampleConnector
+(a shared directory: NIXL needs CUDA), each pinned to its own core, and a small P/D proxy here
+(prefill with max_tokens=1, then a streamed decode request), as vLLM's P/D proxy does.
+
+Usage: .venv/bin/python bench/fidelity.py [--write] [--requests 40] [--rate 0.6]
+``--write`` rewrites sla_guard/sim/profiles/tiny-cpu.yaml with the fitted numbers.
+Keep it short: the machine is shared (about 3 minutes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "tests"))
+
+import vllm_support as vs  # noqa: E402
+
+from exporters import contract as c  # noqa: E402
+from sla_guard.promql import bucket_quantile  # noqa: E402
+from sla_guard.sim.deployment import Deployment  # noqa: E402
+from sla_guard.sim.profile import PROFILE_DIR, Profile, load_profile  # noqa: E402
+from sla_guard.sim.traces import Trace, TraceRequest  # noqa: E402
+
+VOCAB = 512
+
+
+def prompt_ids(rng: random.Random, n: int) -> list[int]:
+    return [rng.randrange(3, VOCAB) for _ in range(n)]
+
+
+class PDPair:
+    """Prefill + decode CPU vLLM servers sharing KV through ExampleConnector."""
+
+    def __init__(self, model_dir: Path, kv_dir: Path, log_dir: Path) -> None:
+        def kv(role: str) -> str:
+            return json.dumps({"kv_connector": "ExampleConnector", "kv_role": role,
+                               "kv_connector_extra_config": {"shared_storage_path": str(kv_dir)}})
+
+        common = ["--max-num-batched-tokens", "2048"]
+        self.prefill = vs.start_server(model_dir, extra_args=[*common, "--kv-transfer-config", kv("kv_producer")],
+                                       env={"VLLM_CPU_OMP_THREADS_BIND": "0"}, log_dir=log_dir, wait=False)
+        self.decode = vs.start_server(model_dir, extra_args=[*common, "--kv-transfer-config", kv("kv_consumer")],
+                                      env={"VLLM_CPU_OMP_THREADS_BIND": "1"}, log_dir=log_dir, wait=False)
+        try:
+            vs.wait_healthy(self.prefill)
+            vs.wait_healthy(self.decode)
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        self.prefill.stop()
+        self.decode.stop()
+
+
+async def one_request(client: httpx.AsyncClient, pair: PDPair, ids: list[int], out_len: int) -> dict:
+    """The P/D proxy path, non-streamed (streamed chunks coalesce on a busy 2-core host and would
+    distort per-token timing); returns client-side durations in seconds."""
+    t0 = time.perf_counter()
+    body = {"model": vs.MODEL_NAME, "prompt": ids, "max_tokens": 1, "temperature": 0.0, "ignore_eos": True}
+    r = await client.post(pair.prefill.base_url + "/v1/completions", json=body)
+    r.raise_for_status()
+    t1 = time.perf_counter()
+    r = await client.post(pair.decode.base_url + "/v1/completions", json={**body, "max_tokens": out_len})
+    r.raise_for_status()
+    t2 = time.perf_counter()
+    return {"prefill_s": t1 - t0, "decode_s": t2 - t1, "e2e": t2 - t0}
+
+
+async def calibrate(pair: PDPair, rng: random.Random) -> dict:
+    """Measured runs that fit the profile's step-time, transfer and overhead numbers."""
+    async with httpx.AsyncClient(timeout=120) as client:
+        for _ in range(2):
+            await one_request(client, pair, prompt_ids(rng, 32), 4)  # warm-up
+        # prefill: sequential max_tokens=1 requests of several lengths -> L(n) = a + b n + c n^2;
+        # the decode request with max_tokens=1 measures decode-side TTFT (KV load + first step).
+        pts = []
+        for n in (64, 256, 512, 1024, 1536, 64, 512, 1536, 256, 1024):
+            res = await one_request(client, pair, prompt_ids(rng, n), 1)
+            pts.append((n, res["prefill_s"], res["decode_s"]))
+        n_arr = np.array([p[0] for p in pts], float)
+        c2, b1, a0 = np.polyfit(n_arr, [p[1] for p in pts], 2)
+        d1, d0 = np.polyfit(n_arr, [p[2] for p in pts], 1)
+        # decode step vs batch: b concurrent decodes of 64-token prompts, 48 tokens vs 1 token
+        steps = {}
+        for b in (1, 4, 8):
+            one = await asyncio.gather(*(one_request(client, pair, prompt_ids(rng, 64), 1) for _ in range(b)))
+            full = await asyncio.gather(*(one_request(client, pair, prompt_ids(rng, 64), 48) for _ in range(b)))
+            steps[b] = max(1e-5, (statistics.median(r["decode_s"] for r in full)
+                                  - statistics.median(r["decode_s"] for r in one)) / 47)
+        per_seq, base = np.polyfit(list(steps), list(steps.values()), 1)
+        long1 = await one_request(client, pair, prompt_ids(rng, 1536), 1)
+        long48 = await one_request(client, pair, prompt_ids(rng, 1536), 48)
+        per_kctx = max(0.0, ((long48["decode_s"] - long1["decode_s"]) / 47 - steps[1]) / 1.5)
+    return {"prefill_fit": (float(a0), float(b1), float(c2)), "decode_ttft_fit": (float(d0), float(d1)),
+            "decode_steps": steps, "decode_fit": (float(base), float(per_seq)), "per_kctx": per_kctx,
+            "points": pts}
+
+
+def fitted_profile(cal: dict) -> Profile:
+    base = load_profile("tiny-cpu")
+    a0, b1, c2 = cal["prefill_fit"]
+    d0, d1 = cal["decode_ttft_fit"]
+    step_base, per_seq = cal["decode_fit"]
+    step_base = max(step_base, 1e-4)
+    # decode-side TTFT(n) = transfer latency + n x bytes/bw + first step; the first step is one decode step
+    xfer_latency = max(0.0, d0 - step_base)
+    bw = base.kv.bytes_per_token / d1 if d1 > 1e-9 else 1e12
+    return base.model_copy(update={
+        "prefill": base.prefill.model_copy(update={"step_base_s": max(a0, 1e-4), "per_token_s": max(b1, 1e-7),
+                                                   "per_token_per_kctx_s": max(2000 * c2, 0.0)}),
+        "decode": base.decode.model_copy(update={"step_base_s": step_base, "per_seq_s": max(per_seq, 0.0),
+                                                 "per_kctx_s": cal["per_kctx"]}),
+        "transfer": base.transfer.model_copy(update={"latency_s": xfer_latency, "bandwidth_bytes_s": bw}),
+    })
+
+
+def request_mix(rng: random.Random, n: int, rate: float) -> list[tuple[float, int, int]]:
+    t, out = 0.0, []
+    for _ in range(n):
+        out.append((t, rng.randint(64, 1536), rng.randint(16, 96)))
+        t += rng.expovariate(rate)
+    return out
+
+
+async def run_real(pair: PDPair, mix, rng: random.Random) -> tuple[list[dict], dict]:
+    """Replay the mix on the real pair; returns client timings and the engines' contract samples
+    (deltas of a scrape before and after, so warm-up and calibration traffic do not count)."""
+    before = {"prefill": vs.scrape(pair.prefill.metrics_url), "decode": vs.scrape(pair.decode.metrics_url)}
+    async with httpx.AsyncClient(timeout=300) as client:
+        start = time.perf_counter()
+
+        async def at(t: float, n: int, o: int) -> dict:
+            await asyncio.sleep(max(0.0, start + t - time.perf_counter()))
+            return await one_request(client, pair, prompt_ids(rng, n), o)
+
+        res = list(await asyncio.gather(*(at(*m) for m in mix)))
+    after = {"prefill": vs.scrape(pair.prefill.metrics_url), "decode": vs.scrape(pair.decode.metrics_url)}
+    delta = {pool: {k: v - before[pool].get(k, 0.0) for k, v in after[pool].items()} for pool in after}
+    return res, delta
+
+
+def run_sim(profile: Profile, mix, seed: int = 0) -> tuple[list[dict], dict]:
+    trace = Trace("fidelity", tuple(TraceRequest(t, n, o) for t, n, o in mix), block_tokens=profile.kv.block_tokens)
+    dep = Deployment(profile, 1, 1, seed=seed, record=True, trace_block_tokens=trace.block_tokens)
+    dep.submit(trace)
+    dep.run_until(trace.duration_s + 600)
+    res = [{"e2e": r.finish - r.arrival, "ttft": r.first_token - r.arrival} for r in dep.done]
+    samples = {r.pool: {(n, tuple(sorted(lab.items()))): v for n, lab, v in r.metrics.samples()}
+               for r in dep.replicas}
+    return res, samples
+
+
+def pct(values, q: float) -> float:
+    return float(np.quantile([x for x in values if x is not None], q))
+
+
+def engine_quantile(samples: dict, metric, q: float) -> float:
+    """histogram_quantile over an engine's contract histogram (same math for real and simulated)."""
+    buckets = {}
+    for (name, labels), v in samples.items():
+        if name == metric.series("_bucket"):
+            le = float(dict(labels)["le"])
+            buckets[le] = buckets.get(le, 0.0) + v
+    uppers = sorted(buckets)
+    return bucket_quantile(q, uppers, [buckets[u] for u in uppers])
+
+
+def write_profile(p: Profile, cal: dict) -> Path:
+    path = PROFILE_DIR / "tiny-cpu.yaml"
+    text = path.read_text()
+    head = text.split("\nname:", 1)[0]
+    body = {k: v for k, v in json.loads(p.model_dump_json()).items()}
+    import yaml
+
+    stamp = time.strftime("%Y-%m-%d", time.gmtime())
+    note = (f"\n# Fitted by bench/fidelity.py on {stamp}: prefill latency = a + b n + c n^2 over prompt lengths "
+            f"64..1536; decode TPOT vs concurrency {sorted(cal['decode_steps'])}; decode-side TTFT vs prompt "
+            f"length gives the ExampleConnector load latency/bandwidth.\n")
+    path.write_text(head + note + yaml.safe_dump(body, sort_keys=False))
+    return path
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--requests", type=int, default=40)
+    ap.add_argument("--rate", type=float, default=0.6, help="arrivals per second of the comparison mix")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--write", action="store_true", help="rewrite profiles/tiny-cpu.yaml with the fit")
+    args = ap.parse_args()
+    reason = vs.vllm_unavailable_reason()
+    if reason:
+        print(f"fidelity: skipped ({reason})")
+        return 0
+    rng = random.Random(args.seed)
+    tmp = Path(tempfile.mkdtemp(prefix="sla-guard-fidelity-"))
+    model = vs.build_tiny_model(tmp / "model")
+    t0 = time.perf_counter()
+    pair = PDPair(model, tmp / "kv", tmp)
+    print(f"P/D pair ready in {time.perf_counter() - t0:.0f} s")
+    try:
+        cal = asyncio.run(calibrate(pair, rng))
+        profile = fitted_profile(cal)
+        mix = request_mix(random.Random(args.seed + 1), args.requests, args.rate)
+        real = asyncio.run(run_real(pair, mix, rng))
+    finally:
+        pair.stop()
+    sim, sim_samples = run_sim(profile, mix, args.seed)
+    real, real_samples = real
+    print("calibration:", json.dumps({k: v for k, v in cal.items() if k != "points"}, default=str))
+    print(f"request mix: {len(mix)} requests, Poisson {args.rate}/s, prompts 64-1536, outputs 16-96, 1P1D")
+    print("engine-side quantiles: histogram_quantile over the contract histograms both systems expose;")
+    print("client e2e: measured per request (real: proxy wall time; sim: finish - arrival)")
+    print(f"{'metric':26s} {'real':>9s} {'sim':>9s} {'sim/real':>9s}  within +-20%")
+    ok = True
+    rows = []
+    for pool, metric, label in (("prefill", c.REQUEST_TTFT, "TTFT prefill engine"),
+                                ("decode", c.REQUEST_TTFT, "TTFT decode engine"),
+                                ("decode", c.REQUEST_TPOT, "TPOT decode engine")):
+        for q in (0.5, 0.9):
+            rows.append((f"{label} p{int(q * 100)}", engine_quantile(real_samples[pool], metric, q),
+                         engine_quantile(sim_samples[pool], metric, q), metric is c.REQUEST_TPOT))
+    for q in (0.5, 0.9):
+        rows.append((f"client e2e p{int(q * 100)}", pct([x["e2e"] for x in real], q),
+                     pct([x["e2e"] for x in sim], q), False))
+    for name, r, s, ms in rows:
+        within = abs(s / r - 1) <= 0.20
+        ok &= within
+        k, unit = (1000, "ms") if ms else (1, "s")
+        print(f"{name:26s} {r * k:8.3f}{unit[0]} {s * k:8.3f}{unit[0]} {s / r:9.2f}  {'yes' if within else 'NO'}")
+    print(f"(sim client TTFT p50/p90: {pct([x['ttft'] for x in sim], 0.5):.3f} / "
+          f"{pct([x['ttft'] for x in sim], 0.9):.3f} s)")
+    if args.write:
+        print("wrote", write_profile(profile, cal))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
