@@ -119,12 +119,6 @@ def guard_group(p: RuleParams) -> list[dict]:
                 description=("The guard's last scrapes of {{ $labels.target }} failed for 5m; its SLOs read "
                              "unknown, never ok."),
                 runbook="slaguardtargetdown"),
-        p.alert("SlaGuardDataStale", q.series(c.GUARD_SLO_STATUS, matchers=['status="unknown"']) + " == 1",
-                "warning", for_="15m",
-                summary=f"{SCOPE}: SLO {{{{ $labels.slo }}}} unknown for 15m",
-                description=("The guard has had too little fresh data (stale, missing or reset series, or fewer "
-                             "requests than min_requests) to evaluate this SLO for 15 minutes."),
-                runbook="slaguarddatastale"),
     ]}]
 
 

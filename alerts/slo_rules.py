@@ -178,6 +178,24 @@ def slo_alert_rules(slo: SLO, matchers: list[str], p: RuleParams) -> list[dict]:
         runbook=name.lower())]
 
 
+def data_stale_alert(slo: SLO, matchers: list[str], p: RuleParams) -> dict:
+    """The guard reads an SLO as unknown although Prometheus sees the engines serve enough requests
+    for it: the guard, not the pool, lacks data. A pool that serves nothing for an indicator (TPOT
+    on prefill engines) is unknown by design and stays quiet."""
+    metric = INDICATOR_METRIC[slo.indicator]
+    status = q.series(c.GUARD_SLO_STATUS, matchers=[f'slo="{slo.name}"', 'status="unknown"', *matchers])
+    served = q.sum_by(LABELS, q.increase(metric, p.window(slo.window), "_count", matchers))
+    return p.alert(
+        "SlaGuardDataStale", f"{status} == 1\nand on (model, pool) {served} >= {slo.min_requests}", "warning",
+        for_="15m", labels={"slo": slo.name},
+        summary="{{ $labels.model }}/{{ $labels.pool }}: the guard reads SLO {{ $labels.slo }} as unknown while "
+                "the pool serves traffic",
+        description=(f"For 15m the guard has had no usable data for '{slo.name}' (stale, missing or reset series, "
+                     f"failed scrapes), while Prometheus counts at least {slo.min_requests} requests per "
+                     f"{slo.window} on the pool's engines."),
+        runbook="slaguarddatastale")
+
+
 def slo_groups(config: GuardConfig, p: RuleParams) -> list[dict]:
     """One recording group and one alerting group per SLO set."""
     groups = []
@@ -194,6 +212,7 @@ def slo_groups(config: GuardConfig, p: RuleParams) -> list[dict]:
                     "to the contract buckets, or pick one of " + ", ".join(f"{b:g}" for b in metric.buckets))
             records += slo_recording_rules(slo, matchers, p)
             alerts += slo_alert_rules(slo, matchers, p)
+            alerts.append(data_stale_alert(slo, matchers, p))
         groups.append({"name": f"sla-guard-slo-records{suffix}", "rules": records})
         groups.append({"name": f"sla-guard-slo-alerts{suffix}", "rules": alerts})
     return groups

@@ -15,9 +15,11 @@ default profile with speculative decoding) run in wall-clock time by deploy/comp
 KV_TRANSFER and PROCESS family through ``EngineRecorder``. Faults go through the simulator's own
 fault hooks (``FaultSchedule.transfer_factor`` / ``transfer_failure_prob``), switched on by the test.
 
-What stands in: the guard is a loopback server exposing the GUARD families of the contract with
-plausible values, because the dashboards' guard panels and the guard-health alerts need them and a
-real guard would need minutes of data before it has findings or replica advice to show.
+The guard is the real one (`sla-guard serve`, scraping the four engines every second), scraped by
+Prometheus as job `sla-guard`. What stands in: the GUARD families the real guard does not publish
+yet when the test starts (findings need hours of data, error counters appear on the first error)
+are served, with plausible values, by a second loopback target in the same job, so that every
+guard panel has data; the test prints which families came from which.
 
 Every panel query of every dashboard, with $model/$pool/$instance resolved through
 /api/v1/label/<name>/values and $__rate_interval substituted as Grafana would (4 x scrape
@@ -36,6 +38,7 @@ import re
 import shutil
 import socket
 import subprocess
+import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -45,6 +48,7 @@ import httpx
 import pytest
 import yaml
 from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.parser import text_string_to_metric_families
 
 from alerts.generate import render_rules
 from alerts.params import RuleParams
@@ -103,12 +107,16 @@ class SwitchableFaults(FaultSchedule):
 
 
 class GuardStandIn:
-    """The GUARD families with the values a healthy guard would publish for these two engines."""
+    """GUARD families with the values a healthy guard would publish for these engines; only the
+    families in ``expose`` are registered (the others come from the real guard)."""
 
-    def __init__(self, model: str, targets: list[str]) -> None:
+    def __init__(self, model: str, targets: list[str], expose: set[str]) -> None:
         self.model = model
         self.registry = CollectorRegistry(auto_describe=False)
         self.m = ContractMetrics(self.registry, (Component.GUARD,))
+        for name, family in self.m.families.items():
+            if name not in expose:
+                self.registry.unregister(family)
         self.targets = targets
 
     def tick(self) -> None:
@@ -119,7 +127,7 @@ class GuardStandIn:
         m[c.GUARD_SCRAPE_ERRORS].labels(self.targets[0], "timeout").inc(0)
         m[c.GUARD_EVALUATOR_ERRORS].labels("slo").inc(0)
         m[c.GUARD_ALERT_PUSH_ERRORS].labels("http").inc(0)
-        for target, pool in zip(self.targets, ("prefill", "prefill", "decode", "decode"), strict=True):
+        for target, pool in zip(self.targets, ("prefill", "prefill", "decode", "decode"), strict=False):
             m[c.GUARD_TARGET_UP].labels(target, self.model, pool).set(1)
             for slo in ("ttft_mean", "tpot_mean"):
                 for status in ("ok", "at_risk", "violated", "unknown"):
@@ -175,62 +183,109 @@ def wait_for(what: str, fn, timeout: float, interval: float = 0.5):
         time.sleep(interval)
 
 
+def real_guard_families(url: str) -> set[str]:
+    """Contract GUARD family names the running guard exposes (with at least one sample)."""
+    text = httpx.get(url, timeout=5).text
+    return {f.name for f in text_string_to_metric_families(text) if f.samples}
+
+
+def stop_process(p: subprocess.Popen) -> None:
+    p.terminate()
+    try:
+        p.wait(10)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.wait()
+
+
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("promstack")
+    procs: list[subprocess.Popen] = []
+    logs = []
+    closers = []
+
+    def start(name: str, cmd: list[str]) -> None:
+        log = (tmp / f"{name}.log").open("w")
+        logs.append(log)
+        procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=tmp))
+
     faults = SwitchableFaults()
     twin = load_live_twin()(faults=faults, prefill=2, decode=2).start()
-    guard = GuardStandIn(twin.dep.model, [f"http://{t}/metrics" for t in twin.targets])
-    gserver = serve(guard.registry)
+    closers.append(twin.stop)
     stop = threading.Event()
-
-    def drive():
-        while not stop.is_set():
-            guard.tick()
-            stop.wait(TICK_S)
-
-    driver = threading.Thread(target=drive, daemon=True)
-    driver.start()
-    hook = Webhook()
-
-    rules = tmp / "rules"
-    rules.mkdir()
-    for name, text in render_rules(params=RuleParams(time_scale=1 / 60)).items():
-        (rules / name).write_text(text)
-    am_cfg = yaml.safe_load((ROOT / "alerts" / "alertmanager.yml").read_text())
-    for r in am_cfg["receivers"]:
-        for w in r.get("webhook_configs", []):
-            w["url"] = f"{hook.url}/{r['name']}"
-            w["send_resolved"] = True
-    am_cfg["route"].update(group_wait="1s", group_interval="1s", repeat_interval="1h")
-    for route in am_cfg["route"].get("routes", []):
-        route.update(group_wait="1s", group_interval="1s")
-    (tmp / "alertmanager.yml").write_text(yaml.safe_dump(am_cfg))
-    am_port, prom_port = free_port(), free_port()
-    prom_cfg = {
-        "global": {"scrape_interval": f"{SCRAPE_S}s", "evaluation_interval": "1s", "scrape_timeout": "1s"},
-        "rule_files": [str(rules / "*.yaml")],
-        "alerting": {"alertmanagers": [{"static_configs": [{"targets": [f"127.0.0.1:{am_port}"]}]}]},
-        "scrape_configs": [
-            {"job_name": "vllm", "static_configs": [{"targets": twin.targets}]},
-            {"job_name": RuleParams().guard_job, "static_configs": [{"targets": [gserver[1]]}]},
-        ],
-    }
-    (tmp / "prometheus.yml").write_text(yaml.safe_dump(prom_cfg))
-    procs = []
-    logs = []
     try:
-        for name, cmd in (
-            ("alertmanager", [ALERTMANAGER, f"--config.file={tmp / 'alertmanager.yml'}",
-                              f"--storage.path={tmp / 'am-data'}", f"--web.listen-address=127.0.0.1:{am_port}",
-                              "--cluster.listen-address=", "--log.level=warn"]),
-            ("prometheus", [PROMETHEUS, f"--config.file={tmp / 'prometheus.yml'}",
-                            f"--storage.tsdb.path={tmp / 'prom-data'}", f"--web.listen-address=127.0.0.1:{prom_port}",
-                            "--log.level=warn"]),
-        ):
-            log = (tmp / f"{name}.log").open("w")
-            logs.append(log)
-            procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=tmp))
+        # the real guard (`sla-guard serve`), scraping the twin's engines every second
+        guard_port = free_port()
+        pools = [r.pool for r in twin.dep.replicas]
+        guard_cfg = {"source": {"mode": "scrape", "interval_s": 1, "targets": [
+            {"url": f"http://{t}/metrics", "model": twin.dep.model, "pool": pool}
+            for t, pool in zip(twin.targets, pools, strict=True)]},
+            "evaluation_interval_s": 1, "api": {"listen": f"127.0.0.1:{guard_port}"},
+            "advisor": {"model": twin.dep.model}}
+        (tmp / "guard.yaml").write_text(yaml.safe_dump(guard_cfg))
+        start("guard", [sys.executable, "-m", "sla_guard.cli", "serve", "--config", str(tmp / "guard.yaml"),
+                        "--log-level", "warning"])
+        guard_url = f"http://127.0.0.1:{guard_port}"
+
+        def guard_ready():
+            assert procs[-1].poll() is None, (tmp / "guard.log").read_text()[-2000:]
+            try:
+                return httpx.get(f"{guard_url}/readyz", timeout=2).status_code == 200
+            except httpx.TransportError:
+                return False
+
+        wait_for("the guard's first evaluation", guard_ready, 60)
+        real = real_guard_families(f"{guard_url}/metrics")
+        # families the real guard publishes only after events (findings after hours of data,
+        # replica advice, errors): a stand-in serves just those, under the same job
+        missing = {m.name for m in c.by_component(Component.GUARD)} - real
+        standin = GuardStandIn(twin.dep.model, [f"http://{t}/metrics" for t in twin.targets], missing)
+        gserver = serve(standin.registry)
+        closers.append(gserver[0].server_close)
+        closers.append(gserver[0].shutdown)
+
+        def drive():
+            while not stop.is_set():
+                standin.tick()
+                stop.wait(TICK_S)
+
+        threading.Thread(target=drive, daemon=True).start()
+        hook = Webhook()
+        closers.append(hook.httpd.server_close)
+        closers.append(hook.httpd.shutdown)
+
+        rules = tmp / "rules"
+        rules.mkdir()
+        for name, text in render_rules(params=RuleParams(time_scale=1 / 60)).items():
+            (rules / name).write_text(text)
+        am_cfg = yaml.safe_load((ROOT / "alerts" / "alertmanager.yml").read_text())
+        for r in am_cfg["receivers"]:
+            for w in r.get("webhook_configs", []):
+                w["url"] = f"{hook.url}/{r['name']}"
+                w["send_resolved"] = True
+        am_cfg["route"].update(group_wait="1s", group_interval="1s", repeat_interval="1h")
+        for route in am_cfg["route"].get("routes", []):
+            route.update(group_wait="1s", group_interval="1s")
+        (tmp / "alertmanager.yml").write_text(yaml.safe_dump(am_cfg))
+        am_port, prom_port = free_port(), free_port()
+        prom_cfg = {
+            "global": {"scrape_interval": f"{SCRAPE_S}s", "evaluation_interval": "1s", "scrape_timeout": "1s"},
+            "rule_files": [str(rules / "*.yaml")],
+            "alerting": {"alertmanagers": [{"static_configs": [{"targets": [f"127.0.0.1:{am_port}"]}]}]},
+            "scrape_configs": [
+                {"job_name": "vllm", "static_configs": [{"targets": twin.targets}]},
+                {"job_name": RuleParams().guard_job,
+                 "static_configs": [{"targets": [f"127.0.0.1:{guard_port}", gserver[1]]}]},
+            ],
+        }
+        (tmp / "prometheus.yml").write_text(yaml.safe_dump(prom_cfg))
+        start("alertmanager", [ALERTMANAGER, f"--config.file={tmp / 'alertmanager.yml'}",
+                               f"--storage.path={tmp / 'am-data'}", f"--web.listen-address=127.0.0.1:{am_port}",
+                               "--cluster.listen-address=", "--log.level=warn"])
+        start("prometheus", [PROMETHEUS, f"--config.file={tmp / 'prometheus.yml'}",
+                             f"--storage.tsdb.path={tmp / 'prom-data'}",
+                             f"--web.listen-address=127.0.0.1:{prom_port}", "--log.level=warn"])
         prom = httpx.Client(base_url=f"http://127.0.0.1:{prom_port}", timeout=10)
         am = httpx.Client(base_url=f"http://127.0.0.1:{am_port}", timeout=10)
 
@@ -242,27 +297,22 @@ def stack(tmp_path_factory):
 
         wait_for("alertmanager ready", lambda: ready(am), 30)
         wait_for("prometheus ready", lambda: ready(prom), 30)
-        wait_for("all 5 targets up", lambda: len(instant(prom, "up == 1")) == 5, 40)
+        n_targets = len(twin.targets) + 2
+        wait_for(f"all {n_targets} targets up", lambda: len(instant(prom, "up == 1")) == n_targets, 40)
         # enough samples for rate() over $__rate_interval on every engine
         wait_for("rates", lambda: len(instant(prom, f"rate({c.REQUEST_TTFT.series('_count')}[{RATE_INTERVAL}]) > 0"))
-                 == 4, 30)
-        yield {"prom": prom, "am": am, "faults": faults, "model": twin.dep.model, "hook": hook, "tmp": tmp}
+                 == len(twin.targets), 30)
+        print(f"\nguard families from the real guard: {sorted(real)}\nfrom the stand-in: {sorted(missing)}")
+        yield {"prom": prom, "am": am, "faults": faults, "model": twin.dep.model, "hook": hook, "tmp": tmp,
+               "guard_instance": f"127.0.0.1:{guard_port}", "real_guard_families": real}
     finally:
         stop.set()
         for p in procs:
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                p.kill()
+            stop_process(p)
         for log in logs:
             log.close()
-        twin.stop()
-        gserver[0].shutdown()
-        gserver[0].server_close()
-        hook.httpd.shutdown()
-        hook.httpd.server_close()
+        for close in reversed(closers):
+            close()
 
 
 def _check(resp: httpx.Response, expr: str) -> dict:
@@ -350,6 +400,11 @@ def test_rules_load_and_nothing_fires_while_healthy(stack):
     means = instant(prom, 'model_pool_slo:sli_latency_seconds:mean5m{slo="ttft_mean"}')
     assert {m["metric"]["pool"] for m in means} == {"prefill", "decode"}
     assert all(0 < float(m["value"][1]) < 2.5 for m in means), means
+
+    # the real guard is scraped and publishes SLO status for both pools
+    status = instant(prom, f'{c.GUARD_SLO_STATUS.name}{{instance="{stack["guard_instance"]}"}} == 1')
+    assert {s["metric"]["pool"] for s in status} == {"prefill", "decode"}, status
+    assert c.GUARD_SLO_STATUS.name in stack["real_guard_families"]
 
     def quiet():
         alerts = _check(prom.get("/api/v1/alerts"), "alerts")["alerts"]
