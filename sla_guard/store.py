@@ -50,7 +50,7 @@ class IngestResult:
 class _Family:
     """All series of one sample name: values[row, slot], the group of each row, label codes."""
 
-    __slots__ = ("codes", "free", "group", "labels", "last_k", "n", "name", "nan_t", "values")
+    __slots__ = ("codes", "free", "group", "labels", "last_k", "n", "name", "nan_t", "qcache", "values", "version")
 
     def __init__(self, name: str, slots: int, rows: int = 16) -> None:
         self.name = name
@@ -62,6 +62,8 @@ class _Family:
         self.codes: dict[str, np.ndarray] = {}
         self.free: list[int] = []
         self.n = 0  # high-water mark of used rows
+        self.version = 0  # bumped when a series is added or freed (invalidates qcache)
+        self.qcache: dict = {}  # (matchers, by) -> (version, rows, keys, labels, extra)
 
     def grow(self) -> None:
         rows, slots = self.values.shape
@@ -114,6 +116,8 @@ class SeriesStore:
         self._gcount = np.zeros(cap, dtype=np.int64)
         self._glast = np.full(cap, -np.inf)
         self._grows: list[dict[str, list[int]]] = []
+        self._gtext: list[dict[str, tuple[_Family, int]]] = []  # per group: series text -> series
+        self._gextra: list[tuple] = []
         self._gseries: list[int] = []
         self._series = 0
         self._newest = -math.inf
@@ -128,9 +132,12 @@ class SeriesStore:
         lacks them; the sample's own labels win (Prometheus's ``honor_labels: true``). The group
         defaults to the sorted ``extra_labels``. A parse failure stores nothing and is reported
         as ``errors['parse']``."""
-        from sla_guard.ingest.parse import ExpositionError, parse_exposition
+        from sla_guard.ingest.parse import ExpositionError, parse_exposition, parse_raw
 
         try:
+            raw = parse_raw(exposition)
+            if raw is not None:
+                return self._ingest_raw(raw, t, extra_labels, group)
             samples, parse_errors = parse_exposition(exposition)
         except ExpositionError:
             res = IngestResult()
@@ -142,6 +149,74 @@ class SeriesStore:
         res.errors.update(parse_errors)
         with self._lock:
             self.dropped.update(parse_errors)
+        return res
+
+    def _ingest_raw(self, raw, t: float, extra_labels: Mapping[str, str] | None, group: str | None) -> IngestResult:
+        """ingest_text's fast path: series found by their raw text in the group's cache."""
+        from sla_guard.ingest.parse import labels_of
+
+        extra = dict(extra_labels or {})
+        gkey = (group,) if group is not None else tuple(sorted(extra.items()))
+        res = IngestResult()
+        t = round(float(t), 3)
+        with self._lock:
+            gid = self._group(gkey)
+            slot = self._open_slot(gid, t, stale=False)
+            if slot is None:
+                res.errors["out_of_order"] += 1
+                self.dropped["out_of_order"] += 1
+                return res
+            extra_t = tuple(sorted(extra.items()))
+            cache = self._gtext[gid]
+            if self._gextra[gid] != extra_t:
+                cache.clear()
+                self._gextra[gid] = extra_t
+            writes: dict[str, tuple[_Family, list[int], list[float]]] = {}
+            seen: set[str] = set()
+            nans: list[tuple[_Family, int]] = []
+            for text, name, ltext, value in raw:
+                if text in seen:
+                    res.errors["duplicate"] += 1
+                    continue
+                seen.add(text)
+                loc = cache.get(text)
+                if loc is None:
+                    labels = labels_of(ltext)
+                    if extra:
+                        merged = dict(extra)
+                        merged.update(labels)
+                        key = (name, tuple(sorted(merged.items())))
+                    else:
+                        key = (name, tuple(sorted(labels.items())))
+                    loc = self._index.get(key)
+                    if loc is None:
+                        loc = self._new_series(key, gid, res)
+                        if loc is None:
+                            continue
+                    elif loc[0].group[loc[1]] != gid:
+                        res.errors["duplicate"] += 1  # the same series from another target
+                        continue
+                    if len(cache) < self.max_series_per_group:
+                        cache[text] = loc
+                fam, row = loc
+                if value != value:
+                    res.errors["nan"] += 1
+                    nans.append((fam, row))
+                    continue
+                w = writes.get(fam.name)
+                if w is None:
+                    w = writes[fam.name] = (fam, [], [])
+                w[1].append(row)
+                w[2].append(value)
+            k = self._gcount[gid]
+            for fam, row in nans:
+                fam.nan_t[row] = t
+            for fam, rows, vals in writes.values():
+                fam.values[rows, slot] = vals
+                fam.last_k[rows] = k
+                res.samples += len(rows)
+            self.dropped.update(res.errors)
+            self._after_write(t)
         return res
 
     def ingest_samples(self, samples: Iterable[tuple[str, Mapping[str, str], float]], t: float,
@@ -268,6 +343,8 @@ class SeriesStore:
         self._gid[gkey] = gid
         self._gkeys.append(gkey)
         self._grows.append({})
+        self._gtext.append({})
+        self._gextra.append(())
         self._gseries.append(0)
         return gid
 
@@ -323,6 +400,7 @@ class SeriesStore:
                 arr = fam.codes[lname] = np.zeros(rows_len, dtype=np.int32)
             arr[row] = code
         self._index[key] = (fam, row)
+        fam.version += 1
         self._grows[gid].setdefault(name, []).append(row)
         self._gseries[gid] += 1
         self._series += 1
@@ -371,6 +449,8 @@ class SeriesStore:
         for arr in fam.codes.values():
             arr[row] = 0
         fam.free.append(row)
+        fam.version += 1
+        self._gtext[gid].clear()
         rows = self._grows[gid].get(fam.name)
         if rows is not None:
             rows.remove(row)
@@ -396,6 +476,21 @@ class SeriesStore:
         return self._newest
 
     # ------------------------------------------------------------------ reading (MetricsView)
+    def _query(self, fam: _Family, matchers: Mapping[str, str], by: tuple[str, ...]) -> list:
+        """[rows, keys, labels, extra] for (matchers, by), cached until the family's series change
+        (the common case between scrapes), so repeated queries skip matching and grouping."""
+        ck = (tuple(sorted(matchers.items())), tuple(by))
+        hit = fam.qcache.get(ck)
+        if hit is not None and hit[0] == fam.version:
+            return hit[1]
+        rows = self._rows(fam, matchers)
+        keys, labels = self._keys(fam, rows, by)
+        entry = [rows, keys, labels, {}]
+        if len(fam.qcache) > 256:
+            fam.qcache.clear()
+        fam.qcache[ck] = (fam.version, entry)
+        return entry
+
     def _rows(self, fam: _Family, matchers: Mapping[str, str]) -> np.ndarray:
         n = fam.n
         mask = fam.group[:n] >= 0
@@ -415,7 +510,12 @@ class SeriesStore:
         """(T, V), each (len(rows), K): the samples of each row in [start, end], chronological."""
         start = max(start, self._newest - self.retention_s)
         g = fam.group[rows]
-        ug, inv = np.unique(g, return_inverse=True)
+        present = np.zeros(len(self._gkeys), dtype=bool)
+        present[g] = True
+        ug = np.flatnonzero(present)
+        lookup = np.empty(len(self._gkeys), dtype=np.int64)
+        lookup[ug] = np.arange(len(ug))
+        inv = lookup[g]
         c = self.slots
         count = self._gcount[ug]
         first = np.where(count >= c, count % c, 0)
@@ -508,14 +608,13 @@ class SeriesStore:
             fam = self._families.get(metric)
             if fam is None:
                 return {}
-            rows = self._rows(fam, matchers)
+            rows, keys, labels, _ = self._query(fam, matchers, by)
             if not len(rows):
                 return {}
             tt, vv = self._window(fam, rows, at - window_s, at)
             if tt.shape[1] < 2:
                 return {}
             inc = promql.extrapolated_rate_matrix(tt, vv, at - window_s, at, is_counter=True, is_rate=is_rate)
-            keys, labels = self._keys(fam, rows, by)
             poisoned = self._poisoned(fam, rows, at - window_s, at)
         return _group_sum(inc, keys, labels, poisoned)
 
@@ -527,47 +626,48 @@ class SeriesStore:
             fam = self._families.get(metric)
             if fam is None:
                 return {}
-            rows = self._rows(fam, matchers)
+            rows, keys, labels, _ = self._query(fam, matchers, by)
             if not len(rows):
                 return {}
             tt, vv = self._window(fam, rows, t0 - self.lookback_s, t1)
             if tt.shape[1] == 0:
                 return {}
             d = promql.counter_delta(tt, vv, t0, t1)
-            keys, labels = self._keys(fam, rows, by)
             poisoned = self._poisoned(fam, rows, t0, t1)
         return _group_sum(d, keys, labels, poisoned)
 
     def bucket_increase(self, metric: str, matchers: Mapping[str, str], window_s: float, at: float,
                         by: tuple[str, ...] = ()) -> dict[Labels, dict[float, float]]:
-        """``sum by (le, by) (increase(metric_bucket[window]))`` as {group: {le: count}}."""
+        """``sum by (le, by) (increase(metric_bucket[window]))`` as {group: {le: count}}. A
+        group with a NaN sample in the window gets +Inf counts (quantiles become meaningless)."""
         name = metric if metric.endswith("_bucket") else metric + "_bucket"
         with self._lock:
             fam = self._families.get(name)
-            if fam is None:
+            if fam is None or "le" not in fam.codes:
                 return {}
-            rows = self._rows(fam, matchers)
-            if not len(rows) or "le" not in fam.codes:
+            rows, keys, labels, extra = self._query(fam, matchers, by)
+            if not len(rows):
                 return {}
             tt, vv = self._window(fam, rows, at - window_s, at)
             if tt.shape[1] < 2:
                 return {}
             inc = promql.extrapolated_rate_matrix(tt, vv, at - window_s, at, is_counter=True)
-            inc[self._poisoned(fam, rows, at - window_s, at)] = np.inf  # NaN sample in window
-            keys, labels = self._keys(fam, rows, by)
-            le_codes = fam.codes["le"][rows]
-        ok = ~np.isnan(inc) & (le_codes != 0)
+            inc[self._poisoned(fam, rows, at - window_s, at)] = np.inf
+            if "le" not in extra:
+                codes = fam.codes["le"][rows]
+                uniq, le_idx = np.unique(codes, return_inverse=True)
+                les = np.array([_le(self._words[int(u)]) if u != 0 else np.nan for u in uniq], dtype=float)
+                extra["le"] = (le_idx.reshape(-1), les)
+            le_idx, les = extra["le"]
+        ok = ~np.isnan(inc) & ~np.isnan(les[le_idx])
+        nl = len(les)
+        combo = keys[ok] * nl + le_idx[ok]
+        sums = np.bincount(combo, weights=inc[ok], minlength=len(labels) * nl)
+        present = np.bincount(combo, minlength=len(labels) * nl) > 0
         out: dict[Labels, dict[float, float]] = {}
-        le_cache: dict[int, float | None] = {}
-        for kk, lc, x in zip(keys[ok], le_codes[ok], inc[ok], strict=True):
-            lc = int(lc)
-            if lc not in le_cache:
-                le_cache[lc] = _le(self._words[lc])
-            le = le_cache[lc]
-            if le is None:
-                continue
-            d = out.setdefault(labels[kk], {})
-            d[le] = d.get(le, 0.0) + float(x)
+        for i in np.flatnonzero(present):
+            g, li = divmod(int(i), nl)
+            out.setdefault(labels[g], {})[float(les[li])] = float(sums[i])
         return out
 
     def histogram_quantile(self, q: float, metric: str, matchers: Mapping[str, str], window_s: float,
@@ -595,8 +695,8 @@ def _group_sum(x: np.ndarray, keys: np.ndarray, labels: list[Labels], poisoned: 
     return {labels[i]: float(sums[i]) for i in np.flatnonzero(present)}
 
 
-def _le(text: str) -> float | None:
+def _le(text: str) -> float:
     try:
         return float(text)
     except ValueError:
-        return None
+        return math.nan

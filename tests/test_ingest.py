@@ -20,7 +20,7 @@ from sla_guard.ingest.scrape import Scraper
 from sla_guard.ingest.source import UP
 from sla_guard.store import SeriesStore
 
-FIXTURE = Path(__file__).parent / "fixtures" / "vllm_exposition.txt"
+FIXTURE = Path(__file__).parent / "fixtures" / "vllm_server_metrics.txt"
 
 TRICKY = r'''# HELP x_total A counter with "quotes" and \ backslash
 # TYPE x_total counter

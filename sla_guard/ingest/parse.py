@@ -106,6 +106,48 @@ def _reference(text: str, drop_created: bool) -> list[Sample]:
     return out
 
 
+def parse_raw(text: str, *, drop_created: bool = True) -> list[tuple[str, str, str | None, float]] | None:
+    """Fast path only: ``(series_text, name, label_text, value)`` per sample, where
+    ``series_text`` is the line up to the value (``name{labels}``): a key that identifies the
+    series within one target without parsing its labels -- the store keeps a per-target cache
+    on it, as Prometheus's scrape cache does. None if the text needs the reference parser."""
+    out: list[tuple[str, str, str | None, float]] = []
+    append = out.append
+    match = _LINE.fullmatch
+    for lineno, line in enumerate(text.split("\n"), 1):
+        if not line or line[0] == "#":
+            continue
+        m = match(line)
+        if m is None:
+            if not line.strip():
+                continue
+            if "#" in line:
+                return None
+            raise ExpositionError(f"line {lineno}: cannot parse {line[:120]!r}")
+        name = m.group(1)
+        if drop_created and name.endswith("_created"):
+            continue
+        vtext = m.group(3)
+        try:
+            value = float(vtext)
+        except ValueError:
+            raise ExpositionError(f"line {lineno}: value {vtext!r} is not a number") from None
+        append((line[:m.end(2) + 1] if m.group(2) is not None else name, name, m.group(2), value))
+    return out
+
+
+def labels_of(text: str | None) -> dict[str, str]:
+    """Parsed label text (cached; shared dict, do not mutate). ``_Fallback`` is turned into a
+    reference parse of the one label set."""
+    if not text:
+        return {}
+    try:
+        return _cached_labels(text)
+    except _Fallback:
+        samples = _reference(f"x{{{text}}} 0\n", False)
+        return dict(samples[0][1])
+
+
 def parse_exposition(text: str, *, drop_created: bool = True) -> tuple[list[Sample], collections.Counter]:
     """Samples of a text exposition as ``(name, labels, value)`` (labels dicts may be shared:
     read them, do not mutate them), plus a Counter of non-fatal
