@@ -54,7 +54,8 @@ def test_prefill_scale_down_only_if_n_minus_1_fits():
 
 def test_ttft_tail_over_sla_adds_one_and_blocks_scale_down():
     s = size_prefill(_p(ready=2, uncached_tps=10_000.0, waiting=1.0, ttft_tail_s=4.0), CAP, PrefillKnobs())
-    assert s.desired == 3 and "ttft_over_sla" in s.reasons
+    # proportional to the tail: ceil(2 x 4.0 / 2.5) = 4
+    assert s.desired == 4 and "ttft_over_sla" in s.reasons
     assert not s.fits_at_n_minus_1
 
 

@@ -90,6 +90,8 @@ class Advisor:
         self.pending_timeout_s = 1800.0
         self._accepted_len: float | None = None
         self.u_target = self.cfg.prefill_target_utilization
+        self._last_starting: dict[str, float] = {}
+        self._proven: deque[tuple[float, float]] = deque(maxlen=512)  # (t, utilisation that met the SLA)
 
     # -- learning ------------------------------------------------------------------------------
     def _warm(self, engine: str, now: float) -> bool:
@@ -191,22 +193,37 @@ class Advisor:
         pts = [(t, v) for t, v in hist if t >= now - span_s]
         return slope([t for t, _ in pts], [v for _, v in pts])
 
+    def _settled(self, pool: str, now: float, starting: int) -> bool:
+        """True once no replica of ``pool`` has been starting for a whole observation window, so
+        the window's tails describe the current size, not the one before the scale-up."""
+        if starting > 0:
+            self._last_starting[pool] = now
+        return now - self._last_starting.get(pool, -1e18) >= self.cfg.window_s
+
     def _size_prefill(self, now: float, r: PoolReading, counts: tuple[int, int]) -> Sizing:
         t, cfg = r.totals, self.cfg
+        settled = self._settled("prefill", now, counts[1])
         hist = self.learned.waiting_hist.setdefault("prefill", deque(maxlen=64))
         wslope = self._trend(hist, now, t.get("waiting"), max(4 * cfg.interval_s, 60.0))
         obs = PrefillObs(ready=counts[0], starting=counts[1], uncached_tps=t.get("uncached_tps"),
                          requests_per_s=t.get("requests_per_s"), waiting=t.get("waiting"), waiting_slope=wslope,
                          ttft_tail_s=t.get("ttft_tail_s"), ttft_slo_s=self.slo_ttft_s,
-                         peak_uncached_tps=self._peak("prefill_demand", now, t.get("uncached_tps")))
+                         peak_uncached_tps=self._peak("prefill_demand", now, t.get("uncached_tps")),
+                         settled=settled)
         cap = self.learned.prefill
         # learn the utilisation target only against a learned capacity (a profile prior can be far
         # off) and only while the pool is settled (no replica starting)
         if self.cfg.adapt_utilization and cap.samples >= 3 and counts[0] > 0 and obs.uncached_tps is not None \
-                and counts[1] == 0:
+                and settled:
             u_obs = obs.uncached_tps / (cap.tokens_per_s * counts[0])
             self.u_target = adapt_target_utilization(self.u_target, u_obs, t.get("ttft_learn_s"), self.slo_ttft_s)
-        knobs = PrefillKnobs(target_utilization=self.u_target, drain_horizon_s=cfg.drain_horizon_s,
+            learn_tail = t.get("ttft_learn_s")
+            if learn_tail is not None and learn_tail <= 0.8 * self.slo_ttft_s:
+                self._proven.append((now, u_obs))
+        recent = [u for ts, u in self._proven if ts >= now - 3600.0]
+        proven = max(recent) if recent else None
+        knobs = PrefillKnobs(target_utilization=self.u_target, proven_utilization=proven,
+                             drain_horizon_s=cfg.drain_horizon_s,
                              forecast_horizon_s=cfg.forecast_horizon_s, scale_down_margin=cfg.scale_down_margin)
         s = size_prefill(obs, cap, knobs)
         if t.get("prefix_hit_ratio") is not None:
@@ -215,6 +232,7 @@ class Advisor:
 
     def _size_decode(self, now: float, r: PoolReading, counts: tuple[int, int]) -> Sizing:
         t, cfg = r.totals, self.cfg
+        settled = self._settled("decode", now, counts[1])
         rslope = self._trend(self.learned.running_hist, now, t.get("running"), max(8 * cfg.interval_s, 120.0))
         if t.get("accepted_len_seen"):
             self._accepted_len = ewma(self._accepted_len, t["accepted_len"], 0.3)
@@ -222,7 +240,7 @@ class Advisor:
                         waiting=t.get("waiting"), kv_usage=t.get("kv_usage"),
                         preemptions_per_s=t.get("preemptions_per_s"), accepted_len=self._accepted_len or 1.0,
                         tpot_tail_s=t.get("tpot_tail_s"), tpot_slo_s=self.slo_tpot_s,
-                        peak_running=self._peak("decode_running", now, t.get("running")))
+                        peak_running=self._peak("decode_running", now, t.get("running")), settled=settled)
         knobs = DecodeKnobs(tpot_headroom=cfg.decode_tpot_headroom, kv_target_usage=cfg.kv_target_usage,
                             forecast_horizon_s=cfg.forecast_horizon_s, scale_down_margin=cfg.scale_down_margin)
         return size_decode(obs, self.learned.decode, knobs)

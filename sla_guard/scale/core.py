@@ -30,6 +30,7 @@ class PrefillObs:
     ttft_tail_s: float | None = None  # TTFT at the control quantile (p90 default)
     ttft_slo_s: float = 2.5
     peak_uncached_tps: float | None = None  # highest demand over the stabilisation window
+    settled: bool = True  # no replica started within the observation window (its tails are current)
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +46,7 @@ class DecodeObs:
     tpot_tail_s: float | None = None  # TPOT at the control quantile
     tpot_slo_s: float = 0.020
     peak_running: float | None = None  # highest concurrency over the stabilisation window
+    settled: bool = True
 
 
 @dataclass(slots=True)
@@ -62,6 +64,9 @@ class Sizing:
 @dataclass(frozen=True, slots=True)
 class PrefillKnobs:
     target_utilization: float = 0.75
+    # highest utilisation at which the SLA was recently seen to hold (None = no evidence yet): N-1
+    # may not be asked to run hotter than that or than half the target, whichever is higher
+    proven_utilization: float | None = None
     drain_horizon_s: float = 30.0
     forecast_horizon_s: float = 120.0
     scale_down_margin: float = 0.2
@@ -112,9 +117,13 @@ def size_prefill(obs: PrefillObs, cap: PrefillCapacity, k: PrefillKnobs) -> Sizi
     if desired > n_eff:
         reasons.append("prefill_demand_over_capacity" if backlog < demand * 0.5 else "prefill_backlog")
     over_sla = obs.ttft_tail_s is not None and obs.ttft_tail_s > obs.ttft_slo_s
-    if over_sla and desired <= n_eff and obs.starting == 0:
-        desired = n_eff + 1
-        reasons.append("ttft_over_sla")
+    if over_sla and obs.starting == 0 and obs.settled:
+        # HPA's proportional rule applied to the tail: queueing delay falls roughly with the load
+        # per replica, so a tail at 1.6x the SLA asks for 1.6x the replicas (at least one more)
+        prop = max(n_eff + 1, math.ceil(n_eff * obs.ttft_tail_s / obs.ttft_slo_s - 1e-9))
+        if prop > desired:
+            desired = prop
+            reasons.append("ttft_over_sla")
     # re-predict at N-1: the peak load of the window on the remaining replicas, with headroom
     fits = strong = False
     if n_eff > 1:
@@ -123,6 +132,9 @@ def size_prefill(obs: PrefillObs, cap: PrefillCapacity, k: PrefillKnobs) -> Sizi
         nums["utilization_at_n_minus_1"] = round(util_n1, 3)
         tail_ok = obs.ttft_tail_s is None or obs.ttft_tail_s <= (1 - k.scale_down_margin) * obs.ttft_slo_s
         fits = util_n1 <= k.target_utilization * (1 - k.scale_down_margin) and tail_ok
+        if k.proven_utilization is not None:
+            nums["proven_utilization"] = round(k.proven_utilization, 3)
+            fits = fits and util_n1 <= max(k.proven_utilization, 0.5 * k.target_utilization)
         strong = (util_n1 <= k.target_utilization * (1 - 2 * k.scale_down_margin)
                   and obs.ttft_tail_s is not None and obs.ttft_tail_s <= 0.5 * obs.ttft_slo_s)
     if desired < n_eff:
@@ -177,7 +189,7 @@ def size_decode(obs: DecodeObs, model: StepModel, k: DecodeKnobs) -> Sizing:
     if obs.tpot_tail_s is not None:
         nums["tpot_tail_s"] = round(obs.tpot_tail_s, 5)
         nums["tpot_slo_s"] = obs.tpot_slo_s
-    if (pressure or over_sla) and desired <= n_eff and obs.starting == 0:
+    if (pressure or over_sla) and desired <= n_eff and obs.starting == 0 and obs.settled:
         desired = n_eff + 1
         reasons.append("kv_preemptions" if pressure else "tpot_over_sla")
     fits = strong = False
