@@ -10,7 +10,8 @@ garbage-collection sawtooth (20..150 MiB, period 1..10 min, jittered); transient
 big batches (0.5/h, 50..400 MiB for 0.5..3 min); a load-following part (10..60 MiB, the
 "load_swings" kind 100..300 MiB with bursts); 2 MiB sampling noise. Non-leaking kinds add
 allocator plateaus (2..4 ramps of 64..192 MiB over 1..30 min, then flat) or restarts every 4..12 h.
-A leak grows in proportion to work (load), at a mean rate given in MiB/h, from its onset.
+A leak grows at a constant rate in MiB/h from its onset, or (work_proportional) in proportion
+to load with that mean rate, as a per-step leak does.
 
 Spec-decode counters at 10 s: draft tokens ~ Poisson(rate), acceptance = baseline (0.5..0.75)
 + a request-mix jitter (AR(1), sd 0.03, correlation ~30 s) + a slow wander (sd 0.01).
@@ -92,9 +93,10 @@ def _warmup(rng, t: np.ndarray, starts: list[float], strong: bool) -> np.ndarray
 
 
 def rss_case(kind: str, seed: int, *, days: float = 2.0, dt: float = 30.0, leak_mib_h: float = 0.0,
-             onset_h: float | None = None) -> RssCase:
+             onset_h: float | None = None, work_proportional: bool = False) -> RssCase:
     """One labelled RSS series. ``kind`` is one of RSS_KINDS (its pattern is added to the common
-    background); ``leak_mib_h`` > 0 adds a leak from ``onset_h`` hours (default: random 2..12 h)."""
+    background); ``leak_mib_h`` > 0 adds a leak from ``onset_h`` hours (default: random 2..12 h),
+    at a constant rate, or in proportion to load (mean rate ``leak_mib_h``)."""
     if kind not in RSS_KINDS:
         raise ValueError(f"kind must be one of {RSS_KINDS}")
     rng = np.random.default_rng([seed, RSS_KINDS.index(kind), int(leak_mib_h * 10)])
@@ -122,14 +124,16 @@ def rss_case(kind: str, seed: int, *, days: float = 2.0, dt: float = 30.0, leak_
     onset = None
     if leak_mib_h > 0:
         onset = (rng.uniform(2, 12) if onset_h is None else onset_h) * HOUR
-        work = np.cumsum(load) * dt / lm  # seconds of average work
-        w0 = np.interp(onset, t, work)
-        v += np.maximum(0.0, work - w0) * leak_mib_h * MIB / HOUR
+        if work_proportional:  # grows per unit of work: slower at night, faster at peak
+            work = np.cumsum(load) * dt / lm  # seconds of average work
+            v += np.maximum(0.0, work - np.interp(onset, t, work)) * leak_mib_h * MIB / HOUR
+        else:
+            v += np.maximum(0.0, t - onset) * leak_mib_h * MIB / HOUR
     if kind == "restarts":  # a new process loads its model (~2 min) before serving again
         for st in starts[1:]:
             m = (t >= st) & (t < st + 120)
             v[m] = 0.5 * GIB + (v[m] - 0.5 * GIB) * (t[m] - st) / 120
-    name = f"{kind}-{seed}" + (f"-leak{leak_mib_h:g}" if leak_mib_h else "")
+    name = f"{kind}-{seed}" + (f"-leak{leak_mib_h:g}" if leak_mib_h else "") + ("w" if work_proportional else "")
     return RssCase(name, kind, seed, t, v, load, 8 * GIB, leak_mib_h, onset)
 
 
