@@ -95,3 +95,24 @@ def test_replay_policy_guard_prints_one_json_line():
     assert line["requests"] > 1000 and 0 <= line["slo_attainment"] <= 1
     # the light Azure load needs one replica per pool: the guard shrinks 2P2D after its evidence
     assert line["scaling_actions"] >= 1 and line["eval_errors"] == 0
+
+
+def test_guard_policy_turns_a_leak_finding_into_one_rolling_restart():
+    from sla_guard.model import Finding
+    from sla_guard.scale.policies import GuardPolicy
+
+    store = _store()
+    engines = [Engine("prefill", "p0"), Engine("decode", "d0")]
+    _run(engines, store, 0, 60, p0={"running": 1, "waiting": 0, "computed": 5000, "prefills": 1},
+         d0={"running": 10, "waiting": 0, "steps": 400})
+    leak = Finding(detector="leak", key="leak:d0", severity="warning", summary="RSS grows",
+                   labels={"model": "m", "pool": "decode", "instance": "d0", "process": "EngineCore_DP0"})
+    pol = GuardPolicy()
+    obs = _obs(store, 60, prefill=(1, 0), decode=(1, 0))
+    obs = Observation(now=obs.now, model=obs.model, pools=obs.pools, view=store, findings=(leak,),
+                      profile=obs.profile)
+    out = pol.decide(60, obs)
+    assert "decode" not in out or out["decode"] <= 1  # a leak is not a reason to scale
+    assert pol.restarts() == ["d0"]
+    pol.decide(75, obs)
+    assert pol.restarts() == []  # the same finding does not restart the replica twice
