@@ -61,7 +61,13 @@ def extrapolated_rate_matrix(t: np.ndarray, v: np.ndarray, range_start: float, r
     first_v, last_v = v[r, first_i], v[r, last_i]
     first_t, last_t = t[r, first_i], t[r, last_i]
     result = last_v - first_v
-    if is_counter:
+    if is_counter and bool((last_i - first_i + 1 == n).all()):
+        # no gaps inside any row (the usual case): consecutive cells are consecutive samples
+        pair = valid[:, 1:] & valid[:, :-1]
+        with np.errstate(invalid="ignore"):
+            drop = pair & (v[:, 1:] < v[:, :-1])
+        result = result + np.where(drop, v[:, :-1], 0.0).sum(axis=1)
+    elif is_counter:
         # previous valid sample of every cell (forward fill of valid positions)
         idx = np.where(valid, pos[None, :], -1)
         ffill = np.maximum.accumulate(idx, axis=1)

@@ -131,17 +131,16 @@ def le_count(buckets: Mapping[float, float], threshold: float) -> float | None:
 
 
 # ---------------------------------------------------------------- ledger
-class Ledger:
-    """Request-weighted long windows for one (model, pool, indicator, threshold): good and
-    total request counts in fixed time buckets over the SLO period. Bounded: period/step slots."""
+class _Ring:
+    """good/total request counts in fixed time buckets covering ``span_s``."""
 
-    def __init__(self, period_s: float, step_s: float = 60.0) -> None:
+    def __init__(self, span_s: float, step_s: float) -> None:
         self.step = float(step_s)
-        self.n = math.ceil(period_s / step_s) + 1
+        self.span = float(span_s)
+        self.n = math.ceil(span_s / step_s) + 1
         self.idx = np.full(self.n, -1, dtype=np.int64)
         self.good = np.zeros(self.n)
         self.total = np.zeros(self.n)
-        self.first_t: float | None = None
 
     def add(self, t: float, good: float, total: float) -> None:
         b = int(t // self.step)
@@ -152,16 +151,39 @@ class Ledger:
             self.total[p] = 0.0
         self.good[p] += good
         self.total[p] += total
-        if self.first_t is None:
-            self.first_t = t
 
     def window(self, now: float, window_s: float) -> tuple[float, float]:
-        """(errors, total) over (now - window, now]."""
         hi = int(now // self.step)
         lo = int((now - window_s) // self.step)
         m = (self.idx > lo) & (self.idx <= hi)
         total = float(self.total[m].sum())
         return total - float(self.good[m].sum()), total
+
+
+class Ledger:
+    """Request-weighted long windows for one (model, pool, indicator, threshold): good and total
+    request counts in time buckets over the SLO period. Two tiers keep it small and fast: 1-min
+    buckets for windows up to 6 h (the 5m..6h burn windows), 15-min buckets for 1d..30d. Bounded:
+    ~3,600 buckets for a 30-day period, whatever the evaluation rate."""
+
+    def __init__(self, period_s: float, step_s: float = 60.0, fine_span_s: float = 6 * 3600.0,
+                 coarse_step_s: float = 900.0) -> None:
+        self.fine = _Ring(min(period_s, fine_span_s), step_s)
+        self.coarse = _Ring(period_s, coarse_step_s) if period_s > fine_span_s else None
+        self.first_t: float | None = None
+
+    def add(self, t: float, good: float, total: float) -> None:
+        self.fine.add(t, good, total)
+        if self.coarse is not None:
+            self.coarse.add(t, good, total)
+        if self.first_t is None:
+            self.first_t = t
+
+    def window(self, now: float, window_s: float) -> tuple[float, float]:
+        """(errors, total) over (now - window, now], at the tier's bucket resolution."""
+        if self.coarse is None or window_s <= self.fine.span:
+            return self.fine.window(now, window_s)
+        return self.coarse.window(now, window_s)
 
 
 # ---------------------------------------------------------------- results
@@ -234,6 +256,7 @@ class SLOEvaluator:
         self._ledgers: dict[tuple, Ledger] = {}
         self._last_feed: float | None = None
         self._metrics: ContractMetrics | None = None
+        self._children: dict[tuple, object] = {}
         self.evaluated_at: float | None = None
         self.window_label: str | None = None
 
@@ -469,23 +492,30 @@ class SLOEvaluator:
         pr.goodput_upper_bound = min(a, b2)
 
     # -- metrics -------------------------------------------------------------------------------
+    def _child(self, metric, *labels: str):
+        """prometheus_client children cached: .labels() costs ~10 us, and a tick sets ~15
+        gauges per objective per pool."""
+        key = (metric.name, labels)
+        ch = self._children.get(key)
+        if ch is None:
+            ch = self._children[key] = self._metrics[metric].labels(*labels)
+        return ch
+
     def _export(self) -> None:
-        m = self._metrics
-        if m is None:
+        if self._metrics is None:
             return
-        status_g, value_g = m[c.GUARD_SLO_STATUS], m[c.GUARD_SLO_VALUE]
-        burn_g, budget_g, goodput_g = m[c.GUARD_BURN_RATE], m[c.GUARD_BUDGET_REMAINING], m[c.GUARD_GOODPUT]
+        ch = self._child
         for pr in self.pools.values():
             for s in pr.slos:
                 for st in Status:
-                    status_g.labels(pr.model, pr.pool, s.slo, st.value).set(1.0 if s.status is st else 0.0)
-                value_g.labels(pr.model, pr.pool, s.slo).set(s.value if s.value is not None else math.nan)
+                    ch(c.GUARD_SLO_STATUS, pr.model, pr.pool, s.slo, st.value).set(1.0 if s.status is st else 0.0)
+                ch(c.GUARD_SLO_VALUE, pr.model, pr.pool, s.slo).set(s.value if s.value is not None else math.nan)
                 for w, br in s.burn_rates.items():
-                    burn_g.labels(pr.model, pr.pool, s.slo, w).set(br if br is not None else math.nan)
+                    ch(c.GUARD_BURN_RATE, pr.model, pr.pool, s.slo, w).set(br if br is not None else math.nan)
                 if s.objective == Objective.ATTAINMENT.value:
-                    budget_g.labels(pr.model, pr.pool, s.slo).set(
+                    ch(c.GUARD_BUDGET_REMAINING, pr.model, pr.pool, s.slo).set(
                         s.budget_remaining if s.budget_remaining is not None else math.nan)
-            goodput_g.labels(pr.model, pr.pool).set(
+            ch(c.GUARD_GOODPUT, pr.model, pr.pool).set(
                 pr.goodput_lower_bound if pr.goodput_lower_bound is not None else math.nan)
 
 

@@ -50,15 +50,19 @@ class IngestResult:
 class _Family:
     """All series of one sample name: values[row, slot], the group of each row, label codes."""
 
-    __slots__ = ("codes", "free", "group", "labels", "last_k", "n", "name", "nan_t", "qcache", "values", "version")
+    __slots__ = ("codes", "fid", "free", "group", "has_text", "last_k", "n", "name", "nan_t", "qcache", "text_hash",
+                 "values", "version")
 
-    def __init__(self, name: str, slots: int, rows: int = 16) -> None:
+    def __init__(self, name: str, slots: int, fid: int, rows: int = 16) -> None:
         self.name = name
+        self.fid = fid
         self.values = np.full((rows, slots), np.nan)
         self.group = np.full(rows, -1, dtype=np.int32)
         self.last_k = np.zeros(rows, dtype=np.int64)  # group slot counter at last write
         self.nan_t = np.full(rows, -np.inf)  # time of the row's latest NaN sample
-        self.labels: list[Labels | None] = [None] * rows
+        # hash of the raw series text of rows created from a scrape (their scrape-cache key)
+        self.text_hash = np.zeros(rows, dtype=np.int64)
+        self.has_text = np.zeros(rows, dtype=bool)
         self.codes: dict[str, np.ndarray] = {}
         self.free: list[int] = []
         self.n = 0  # high-water mark of used rows
@@ -67,20 +71,22 @@ class _Family:
 
     def grow(self) -> None:
         rows, slots = self.values.shape
-        new = rows * 2
+        new = rows + max(16, rows // 2)  # x1.5: the value matrix is most of the memory
         values = np.full((new, slots), np.nan)
         values[:rows] = self.values
         self.values = values
-        self.group = np.concatenate([self.group, np.full(rows, -1, dtype=np.int32)])
-        self.last_k = np.concatenate([self.last_k, np.zeros(rows, dtype=np.int64)])
-        self.nan_t = np.concatenate([self.nan_t, np.full(rows, -np.inf)])
-        self.labels.extend([None] * rows)
+        more = new - rows
+        self.group = np.concatenate([self.group, np.full(more, -1, dtype=np.int32)])
+        self.last_k = np.concatenate([self.last_k, np.zeros(more, dtype=np.int64)])
+        self.nan_t = np.concatenate([self.nan_t, np.full(more, -np.inf)])
+        self.text_hash = np.concatenate([self.text_hash, np.zeros(more, dtype=np.int64)])
+        self.has_text = np.concatenate([self.has_text, np.zeros(more, dtype=bool)])
         for k, arr in self.codes.items():
-            self.codes[k] = np.concatenate([arr, np.zeros(rows, dtype=np.int32)])
+            self.codes[k] = np.concatenate([arr, np.zeros(more, dtype=np.int32)])
 
     def nbytes(self) -> int:
         return (self.values.nbytes + self.group.nbytes + self.last_k.nbytes + self.nan_t.nbytes
-                + sum(a.nbytes for a in self.codes.values()) + 8 * len(self.labels))
+                + self.text_hash.nbytes + self.has_text.nbytes + sum(a.nbytes for a in self.codes.values()))
 
 
 class SeriesStore:
@@ -116,12 +122,17 @@ class SeriesStore:
         self._gcount = np.zeros(cap, dtype=np.int64)
         self._glast = np.full(cap, -np.inf)
         self._grows: list[dict[str, list[int]]] = []
-        self._gtext: list[dict[str, tuple[_Family, int]]] = []  # per group: series text -> series
+        # per group scrape cache: hash(series text) -> family id << 32 | row. Hash keys and packed
+        # ints keep it ~120 bytes per series (strings and tuples would be ~280); a 64-bit hash
+        # collision inside one target is ~n^2/2^64, i.e. never in practice.
+        self._gtext: list[dict[int, int]] = []
+        self._flist: list[_Family] = []
         self._gextra: list[tuple] = []
         self._gseries: list[int] = []
         self._series = 0
         self._newest = -math.inf
         self._writes_since_gc = 0
+        self._vocab_limit = 65_536
         self.dropped = collections.Counter()  # lifetime drops by kind
 
     # ------------------------------------------------------------------ writing
@@ -172,15 +183,19 @@ class SeriesStore:
                 cache.clear()
                 self._gextra[gid] = extra_t
             writes: dict[str, tuple[_Family, list[int], list[float]]] = {}
-            seen: set[str] = set()
+            seen: set[int] = set()
             nans: list[tuple[_Family, int]] = []
+            flist = self._flist
             for text, name, ltext, value in raw:
-                if text in seen:
+                h = hash(text)
+                if h in seen:
                     res.errors["duplicate"] += 1
                     continue
-                seen.add(text)
-                loc = cache.get(text)
-                if loc is None:
+                seen.add(h)
+                packed = cache.get(h)
+                if packed is not None:
+                    loc = (flist[packed >> 32], packed & 0xFFFFFFFF)
+                else:
                     labels = labels_of(ltext)
                     if extra:
                         merged = dict(extra)
@@ -190,14 +205,13 @@ class SeriesStore:
                         key = (name, tuple(sorted(labels.items())))
                     loc = self._index.get(key)
                     if loc is None:
-                        loc = self._new_series(key, gid, res)
+                        loc = self._new_series(key, gid, res, text_hash=h)
                         if loc is None:
                             continue
+                        cache[h] = (loc[0].fid << 32) | loc[1]
                     elif loc[0].group[loc[1]] != gid:
                         res.errors["duplicate"] += 1  # the same series from another target
                         continue
-                    if len(cache) < self.max_series_per_group:
-                        cache[text] = loc
                 fam, row = loc
                 if value != value:
                     res.errors["nan"] += 1
@@ -367,7 +381,11 @@ class SeriesStore:
                 self._families[name].values[rows, slot] = np.nan
         return slot
 
-    def _new_series(self, key: tuple[str, Labels], gid: int, res: IngestResult) -> tuple[_Family, int] | None:
+    def _new_series(self, key: tuple[str, Labels], gid: int, res: IngestResult,
+                    text_hash: int | None = None) -> tuple[_Family, int] | None:
+        """A new row. Series from a scrape (``text_hash`` given) are found through their group's scrape
+        cache only; others through ``_index``. Keeping one map per series (not both) matters at
+        hundreds of thousands of series."""
         name, labels = key
         if len(labels) > self.max_labels or any(len(v) > self.max_label_value_len for _, v in labels):
             res.errors["label_limit"] += 1
@@ -377,7 +395,8 @@ class SeriesStore:
             return None
         fam = self._families.get(name)
         if fam is None:
-            fam = self._families[name] = _Family(name, self.slots)
+            fam = self._families[name] = _Family(name, self.slots, len(self._flist))
+            self._flist.append(fam)
         if fam.free:
             row = fam.free.pop()
         else:
@@ -386,7 +405,8 @@ class SeriesStore:
             row = fam.n
             fam.n += 1
         fam.group[row] = gid
-        fam.labels[row] = labels
+        fam.has_text[row] = text_hash is not None
+        fam.text_hash[row] = text_hash or 0
         fam.values[row, :] = np.nan
         fam.nan_t[row] = -np.inf
         rows_len = len(fam.group)
@@ -399,7 +419,8 @@ class SeriesStore:
             if arr is None:
                 arr = fam.codes[lname] = np.zeros(rows_len, dtype=np.int32)
             arr[row] = code
-        self._index[key] = (fam, row)
+        if text_hash is None:
+            self._index[key] = (fam, row)
         fam.version += 1
         self._grows[gid].setdefault(name, []).append(row)
         self._gseries[gid] += 1
@@ -437,20 +458,42 @@ class SeriesStore:
                 for row in np.flatnonzero(gone):
                     self._free(fam, int(row))
                     freed += 1
+            if len(self._words) > self._vocab_limit:
+                self._compact_vocab()
         return freed
+
+    def _compact_vocab(self) -> None:
+        """Drop label values no live series uses (label churn must not grow memory forever)."""
+        used = np.zeros(len(self._words), dtype=bool)
+        used[0] = True
+        for fam in self._families.values():
+            for arr in fam.codes.values():
+                used[arr[:fam.n]] = True
+        if used.sum() * 2 > len(self._words):
+            self._vocab_limit = 2 * len(self._words)
+            return
+        remap = (np.cumsum(used) - 1).astype(np.int32)
+        self._words = [w for w, u in zip(self._words, used.tolist(), strict=True) if u]
+        self._vocab = {w: i for i, w in enumerate(self._words)}
+        for fam in self._families.values():
+            for k, arr in fam.codes.items():
+                fam.codes[k] = remap[arr]
+            fam.version += 1
+        self._vocab_limit = max(65_536, 2 * len(self._words))
 
     def _free(self, fam: _Family, row: int) -> None:
         gid = int(fam.group[row])
-        labels = fam.labels[row]
-        self._index.pop((fam.name, labels), None)
+        if not fam.has_text[row]:
+            self._index.pop((fam.name, self._row_labels(fam, row)), None)
+        else:
+            self._gtext[gid].pop(int(fam.text_hash[row]), None)
         fam.group[row] = -1
-        fam.labels[row] = None
+        fam.has_text[row] = False
         fam.values[row, :] = np.nan
         for arr in fam.codes.values():
             arr[row] = 0
         fam.free.append(row)
         fam.version += 1
-        self._gtext[gid].clear()
         rows = self._grows[gid].get(fam.name)
         if rows is not None:
             rows.remove(row)
@@ -535,9 +578,21 @@ class SeriesStore:
         slots = np.take_along_axis(order, j, axis=1)
         times = np.where(ok, np.take_along_axis(ct, j, axis=1), np.nan)
         vals = fam.values[rows[:, None], slots[inv]]
-        times_r = times[inv]
-        vals = np.where(np.isnan(times_r), np.nan, vals)
-        return times_r, vals
+        # cells past a group's last in-window sample repeat a slot: their time is NaN, and
+        # every consumer treats a NaN time as no sample
+        return times[inv], vals
+
+    def _row_labels(self, fam: _Family, row: int) -> Labels:
+        return self._rows_labels(fam, np.array([row]))[0]
+
+    def _rows_labels(self, fam: _Family, rows: np.ndarray) -> list[Labels]:
+        """Labels of rows, rebuilt from the label codes (kept once per series, as int32)."""
+        words = self._words
+        cols = [(k, a[rows]) for k, a in sorted(fam.codes.items())]
+        out = []
+        for i in range(len(rows)):
+            out.append(tuple((k, words[int(col[i])]) for k, col in cols if col[i] != 0))
+        return out
 
     @staticmethod
     def _poisoned(fam: _Family, rows: np.ndarray, start: float, end: float) -> np.ndarray:
@@ -574,7 +629,8 @@ class SeriesStore:
             has = np.isfinite(ts[np.arange(len(ug)), slot]) & ~self._gstale[ug, slot]
             vals = fam.values[rows, slot[inv]]
             keep = has[inv] & ~np.isnan(vals)
-            return {fam.labels[r]: float(v) for r, v in zip(rows[keep], vals[keep], strict=True)}
+            kept = rows[keep]
+            return dict(zip(self._rows_labels(fam, kept), vals[keep].tolist(), strict=True))
 
     def range(self, metric: str, matchers: Mapping[str, str], start: float, end: float) -> list[Series]:
         """Raw samples of each matching series in [start, end] (closed, like a range selector)."""
@@ -587,10 +643,11 @@ class SeriesStore:
                 return []
             tt, vv = self._window(fam, rows, start, end)
             out = []
-            for i, r in enumerate(rows):
-                m = ~np.isnan(vv[i])
+            labels = self._rows_labels(fam, rows)
+            for i in range(len(rows)):
+                m = ~np.isnan(vv[i]) & ~np.isnan(tt[i])
                 if m.any():
-                    out.append(Series(fam.labels[r], tt[i][m].copy(), vv[i][m].copy()))
+                    out.append(Series(labels[i], tt[i][m].copy(), vv[i][m].copy()))
             return out
 
     def increase(self, metric: str, matchers: Mapping[str, str], window_s: float, at: float,

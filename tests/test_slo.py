@@ -172,5 +172,13 @@ def test_ledger_is_request_weighted_and_bounded():
     assert err / tot == pytest.approx(1 / 1016)  # not mean(1/16, 0)
     for t in range(0, 10 * 3600, 60):
         led.add(t, 1, 1)
-    assert led.idx.size == 61
+    assert led.fine.idx.size == 61 and led.coarse is None
     assert led.window(10 * 3600, 3600)[1] == pytest.approx(59)  # adds at 32460..35940
+    # 30-day period: two tiers, ~3,600 buckets in all; long windows from the 15-min tier
+    big = Ledger(period_s=30 * 86400)
+    assert big.fine.n + big.coarse.n < 4000
+    for t in range(0, 2 * 86400, 60):
+        big.add(t, good=9, total=10)
+    err, tot = big.window(2 * 86400, 86400)
+    assert err / tot == pytest.approx(0.1)
+    assert tot == pytest.approx(14390, rel=0.011)  # within one 15-min bucket of the exact 1439 adds

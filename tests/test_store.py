@@ -149,3 +149,17 @@ def test_nan_sample_poisons_windows_like_promql():
     # once the NaN is out of the window the value is back
     assert st.increase("c_total", {"engine": "0"}, 20, 50)[()] == pytest.approx(2)
     assert st.dropped["nan"] == 1
+
+
+def test_label_churn_does_not_grow_memory_forever():
+    st = SeriesStore(slots=4, retention_s=50)
+    st._vocab_limit = 1000
+    for i in range(200):  # every scrape brings 50 brand-new label values, old ones die
+        page = "".join(f'churn_total{{id="{i}-{j}"}} 1\n' for j in range(50))
+        st.ingest_text(page + "steady_total 1\n", float(i), {"instance": "t"})
+    st.collect_garbage()
+    assert st.series_count() <= 4 * 50 + 1
+    assert len(st._words) < 1000
+    # what is left is still queryable by its labels
+    assert len(st.instant("churn_total", {"instance": "t"}, 199.0)) == 50
+    assert st.instant("steady_total", {"instance": "t"}, 199.0) == {(("instance", "t"),): 1.0}

@@ -54,7 +54,7 @@ def _labels(text: str) -> dict[str, str]:
 # sets, so parsing each distinct text once removes most of the per-sample cost. Bounded: cleared
 # when full (a label bomb cannot grow it without limit). Cached dicts are shared: never mutate.
 _LABEL_CACHE: dict[str, dict[str, str]] = {}
-_LABEL_CACHE_MAX = 200_000
+_LABEL_CACHE_MAX = 50_000
 
 
 def _cached_labels(text: str) -> dict[str, str]:
@@ -137,12 +137,11 @@ def parse_raw(text: str, *, drop_created: bool = True) -> list[tuple[str, str, s
 
 
 def labels_of(text: str | None) -> dict[str, str]:
-    """Parsed label text (cached; shared dict, do not mutate). ``_Fallback`` is turned into a
-    reference parse of the one label set."""
+    """Parsed label text; a set the fast path cannot read goes to the reference parser."""
     if not text:
         return {}
     try:
-        return _cached_labels(text)
+        return _labels(text)  # called once per new series: caching would only cost memory
     except _Fallback:
         samples = _reference(f"x{{{text}}} 0\n", False)
         return dict(samples[0][1])
