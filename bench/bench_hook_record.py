@@ -9,7 +9,7 @@ ratio hook / vLLM (goal: <= 0.5).
 
 Runs inside .venv-vllm; started from the project venv it re-executes itself there:
 
-    .venv/bin/python bench/bench_hook_record.py [--steps 20000] [--rounds 5] [--batch 16]
+    .venv/bin/python bench/bench_hook_record.py [--steps 20000] [--rounds 5] [--batch 16] [--otel]
 """
 
 from __future__ import annotations
@@ -88,12 +88,17 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=20000)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--otel", action="store_true",
+                    help="also mirror to OTLP (records into the OTel SDK; exports go to a closed port)")
     a = ap.parse_args()
     try:
         import vllm  # noqa: F401
     except ImportError:
         return reexec_in_vllm_venv()
     os.environ.setdefault("SLA_GUARD_DISABLE_SAMPLER", "1")  # measure record(), not the sampler thread
+    if a.otel:
+        os.environ.update(SLA_GUARD_OTLP_ENDPOINT="http://127.0.0.1:9", SLA_GUARD_OTLP_EXPORT_INTERVAL_S="3600",
+                          SLA_GUARD_OTLP_TIMEOUT_S="0.2")
     sys.path.insert(0, str(REPO / "tests"))
     import vllm_support
     from vllm.v1.metrics.loggers import PrometheusStatLogger
@@ -111,7 +116,8 @@ def main() -> int:
         t_theirs.append(time_logger(theirs, steps))
         t_ours.append(time_logger(ours, steps))
     best_ours, best_theirs = min(t_ours) / a.steps * 1e6, min(t_theirs) / a.steps * 1e6
-    print(f"steps={a.steps} batch={a.batch} rounds={a.rounds} (best round; spec decode on, 1 finished req / 2 steps)")
+    print(f"steps={a.steps} batch={a.batch} rounds={a.rounds} otel={'on' if a.otel else 'off'} "
+          "(best round; spec decode on, 1 finished req / 2 steps)")
     print(f"  vLLM PrometheusStatLogger.record : {best_theirs:8.2f} us/step")
     print(f"  sla-guard SlaGuardStatLogger.record: {best_ours:8.2f} us/step")
     print(f"  ratio hook / vLLM                : {best_ours / best_theirs:8.3f}  (goal <= 0.5)")

@@ -7,7 +7,8 @@ never stalls vLLM, and its own providers are used (never the global ones vLLM ma
 
 Names: a contract metric with ``otel_name`` (GenAI semantic conventions, e.g.
 ``gen_ai.server.time_to_first_token``) is exported under that name with the same buckets;
-others keep the contract name. Per the conventions the model is the attribute
+others keep the contract name. Per-token inter-token latency is not mirrored (one measurement
+per token is too costly in the OTel SDK); TPOT per request is. Per the conventions the model is the attribute
 ``gen_ai.request.model``; pool and engine are ``sla_guard.pool`` / ``sla_guard.engine``.
 ``gen_ai.client.token.usage`` is a per-request histogram in the conventions, so it is recorded
 per finished request with ``gen_ai.token.type`` input|output instead of as a counter.
@@ -21,6 +22,8 @@ by id and a client's TTFT split into prefill queue, prefill, KV transfer and fir
 from __future__ import annotations
 
 import os
+import threading
+from collections import deque
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -32,6 +35,8 @@ ENV_TIMEOUT = "SLA_GUARD_OTLP_TIMEOUT_S"
 ENV_INTERVAL = "SLA_GUARD_OTLP_EXPORT_INTERVAL_S"
 DEFAULT_TIMEOUT_S = 2.0
 DEFAULT_INTERVAL_S = 15.0
+FLUSH_INTERVAL_S = 1.0
+MAX_PENDING = 100_000  # per engine; bounded memory if the flush thread falls behind
 
 _REQUEST_HISTOGRAMS = (c.REQUEST_E2E, c.REQUEST_QUEUE, c.REQUEST_PREFILL, c.REQUEST_DECODE)
 TOKEN_USAGE = "gen_ai.client.token.usage"
@@ -51,7 +56,9 @@ def _float_env(env: Mapping[str, str], key: str, default: float) -> float:
 
 
 class OtelEngine:
-    """Instruments of one engine with its attributes bound (mirrors EngineRecorder)."""
+    """One engine's side of the mirror. Called on vLLM's event loop, so it only queues: the
+    OTel SDK's record() costs ~10 us per measurement (attribute cleaning and hashing), which is
+    paid on the mirror's flush thread instead. The queue is bounded; overflow drops the oldest."""
 
     def __init__(self, mirror: OtelMirror, model: str, pool: str, engine: str | int) -> None:
         self.m = mirror
@@ -60,33 +67,46 @@ class OtelEngine:
         self._input = {**self.attrs, "gen_ai.token.type": "input"}
         self._output = {**self.attrs, "gen_ai.token.type": "output"}
         self._reasons: dict[str, dict[str, str]] = {}
+        self.pending: deque = deque(maxlen=MAX_PENDING)
+        self.state: tuple[int, int, float] | None = None  # running, waiting, kv usage (observed at export)
 
-    def latencies(self, ttfts: Iterable[float], itls: Iterable[float]) -> None:
-        a, ttft, itl = self.attrs, self.m.hist[c.REQUEST_TTFT.name], self.m.hist[c.INTER_TOKEN_LATENCY.name]
-        for v in ttfts:
-            ttft.record(v, a)
-        for v in itls:
-            itl.record(v, a)
+    # -- hot path (event loop) -------------------------------------------------------------------
+    def latencies(self, ttfts: Iterable[float], itls: Iterable[float] = ()) -> None:
+        """TTFTs are mirrored (one per request); per-token ITLs stay Prometheus-only (too many)."""
+        if ttfts:
+            self.pending.append((None, tuple(ttfts)))
 
     def scheduler(self, running: int, waiting: int, kv_usage: float) -> None:
-        g, a = self.m.gauges, self.attrs
-        g[c.REQUESTS_RUNNING.name].set(running, a)
-        g[c.REQUESTS_WAITING.name].set(waiting, a)
-        g[c.KV_CACHE_USAGE.name].set(kv_usage, a)
+        self.state = (running, waiting, kv_usage)
 
     def finished(self, r: FinishedRequest, end_wall_s: float) -> None:
+        self.pending.append((r, end_wall_s))
+
+    # -- flush thread ----------------------------------------------------------------------------
+    def drain(self) -> None:
         a, h = self.attrs, self.m.hist
-        for metric, v in zip(_REQUEST_HISTOGRAMS, (r.e2e_s, r.queue_s, r.prefill_s, r.decode_s), strict=True):
-            h[metric.name].record(v, a)
-        if r.generated_tokens > 1:
-            h[c.REQUEST_TPOT.name].record(r.tpot_s, a)
-        h[TOKEN_USAGE].record(r.prompt_tokens, self._input)
-        h[TOKEN_USAGE].record(r.generated_tokens, self._output)
-        ra = self._reasons.get(r.reason)
-        if ra is None:
-            ra = self._reasons[r.reason] = {**a, "sla_guard.reason": r.reason}
-        self.m.finished_counter.add(1, ra)
-        self.m.request_span(self, r, end_wall_s)
+        pending = self.pending
+        while pending:
+            try:
+                r, x = pending.popleft()
+            except IndexError:
+                return
+            if r is None:
+                ttft = h[c.REQUEST_TTFT.name]
+                for v in x:
+                    ttft.record(v, a)
+                continue
+            for metric, v in zip(_REQUEST_HISTOGRAMS, (r.e2e_s, r.queue_s, r.prefill_s, r.decode_s), strict=True):
+                h[metric.name].record(v, a)
+            if r.generated_tokens > 1:
+                h[c.REQUEST_TPOT.name].record(r.tpot_s, a)
+            h[TOKEN_USAGE].record(r.prompt_tokens, self._input)
+            h[TOKEN_USAGE].record(r.generated_tokens, self._output)
+            ra = self._reasons.get(r.reason)
+            if ra is None:
+                ra = self._reasons[r.reason] = {**a, "sla_guard.reason": r.reason}
+            self.m.finished_counter.add(1, ra)
+            self.m.request_span(self, r, x)
 
 
 class OtelMirror:
@@ -115,7 +135,7 @@ class OtelMirror:
         self.tracer = self.tracer_provider.get_tracer("sla_guard")
         meter = self.meter_provider.get_meter("sla_guard")
         self.hist: dict[str, Any] = {}
-        for m in (c.REQUEST_TTFT, c.REQUEST_TPOT, c.INTER_TOKEN_LATENCY, *_REQUEST_HISTOGRAMS):
+        for m in (c.REQUEST_TTFT, c.REQUEST_TPOT, *_REQUEST_HISTOGRAMS):
             self.hist[m.name] = meter.create_histogram(otel_name(m), unit=m.unit, description=m.help,
                                                        explicit_bucket_boundaries_advisory=c.bucket_override(m))
         self.hist[TOKEN_USAGE] = meter.create_histogram(
@@ -123,9 +143,33 @@ class OtelMirror:
             explicit_bucket_boundaries_advisory=TOKEN_BUCKETS)
         self.finished_counter = meter.create_counter(otel_name(c.REQUESTS_FINISHED), unit="{request}",
                                                      description=c.REQUESTS_FINISHED.help)
-        self.gauges = {m.name: meter.create_gauge(otel_name(m), unit=m.unit, description=m.help)
-                       for m in (c.REQUESTS_RUNNING, c.REQUESTS_WAITING, c.KV_CACHE_USAGE)}
+        self.engines: list[OtelEngine] = []
+        for i, m in enumerate((c.REQUESTS_RUNNING, c.REQUESTS_WAITING, c.KV_CACHE_USAGE)):
+            meter.create_observable_gauge(otel_name(m), callbacks=[self._observer(i)], unit=m.unit,
+                                          description=m.help)
         self.info = meter.create_gauge(otel_name(c.ENGINE_INFO), description=c.ENGINE_INFO.help)
+        self._stop = threading.Event()
+        self._flush_lock = threading.Lock()
+        self._thread = threading.Thread(target=self._run, name="sla-guard-otel-flush", daemon=True)
+        self._thread.start()
+
+    def _observer(self, index: int):
+        from opentelemetry.metrics import Observation
+
+        def observe(_options):
+            return [Observation(e.state[index], e.attrs) for e in list(self.engines) if e.state is not None]
+
+        return observe
+
+    def _run(self) -> None:
+        while not self._stop.wait(FLUSH_INTERVAL_S):
+            self.drain()
+
+    def drain(self) -> None:
+        """Move queued observations into the SDK (flush thread, or force_flush/shutdown)."""
+        with self._flush_lock:
+            for e in list(self.engines):
+                e.drain()
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> OtelMirror | None:
@@ -143,6 +187,7 @@ class OtelMirror:
 
     def engine(self, model: str, pool: str, engine: str | int, info: Mapping[str, str] | None = None) -> OtelEngine:
         e = OtelEngine(self, model, pool, engine)
+        self.engines.append(e)
         if info:
             self.info.set(1, {**e.attrs, **{f"sla_guard.{k}": str(v) for k, v in info.items()}})
         return e
@@ -169,9 +214,12 @@ class OtelMirror:
         span.end(end_time=end)
 
     def force_flush(self, timeout_s: float = 5.0) -> None:
+        self.drain()
         self.tracer_provider.force_flush(int(timeout_s * 1000))
         self.meter_provider.force_flush(int(timeout_s * 1000))
 
     def shutdown(self) -> None:
+        self._stop.set()
+        self.drain()
         self.tracer_provider.shutdown()
         self.meter_provider.shutdown()
