@@ -15,10 +15,11 @@ MODEL = "m"
 class Engine:
     """One engine's registry and recorder, plus the counters it has reached."""
 
-    def __init__(self, pool: str, name: str) -> None:
+    def __init__(self, pool: str, name: str, instance: str | None = None) -> None:
         self.registry = CollectorRegistry()
         self.rec = EngineRecorder(ContractMetrics(self.registry, components=[Component.ENGINE]), MODEL, pool, name)
         self.name = name
+        self.instance = instance  # scrape target (one vLLM server; several DP engines share it)
 
     def tick(self, *, running: int, waiting: int, kv: float = 0.3, steps: int = 0, computed: int = 0,
              prefills: int = 0, tpot: float | None = None, ttft: float | None = None, preempted: int = 0,
@@ -47,8 +48,10 @@ class Engine:
         from prometheus_client.parser import text_string_to_metric_families
 
         text = generate_latest(self.registry).decode()
-        samples = [(s.name, s.labels, s.value) for fam in text_string_to_metric_families(text) for s in fam.samples]
-        store.ingest_samples(samples, t, group=self.name)
+        extra = {"instance": self.instance} if self.instance else {}
+        samples = [(s.name, {**s.labels, **extra}, s.value) for fam in text_string_to_metric_families(text)
+                   for s in fam.samples]
+        store.ingest_samples(samples, t, group=self.instance or self.name)
 
 
 def run(engines: list[Engine], store: SeriesStore, t0: float, t1: float, dt: float = 5.0, **tick) -> None:

@@ -125,3 +125,26 @@ def test_evaluator_sets_contract_gauges_and_counts_decisions():
     total = sum(s.value for fam in reg.collect() for s in fam.samples
                 if s.name == c.GUARD_SCALING_DECISIONS.exposed and s.labels["direction"] == "up")
     assert total >= 1
+
+
+def test_data_parallel_engines_of_one_server_count_as_one_replica():
+    """A DEP replica is one vLLM server (scrape ``instance``) with several DP engines: the advisor
+    counts replicas by instance and sums the engines' batches."""
+    adv = Advisor(parse_advisor({"window_s": 30}), model=MODEL)
+    store = _store()
+    engines = [Engine("decode", "0", instance="dec-a:8000"), Engine("decode", "1", instance="dec-a:8000"),
+               Engine("decode", "0", instance="dec-b:8000"), Engine("prefill", "0", instance="pre-a:8000")]
+    busy = {"running": 8, "waiting": 0, "steps": 250}
+    t = 0.0
+    while t <= 60:
+        for e in engines:
+            e.tick(**(busy if e.rec.labels[1] == "decode" else {"running": 0, "waiting": 0}))
+            e.scrape(store, t)
+        t += 5
+    reading = adv.reader.read(store, MODEL, "decode", 60)
+    assert reading.engines == ["dec-a:8000", "dec-b:8000"]
+    assert reading.per_engine["dec-a:8000"].running_mean == 16  # two DP engines x 8
+    assert reading.per_engine["dec-b:8000"].running_mean == 8
+    assert reading.per_engine["dec-a:8000"].step_s == pytest.approx(0.02, rel=0.05)
+    decs, _ = adv.step(store, 60, {})
+    assert decs["decode"].current == 2 and decs["prefill"].current == 1

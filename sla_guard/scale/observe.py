@@ -22,11 +22,36 @@ def _sample(m: Metric, suffix: str = "") -> str:
     return m.series(suffix) if m.kind is Kind.HISTOGRAM else m.series()
 
 
-def _lab(labels: Labels, name: str) -> str:
-    return dict(labels).get(name, "")
+def replica_of(labels: Labels) -> str:
+    """The replica a series belongs to: its scrape ``instance`` (one vLLM server, which may run
+    several data-parallel engines) when present, else its ``engine`` label."""
+    d = dict(labels)
+    return d.get("instance") or d.get("engine", "")
 
 
-def counter_rates(series: list[Series], by: str = "engine") -> dict[str, float]:
+def _by_replica(values: Mapping[Labels, float]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for k, v in values.items():
+        r = replica_of(k)
+        out[r] = out.get(r, 0.0) + v
+    return out
+
+
+def _sum_series(series: list[Series]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Per replica, the sum over its engines' series at each scrape time."""
+    acc: dict[str, dict[float, float]] = {}
+    for s in series:
+        d = acc.setdefault(replica_of(s.labels), {})
+        for t, v in zip(s.t.tolist(), s.v.tolist(), strict=True):
+            d[t] = d.get(t, 0.0) + v
+    out = {}
+    for r, d in acc.items():
+        ts = np.array(sorted(d))
+        out[r] = (ts, np.array([d[t] for t in ts]))
+    return out
+
+
+def counter_rates(series: list[Series], by: str | None = None) -> dict[str, float]:
     """Per-``by`` rate of counters from raw samples: reset-aware growth over the time the samples
     actually cover. Unlike ``increase``, no extrapolation to the window's edges, so a replica
     (or a guard) that started inside the window is not under- or over-counted."""
@@ -39,14 +64,15 @@ def counter_rates(series: list[Series], by: str = "engine") -> dict[str, float]:
             continue
         d = np.diff(s.v)
         growth = float(np.where(d >= 0, d, s.v[1:]).sum())  # after a reset the counter restarts at 0
-        key = s.label(by)
+        key = s.label(by) if by else replica_of(s.labels)
         out[key] = out.get(key, 0.0) + growth / dt
     return out
 
 
 @dataclass(slots=True)
 class EngineSample:
-    """One engine's numbers over the window (learning input)."""
+    """One replica's numbers over the window (learning input); ``engine`` is the replica key
+    (``instance``, else ``engine``), summed over its data-parallel engines."""
 
     engine: str
     pool: str
@@ -83,14 +109,14 @@ class Reader:
         running = view.instant(_sample(c.REQUESTS_RUNNING), mt, now)
         waiting = view.instant(_sample(c.REQUESTS_WAITING), mt, now)
         kv = view.instant(_sample(c.KV_CACHE_USAGE), mt, now)
-        r.engines = sorted({_lab(k, "engine") for k in running} | {_lab(k, "engine") for k in waiting})
+        r.engines = sorted({replica_of(k) for k in running} | {replica_of(k) for k in waiting})
         t = r.totals
         t["running"] = sum(running.values()) if running else None
         t["waiting"] = sum(waiting.values()) if waiting else None
         t["kv_usage"] = (sum(kv.values()) / len(kv)) if kv else None
         t["kv_usage_max"] = max(kv.values()) if kv else None
 
-        by_e = ("engine",)
+        by_e = ("instance", "engine")
         comp_mt = {**mt, "source": "computed"}
         computed = counter_rates(view.range(_sample(c.PROMPT_TOKENS), comp_mt, now - w, now))
         t["uncached_tps"] = sum(computed.values()) if computed else (0.0 if r.engines else None)
@@ -103,8 +129,8 @@ class Reader:
         t["requests_per_s"] = sum(prefills.values()) if prefills else None
         pre = view.increase(_sample(c.PREEMPTIONS), mt, w, now, ())
         t["preemptions_per_s"] = sum(pre.values()) / w if pre else 0.0
-        drafts = view.increase(_sample(c.SPEC_DRAFTS), mt, w, now, by_e)
-        acc = view.increase(_sample(c.SPEC_ACCEPTED_TOKENS), mt, w, now, by_e)
+        drafts = _by_replica(view.increase(_sample(c.SPEC_DRAFTS), mt, w, now, by_e))
+        acc = _by_replica(view.increase(_sample(c.SPEC_ACCEPTED_TOKENS), mt, w, now, by_e))
         d_tot = sum(drafts.values()) if drafts else 0.0
         t["accepted_len"] = 1.0 + sum(acc.values()) / d_tot if d_tot > 0 and acc else 1.0
         t["accepted_len_seen"] = 1.0 if d_tot > 0 else 0.0
@@ -114,30 +140,35 @@ class Reader:
                 vals = [v for v in q.values() if v == v]  # drop NaN (no requests)
                 t[f"{ind}_{qname}_s"] = max(vals) if vals else None
 
-        steps = counter_rates(view.range(_sample(c.ENGINE_STEPS), mt, now - w, now))
-        tpot_sum = view.increase(_sample(c.REQUEST_TPOT, "_sum"), mt, w, now, by_e)
-        tpot_cnt = view.increase(_sample(c.REQUEST_TPOT, "_count"), mt, w, now, by_e)
-        run_series = {s.label("engine"): s for s in view.range(_sample(c.REQUESTS_RUNNING), mt, now - w, now)}
-        wait_series = {s.label("engine"): s for s in view.range(_sample(c.REQUESTS_WAITING), mt, now - w, now)}
+        # step time of a replica = mean over its data-parallel engines (each steps on its own)
+        step_rates = counter_rates(view.range(_sample(c.ENGINE_STEPS), mt, now - w, now), by="engine")
+        eng_rep = {s.label("engine"): replica_of(s.labels) for s in view.range(_sample(c.ENGINE_STEPS), mt,
+                                                                                 now - w, now)}
+        step_times: dict[str, list[float]] = {}
+        for eng, rate in step_rates.items():
+            if rate > 0:
+                step_times.setdefault(eng_rep.get(eng, eng), []).append(1.0 / rate)
+        tpot_sum = _by_replica(view.increase(_sample(c.REQUEST_TPOT, "_sum"), mt, w, now, by_e))
+        tpot_cnt = _by_replica(view.increase(_sample(c.REQUEST_TPOT, "_count"), mt, w, now, by_e))
+        run_series = _sum_series(view.range(_sample(c.REQUESTS_RUNNING), mt, now - w, now))
+        wait_series = _sum_series(view.range(_sample(c.REQUESTS_WAITING), mt, now - w, now))
         for e in r.engines:
-            key = (("engine", e),)
             s = EngineSample(engine=e, pool=pool)
             if e in computed:
                 s.computed_tps = computed[e]
             ws = wait_series.get(e)
-            if ws is not None and len(ws.v):
-                s.waiting_busy_share = float((ws.v > 0).mean())
+            if ws is not None and len(ws[1]):
+                s.waiting_busy_share = float((ws[1] > 0).mean())
             rs = run_series.get(e)
-            if rs is not None and len(rs.v):
-                s.running_mean = float(rs.v.mean())
-                s.running_min = float(rs.v.min())
-                s.busy_share = float((rs.v > 0).mean())
-            steps_per_s = steps.get(e)
-            if steps_per_s and steps_per_s > 0 and s.running_min is not None and s.running_min >= 1:
-                s.step_s = 1.0 / steps_per_s
-            if tpot_cnt.get(key):
-                s.tpot_mean_s = tpot_sum.get(key, 0.0) / tpot_cnt[key]
-            if drafts.get(key):
-                s.accepted_len = 1.0 + acc.get(key, 0.0) / drafts[key]
+            if rs is not None and len(rs[1]):
+                s.running_mean = float(rs[1].mean())
+                s.running_min = float(rs[1].min())
+                s.busy_share = float((rs[1] > 0).mean())
+            if step_times.get(e) and s.running_min is not None and s.running_min >= 1:
+                s.step_s = float(np.mean(step_times[e]))
+            if tpot_cnt.get(e):
+                s.tpot_mean_s = tpot_sum.get(e, 0.0) / tpot_cnt[e]
+            if drafts.get(e):
+                s.accepted_len = 1.0 + acc.get(e, 0.0) / drafts[e]
             r.per_engine[e] = s
         return r
