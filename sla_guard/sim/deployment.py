@@ -54,6 +54,7 @@ class Req:
         "last_token",
         "local_hit",
         "output_len",
+        "p_arrival",
         "p_done",
         "p_kv",
         "p_replica",
@@ -68,7 +69,8 @@ class Req:
 
     def __init__(self, rid: int, tr: TraceRequest, arrival: float) -> None:
         self.rid = rid
-        self.arrival = arrival
+        self.arrival = arrival  # at the client (the proxy)
+        self.p_arrival = arrival  # at the prefill engine (after the API front end)
         self.input_len = tr.input_len
         self.output_len = tr.output_len
         self.hashes = tr.hash_ids
@@ -273,10 +275,10 @@ class PrefillReplica(Replica):
             local_hits = sum(r.hit_tokens for r in done)
             rec.tokens(len(done), computed=computed, local_hit=local_hits)
             if done:
-                rec.observe_ttfts([now - r.arrival for r in done])
+                rec.observe_ttfts([now - r.p_arrival for r in done])
             for r in done:
-                ttft = now - r.arrival
-                rec.finished(FinishedRequest(e2e_s=ttft, queue_s=r.p_sched - r.arrival, prefill_s=now - r.p_sched,
+                ttft = now - r.p_arrival
+                rec.finished(FinishedRequest(e2e_s=ttft, queue_s=r.p_sched - r.p_arrival, prefill_s=now - r.p_sched,
                                              decode_s=0.0, tpot_s=0.0, prompt_tokens=r.input_len,
                                              cached_tokens=r.hit_tokens, generated_tokens=1, reason="length"))
             rec.scheduler(len(self.running), len(self.waiting), min(1.0, self.active_tokens / self.capacity))
@@ -286,7 +288,10 @@ class PrefillReplica(Replica):
                 limit = max(0, (self.capacity - self.active_tokens) // self.block_tokens)
                 self.cache.insert(r.hashes, limit)
             self.held.add(r.rid)
-            self.dep.to_decode(r, now)
+            if self.dep.frontend_s:  # response back through the API server, proxy, decode's API server
+                self.dep.at(now + 2 * self.dep.frontend_s, self.dep._to_decode_now, r)
+            else:
+                self.dep.to_decode(r, now)
         self._step(now)
 
     def release(self, r: Req) -> None:
@@ -546,6 +551,7 @@ class Deployment:
         self.trace_block_tokens = trace_block_tokens
         self.slo_ttft_s, self.slo_tpot_s = slo_ttft_s, slo_tpot_s
         self.metrics_env = metrics_env or {}
+        self.frontend_s = profile.frontend_s
         self.restore_s_per_token = profile.kv.restore_s_per_gb * profile.kv.bytes_per_token / 1e9
         self.now = 0.0
         self._heap: list = []
@@ -607,7 +613,8 @@ class Deployment:
             for i in range(copies):
                 r = Req(len(self.requests), tr, t + (self.rng.uniform(0, 1.0) if i else 0.0))
                 self.requests.append(r)
-                self.at(r.arrival, self._arrive, r)
+                r.p_arrival = r.arrival + self.frontend_s
+                self.at(r.p_arrival, self._arrive, r)
                 n += 1
         return n
 
@@ -619,6 +626,9 @@ class Deployment:
             return
         best = min(cands, key=lambda p: p.route_cost(r))
         best.enqueue(r, self.now)
+
+    def _to_decode_now(self, r: Req) -> None:
+        self.to_decode(r, self.now)
 
     def to_decode(self, r: Req, now: float) -> None:
         cands = [d for d in self.replicas if d.pool == "decode" and d.state == READY]
@@ -764,7 +774,7 @@ class Deployment:
 
         n = len(self.requests)
         fin = self.done
-        ttft = np.array([r.first_token - r.arrival for r in fin], dtype=float)
+        ttft = np.array([r.first_token + self.frontend_s - r.arrival for r in fin], dtype=float)
         tpot = np.array([(r.finish - r.first_token) / (r.generated - 1) if r.generated > 1 else 0.0 for r in fin],
                         dtype=float)
         ok = int(np.count_nonzero((ttft <= self.slo_ttft_s) & (tpot <= self.slo_tpot_s))) if fin else 0

@@ -104,6 +104,7 @@ class Profile(_Strict):
     transfer: TransferModel
     spec: SpecModel = Field(default_factory=SpecModel)
     cold_start_s: float = Field(default=300.0, ge=0)
+    frontend_s: float = Field(default=0.0, ge=0, description="API server + proxy time per hop, outside engine timers")
     processes: list[ProcessModel] = Field(default_factory=list)
     max_model_len: int = Field(default=1_000_000, ge=16)
 
