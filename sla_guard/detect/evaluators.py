@@ -8,6 +8,7 @@ Configuration lives under ``detectors:`` in the guard's YAML (validated by ``Det
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 from collections import defaultdict
 
@@ -32,6 +33,7 @@ class LeakConfig(_Strict):
     enabled: bool = True
     limit_bytes: float | None = Field(default=None, gt=0, description="memory limit when no cgroup limit is known")
     time_scale: float = Field(default=1.0, gt=0, description="compress time constants (tests only)")
+    warmup_s: float | None = Field(default=None, gt=0, description="ignore this long after a start (default 30 min)")
     critical_eta_h: float = Field(default=24.0, gt=0, description="ETA to the limit under this -> critical")
 
 
@@ -94,7 +96,10 @@ class LeakEvaluator:
     def __init__(self, book: FindingsBook, cfg: LeakConfig = LeakConfig()) -> None:
         self.book = book
         self.cfg = cfg
-        self.params = leak.LeakParams().scaled(cfg.time_scale)
+        base = leak.LeakParams()
+        if cfg.warmup_s is not None:
+            base = dataclasses.replace(base, warmup_s=cfg.warmup_s, long_warmup_s=max(base.long_warmup_s, cfg.warmup_s))
+        self.params = base.scaled(cfg.time_scale)
         self.lookback_s = max(self.params.windows_s) + self.params.long_warmup_s + self.params.floor_window_s
         self.metrics = None
         self.verdicts: dict[str, leak.LeakVerdict] = {}
