@@ -123,3 +123,42 @@ def test_acceptance_drift_evaluator_fires_within_10_minutes_and_resolves():
     f = book.get("acceptance_drift/m/decode")
     assert f.details["before"] == pytest.approx(0.6, abs=0.02) and f.details["direction"] == "down"
     assert resolved is not None and resolved > back
+
+
+def test_tpot_drift_evaluator_ignores_load_change_but_flags_slowdown():
+    from sla_guard.detect.evaluators import TpotConfig, TpotDriftEvaluator
+
+    store = SeriesStore(slots=2000, retention_s=30 * HOUR)
+    book = FindingsBook()
+    guard = _guard([TpotDriftEvaluator(book, TpotConfig(warmup_s=1800))], store)
+    rng = np.random.default_rng(4)
+    s = n = 0.0
+    opened = None
+    for t in np.arange(T0, T0 + 4 * HOUR, 15.0):
+        h = (t - T0) / HOUR
+        running = (4 if int(t // 600) % 2 else 16) if h < 1 else 16  # warm-up sees both loads
+        tpot = (0.010 + 0.0005 * running) * (1.3 if h >= 3 else 1.0) * rng.normal(1, 0.02)
+        k = rng.poisson(30)
+        s += k * tpot
+        n += k
+        store.append(c.REQUEST_TPOT.series("_sum"), LAB, t, s)
+        store.append(c.REQUEST_TPOT.series("_count"), LAB, t, n)
+        store.append(c.REQUESTS_RUNNING.name, LAB, t, running)
+        guard.tick(t)
+        if opened is None and book.open_findings():
+            opened = t
+    assert opened is not None and T0 + 3 * HOUR < opened <= T0 + 3 * HOUR + 600
+    f = book.open_findings()[0]
+    assert f.detector == "tpot_drift" and f.details["after"] == pytest.approx(1.3, abs=0.08)
+
+
+def test_serve_extension_adds_detectors_and_findings_router():
+    from sla_guard.detect.plugin import extend
+
+    guard = _guard([], SeriesStore())
+    routers = extend(GuardConfig(), guard, None)
+    names = {e.name for e in guard.evaluators}
+    assert {"leak", "acceptance_drift", "acceptance_drift_per_position", "prefix_hit_drift", "tpot_drift"} <= names
+    assert any(getattr(r, "path", "") == "/v1/findings" for r in routers[0].routes)
+    guard.tick(T0)  # an empty store: nothing found, nothing raised
+    assert guard.last_tick.errors == {} and guard.findings.all() == []
