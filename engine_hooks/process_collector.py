@@ -23,7 +23,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import psutil
@@ -70,6 +70,15 @@ def _alive(snap: Snapshot) -> bool:
         return abs(psutil.Process(snap.pid).create_time() - snap.start_time) < 1.0
     except (psutil.Error, OSError):
         return False
+
+
+def _report(on_error: Callable[[BaseException], None] | None, exc: BaseException, first: bool, what: str) -> None:
+    """Count through the hook's error counter when wired, else log the first occurrence."""
+    if on_error is not None:
+        with contextlib.suppress(Exception):
+            on_error(exc)
+    elif first:
+        log.warning("sla-guard: %s", what, exc_info=exc)
 
 
 def engine_label(snap: Snapshot, by_pid: dict[int, Snapshot], dp_size: int) -> str:
@@ -123,19 +132,20 @@ def families(rows) -> list[Metric]:
 class SnapshotCollector(Collector):
     """Custom collector for the default registry (one-API-server mode)."""
 
-    def __init__(self, run_dir: Path, model: str, pool: str, dp_size: int, stale_after_s: float) -> None:
+    def __init__(self, run_dir: Path, model: str, pool: str, dp_size: int, stale_after_s: float,
+                 on_error: Callable[[BaseException], None] | None = None) -> None:
         self.run_dir, self.model, self.pool, self.dp_size = run_dir, model, pool, dp_size
         self.stale_after_s = stale_after_s
+        self.on_error = on_error
         self.errors = 0
 
     def collect(self) -> Iterator[Metric]:
         try:
             snaps = read_snapshots(self.run_dir, self.stale_after_s)
             yield from families(snapshot_rows(snaps, self.model, self.pool, self.dp_size))
-        except Exception:  # a scrape must never fail because of us
+        except Exception as e:  # a scrape must never fail because of us
             self.errors += 1
-            if self.errors == 1:
-                log.warning("sla-guard: reading process snapshots failed", exc_info=True)
+            _report(self.on_error, e, self.errors == 1, "reading process snapshots failed")
 
     def describe(self) -> list[Metric]:
         return []  # unchecked collector: families depend on what processes exist
@@ -146,7 +156,9 @@ class MultiprocessMirror:
     prometheus_client persists in PROMETHEUS_MULTIPROC_DIR."""
 
     def __init__(self, run_dir: Path, metrics: ContractMetrics, model: str, pool: str, dp_size: int,
-                 interval: float, stale_after_s: float) -> None:
+                 interval: float, stale_after_s: float,
+                 on_error: Callable[[BaseException], None] | None = None) -> None:
+        self.on_error = on_error
         self.run_dir, self.metrics, self.model, self.pool, self.dp_size = run_dir, metrics, model, pool, dp_size
         self.interval, self.stale_after_s = interval, stale_after_s
         self._counters: dict[tuple, float] = {}
@@ -192,8 +204,7 @@ class MultiprocessMirror:
             try:
                 if self.leader():
                     self.mirror_once()
-            except Exception:
+            except Exception as e:
                 self.errors += 1
-                if self.errors == 1:
-                    log.warning("sla-guard: multiprocess mirror failed", exc_info=True)
+                _report(self.on_error, e, self.errors == 1, "multiprocess mirror failed")
             self._stop.wait(self.interval)

@@ -58,7 +58,7 @@ def _multiprocess_mode() -> bool:
     return bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
 
 
-def _export_process_samples(model: str, pool: str, dp_size: int) -> None:
+def _export_process_samples(model: str, pool: str, dp_size: int, on_error=None) -> None:
     """Make the run directory's snapshots reach /metrics (once per process, see process_collector)."""
     with _process_lock:
         if _process_exporters:
@@ -71,9 +71,9 @@ def _export_process_samples(model: str, pool: str, dp_size: int) -> None:
         if _multiprocess_mode():
             pm = ContractMetrics(REGISTRY, (Component.PROCESS,))
             _process_exporters["mirror"] = MultiprocessMirror(run_dir, pm, model, pool, dp_size, interval,
-                                                              stale).start()
+                                                              stale, on_error).start()
         else:
-            collector = SnapshotCollector(run_dir, model, pool, dp_size, stale)
+            collector = SnapshotCollector(run_dir, model, pool, dp_size, stale, on_error)
             REGISTRY.register(collector)
             _process_exporters["collector"] = collector
 
@@ -155,7 +155,7 @@ class SlaGuardStatLogger(AggregateStatLoggerBase):
                 rec.prebind_kv_fetch_stages(KV_FETCH_STAGES)
             otel = self.otel.engine(self.model, self.pool, idx, info) if self.otel is not None else None
             self._engines[idx] = _Engine(rec, kv_consumer, otel)
-        _export_process_samples(self.model, self.pool, dp_size)
+        _export_process_samples(self.model, self.pool, dp_size, lambda e: self._error("process_samples", e))
 
     # -- error accounting --------------------------------------------------------------------------
     def _error(self, kind: str, exc: BaseException) -> None:
