@@ -102,3 +102,81 @@ def test_serve_loop_scrapes_and_evaluates_real_targets():
     finally:
         for s in servers:
             s.stop()
+
+
+def test_example_configs_are_valid():
+    from pathlib import Path
+
+    from sla_guard.config import load_config
+
+    examples = sorted((Path(__file__).resolve().parent.parent / "examples").glob("guard-*.yaml"))
+    assert len(examples) >= 2
+    for f in examples:
+        cfg = load_config(f)
+        assert cfg.slos_for("any-model", "decode"), f
+
+
+def test_serve_command_end_to_end(tmp_path):
+    """`sla-guard serve` as a process: ready, SLOs over the API with the token, clean SIGTERM."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import httpx
+    import yaml
+    from guard_support import free_port
+
+    e = Engine()
+    srv = Served(e.exposition)
+    port = free_port()
+    cfg = {"source": {"mode": "scrape", "interval_s": 0.5, "timeout_s": 1,
+                      "targets": [{"url": srv.url, "model": "m", "pool": "decode"}]},
+           "evaluation_interval_s": 0.5,
+           "slos": [{"objectives": [{"name": "ttft_mean", "indicator": "ttft", "objective": "mean",
+                                     "threshold_s": 2.5, "window": "3s", "min_requests": 3}]}],
+           "api": {"listen": f"127.0.0.1:{port}", "token_env": "GUARD_TEST_TOKEN"}}
+    f = tmp_path / "g.yaml"
+    f.write_text(yaml.safe_dump(cfg))
+    env = {**os.environ, "GUARD_TEST_TOKEN": "tok"}
+    proc = subprocess.Popen([sys.executable, "-m", "sla_guard.cli", "serve", "--config", str(f)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 30
+        status = None
+        while time.time() < deadline:
+            for _ in range(5):
+                e.request(0.25, 0.01)
+            try:
+                if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
+                    body = httpx.get(f"{url}/v1/slo", headers={"Authorization": "Bearer tok"}, timeout=2).json()
+                    status = body["pools"][0]["slos"][0]
+                    if status["status"] == "ok":
+                        break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.3)
+        assert status is not None and status["status"] == "ok", status
+        assert status["value"] == pytest.approx(0.25)
+        assert httpx.get(f"{url}/v1/slo", timeout=2).status_code == 401
+        assert c.GUARD_TARGET_UP.name in httpx.get(f"{url}/metrics", timeout=2).text
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(15) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(5)
+        srv.stop()
+
+
+def test_serve_refuses_open_api_beyond_loopback(tmp_path):
+    import subprocess
+    import sys
+
+    f = tmp_path / "g.yaml"
+    f.write_text("api: {listen: '0.0.0.0:18080', token_env: NO_SUCH_TOKEN_VAR}\n")
+    r = subprocess.run([sys.executable, "-m", "sla_guard.cli", "serve", "--config", str(f)], capture_output=True,
+                       text=True, timeout=30)
+    assert r.returncode == 2 and "api.listen" in r.stderr and "token" in r.stderr

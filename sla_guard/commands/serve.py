@@ -15,6 +15,7 @@ import contextlib
 import importlib
 import ipaddress
 import logging
+import signal
 import sys
 
 from sla_guard.config import ConfigError, load_config
@@ -85,11 +86,21 @@ def run(args: argparse.Namespace) -> int:
     guard = Guard.from_config(cfg)
     routers = load_extensions(cfg, guard, token)
     app = create_app(guard, token=token, extra_routers=routers, max_body_bytes=cfg.api.max_body_bytes)
-    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off",
-                                           access_log=False))
+    class _Server(uvicorn.Server):
+        # uvicorn re-raises SIGTERM/SIGINT after its shutdown; we stop the guard loop first and
+        # exit 0, so the signals are ours
+        @contextlib.contextmanager
+        def capture_signals(self):
+            yield
+
+    server = _Server(uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off",
+                                    access_log=False))
 
     async def main() -> None:
         stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, lambda: setattr(server, "should_exit", True))
         loop_task = asyncio.create_task(guard.run(stop))
         log.info("sla-guard on http://%s:%d (source=%s, %d evaluators)", host, port, guard.source.mode,
                  len(guard.evaluators))

@@ -1,0 +1,132 @@
+"""Soak: the guard's serve loop scraping 200 engines for a while; is its memory flat?
+
+200 engines (EngineRecorder, contract metrics, live traffic: each scrape first records a few
+requests on that engine) are served over loopback HTTP; the guard runs its real asyncio loop
+(scrape every 5 s, evaluate every 15 s) for ``--minutes`` (the issue asks for 10). RSS is
+sampled every 5 s; the slope is fitted (least squares) after a warm-up of a fifth of the run,
+and printed per hour, with the ratio of the final RSS to the RSS after warm-up.
+
+Usage: .venv/bin/python bench/bench_guard_soak.py [--minutes 10] [--targets 200]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import http.server
+import os
+import threading
+import time
+
+import numpy as np
+import psutil
+from prometheus_client import CollectorRegistry, generate_latest
+
+from exporters.contract import Component
+from exporters.prometheus import ContractMetrics, EngineRecorder, FinishedRequest
+from sla_guard.config import parse_config
+from sla_guard.service import Guard
+
+
+class Engines:
+    def __init__(self, n: int) -> None:
+        self.regs, self.recs, self.rngs = [], [], []
+        self.locks = [threading.Lock() for _ in range(n)]
+        for i in range(n):
+            reg = CollectorRegistry()
+            rec = EngineRecorder(ContractMetrics(reg, components=(Component.ENGINE,)), f"model{i % 4}",
+                                 ("prefill", "decode")[i % 2], str(i))
+            self.regs.append(reg)
+            self.recs.append(rec)
+            self.rngs.append(np.random.default_rng(i))
+
+    def page(self, i: int) -> bytes:
+        with self.locks[i]:
+            rec, rng = self.recs[i], self.rngs[i]
+            for _ in range(int(rng.integers(1, 6))):
+                ttft = float(rng.lognormal(-1.2, 0.6))
+                rec.observe_ttfts([ttft])
+                rec.finished(FinishedRequest(1.0, 0.02, ttft, 0.5, float(rng.uniform(0.005, 0.02)), 500, 100, 40))
+                rec.tokens(40, computed=400, local_hit=100)
+            rec.scheduler(int(rng.integers(0, 16)), int(rng.integers(0, 3)), float(rng.uniform()))
+            return generate_latest(self.regs[i])
+
+
+def serve(engines: Engines) -> http.server.ThreadingHTTPServer:
+    class H(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            try:
+                i = int(self.path.rsplit("/", 1)[1])
+                body = engines.page(i)
+            except (ValueError, IndexError):
+                self.send_response(404)
+                self.end_headers()
+                return
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a):
+            pass
+
+    class S(http.server.ThreadingHTTPServer):
+        daemon_threads = True
+
+    srv = S(("127.0.0.1", 0), H)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    return srv
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--minutes", type=float, default=10.0)
+    ap.add_argument("--targets", type=int, default=200)
+    args = ap.parse_args()
+    engines = Engines(args.targets)
+    srv = serve(engines)
+    port = srv.server_address[1]
+    cfg = parse_config({
+        "source": {"mode": "scrape", "interval_s": 5, "timeout_s": 4.5, "concurrency": 16,
+                   "targets": [{"url": f"http://127.0.0.1:{port}/metrics/{i}", "model": f"model{i % 4}",
+                                "pool": ("prefill", "decode")[i % 2], "name": f"e{i}"}
+                               for i in range(args.targets)]},
+        "evaluation_interval_s": 15,
+        "retention": {"slots": 360},
+    })
+    guard = Guard.from_config(cfg)
+    proc = psutil.Process()
+    samples: list[tuple[float, float]] = []
+    duration = args.minutes * 60
+
+    async def run():
+        stop = asyncio.Event()
+        task = asyncio.create_task(guard.run(stop))
+        t0 = time.time()
+        while time.time() - t0 < duration:
+            await asyncio.sleep(5)
+            samples.append((time.time() - t0, proc.memory_info().rss / 2**20))
+        stop.set()
+        await task
+
+    asyncio.run(run())
+    srv.shutdown()
+    srv.server_close()
+    t = np.array([s[0] for s in samples])
+    rss = np.array([s[1] for s in samples])
+    warm = t >= duration / 5
+    slope = float(np.polyfit(t[warm] / 3600, rss[warm], 1)[0]) if warm.sum() >= 3 else float("nan")
+    st = guard.status()
+    down = [x.name for x in guard.source.targets() if not x.up]
+    print(f"soak: {args.targets} targets for {args.minutes:g} min (load {os.getloadavg()[0]:.1f} on "
+          f"{os.cpu_count()} CPUs): {guard.source.rounds} scrape rounds, {guard.ticks} ticks, "
+          f"{st['store']['series']} series, {len(down)} targets down at the end, "
+          f"slo={st['evaluators']['slo']['status']}")
+    print(f"RSS after warm-up {rss[warm][0]:.0f} MiB, final {rss[-1]:.0f} MiB, max {rss.max():.0f} MiB; "
+          f"slope {slope:+.1f} MiB/h after warm-up; final/warm ratio {rss[-1] / rss[warm][0]:.3f}")
+    if guard.last_tick:
+        print(f"last tick {guard.last_tick.duration_s * 1000:.1f} ms, evaluator errors {guard.last_tick.errors}")
+
+
+if __name__ == "__main__":
+    main()
