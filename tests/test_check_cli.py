@@ -128,3 +128,30 @@ def test_check_json_output(tmp_path):
         s.stop()
     body = json.loads(r.stdout)
     assert body["status"] == "ok" and body["pools"][0]["slos"][0]["value"] == pytest.approx(0.2)
+
+
+def test_check_wait_uses_promql_windows_over_live_traffic(tmp_path):
+    import threading
+    import time
+
+    e = Engine()
+    stop = threading.Event()
+
+    def traffic():
+        while not stop.is_set():
+            e.request(0.5, 0.01)
+            time.sleep(0.05)
+
+    th = threading.Thread(target=traffic, daemon=True)
+    s = Served(e.exposition)
+    th.start()
+    try:
+        r = _check(_cfg([(s, "decode")]), tmp_path, "--wait", "2")
+    finally:
+        stop.set()
+        th.join(2)
+        s.stop()
+    assert r.returncode == 0, r.stdout + r.stderr
+    row = _rows(r.stdout)[("decode", "ttft_mean")]
+    assert row[4] == "500.0 ms" and row[6] == "5m"
+    assert 10 <= float(row[5]) <= 400  # requests over the 2 s between the scrapes, extrapolated
