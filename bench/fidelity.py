@@ -95,6 +95,21 @@ def engine_mean(before: dict, after: dict, metric) -> float:
     return (tot(after, "_sum") - tot(before, "_sum")) / n if n > 0 else float("nan")
 
 
+def _count(samples: dict, metric) -> float:
+    return sum(v for (name, _), v in samples.items() if name == metric.series("_count"))
+
+
+async def scrape_after(url: str, before: dict, metric, n: int, timeout_s: float = 5.0) -> dict:
+    """Scrape until ``metric`` counted ``n`` more observations than ``before``: the hooks record a
+    finished request when vLLM hands its stats to the API server, which can follow the response."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        now = vs.scrape(url)
+        if _count(now, metric) - _count(before, metric) >= n or time.monotonic() > deadline:
+            return now
+        await asyncio.sleep(0.05)
+
+
 async def calibrate(pair: PDPair, rng: random.Random) -> dict:
     """Measured runs that fit the profile, read from the engines' own contract histograms (the
     hooks run inside both servers), so client-side and HTTP noise of a busy host stays out."""
@@ -106,31 +121,43 @@ async def calibrate(pair: PDPair, rng: random.Random) -> dict:
         # sides); the decode engine's TTFT of the same requests = KV load + first step
         pts, hops = [], []
         for n in (64, 256, 512, 1024, 1536):
-            p0, d0 = vs.scrape(p_url), vs.scrape(d_url)
-            res = [await one_request(client, pair, prompt_ids(rng, n), 1) for _ in range(3)]
-            p1, d1 = vs.scrape(p_url), vs.scrape(d_url)
-            pts.append((n, engine_mean(p0, p1, c.REQUEST_PREFILL), engine_mean(d0, d1, c.REQUEST_TTFT)))
-            # front end: client latency of a hop minus the engine's own e2e, both hops, halved per way
-            hops.append((sum(r["prefill_s"] + r["decode_s"] for r in res) / len(res)
-                         - engine_mean(p0, p1, c.REQUEST_E2E) - engine_mean(d0, d1, c.REQUEST_E2E)) / 4)
+            pre, dec, hop = [], [], []
+            for _ in range(3):  # per request, medians: one stalled request on a busy host must not bend the fit
+                p0, d0 = vs.scrape(p_url), vs.scrape(d_url)
+                res = await one_request(client, pair, prompt_ids(rng, n), 1)
+                p1 = await scrape_after(p_url, p0, c.REQUEST_E2E, 1)
+                d1 = await scrape_after(d_url, d0, c.REQUEST_E2E, 1)
+                pre.append(engine_mean(p0, p1, c.REQUEST_PREFILL))
+                dec.append(engine_mean(d0, d1, c.REQUEST_TTFT))
+                # front end: client latency minus the engines' own e2e, over four one-way hops
+                hop.append((res["prefill_s"] + res["decode_s"] - engine_mean(p0, p1, c.REQUEST_E2E)
+                            - engine_mean(d0, d1, c.REQUEST_E2E)) / 4)
+            pts.append((n, float(np.median(pre)), float(np.median(dec))))
+            hops.append(float(np.median(hop)))
         n_arr = np.array([p[0] for p in pts], float)
         c2, b1, a0 = np.polyfit(n_arr, [p[1] for p in pts], 2)
         if c2 < 0 or b1 < 0:  # noise bent the curve: fall back to a straight line
             b1, a0 = np.polyfit(n_arr, [p[1] for p in pts], 1)
             c2 = 0.0
         dd1, dd0 = np.polyfit(n_arr, [p[2] for p in pts], 1)
-        # decode step vs batch: mean TPOT of b concurrent 48-token decodes of 64-token prompts
+        # decode step vs batch: mean TPOT of b concurrent 48-token decodes of 64-token prompts (median of 3)
         steps = {}
         for b in (1, 4, 8):
-            d0 = vs.scrape(d_url)
-            await asyncio.gather(*(one_request(client, pair, prompt_ids(rng, 64), 48) for _ in range(b)))
-            steps[b] = engine_mean(d0, vs.scrape(d_url), c.REQUEST_TPOT)
+            vals = []
+            for _ in range(3):
+                d0 = vs.scrape(d_url)
+                await asyncio.gather(*(one_request(client, pair, prompt_ids(rng, 64), 48) for _ in range(b)))
+                vals.append(engine_mean(d0, await scrape_after(d_url, d0, c.REQUEST_TPOT, b), c.REQUEST_TPOT))
+            steps[b] = float(np.median(vals))
         per_seq, base = np.polyfit(list(steps), list(steps.values()), 1)
         if per_seq < 0:  # noise: no measurable batch cost, use the mean step
             per_seq, base = 0.0, float(np.mean(list(steps.values())))
-        d0 = vs.scrape(d_url)
-        await one_request(client, pair, prompt_ids(rng, 1536), 48)
-        per_kctx = max(0.0, (engine_mean(d0, vs.scrape(d_url), c.REQUEST_TPOT) - steps[1]) / 1.55)
+        vals = []
+        for _ in range(3):
+            d0 = vs.scrape(d_url)
+            await one_request(client, pair, prompt_ids(rng, 1536), 48)
+            vals.append(engine_mean(d0, await scrape_after(d_url, d0, c.REQUEST_TPOT, 1), c.REQUEST_TPOT))
+        per_kctx = max(0.0, (float(np.median(vals)) - steps[1]) / 1.55)
     return {"prefill_fit": (float(a0), float(b1), float(c2)), "decode_ttft_fit": (float(dd0), float(dd1)),
             "decode_steps": steps, "decode_fit": (float(base), float(per_seq)), "per_kctx": per_kctx,
             "frontend_s": max(0.0, float(np.median(hops))),
@@ -177,7 +204,8 @@ async def run_real(pair: PDPair, mix, rng: random.Random) -> tuple[list[dict], d
             return await one_request(client, pair, prompt_ids(rng, n), o)
 
         res = list(await asyncio.gather(*(at(*m) for m in mix)))
-    after = {"prefill": vs.scrape(pair.prefill.metrics_url), "decode": vs.scrape(pair.decode.metrics_url)}
+    after = {"prefill": await scrape_after(pair.prefill.metrics_url, before["prefill"], c.REQUEST_E2E, len(mix)),
+             "decode": await scrape_after(pair.decode.metrics_url, before["decode"], c.REQUEST_E2E, len(mix))}
     delta = {pool: {k: v - before[pool].get(k, 0.0) for k, v in after[pool].items()} for pool in after}
     return res, delta
 
