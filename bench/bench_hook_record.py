@@ -76,10 +76,15 @@ def stream(steps: int, batch: int, seed: int = 0) -> list:
 
 
 def time_logger(logger, steps: list) -> float:
+    """Wall time of the stream through record(), plus the hook's final flush: its flush thread runs
+    concurrently (same GIL), so the batched export work is inside the measured time too."""
     record = logger.record
     t0 = time.perf_counter()
     for s, it in steps:
         record(s, it, None, 0)
+    flush = getattr(logger, "flush", None)
+    if flush is not None:
+        flush()
     return time.perf_counter() - t0
 
 
@@ -121,6 +126,16 @@ def main() -> int:
     print(f"  vLLM PrometheusStatLogger.record : {best_theirs:8.2f} us/step")
     print(f"  sla-guard SlaGuardStatLogger.record: {best_ours:8.2f} us/step")
     print(f"  ratio hook / vLLM                : {best_ours / best_theirs:8.3f}  (goal <= 0.5)")
+    from engine_hooks.process_sampler import DEFAULT_INTERVAL_S, take_snapshot, write_snapshot
+
+    with tempfile.TemporaryDirectory() as tmp:  # the per-process sampler, off the hot path
+        n = 200
+        t0 = time.perf_counter()
+        for _ in range(n):
+            write_snapshot(Path(tmp), take_snapshot())
+        per = (time.perf_counter() - t0) / n
+    print(f"  process sampler                  : {per * 1e6:8.1f} us/sample, every {DEFAULT_INTERVAL_S:.0f} s "
+          f"= {per / DEFAULT_INTERVAL_S * 100:.4f} % of one core per process")
     return 0
 
 

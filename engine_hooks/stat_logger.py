@@ -22,7 +22,7 @@ from typing import Any
 from prometheus_client import REGISTRY
 
 from engine_hooks import process_plugin
-from engine_hooks.kv_connector import parse_kv_connector_stats
+from engine_hooks.batch import StepBatch, apply
 from engine_hooks.process_collector import MultiprocessMirror, SnapshotCollector
 from engine_hooks.process_sampler import interval_from_env, mark_api_server
 from exporters import contract as c
@@ -38,6 +38,17 @@ log = logging.getLogger("sla_guard.stat_logger")
 
 KV_FETCH_STAGES = ("waiting_to_start", "in_progress", "completed_waiting")
 _REASONS: dict[Any, str] = {}  # FinishReason -> label (str() of an IntEnum is not free)
+ENV_FLUSH = "SLA_GUARD_FLUSH_INTERVAL_S"
+DEFAULT_FLUSH_S = 0.5
+MAX_BATCH = 50_000  # queued observations per engine before record() flushes inline
+
+
+def _flush_interval() -> float:
+    try:
+        v = float(os.environ.get(ENV_FLUSH, DEFAULT_FLUSH_S))
+    except ValueError:
+        return DEFAULT_FLUSH_S
+    return v if v > 0 else DEFAULT_FLUSH_S
 
 # One set of families per process: vLLM may build several loggers (tests, engine restarts),
 # and registering the same names twice in REGISTRY raises.
@@ -95,14 +106,17 @@ def _vllm_version() -> str:
 
 
 class _Engine:
-    """Per-engine state: the bound recorder and what the config says about the engine."""
+    """Per-engine state: the bound recorder, the pending batch, what the config says."""
 
-    __slots__ = ("kv_consumer", "otel", "rec")
+    __slots__ = ("batch", "dirty", "kv_consumer", "lock", "otel", "rec")
 
     def __init__(self, rec: EngineRecorder, kv_consumer: bool, otel: Any) -> None:
         self.rec = rec
         self.kv_consumer = kv_consumer
         self.otel = otel
+        self.batch = StepBatch()
+        self.dirty = False
+        self.lock = threading.Lock()
 
 
 class SlaGuardStatLogger(AggregateStatLoggerBase):
@@ -115,6 +129,9 @@ class SlaGuardStatLogger(AggregateStatLoggerBase):
         self.model, self.pool = "unknown", c.Pool.MIXED.value
         self.metrics: ContractMetrics | None = None
         self.otel = None
+        self.flush_interval = _flush_interval()
+        self._flush_lock = threading.Lock()
+        self._stop = threading.Event()
         try:
             self._init(vllm_config, list(engine_indexes or [0]))
         except Exception as e:
@@ -156,6 +173,8 @@ class SlaGuardStatLogger(AggregateStatLoggerBase):
             otel = self.otel.engine(self.model, self.pool, idx, info) if self.otel is not None else None
             self._engines[idx] = _Engine(rec, kv_consumer, otel)
         _export_process_samples(self.model, self.pool, dp_size, lambda e: self._error("process_samples", e))
+        threading.Thread(target=self._flush_loop, name="sla-guard-flush", daemon=True).start()
+        atexit.register(self.flush)
 
     # -- error accounting --------------------------------------------------------------------------
     def _error(self, kind: str, exc: BaseException) -> None:
@@ -182,6 +201,7 @@ class SlaGuardStatLogger(AggregateStatLoggerBase):
     # -- StatLoggerBase ----------------------------------------------------------------------------
     def record(self, scheduler_stats: Any, iteration_stats: Any, mm_cache_stats: Any = None,
                engine_idx: int = 0) -> None:
+        """Fold one step into the engine's batch (cheap); the flush thread exports it."""
         eng = self._engines.get(engine_idx)
         if eng is None:
             try:
@@ -190,86 +210,75 @@ class SlaGuardStatLogger(AggregateStatLoggerBase):
                 self._error("engine", e)
             if eng is None:
                 return
-        if scheduler_stats is not None:
-            try:
-                self._scheduler(eng, scheduler_stats)
-            except Exception as e:
-                self._error("scheduler", e)
-        if iteration_stats is not None:
-            try:
-                self._iteration(eng, iteration_stats)
-            except Exception as e:
-                self._error("iteration", e)
-
-    def _scheduler(self, eng: _Engine, s: Any) -> None:
-        rec = eng.rec
-        rec.scheduler(s.num_running_reqs, s.num_waiting_reqs + s.num_skipped_waiting_reqs, s.kv_cache_usage)
-        if eng.otel is not None:
-            try:
-                eng.otel.scheduler(s.num_running_reqs, s.num_waiting_reqs + s.num_skipped_waiting_reqs,
-                                   s.kv_cache_usage)
-            except Exception as e:
-                self._error("otel", e)
-        if eng.kv_consumer:  # like vLLM: the remote-KV wait gauge exists on consumers only
-            rec.kv_fetch_by_stage(s.num_kv_fetch_reqs_by_stage)
-        p = s.prefix_cache_stats
-        if p is not None and (p.queries or p.hits):
-            rec.prefix_cache("local", p.queries, p.hits)
-        p = s.connector_prefix_cache_stats
-        if p is not None and (p.queries or p.hits):
-            rec.prefix_cache("external", p.queries, p.hits)
-        sd = s.spec_decoding_stats
-        if sd is not None:
-            try:
-                rec.spec_decode(sd.num_drafts, sd.num_draft_tokens, sd.num_accepted_tokens,
-                                sd.num_accepted_tokens_per_pos, sd.num_draft_tokens_per_pos)
-            except Exception as e:
-                self._error("spec_decode", e)
-        kvs = s.kv_connector_stats
-        if kvs:
-            try:
-                for b in parse_kv_connector_stats(kvs):
-                    rec.kv_transfer(b.durations, b.post_durations, b.nbytes, b.descriptors, b.failures,
-                                    b.expired, b.late_notifications)
-            except Exception as e:
-                self._error("kv_connector", e)
-
-    def _iteration(self, eng: _Engine, it: Any) -> None:
-        rec = eng.rec
-        if it.time_to_first_tokens_iter:
-            rec.observe_ttfts(it.time_to_first_tokens_iter)
-        if it.inter_token_latencies_iter:
-            rec.observe_itls(it.inter_token_latencies_iter)
-        pts = it.prompt_token_stats
-        rec.tokens(it.num_generation_tokens, pts.computed, pts.local_cache_hit, pts.external_kv_transfer)
-        if it.num_preempted_reqs:
-            rec.preempted(it.num_preempted_reqs)
-        if it.finished_requests:
-            otel = eng.otel
-            for f in it.finished_requests:
-                reason = _REASONS.get(f.finish_reason)
-                if reason is None:
-                    reason = _REASONS[f.finish_reason] = str(f.finish_reason)
-                rec.request_done(f.e2e_latency, f.queued_time, f.prefill_time, f.decode_time,
-                                 f.mean_time_per_output_token, f.num_generation_tokens, reason)
-                if otel is not None:
+        with eng.lock:
+            b = eng.batch
+            eng.dirty = True
+            if scheduler_stats is not None:
+                try:
+                    b.add_scheduler(scheduler_stats, eng.kv_consumer)
+                    sd = scheduler_stats.spec_decoding_stats
+                    kvs = scheduler_stats.kv_connector_stats
+                except Exception as e:
+                    self._error("scheduler", e)
+                    sd = kvs = None
+                if sd is not None:
                     try:
-                        otel.finished(FinishedRequest(
-                            e2e_s=f.e2e_latency, queue_s=f.queued_time, prefill_s=f.prefill_time,
-                            decode_s=f.decode_time, tpot_s=f.mean_time_per_output_token,
-                            prompt_tokens=f.num_prompt_tokens, cached_tokens=f.num_cached_tokens,
-                            generated_tokens=f.num_generation_tokens, reason=reason,
-                            request_id=f.request_id or ""), it.iteration_timestamp)
+                        b.add_spec(sd)
                     except Exception as e:
-                        self._error("otel", e)
-        if eng.otel is not None and (it.time_to_first_tokens_iter or it.inter_token_latencies_iter):
-            try:
-                eng.otel.latencies(it.time_to_first_tokens_iter, it.inter_token_latencies_iter)
-            except Exception as e:
-                self._error("otel", e)
+                        self._error("spec_decode", e)
+                if kvs:
+                    try:
+                        b.add_kv_connector(kvs)
+                    except Exception as e:
+                        self._error("kv_connector", e)
+            if iteration_stats is not None:
+                try:
+                    b.add_iteration(iteration_stats, _REASONS)
+                except Exception as e:
+                    self._error("iteration", e)
+            big = b.size > MAX_BATCH
+        if eng.otel is not None:
+            self._otel(eng, scheduler_stats, iteration_stats)
+        if big:  # the flush thread fell behind: bound memory by flushing here
+            self.flush()
+
+    def _otel(self, eng: _Engine, s: Any, it: Any) -> None:
+        otel = eng.otel
+        try:
+            if s is not None:
+                otel.scheduler(s.num_running_reqs, s.num_waiting_reqs + s.num_skipped_waiting_reqs, s.kv_cache_usage)
+            if it is not None:
+                if it.time_to_first_tokens_iter:
+                    otel.latencies(it.time_to_first_tokens_iter)
+                for f in it.finished_requests:
+                    otel.finished(FinishedRequest(
+                        e2e_s=f.e2e_latency, queue_s=f.queued_time, prefill_s=f.prefill_time,
+                        decode_s=f.decode_time, tpot_s=f.mean_time_per_output_token,
+                        prompt_tokens=f.num_prompt_tokens, cached_tokens=f.num_cached_tokens,
+                        generated_tokens=f.num_generation_tokens, reason=_REASONS.get(f.finish_reason) or
+                        str(f.finish_reason), request_id=f.request_id or ""), it.iteration_timestamp)
+        except Exception as e:
+            self._error("otel", e)
+
+    def flush(self) -> None:
+        """Apply every engine's pending batch to its Prometheus children (flush thread, log())."""
+        with self._flush_lock:
+            for eng in list(self._engines.values()):
+                if not eng.dirty:
+                    continue
+                with eng.lock:
+                    b, eng.batch, eng.dirty = eng.batch, StepBatch(), False
+                try:
+                    apply(eng.rec, b)
+                except Exception as e:
+                    self._error("flush", e)
+
+    def _flush_loop(self) -> None:
+        while not self._stop.wait(self.flush_interval):
+            self.flush()
 
     def log_engine_initialized(self) -> None:
         pass
 
     def log(self) -> None:
-        pass
+        self.flush()

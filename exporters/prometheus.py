@@ -204,11 +204,13 @@ class EngineRecorder:
             p["external_kv_transfer"](external)
 
     # -- scheduler state -----------------------------------------------------------------------
-    def scheduler(self, running: int, waiting: int, kv_usage: float) -> None:
+    def scheduler(self, running: int, waiting: int, kv_usage: float, steps: int = 1) -> None:
+        """Latest scheduler state; ``steps`` engine steps since the last call (batched callers)."""
         self.running.set(running)
         self.waiting.set(waiting)
         self.kv_usage.set(kv_usage)
-        self._inc_steps(1)
+        if steps:
+            self._inc_steps(steps)
 
     def kv_fetch_by_stage(self, by_stage: Mapping[str, int]) -> None:
         for stage, child in self._kv_fetch.items():  # stages that vanished read 0, not stale

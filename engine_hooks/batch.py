@@ -1,0 +1,120 @@
+"""Per-engine accumulation of step stats between flushes.
+
+``record()`` runs after every engine step on vLLM's event loop. Updating prometheus_client
+children there costs a locked increment per counter, a locked set per gauge and per histogram
+bucket touched, every step. Instead each step is folded into a ``StepBatch`` (integer adds, list
+extends, latest gauge values) and a flush thread applies the batch to the ``EngineRecorder``
+every ``SLA_GUARD_FLUSH_INTERVAL_S`` (default 0.5 s): counters move by their sum, gauges take the
+latest value, histogram lists are observed in one pass. Exposition therefore lags by at most one
+flush interval, far below any scrape interval. Pure data; no I/O, no clocks.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from engine_hooks.kv_connector import KvTransferBatch, parse_kv_connector_stats
+from exporters.prometheus import EngineRecorder
+
+
+class StepBatch:
+    """What one or more engine steps contributed since the last flush."""
+
+    __slots__ = ("accepted", "accepted_pos", "computed", "draft_pos", "draft_tokens", "drafts", "ext_hits",
+                 "ext_queries", "external", "finished", "generated", "itls", "kv_batches", "kv_fetch", "local_hit",
+                 "local_hits", "local_queries", "preempted", "sched", "steps", "ttfts")
+
+    def __init__(self) -> None:
+        self.steps = 0
+        self.sched: tuple[int, int, float] | None = None
+        self.kv_fetch: dict[str, int] | None = None
+        self.local_queries = self.local_hits = self.ext_queries = self.ext_hits = 0
+        self.drafts = self.draft_tokens = self.accepted = 0
+        self.accepted_pos: list[int] = []
+        self.draft_pos: list[int] = []
+        self.kv_batches: list[KvTransferBatch] = []
+        self.ttfts: list[float] = []
+        self.itls: list[float] = []
+        self.generated = self.computed = self.local_hit = self.external = self.preempted = 0
+        self.finished: list[tuple[float, float, float, float, float, int, str]] = []
+
+    @property
+    def size(self) -> int:
+        """Rough count of queued observations (bounds memory: the caller flushes when large)."""
+        return len(self.itls) + len(self.ttfts) + len(self.finished) + len(self.kv_batches)
+
+    def add_scheduler(self, s: Any, kv_consumer: bool) -> None:
+        waiting = s.num_waiting_reqs + s.num_skipped_waiting_reqs
+        self.sched = (s.num_running_reqs, waiting, s.kv_cache_usage)
+        self.steps += 1
+        if kv_consumer:  # like vLLM: the remote-KV wait gauge exists on consumers only
+            self.kv_fetch = s.num_kv_fetch_reqs_by_stage
+        p = s.prefix_cache_stats
+        if p is not None:
+            self.local_queries += p.queries
+            self.local_hits += p.hits
+        p = s.connector_prefix_cache_stats
+        if p is not None:
+            self.ext_queries += p.queries
+            self.ext_hits += p.hits
+
+    def add_spec(self, sd: Any) -> None:
+        self.drafts += sd.num_drafts
+        self.draft_tokens += sd.num_draft_tokens
+        self.accepted += sd.num_accepted_tokens
+        _add_into(self.accepted_pos, sd.num_accepted_tokens_per_pos)
+        _add_into(self.draft_pos, sd.num_draft_tokens_per_pos)
+
+    def add_kv_connector(self, data: Any) -> None:
+        self.kv_batches.extend(parse_kv_connector_stats(data))
+
+    def add_iteration(self, it: Any, reasons: dict) -> None:
+        if it.time_to_first_tokens_iter:
+            self.ttfts.extend(it.time_to_first_tokens_iter)
+        if it.inter_token_latencies_iter:
+            self.itls.extend(it.inter_token_latencies_iter)
+        pts = it.prompt_token_stats
+        self.generated += it.num_generation_tokens
+        self.computed += pts.computed
+        self.local_hit += pts.local_cache_hit
+        self.external += pts.external_kv_transfer
+        self.preempted += it.num_preempted_reqs
+        for f in it.finished_requests:
+            reason = reasons.get(f.finish_reason)
+            if reason is None:
+                reason = reasons[f.finish_reason] = str(f.finish_reason)
+            self.finished.append((f.e2e_latency, f.queued_time, f.prefill_time, f.decode_time,
+                                  f.mean_time_per_output_token, f.num_generation_tokens, reason))
+
+
+def _add_into(acc: list[int], values) -> None:
+    for i, v in enumerate(values):
+        if i < len(acc):
+            acc[i] += v
+        else:
+            acc.append(v)
+
+
+def apply(rec: EngineRecorder, b: StepBatch) -> None:
+    """Move a batch into the recorder's Prometheus children."""
+    if b.sched is not None:
+        rec.scheduler(*b.sched, steps=b.steps)
+    if b.kv_fetch is not None:
+        rec.kv_fetch_by_stage(b.kv_fetch)
+    if b.local_queries or b.local_hits:
+        rec.prefix_cache("local", b.local_queries, b.local_hits)
+    if b.ext_queries or b.ext_hits:
+        rec.prefix_cache("external", b.ext_queries, b.ext_hits)
+    if b.drafts or b.draft_pos:
+        rec.spec_decode(b.drafts, b.draft_tokens, b.accepted, b.accepted_pos, b.draft_pos)
+    for k in b.kv_batches:
+        rec.kv_transfer(k.durations, k.post_durations, k.nbytes, k.descriptors, k.failures, k.expired,
+                        k.late_notifications)
+    if b.ttfts:
+        rec.observe_ttfts(b.ttfts)
+    if b.itls:
+        rec.observe_itls(b.itls)
+    rec.tokens(b.generated, b.computed, b.local_hit, b.external)
+    rec.preempted(b.preempted)
+    for f in b.finished:
+        rec.request_done(*f)
