@@ -134,11 +134,22 @@ class APISettings(_Strict):
 
 class Retention(_Strict):
     duration: str = Field(default="26h", description="how long the embedded store keeps samples")
+    coarse_step: str = Field(default="2m", description="step of the downsampled tier (process memory, load "
+                                                       "gauges) that long-range reads such as leak detection use")
+    coarse_duration: str = Field(default="26h", description="span of the downsampled tier; 0s disables it")
     max_series: int = Field(default=200_000, ge=100)
     max_series_per_target: int = Field(default=20_000, ge=10, description="a label bomb in one target stops here")
     max_labels_per_series: int = Field(default=16, ge=4)
     slots: int = Field(default=1440, ge=8, le=100_000,
                        description="samples kept per series (ring); window coverage = slots x scrape interval")
+
+    @field_validator("duration", "coarse_step", "coarse_duration")
+    @classmethod
+    def _duration(cls, v: str) -> str:
+        if v.strip() in ("0", "0s"):
+            return v
+        parse_duration(v)
+        return v
 
 
 class AlertmanagerSettings(_Strict):

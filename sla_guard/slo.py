@@ -243,7 +243,7 @@ class SLOEvaluator:
     name = "slo"
 
     def __init__(self, config: GuardConfig, *, at_risk_ratio: float = 0.9, at_risk_budget: float = 0.25,
-                 ledger_step_s: float = 60.0, max_pools: int = 1000) -> None:
+                 ledger_step_s: float = 60.0, max_pools: int = 1000, forget_after_s: float = 3600.0) -> None:
         self.config = config
         self.at_risk_ratio = at_risk_ratio
         self.at_risk_budget = at_risk_budget
@@ -251,8 +251,14 @@ class SLOEvaluator:
         self.max_pools = max_pools
         self.pools: dict[tuple[str, str], PoolResult] = {}
         self.known: set[tuple[str, str]] = set()
+        self.configured: set[tuple[str, str]] = set()
         for t in getattr(config.source, "targets", []):
-            self.known.add((t.model, t.pool))
+            self.configured.add((t.model, t.pool))
+        self.known |= self.configured
+        # a pool that disappeared (scaled to zero, renamed) is reported unknown for a while, then
+        # forgotten: ``known`` must not grow forever
+        self.forget_after_s = forget_after_s
+        self._last_seen: dict[tuple[str, str], float] = {}
         self._ledgers: dict[tuple, Ledger] = {}
         self._last_feed: float | None = None
         self._metrics: ContractMetrics | None = None
@@ -269,15 +275,24 @@ class SLOEvaluator:
         # pools seen now (any indicator's count series) plus pools seen before or configured
         current: dict[Indicator, dict[Labels, float]] = {
             i: view.instant(count_name[i], {}, now) for i in HIST}
+        seen: set[tuple[str, str]] = set()
         for i in HIST:
             for lab in current[i]:
                 d = dict(lab)
-                if "model" in d and "pool" in d and len(self.known) < self.max_pools:
-                    self.known.add((d["model"], d["pool"]))
+                if "model" in d and "pool" in d:
+                    seen.add((d["model"], d["pool"]))
         health = self._health(view, now)
-        for key in health:
-            if len(self.known) < self.max_pools:
+        seen |= set(health)
+        for key in seen:
+            if key in self.known or len(self.known) < self.max_pools:
                 self.known.add(key)
+                self._last_seen[key] = now
+        for key in list(self.known - self.configured):
+            if now - self._last_seen.get(key, now) > self.forget_after_s:
+                self.known.discard(key)
+                self._last_seen.pop(key, None)
+                for lk in [k for k in self._ledgers if k[3:] == key]:
+                    del self._ledgers[lk]
         fresh = {i: {(dict(k).get("model"), dict(k).get("pool")) for k in current[i]} for i in HIST}
 
         self.window_label = getattr(view, "window_label", None)

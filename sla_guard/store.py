@@ -98,7 +98,12 @@ class SeriesStore:
 
     def __init__(self, *, retention_s: float = 26 * 3600, slots: int = 720, max_series: int = 200_000,
                  max_series_per_group: int | None = None, max_labels: int = 16, max_label_value_len: int = 2048,
-                 lookback_s: float = 300.0) -> None:
+                 lookback_s: float = 300.0, coarse_names: Iterable[str] = (), coarse_step_s: float = 60.0,
+                 coarse_slots: int = 0) -> None:
+        """``coarse_*``: a second, downsampled tier for a few low-cardinality names (process
+        RSS and the load gauges the leak detector and the advisor read over many hours): one
+        sample per group every ``coarse_step_s`` kept in ``coarse_slots``. ``range`` serves
+        from it what the main ring no longer holds; the other queries use the main ring."""
         if slots < 2:
             raise ValueError("slots must be >= 2 (a rate needs two samples)")
         self.retention_s = float(retention_s)
@@ -133,6 +138,14 @@ class SeriesStore:
         self._newest = -math.inf
         self._writes_since_gc = 0
         self._vocab_limit = 65_536
+        self.coarse_names = frozenset(coarse_names)
+        self.coarse_step_s = float(coarse_step_s)
+        self._coarse: SeriesStore | None = None
+        if self.coarse_names and coarse_slots >= 2:
+            self._coarse = SeriesStore(retention_s=retention_s, slots=coarse_slots, max_series=max_series,
+                                       max_series_per_group=max_series_per_group, max_labels=max_labels,
+                                       max_label_value_len=max_label_value_len, lookback_s=lookback_s)
+        self._gcoarse: dict[int, tuple[int, float]] = {}  # group -> (coarse bucket, time forwarded)
         self.dropped = collections.Counter()  # lifetime drops by kind
 
     # ------------------------------------------------------------------ writing
@@ -231,6 +244,11 @@ class SeriesStore:
                 res.samples += len(rows)
             self.dropped.update(res.errors)
             self._after_write(t)
+            if self._coarse is not None and self._coarse_due(gid, t):
+                names = self.coarse_names
+                fwd = [(name, labels_of(ltext), value) for _, name, ltext, value in raw if name in names]
+                if fwd:
+                    self._coarse.ingest_samples(fwd, t, extra, group=repr(gkey))
         return res
 
     def ingest_samples(self, samples: Iterable[tuple[str, Mapping[str, str], float]], t: float,
@@ -251,7 +269,8 @@ class SeriesStore:
             writes: dict[str, tuple[_Family, list[int], list[float]]] = {}
             seen: set[tuple[str, Labels]] = set()
             nans: list[tuple[_Family, int]] = []
-            for name, labels, value in samples:
+            samples_l = samples if isinstance(samples, list) else list(samples)
+            for name, labels, value in samples_l:
                 if extra:
                     merged = dict(extra)
                     merged.update(labels)
@@ -288,6 +307,10 @@ class SeriesStore:
                 res.samples += len(rows)
             self.dropped.update(res.errors)
             self._after_write(t)
+            if self._coarse is not None and self._coarse_due(gid, t):
+                fwd = [x for x in samples_l if x[0] in self.coarse_names]
+                if fwd:
+                    self._coarse.ingest_samples(fwd, t, extra, group=repr(gkey))
         return res
 
     def append(self, name: str, labels: Mapping[str, str], t: float, v: float, *, group: str | None = None) -> bool:
@@ -325,6 +348,8 @@ class SeriesStore:
             fam.values[row, slot] = v
             fam.last_k[row] = self._gcount[gid]
             self._after_write(t)
+            if self._coarse is not None and name in self.coarse_names and self._coarse_due(gid, t):
+                self._coarse.append(name, labels, t, v, group=repr(gkey))
             return True
 
     def mark_stale(self, group_key: Mapping[str, str] | str, t: float) -> None:
@@ -339,6 +364,16 @@ class SeriesStore:
             if self._gstale[gid, cur]:
                 return  # one marker per outage, like Prometheus
             self._open_slot(gid, round(float(t), 3), stale=True)
+
+    def _coarse_due(self, gid: int, t: float) -> bool:
+        """True if samples of this group at ``t`` go to the coarse tier: the first scrape in
+        each coarse step (and further samples stamped with that same time)."""
+        b = int(t // self.coarse_step_s)
+        last = self._gcoarse.get(gid)
+        if last is not None and (last[0] == b and last[1] != t):
+            return False
+        self._gcoarse[gid] = (b, t)
+        return True
 
     def _group(self, gkey: tuple) -> int:
         gid = self._gid.get(gkey)
@@ -505,10 +540,11 @@ class SeriesStore:
         return self._series
 
     def nbytes(self) -> int:
-        """Bytes held in numpy arrays (the bulk of the store's memory)."""
+        """Bytes held in numpy arrays (the bulk of the store's memory), both tiers."""
         with self._lock:
             return (sum(f.nbytes() for f in self._families.values()) + self._gtimes.nbytes
-                    + self._gstale.nbytes + self._gcount.nbytes + self._glast.nbytes)
+                    + self._gstale.nbytes + self._gcount.nbytes + self._glast.nbytes
+                    + (self._coarse.nbytes() if self._coarse is not None else 0))
 
     def names(self) -> list[str]:
         return sorted(n for n, f in self._families.items() if (f.group[:f.n] >= 0).any())
@@ -636,19 +672,17 @@ class SeriesStore:
         """Raw samples of each matching series in [start, end] (closed, like a range selector)."""
         with self._lock:
             fam = self._families.get(metric)
-            if fam is None:
-                return []
-            rows = self._rows(fam, matchers)
-            if not len(rows):
-                return []
-            tt, vv = self._window(fam, rows, start, end)
+            rows = self._rows(fam, matchers) if fam is not None else np.empty(0, dtype=np.int64)
+            tt, vv = self._window(fam, rows, start, end) if len(rows) else (None, None)
             out = []
-            labels = self._rows_labels(fam, rows)
+            labels = self._rows_labels(fam, rows) if len(rows) else []
             for i in range(len(rows)):
                 m = ~np.isnan(vv[i]) & ~np.isnan(tt[i])
                 if m.any():
                     out.append(Series(labels[i], tt[i][m].copy(), vv[i][m].copy()))
+        if self._coarse is None or metric not in self.coarse_names:
             return out
+        return _merge_tiers(self._coarse.range(metric, matchers, start, end), out)
 
     def increase(self, metric: str, matchers: Mapping[str, str], window_s: float, at: float,
                  by: tuple[str, ...] = ()) -> dict[Labels, float]:
@@ -738,6 +772,21 @@ class SeriesStore:
             if not math.isnan(qv):
                 out[key] = qv
         return out
+
+
+def _merge_tiers(coarse: list[Series], fine: list[Series]) -> list[Series]:
+    """Coarse samples older than a series' first fine sample, then its fine samples."""
+    by = {s.labels: s for s in fine}
+    out = []
+    for cs in coarse:
+        fs = by.pop(cs.labels, None)
+        if fs is None:
+            out.append(cs)
+            continue
+        keep = cs.t < fs.t[0]
+        out.append(Series(fs.labels, np.concatenate([cs.t[keep], fs.t]), np.concatenate([cs.v[keep], fs.v])))
+    out.extend(by.values())
+    return out
 
 
 def _group_sum(x: np.ndarray, keys: np.ndarray, labels: list[Labels], poisoned: np.ndarray) -> dict[Labels, float]:

@@ -182,3 +182,18 @@ def test_ledger_is_request_weighted_and_bounded():
     err, tot = big.window(2 * 86400, 86400)
     assert err / tot == pytest.approx(0.1)
     assert tot == pytest.approx(14390, rel=0.011)  # within one 15-min bucket of the exact 1439 adds
+
+
+def test_vanished_pool_is_unknown_then_forgotten():
+    cfg = parse_config({"evaluation_interval_s": 15, "staleness_s": 60})
+    ev = SLOEvaluator(cfg, forget_after_s=600)
+    store, ev, t = drive([Engine(pool="prefill"), Engine(pool="decode")], 120, lambda rng, e: [(0.2, 0.01)] * 3,
+                         ev=ev, cfg=cfg)
+    assert set(ev.pools) == {("m", "prefill"), ("m", "decode")}
+    # the prefill engine is gone (no more scrapes, no up series): unknown first ...
+    store, ev, t = drive([Engine(pool="decode")], 120, lambda rng, e: [(0.2, 0.01)] * 3, store=store, ev=ev,
+                         cfg=cfg, t0=t + 5)
+    assert ev.pools[("m", "prefill")].status is Status.UNKNOWN
+    # ... and forgotten after forget_after_s
+    drive([Engine(pool="decode")], 700, lambda rng, e: [(0.2, 0.01)] * 3, store=store, ev=ev, cfg=cfg, t0=t + 5)
+    assert set(ev.pools) == {("m", "decode")}

@@ -163,3 +163,28 @@ def test_label_churn_does_not_grow_memory_forever():
     # what is left is still queryable by its labels
     assert len(st.instant("churn_total", {"instance": "t"}, 199.0)) == 50
     assert st.instant("steady_total", {"instance": "t"}, 199.0) == {(("instance", "t"),): 1.0}
+
+
+def test_coarse_tier_extends_range_for_selected_names():
+    rss = c.PROCESS_RSS.name
+    st = SeriesStore(slots=10, coarse_names=[rss], coarse_step_s=60, coarse_slots=100)
+    for i in range(600):  # 5 s scrapes for 50 min; the main ring holds the last 50 s only
+        t = 1000.0 + 5 * i
+        st.ingest_text(f'{rss}{{process="core"}} {1e9 + i}\nother_total {i}\n', t, {"instance": "e0"})
+    (s,) = st.range(rss, {"process": "core"}, 1000, 4000)
+    fine_start = 1000.0 + 5 * 590
+    assert s.t[0] == 1000.0 and s.t[-1] == 1000.0 + 5 * 599
+    coarse_part = s.t[s.t < fine_start]
+    # the first scrape of each minute before the ring
+    assert np.all(coarse_part[1:] % 60 == 0) and np.all(np.diff(coarse_part)[1:] == 60)
+    assert np.all(np.diff(s.t[s.t >= fine_start]) == 5)
+    assert np.all(np.diff(s.t) > 0) and s.v[-1] == 1e9 + 599
+    # names outside the coarse set keep only the ring
+    (o,) = st.range("other_total", {}, 1000, 4000)
+    assert len(o.t) == 10
+    # appends go to the coarse tier too
+    st2 = SeriesStore(slots=4, coarse_names=[rss], coarse_step_s=60, coarse_slots=50)
+    for i in range(100):
+        st2.append(rss, {"engine": "0"}, 30.0 * i, float(i))
+    (s2,) = st2.range(rss, {}, 0, 3000)
+    assert len(s2.t) == 50 + 2 and s2.t[-1] == 30.0 * 99

@@ -24,4 +24,12 @@ def run(args: argparse.Namespace) -> int:
     n_slo = sum(len(s.objectives) for s in cfg.slos)
     print(f"ok: source={cfg.source.mode}, {n_slo} objectives in {len(cfg.slos)} SLO sets, "
           f"evaluation every {cfg.evaluation_interval_s:g}s")
+    if cfg.source.mode == "scrape":
+        r = cfg.retention
+        # the value matrix dominates the embedded store: 8 bytes per series per slot
+        worst = r.max_series * r.slots * 8 / 2**20
+        span = r.slots * cfg.source.interval_s
+        print(f"store: up to {r.max_series} series x {r.slots} samples ({span / 3600:g} h at a "
+              f"{cfg.source.interval_s:g}s scrape interval) = at most {worst:,.0f} MiB of samples; "
+              f"lower retention.max_series or retention.slots to bound it")
     return 0

@@ -17,9 +17,23 @@ def build_store(config: GuardConfig):
     from sla_guard.store import SeriesStore
 
     r = config.retention
+    step = parse_duration(r.coarse_step) if r.coarse_step.strip() not in ("0", "0s") else 0.0
+    span = parse_duration(r.coarse_duration) if r.coarse_duration.strip() not in ("0", "0s") else 0.0
     return SeriesStore(retention_s=parse_duration(r.duration), slots=r.slots, max_series=r.max_series,
                        max_series_per_group=r.max_series_per_target, max_labels=r.max_labels_per_series,
-                       lookback_s=config.staleness_s)
+                       lookback_s=config.staleness_s, coarse_names=long_range_names(),
+                       coarse_step_s=step or 60.0, coarse_slots=int(span // step) + 1 if step and span else 0)
+
+
+def long_range_names() -> frozenset[str]:
+    """Sample names worth keeping for many hours at low resolution: process memory (leak
+    detection reads RSS over 6-24 h) and the per-engine load gauges it and the advisor set it
+    against. ~20 series per engine: 26 h at 2 min is ~120 KB per engine."""
+    from exporters import contract as c
+
+    wanted = [c.PROCESS_RSS, c.PROCESS_MEMORY, getattr(c, "PROCESS_MEMORY_LIMIT", None), c.REQUESTS_RUNNING,
+              c.REQUESTS_WAITING, c.KV_CACHE_USAGE]
+    return frozenset(m.series() for m in wanted if m is not None)
 
 
 def build_source(config: GuardConfig) -> Source:
