@@ -1,0 +1,86 @@
+"""StepBatch: steps folded between flushes give the same series as recording each step."""
+
+from types import SimpleNamespace as NS
+
+from prometheus_client import CollectorRegistry, generate_latest
+
+from engine_hooks.batch import StepBatch, apply
+from exporters import contract as c
+from exporters.prometheus import ContractMetrics, EngineRecorder
+
+
+def sched(running, kv, queries=0, hits=0, fetch=None, spec=None):
+    return NS(num_running_reqs=running, num_waiting_reqs=1, num_skipped_waiting_reqs=2, kv_cache_usage=kv,
+              num_kv_fetch_reqs_by_stage=fetch or {}, prefix_cache_stats=NS(queries=queries, hits=hits),
+              connector_prefix_cache_stats=None, spec_decoding_stats=spec, kv_connector_stats=None)
+
+
+def it(ttfts=(), itls=(), gen=0, finished=()):
+    return NS(time_to_first_tokens_iter=list(ttfts), inter_token_latencies_iter=list(itls), num_generation_tokens=gen,
+              prompt_token_stats=NS(computed=10, local_cache_hit=5, external_kv_transfer=0), num_preempted_reqs=0,
+              finished_requests=list(finished))
+
+
+def fin(gen, reason="length"):
+    return NS(e2e_latency=1.0, queued_time=0.1, prefill_time=0.2, decode_time=0.7, mean_time_per_output_token=0.019,
+              num_generation_tokens=gen, finish_reason=reason)
+
+
+def exposition(batches) -> str:
+    reg = CollectorRegistry()
+    rec = EngineRecorder(ContractMetrics(reg), "m", "decode", 0)
+    rec.prebind_kv_fetch_stages(("waiting_to_start", "in_progress", "completed_waiting"))  # as the hook does
+    for b in batches:
+        apply(rec, b)
+    return generate_latest(reg).decode()
+
+
+def steps():
+    spec = NS(num_drafts=2, num_draft_tokens=6, num_accepted_tokens=3, num_accepted_tokens_per_pos=[2, 1, 0],
+              num_draft_tokens_per_pos=[2, 2, 2])
+    return [(sched(4, 0.1, 100, 50, {"in_progress": 2}, spec), it([0.3], [0.01, 0.03], 2, [fin(5)])),
+            (sched(3, 0.2, 0, 0, {"in_progress": 0}, spec), it([], [0.015], 1, [fin(1, "stop")])),
+            (sched(1, 0.7, 20, 20, {}, None), it([3.0], [], 1, []))]
+
+
+def test_one_batch_equals_one_batch_per_step():
+    reasons: dict = {}
+    whole = StepBatch()
+    per_step = []
+    for s, i in steps():
+        for b in (whole, b1 := StepBatch()):
+            b.add_scheduler(s, kv_consumer=True)
+            if s.spec_decoding_stats:
+                b.add_spec(s.spec_decoding_stats)
+            b.add_iteration(i, reasons)
+        per_step.append(b1)
+    a = [ln for ln in exposition([whole]).splitlines() if "_created" not in ln]
+    b = [ln for ln in exposition(per_step).splitlines() if "_created" not in ln]
+    assert a == b
+
+
+def test_counters_sum_gauges_take_latest():
+    reasons: dict = {}
+    b = StepBatch()
+    for s, i in steps():
+        b.add_scheduler(s, kv_consumer=True)
+        if s.spec_decoding_stats:
+            b.add_spec(s.spec_decoding_stats)
+        b.add_iteration(i, reasons)
+    text = exposition([b])
+    assert 'slaguard_requests_running{engine="0",model="m",pool="decode"} 1.0' in text
+    assert 'slaguard_kv_cache_usage_ratio{engine="0",model="m",pool="decode"} 0.7' in text
+    assert 'slaguard_requests_waiting{engine="0",model="m",pool="decode"} 3.0' in text
+    assert f'{c.ENGINE_STEPS.series()}{{engine="0",model="m",pool="decode"}} 3.0' in text
+    assert f'{c.SPEC_ACCEPTED_TOKENS_POS.series()}{{engine="0",model="m",pool="decode",position="0"}} 4.0' in text
+    assert f'{c.PREFIX_CACHE_HITS.series()}{{cache="local",engine="0",model="m",pool="decode"}} 70.0' in text
+    assert f'{c.REQUEST_TPOT.series("_count")}{{engine="0",model="m",pool="decode"}} 1.0' in text  # 1-token: none
+    assert f'{c.REQUESTS_FINISHED.series()}{{engine="0",model="m",pool="decode",reason="stop"}} 1.0' in text
+    # the last step reported no stages: the gauge keeps the last reported value per stage (0)
+    assert f'{c.REQUESTS_KV_FETCH.series()}{{engine="0",model="m",pool="decode",stage="in_progress"}} 0.0' in text
+    assert b.size == 3 + 2 + 2  # itls + ttfts + finished queued
+
+
+def test_empty_batch_changes_nothing():
+    assert [ln for ln in exposition([StepBatch()]).splitlines() if "_created" not in ln] == [
+        ln for ln in exposition([]).splitlines() if "_created" not in ln]
