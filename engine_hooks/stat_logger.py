@@ -2,8 +2,9 @@
 
 Runs in each API-server process, on its event loop, beside vLLM's own PrometheusStatLogger.
 It is an ``AggregateStatLoggerBase``: vLLM builds it once per API server with all DP engine
-indexes; it keeps one ``EngineRecorder`` (children bound once) per engine index, so ``record()``
-is a dict lookup plus a few child updates. With several API servers each one gets a share of the
+indexes; it keeps one ``EngineRecorder`` (children bound once) per engine index. ``record()`` only
+folds the step into a per-engine ``StepBatch`` (engine_hooks/batch.py); a flush thread applies it
+every SLA_GUARD_FLUSH_INTERVAL_S (0.5 s). With several API servers each one gets a share of the
 steps; prometheus_client's multiprocess mode (which vLLM turns on then) sums counters and
 histograms over API servers and keeps the most recent gauge value, so the union is exact.
 
@@ -49,6 +50,7 @@ def _flush_interval() -> float:
     except ValueError:
         return DEFAULT_FLUSH_S
     return v if v > 0 else DEFAULT_FLUSH_S
+
 
 # One set of families per process: vLLM may build several loggers (tests, engine restarts),
 # and registering the same names twice in REGISTRY raises.
