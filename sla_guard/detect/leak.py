@@ -241,11 +241,13 @@ def hinge_onset(x: np.ndarray, y: np.ndarray, max_candidates: int = 200) -> floa
 
 
 def remove_load(tf: np.ndarray, yf: np.ndarray, t_load: np.ndarray, load: np.ndarray,
-                p: LeakParams) -> np.ndarray:
+                p: LeakParams, fit_from: float | None = None) -> np.ndarray:
     """Floor minus the part explained by load (ordinary least squares of the floor on time and
     the load's own floor over the same windows, jointly, so a leak does not leak into the load
-    coefficient)."""
-    if len(t_load) < 3 or len(tf) < 6 or tf[-1] - tf[0] < 12 * HOUR * (p.bucket_s / 300.0):
+    coefficient). The fit uses points from ``fit_from`` on (past any warm-up tail, which is
+    neither linear in time nor in load)."""
+    fit = tf >= (tf[0] if fit_from is None else fit_from)
+    if len(t_load) < 3 or fit.sum() < 6 or tf[-1] - tf[fit][0] < 12 * HOUR * (p.bucket_s / 300.0):
         return yf  # under half a day, load and time are too confounded to separate
     order = np.argsort(t_load, kind="stable")
     t_load, load = t_load[order], load[order]
@@ -257,7 +259,7 @@ def remove_load(tf: np.ndarray, yf: np.ndarray, t_load: np.ndarray, load: np.nda
     if float(np.std(lf)) == 0.0:
         return yf
     a = np.column_stack([np.ones_like(tf), tf - tf[0], lf])
-    coef, *_ = np.linalg.lstsq(a, yf, rcond=None)
+    coef, *_ = np.linalg.lstsq(a[fit], yf[fit], rcond=None)
     c = float(coef[2])
     if c <= 0:
         return yf
@@ -353,7 +355,8 @@ def _assess_floor(tf, yf, now, seg_start, p, limit_bytes, load, work) -> LeakVer
     keep = tf > now - longest
     tf, yf = tf[keep], yf[keep]
     if load is not None:
-        yf = remove_load(tf, yf, np.asarray(load[0], float), np.asarray(load[1], float), p)
+        yf = remove_load(tf, yf, np.asarray(load[0], float), np.asarray(load[1], float), p,
+                         fit_from=seg_start + max(p.warmup_s, p.long_warmup_s))
     verdict.floor_bytes = float(yf[-1])
     best: dict | None = None
     tested = False
