@@ -39,6 +39,7 @@ from sla_guard.sim.traces import Trace, TraceRequest  # noqa: E402
 
 VOCAB = 512
 CHUNK_TOKENS = 32768
+MAX_NUM_SEQS = 16  # tests/vllm_support.start_server's --max-num-seqs
 
 
 def prompt_ids(rng: random.Random, n: int) -> list[int]:
@@ -175,9 +176,10 @@ def fitted_profile(cal: dict) -> Profile:
     bw = base.kv.bytes_per_token / d1 if d1 > 1e-9 else 1e12
     return base.model_copy(update={
         "prefill": base.prefill.model_copy(update={"step_base_s": max(a0, 1e-4), "per_token_s": max(b1, 1e-7),
-                                                   "chunk_tokens": CHUNK_TOKENS,
+                                                   "chunk_tokens": CHUNK_TOKENS, "max_num_seqs": MAX_NUM_SEQS,
                                                    "per_token_per_kctx_s": max(2000 * c2, 0.0)}),
         "decode": base.decode.model_copy(update={"step_base_s": step_base, "per_seq_s": max(per_seq, 0.0),
+                                                 "max_num_seqs": MAX_NUM_SEQS,
                                                  "per_kctx_s": cal["per_kctx"]}),
         "transfer": base.transfer.model_copy(update={"latency_s": xfer_latency, "bandwidth_bytes_s": bw}),
         "frontend_s": cal["frontend_s"],
