@@ -44,9 +44,8 @@ def _edges(times: np.ndarray, flags: np.ndarray) -> list[float]:
 def det_slaguard(c: sy.RssCase, use_load: bool) -> list[float]:
     vs = leak.scan(c.t, c.v, leak.LeakParams(), limit_bytes=c.limit_bytes,
                    load=(c.t, c.load) if use_load else None)
-    if not vs:
-        return []
-    return _edges(np.array([a for a, _ in vs]), np.array([v.detected for _, v in vs]))
+    p = leak.LeakParams()
+    return [start for start, _ in leak.episodes(vs, min(p.windows_s))]  # the guard's hysteresis
 
 
 def _rule_eval_times(c: sy.RssCase) -> np.ndarray:

@@ -95,8 +95,7 @@ def analyze_leak(cols: dict[str, np.ndarray], limit_bytes: float | None, time_sc
     first = leak.first_detection(verdicts)
     last = verdicts[-1][1] if verdicts else leak.LeakVerdict("unknown", "too_short")
     shown = first[1] if first else last
-    flags = [ver.detected for _, ver in verdicts]
-    episodes = sum(1 for i, f in enumerate(flags) if f and (i == 0 or not flags[i - 1]))
+    episodes = len(leak.episodes(verdicts, min(params.windows_s)))
     return {
         "detected": first is not None,
         "detected_at": first[0] if first else None,
@@ -118,7 +117,8 @@ def analyze_leak(cols: dict[str, np.ndarray], limit_bytes: float | None, time_sc
 
 
 def analyze_drift(cols: dict[str, np.ndarray], args) -> dict:
-    params = drift.RateDriftParams(interval_s=args.interval_s, warmup_s=args.warmup_s, shift=args.shift, tolerance=args.tolerance,
+    params = drift.RateDriftParams(interval_s=args.interval_s, warmup_s=args.warmup_s, shift=args.shift,
+                                   tolerance=args.tolerance,
                                    sides=args.sides, arl0_s=args.arl0_days * drift.DAY)
     alarms, cus = drift.scan_rate(cols["timestamp"], cols["draft_tokens"], cols["accepted_tokens"], params)
     first = alarms[0] if alarms else None

@@ -104,6 +104,7 @@ class LeakEvaluator:
         self.metrics = None
         self.verdicts: dict[str, leak.LeakVerdict] = {}
         self._last_bucket: dict[str, int] = {}
+        self._ok_since: dict[str, float] = {}
 
     def bind_metrics(self, metrics) -> None:
         self.metrics = metrics
@@ -150,6 +151,7 @@ class LeakEvaluator:
             if key not in seen:  # the series is gone (process ended): nothing left to leak
                 self.verdicts.pop(key, None)
                 self._last_bucket.pop(key, None)
+                self._ok_since.pop(key, None)
                 self.book.resolve(key, now, {"resolution": "series_gone"})
 
     def _report(self, key, lab, v: leak.LeakVerdict, limit, source, now) -> None:
@@ -158,6 +160,7 @@ class LeakEvaluator:
                                                     lab.get("instance", ""), lab.get("process", "")).set(v.slope_bps)
         labels = {k: lab.get(k, "") for k in ("model", "pool", "instance", "process", "engine", "role")}
         if v.detected:
+            self._ok_since.pop(key, None)
             sev = "critical" if v.eta_s is not None and v.eta_s < self.cfg.critical_eta_h * HOUR else "warning"
             summary = (f"{lab.get('process', 'process')} RSS of {lab.get('model', '')}/{lab.get('pool', '')} grows "
                        f"{v.slope_mib_per_h:.1f} MiB/h")
@@ -167,8 +170,20 @@ class LeakEvaluator:
             self.book.raise_("leak", key, sev, summary, labels, details, now)
             return
         f = self.book.get(key)
-        if f is not None and f.open and (v.status == "ok" or (v.segment_start or 0) > f.opened_at):
-            self.book.resolve(key, now, {"resolution": "restart" if v.status == "unknown" else "trend_gone"})
+        if f is None or not f.open:
+            return
+        if (v.segment_start or 0) > f.opened_at:  # restarted: the leaked memory is gone
+            self.book.resolve(key, now, {"resolution": "restart"})
+            return
+        # hysteresis: a leak verdict can blink off for a bucket (a spike, a load swing); resolve
+        # only after the trend has been absent for a whole short window
+        if v.status != "ok":
+            self._ok_since.pop(key, None)
+            return
+        since = self._ok_since.setdefault(key, now)
+        if now - since >= min(self.params.windows_s):
+            self._ok_since.pop(key, None)
+            self.book.resolve(key, now, {"resolution": "trend_gone"})
 
     def snapshot(self) -> dict:
         return {"processes": {k: {"status": v.status, "reason": v.reason,

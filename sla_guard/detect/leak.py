@@ -433,3 +433,28 @@ def first_detection(verdicts: list[tuple[float, LeakVerdict]]) -> tuple[float, L
         if ver.detected:
             return at, ver
     return None
+
+
+def episodes(verdicts: list[tuple[float, LeakVerdict]], hold_s: float) -> list[tuple[float, float | None]]:
+    """Alarm episodes (start, end or None) with the guard's hysteresis: an open leak ends only
+    after ``hold_s`` of "ok" verdicts, or at a restart (a new segment)."""
+    out: list[tuple[float, float | None]] = []
+    start = ok_since = seg = None
+    for at, v in verdicts:
+        if start is not None and v.segment_start != seg:
+            out.append((start, at))
+            start = ok_since = None
+        if v.detected:
+            ok_since = None
+            if start is None:
+                start, seg = at, v.segment_start
+        elif start is not None and v.status == "ok":
+            ok_since = at if ok_since is None else ok_since
+            if at - ok_since >= hold_s:
+                out.append((start, at))
+                start = ok_since = None
+        else:
+            ok_since = None
+    if start is not None:
+        out.append((start, None))
+    return out
