@@ -78,14 +78,26 @@ def serve(engines: Engines) -> http.server.ThreadingHTTPServer:
     return srv
 
 
+def _engine_server(n: int, port_q) -> None:
+    """Child process: the engines and their HTTP server (kept out of the guard's RSS)."""
+    srv = serve(Engines(n))
+    port_q.put(srv.server_address[1])
+    threading.Event().wait()
+
+
 def main() -> None:
+    import multiprocessing as mp
+
     ap = argparse.ArgumentParser()
     ap.add_argument("--minutes", type=float, default=10.0)
     ap.add_argument("--targets", type=int, default=200)
+    ap.add_argument("--trace", action="store_true", help="print tracemalloc growth (slow)")
     args = ap.parse_args()
-    engines = Engines(args.targets)
-    srv = serve(engines)
-    port = srv.server_address[1]
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    child = ctx.Process(target=_engine_server, args=(args.targets, q), daemon=True)
+    child.start()
+    port = q.get(timeout=60)
     cfg = parse_config({
         "source": {"mode": "scrape", "interval_s": 5, "timeout_s": 4.5, "concurrency": 16,
                    "targets": [{"url": f"http://127.0.0.1:{port}/metrics/{i}", "model": f"model{i % 4}",
@@ -99,19 +111,34 @@ def main() -> None:
     samples: list[tuple[float, float]] = []
     duration = args.minutes * 60
 
+    snaps = []
+
     async def run():
         stop = asyncio.Event()
         task = asyncio.create_task(guard.run(stop))
         t0 = time.time()
+        if args.trace:
+            import tracemalloc
+
+            tracemalloc.start(8)
         while time.time() - t0 < duration:
             await asyncio.sleep(5)
             samples.append((time.time() - t0, proc.memory_info().rss / 2**20))
+            if args.trace and len(samples) in (int(duration / 5 / 5), int(duration / 5) - 1):
+                import tracemalloc
+
+                snaps.append(tracemalloc.take_snapshot())
         stop.set()
         await task
 
     asyncio.run(run())
-    srv.shutdown()
-    srv.server_close()
+    child.terminate()
+    child.join(5)
+    if len(snaps) == 2:
+        for stat in snaps[1].compare_to(snaps[0], "traceback")[:6]:
+            print(stat)
+            for line in stat.traceback.format()[-6:]:
+                print("   ", line)
     t = np.array([s[0] for s in samples])
     rss = np.array([s[1] for s in samples])
     warm = t >= duration / 5
@@ -124,6 +151,8 @@ def main() -> None:
           f"slo={st['evaluators']['slo']['status']}")
     print(f"RSS after warm-up {rss[warm][0]:.0f} MiB, final {rss[-1]:.0f} MiB, max {rss.max():.0f} MiB; "
           f"slope {slope:+.1f} MiB/h after warm-up; final/warm ratio {rss[-1] / rss[warm][0]:.3f}")
+    per_min = [f"{rss[(t >= m * 60)][0]:.0f}" for m in range(int(duration // 60)) if (t >= m * 60).any()]
+    print(f"RSS at each minute (MiB): {' '.join(per_min)}")
     if guard.last_tick:
         print(f"last tick {guard.last_tick.duration_s * 1000:.1f} ms, evaluator errors {guard.last_tick.errors}")
 

@@ -31,6 +31,7 @@ from exporters.contract import Component
 from exporters.prometheus import ContractMetrics, EngineRecorder, FinishedRequest
 from sla_guard import promql
 from sla_guard.config import parse_config
+from sla_guard.ingest import build_store
 from sla_guard.ingest.parse import parse_exposition
 from sla_guard.service import Guard
 from sla_guard.store import SeriesStore
@@ -117,7 +118,7 @@ def main() -> None:
     rss0 = proc.memory_info().rss
     cfg = parse_config({"evaluation_interval_s": INTERVAL, "staleness_s": 60,
                         "retention": {"max_series": 1_000_000, "max_series_per_target": 2000, "slots": 48}})
-    store = SeriesStore(slots=48, max_series=1_000_000, max_series_per_group=2000, lookback_s=60)
+    store = build_store(cfg)  # as serve builds it: main ring + the downsampled tier
     t0 = 1_800_000_000.0
     warm = int(300 / INTERVAL) + 2
     t_ing = time.perf_counter()

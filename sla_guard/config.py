@@ -134,7 +134,7 @@ class APISettings(_Strict):
 
 class Retention(_Strict):
     duration: str = Field(default="26h", description="how long the embedded store keeps samples")
-    coarse_step: str = Field(default="2m", description="step of the downsampled tier (process memory, load "
+    coarse_step: str = Field(default="5m", description="step of the downsampled tier (process memory, load "
                                                        "gauges) that long-range reads such as leak detection use")
     coarse_duration: str = Field(default="26h", description="span of the downsampled tier; 0s disables it")
     max_series: int = Field(default=200_000, ge=100)

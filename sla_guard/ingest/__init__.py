@@ -28,7 +28,7 @@ def build_store(config: GuardConfig):
 def long_range_names() -> frozenset[str]:
     """Sample names worth keeping for many hours at low resolution: process memory (leak
     detection reads RSS over 6-24 h) and the per-engine load gauges it and the advisor set it
-    against. ~20 series per engine: 26 h at 2 min is ~120 KB per engine."""
+    against. ~20 series per engine: 26 h at 5 min is ~50 KB per engine."""
     from exporters import contract as c
 
     wanted = [c.PROCESS_RSS, c.PROCESS_MEMORY, getattr(c, "PROCESS_MEMORY_LIMIT", None), c.REQUESTS_RUNNING,
