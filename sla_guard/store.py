@@ -137,6 +137,7 @@ class SeriesStore:
         self._series = 0
         self._newest = -math.inf
         self._writes_since_gc = 0
+        self._last_gc_t = -math.inf
         self._vocab_limit = 65_536
         self.coarse_names = frozenset(coarse_names)
         self.coarse_step_s = float(coarse_step_s)
@@ -466,7 +467,10 @@ class SeriesStore:
         if t > self._newest:
             self._newest = t
         self._writes_since_gc += 1
-        if self._writes_since_gc >= 256:
+        # a pass costs O(series): run it every few hundred writes, but at most every 10 s of
+        # sample time unless writes pile up (a thousand targets write thousands per round)
+        if self._writes_since_gc >= 256 and (t - self._last_gc_t >= 10.0 or self._writes_since_gc >= 100_000):
+            self._last_gc_t = t
             self.collect_garbage()
 
     def collect_garbage(self) -> int:

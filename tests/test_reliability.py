@@ -237,6 +237,8 @@ def test_targets_file_discovery_reloads(tmp_path):
         os.utime(f, (time.time() + 5, time.time() + 5))
         loop.run_until_complete(guard.collect())
         assert [t.pool for t in guard.source.targets()] == ["decode"]
+        text = generate_latest(guard.registry).decode()
+        assert 'target="e0"' not in text and c.GUARD_TARGET_UP.name in text  # removed target's gauge gone
         # a broken file keeps the last good list and counts the error
         f.write_text("- url: ftp://nope\n")
         os.utime(f, (time.time() + 10, time.time() + 10))

@@ -12,6 +12,7 @@ kind while the rest of the page is stored.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -66,7 +67,10 @@ class Scraper:
         targets = self.discovery.targets()
         names = {self._name(t) for t in targets}
         for gone in set(self._state) - names:  # removed from discovery: forget it
-            del self._state[gone]
+            st = self._state.pop(gone)
+            if self._metrics is not None:
+                with contextlib.suppress(KeyError):
+                    self._metrics[c.GUARD_TARGET_UP].remove(st.name, st.model, st.pool)
         await asyncio.gather(*(self._scrape_guarded(t) for t in targets))
         self.rounds += 1
 
