@@ -15,6 +15,7 @@ Evaluators that want to export gauges on the guard's own ``/metrics`` define
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import logging
 import time
@@ -148,6 +149,18 @@ class Guard:
         """Collect every scrape interval and tick every evaluation interval until ``stop``."""
         scrape_every = getattr(self.config.source, "interval_s", self.config.evaluation_interval_s)
         next_scrape = next_tick = self.clock()
+        # one dedicated thread for ticks: evaluators are CPU-bound numpy, run off the event loop
+        # so scrapes and API requests go on; always the same thread, so its temporaries reuse one
+        # malloc arena instead of fragmenting one per pool worker
+        loop = asyncio.get_running_loop()
+        pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="sla-guard-tick")
+        try:
+            await self._loop(stop, scrape_every, next_scrape, next_tick, loop, pool)
+        finally:
+            pool.shutdown(wait=True)
+            await self.source.aclose()
+
+    async def _loop(self, stop, scrape_every, next_scrape, next_tick, loop, pool) -> None:
         while not stop.is_set():
             now = self.clock()
             if now >= next_scrape:
@@ -158,14 +171,11 @@ class Guard:
                 next_scrape = max(next_scrape + scrape_every, now)
             now = self.clock()
             if now >= next_tick:
-                # evaluators are CPU-bound numpy; run them off the event loop so scrapes and
-                # API requests keep being served during a tick
-                await asyncio.to_thread(self.tick, now)
+                await loop.run_in_executor(pool, self.tick, now)
                 next_tick = max(next_tick + self.config.evaluation_interval_s, now)
             delay = max(0.0, min(next_scrape, next_tick) - self.clock())
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=delay)
-        await self.source.aclose()
 
     # -- state for the API ---------------------------------------------------------------------
     def ready(self) -> bool:
