@@ -21,9 +21,9 @@ DEFAULT_TRACE_CANDIDATES = (
 def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("demo", help="simulated 2P2D deployment with injected faults, guarded live; writes a report",
                        description=__doc__)
-    p.add_argument("--duration", type=float, default=60.0, help="wall-clock seconds to run (default 60)")
-    p.add_argument("--speed", type=float, default=60.0,
-                   help="simulated seconds per wall second (default 60: one simulated hour per minute)")
+    p.add_argument("--duration", type=float, default=90.0, help="wall-clock seconds to run (default 90)")
+    p.add_argument("--speed", type=float, default=120.0,
+                   help="simulated seconds per wall second (default 120: three simulated hours in 90 s)")
     p.add_argument("--out", type=Path, default=Path("out/demo"), help="report directory (default ./out/demo)")
     p.add_argument("--trace", default=None,
                    help="trace file (default: the Mooncake conversation trace, shared copy or the bundled one)")
@@ -34,7 +34,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help="RSS leak injected into d0's EngineCore (default 200; the seeds' leak was ~48)")
     p.add_argument("--drift-to", type=float, default=0.4,
                    help="acceptance falls to this fraction of its profile value (default 0.4)")
-    p.add_argument("--scrape-interval", type=float, default=15.0, help="simulated seconds between scrapes")
+    p.add_argument("--scrape-interval", type=float, default=30.0, help="simulated seconds between scrapes")
     p.add_argument("--no-http", action="store_true", help="scrape in-process instead of over loopback HTTP")
     p.add_argument("--quiet", action="store_true", help="no live status lines")
     return p
