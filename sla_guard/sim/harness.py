@@ -134,6 +134,7 @@ class ClosedLoop:
         self.history: list[HistoryPoint] = []
         self.actions: list[dict] = []
         self.eval_errors = 0
+        self.guard_ticks: dict[str, int] = {}  # SLO verdict -> evaluation ticks with it
         self.history_window_s = history_window_s
         if dep.record:
             dep.every(process_interval_s, lambda d, now: d.sample_processes(), start_s=0.0)
@@ -148,6 +149,10 @@ class ClosedLoop:
         if self.guard is not None:
             res = self.guard.tick(at)
             self.eval_errors += len(res.errors)
+            slo = self.guard.evaluator("slo")
+            if slo is not None:
+                st = slo.overall().value
+                self.guard_ticks[st] = self.guard_ticks.get(st, 0) + 1
         for ev in self.evaluators:
             try:
                 ev.evaluate(self.store, at)

@@ -94,6 +94,7 @@ def replay(spec: ReplaySpec) -> ReplayResult:
         slo = guard.evaluator("slo")
         if slo is not None:
             s.extra["guard_status"] = slo.overall().value
+            s.extra["guard_ticks"] = dict(sorted(loop.guard_ticks.items()))
     if book is not None:
         s.extra["findings"] = sorted({f.detector for f in book.all()})
     restarts = [a for a in loop.actions if "restart" in a]
@@ -103,21 +104,25 @@ def replay(spec: ReplaySpec) -> ReplayResult:
 
 
 def guard_config(slo_ttft_s: float = 2.5, slo_tpot_s: float = 0.020, eval_interval_s: float = 15.0):
-    """The guard's config for a simulated run: the seeds' SLO set with the run's thresholds."""
+    """The guard's config for a simulated run: the seeds' SLAs per pool (TTFT is the prefill pool's
+    objective, TPOT the decode pool's: [001] "TTFT is determined mostly by the Prefill pool, TPOT by
+    the Decode pool"), with the run's thresholds."""
     from sla_guard.config import SLO, Indicator, Objective, SLOSet, parse_config
 
-    slos = [
+    ttft = [
         SLO(name="ttft_mean", indicator=Indicator.TTFT, objective=Objective.MEAN, threshold_s=slo_ttft_s),
-        SLO(name="tpot_mean", indicator=Indicator.TPOT, objective=Objective.MEAN, threshold_s=slo_tpot_s),
         SLO(name="ttft_p90", indicator=Indicator.TTFT, objective=Objective.PERCENTILE, threshold_s=2 * slo_ttft_s,
             percentile=0.9),
         SLO(name="ttft_attainment", indicator=Indicator.TTFT, objective=Objective.ATTAINMENT,
             threshold_s=slo_ttft_s, target=0.99),
+    ]
+    tpot = [
+        SLO(name="tpot_mean", indicator=Indicator.TPOT, objective=Objective.MEAN, threshold_s=slo_tpot_s),
         SLO(name="tpot_attainment", indicator=Indicator.TPOT, objective=Objective.ATTAINMENT,
             threshold_s=slo_tpot_s, target=0.99),
     ]
-    return parse_config({"evaluation_interval_s": eval_interval_s,
-                         "slos": [SLOSet(objectives=slos).model_dump()]})
+    sets = [SLOSet(pool="prefill", objectives=ttft), SLOSet(pool="decode", objectives=tpot)]
+    return parse_config({"evaluation_interval_s": eval_interval_s, "slos": [x.model_dump() for x in sets]})
 
 
 def build_guard(store, slo_ttft_s: float = 2.5, slo_tpot_s: float = 0.020, eval_interval_s: float = 15.0,
