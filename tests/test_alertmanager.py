@@ -171,3 +171,16 @@ def test_bearer_token_is_sent():
         assert seen == {"auth": "Bearer s3cret", "path": "/api/v2/alerts"}
     finally:
         srv.shutdown()
+
+
+def test_runbook_anchors_exist_in_docs():
+    """Every runbook_url anchor resolves to a heading of docs/runbooks.md (GitHub slug rules)."""
+    import re
+
+    from sla_guard.detect.alertmanager import RUNBOOK_ANCHORS
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "runbooks.md").read_text()
+    slugs = {"#" + re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-")
+             for h in re.findall(r"^#+\s+(.+)$", text, flags=re.M)}
+    missing = set(RUNBOOK_ANCHORS.values()) - slugs
+    assert not missing, missing
