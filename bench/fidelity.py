@@ -141,11 +141,11 @@ async def calibrate(pair: PDPair, rng: random.Random) -> dict:
             b1, a0 = np.polyfit(n_arr, [p[1] for p in pts], 1)
             c2 = 0.0
         dd1, dd0 = np.polyfit(n_arr, [p[2] for p in pts], 1)
-        # decode step vs batch: mean TPOT of b concurrent 48-token decodes of 64-token prompts (median of 3)
+        # decode step vs batch: mean TPOT of b concurrent 48-token decodes of 64-token prompts (median of 5)
         steps = {}
         for b in (1, 4, 8):
             vals = []
-            for _ in range(3):
+            for _ in range(5):
                 d0 = vs.scrape(d_url)
                 await asyncio.gather(*(one_request(client, pair, prompt_ids(rng, 64), 48) for _ in range(b)))
                 vals.append(engine_mean(d0, await scrape_after(d_url, d0, c.REQUEST_TPOT, b), c.REQUEST_TPOT))
@@ -218,7 +218,9 @@ def run_sim(profile: Profile, mix, seed: int = 0) -> tuple[list[dict], dict]:
     dep.submit(trace)
     dep.run_until(trace.duration_s + 600)
     fe = profile.frontend_s
-    res = [{"e2e": r.finish + fe - r.arrival, "ttft": r.first_token + fe - r.arrival} for r in dep.done]
+    # client view of each hop, as one_request measures it on the real pair
+    res = [{"e2e": r.finish + fe - r.arrival, "ttft": r.first_token + fe - r.arrival,
+            "prefill_s": r.p_done + fe - r.arrival, "decode_s": r.finish - r.p_done} for r in dep.done]
     samples = {r.pool: {(n, tuple(sorted(lab.items()))): v for n, lab, v in r.metrics.samples()}
                for r in dep.replicas}
     return res, samples
@@ -297,9 +299,10 @@ def main() -> int:
             rows.append((f"{label} p{int(q * 100)}", engine_quantile(real_samples[pool], metric, q),
                          engine_quantile(sim_samples[pool], metric, q),
                          engine_quantile(again_samples[pool], metric, q), metric is c.REQUEST_TPOT))
-    for q in (0.5, 0.9):
-        rows.append((f"client e2e p{int(q * 100)}", pct([x["e2e"] for x in real], q),
-                     pct([x["e2e"] for x in sim], q), pct([x["e2e"] for x in again], q), False))
+    for key, label in (("prefill_s", "client prefill hop"), ("decode_s", "client decode hop"), ("e2e", "client e2e")):
+        for q in (0.5, 0.9):
+            rows.append((f"{label} p{int(q * 100)}", pct([x[key] for x in real], q),
+                         pct([x[key] for x in sim], q), pct([x[key] for x in again], q), False))
     for name, r, s, r2, ms in rows:
         within = abs(s / r - 1) <= 0.20
         ok &= within
