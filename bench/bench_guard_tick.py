@@ -113,11 +113,13 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--engines", type=int, default=1000)
     ap.add_argument("--ticks", type=int, default=8)
+    ap.add_argument("--coarse-duration", default="26h", help="downsampled tier span (config default 26h; 0s: off)")
     args = ap.parse_args()
     proc = psutil.Process()
     rss0 = proc.memory_info().rss
     cfg = parse_config({"evaluation_interval_s": INTERVAL, "staleness_s": 60,
-                        "retention": {"max_series": 1_000_000, "max_series_per_target": 2000, "slots": 48}})
+                        "retention": {"max_series": 1_000_000, "max_series_per_target": 2000, "slots": 48,
+                                      "coarse_duration": args.coarse_duration}})
     store = build_store(cfg)  # as serve builds it: main ring + the downsampled tier
     t0 = 1_800_000_000.0
     warm = int(300 / INTERVAL) + 2
@@ -150,6 +152,7 @@ def main() -> None:
     assert math.isclose(vec, naive, rel_tol=1e-9), (vec, naive)
     med, worst = statistics.median(times), max(times)
     print(f"engines={args.engines} series/engine={per_engine} store series={store.series_count()} "
+          f"(+ downsampled tier: {args.coarse_duration}) "
           f"store arrays={store.nbytes() / 2**20:.0f} MiB pools={len(statuses)} "
           f"({sorted(set(statuses.values()))})")
     print(f"ingest (parse + store, no HTTP; includes making the pages): {ingest_s * 1000:.0f} ms per round "

@@ -53,10 +53,10 @@ class _Family:
     __slots__ = ("codes", "fid", "free", "group", "has_text", "last_k", "n", "name", "nan_t", "qcache", "text_hash",
                  "values", "version")
 
-    def __init__(self, name: str, slots: int, fid: int, rows: int = 16) -> None:
+    def __init__(self, name: str, slots: int, fid: int, rows: int = 16, dtype=np.float64) -> None:
         self.name = name
         self.fid = fid
-        self.values = np.full((rows, slots), np.nan)
+        self.values = np.full((rows, slots), np.nan, dtype=dtype)
         self.group = np.full(rows, -1, dtype=np.int32)
         self.last_k = np.zeros(rows, dtype=np.int64)  # group slot counter at last write
         self.nan_t = np.full(rows, -np.inf)  # time of the row's latest NaN sample
@@ -71,8 +71,8 @@ class _Family:
 
     def grow(self) -> None:
         rows, slots = self.values.shape
-        new = rows + max(16, rows // 2)  # x1.5: the value matrix is most of the memory
-        values = np.full((new, slots), np.nan)
+        new = rows + max(16, rows // 4)  # x1.25: the value matrix is most of the memory
+        values = np.full((new, slots), np.nan, dtype=self.values.dtype)
         values[:rows] = self.values
         self.values = values
         more = new - rows
@@ -99,15 +99,18 @@ class SeriesStore:
     def __init__(self, *, retention_s: float = 26 * 3600, slots: int = 720, max_series: int = 200_000,
                  max_series_per_group: int | None = None, max_labels: int = 16, max_label_value_len: int = 2048,
                  lookback_s: float = 300.0, coarse_names: Iterable[str] = (), coarse_step_s: float = 60.0,
-                 coarse_slots: int = 0) -> None:
+                 coarse_slots: int = 0, value_dtype=np.float64) -> None:
         """``coarse_*``: a second, downsampled tier for a few low-cardinality names (process
         RSS and the load gauges the leak detector and the advisor read over many hours): one
         sample per group every ``coarse_step_s`` kept in ``coarse_slots``. ``range`` serves
-        from it what the main ring no longer holds; the other queries use the main ring."""
+        from it what the main ring no longer holds; the other queries use the main ring. The
+        coarse tier stores float32 (7 significant digits: bytes of RSS to ~1e-7, plenty for a
+        trend); the main ring float64, so counters stay exact."""
         if slots < 2:
             raise ValueError("slots must be >= 2 (a rate needs two samples)")
         self.retention_s = float(retention_s)
         self.slots = int(slots)
+        self.value_dtype = value_dtype
         self.max_series = int(max_series)
         self.max_series_per_group = int(max_series_per_group or max_series)
         self.max_labels = int(max_labels)
@@ -145,7 +148,8 @@ class SeriesStore:
         if self.coarse_names and coarse_slots >= 2:
             self._coarse = SeriesStore(retention_s=retention_s, slots=coarse_slots, max_series=max_series,
                                        max_series_per_group=max_series_per_group, max_labels=max_labels,
-                                       max_label_value_len=max_label_value_len, lookback_s=lookback_s)
+                                       max_label_value_len=max_label_value_len, lookback_s=lookback_s,
+                                       value_dtype=np.float32)
         self._gcoarse: dict[int, tuple[int, float]] = {}  # group -> (coarse bucket, time forwarded)
         self.dropped = collections.Counter()  # lifetime drops by kind
 
@@ -247,9 +251,9 @@ class SeriesStore:
             self._after_write(t)
             if self._coarse is not None and self._coarse_due(gid, t):
                 names = self.coarse_names
-                fwd = [(name, labels_of(ltext), value) for _, name, ltext, value in raw if name in names]
+                fwd = [x for x in raw if x[1] in names]
                 if fwd:
-                    self._coarse.ingest_samples(fwd, t, extra, group=repr(gkey))
+                    self._coarse._ingest_raw(fwd, t, extra, repr(gkey))
         return res
 
     def ingest_samples(self, samples: Iterable[tuple[str, Mapping[str, str], float]], t: float,
@@ -431,7 +435,7 @@ class SeriesStore:
             return None
         fam = self._families.get(name)
         if fam is None:
-            fam = self._families[name] = _Family(name, self.slots, len(self._flist))
+            fam = self._families[name] = _Family(name, self.slots, len(self._flist), dtype=self.value_dtype)
             self._flist.append(fam)
         if fam.free:
             row = fam.free.pop()
@@ -683,7 +687,7 @@ class SeriesStore:
             for i in range(len(rows)):
                 m = ~np.isnan(vv[i]) & ~np.isnan(tt[i])
                 if m.any():
-                    out.append(Series(labels[i], tt[i][m].copy(), vv[i][m].copy()))
+                    out.append(Series(labels[i], tt[i][m].copy(), vv[i][m].astype(np.float64)))
         if self._coarse is None or metric not in self.coarse_names:
             return out
         return _merge_tiers(self._coarse.range(metric, matchers, start, end), out)
