@@ -261,14 +261,16 @@ def engine_quantile(samples: dict, metric, q: float) -> float:
 def write_profile(p: Profile, cal: dict) -> Path:
     path = PROFILE_DIR / "tiny-cpu.yaml"
     text = path.read_text()
-    head = text.split("\nname:", 1)[0]
+    old = text.split("\nname:", 1)[0].splitlines()
+    head = "\n".join(x for x in old if not x.startswith(("# Fitted by", "# Correction")))
     body = {k: v for k, v in json.loads(p.model_dump_json()).items()}
     import yaml
 
     stamp = time.strftime("%Y-%m-%d", time.gmtime())
     note = (f"\n# Fitted by bench/fidelity.py on {stamp}: prefill latency = a + b n + c n^2 over prompt lengths "
             f"64..1536; decode TPOT vs concurrency {sorted(cal['decode_steps'])}; decode-side TTFT vs prompt "
-            f"length gives the ExampleConnector load latency/bandwidth.\n")
+            f"length gives the ExampleConnector load latency/bandwidth; correction factors "
+            f"{ {k: round(v, 3) for k, v in cal.get('correction', {}).items()} } from a separate calibration mix.\n")
     path.write_text(head + note + yaml.safe_dump(body, sort_keys=False))
     return path
 
