@@ -201,26 +201,47 @@ def parse_duration(text: str) -> float:
     return total
 
 
-def _format_errors(err: ValidationError, where: str) -> str:
+def format_validation_error(err: ValidationError, where: str, prefix: str = "") -> str:
+    """One line per problem: the field path (under ``prefix``), what is wrong, the bad value."""
     lines = [f"invalid configuration in {where}:"]
     for e in err.errors():
-        path = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        path = ".".join([*([prefix] if prefix else []), *(str(p) for p in e["loc"])]) or "(top level)"
         value = e.get("input")
         shown = repr(value) if not isinstance(value, dict) else "{...}"
-        msg = e["msg"]
-        if e["type"] == "extra_forbidden":
-            msg = "unknown field; remove it or check its spelling"
-        elif e["type"] == "literal_error":
-            msg = f"{msg}"
+        msg = "unknown field; remove it or check its spelling" if e["type"] == "extra_forbidden" else e["msg"]
         lines.append(f"  {path}: {msg} (got {shown[:80]})")
     return "\n".join(lines)
 
 
+# Sections owned by other parts of the guard, validated by their own models at load time so that
+# `validate-config`, `check` and `serve` all reject a bad file the same way (imported lazily:
+# the config layer does not depend on the detectors or the advisor).
+_SECTION_PARSERS = {
+    "detectors": ("sla_guard.detect.evaluators", "parse_detectors"),
+    "advisor": ("sla_guard.scale.config", "parse_advisor"),
+}
+
+
+def _validate_sections(cfg: GuardConfig) -> None:
+    import importlib
+
+    problems = []
+    for section, (module, func) in _SECTION_PARSERS.items():
+        try:
+            getattr(importlib.import_module(module), func)(getattr(cfg, section))
+        except ConfigError as err:
+            problems.append(str(err))
+    if problems:
+        raise ConfigError("\n".join(problems))
+
+
 def parse_config(data: dict[str, Any] | None, where: str = "<config>") -> GuardConfig:
     try:
-        return GuardConfig.model_validate(data or {})
+        cfg = GuardConfig.model_validate(data or {})
     except ValidationError as err:
-        raise ConfigError(_format_errors(err, where)) from None
+        raise ConfigError(format_validation_error(err, where)) from None
+    _validate_sections(cfg)
+    return cfg
 
 
 def load_config(path: str | Path) -> GuardConfig:

@@ -17,7 +17,7 @@ from fastapi import APIRouter, HTTPException
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from exporters import contract as c
-from sla_guard.config import ConfigError
+from sla_guard.config import ConfigError, format_validation_error
 from sla_guard.detect import drift, leak
 from sla_guard.detect.findings import FindingsBook, finding_json
 from sla_guard.model import MetricsView
@@ -66,11 +66,7 @@ def parse_detectors(data: dict | None) -> DetectorsConfig:
     try:
         return DetectorsConfig.model_validate(data or {})
     except ValidationError as err:
-        lines = ["invalid configuration in detectors:"]
-        for e in err.errors():
-            path = ".".join(str(p) for p in e["loc"])
-            lines.append(f"  detectors.{path}: {e['msg']} (got {e.get('input')!r:.80})")
-        raise ConfigError("\n".join(lines)) from None
+        raise ConfigError(format_validation_error(err, "detectors", "detectors")) from None
 
 
 def host_memory_bytes() -> float | None:

@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from sla_guard.config import ConfigError
+from sla_guard.config import ConfigError, format_validation_error
 
 
 class _Strict(BaseModel):
@@ -121,11 +121,4 @@ def parse_advisor(data: dict[str, Any] | None, where: str = "advisor") -> Adviso
     try:
         return AdvisorConfig.model_validate(data or {})
     except ValidationError as err:
-        lines = [f"invalid advisor configuration in {where}:"]
-        for e in err.errors():
-            path = ".".join(["advisor", *(str(p) for p in e["loc"])])
-            msg = "unknown field; remove it or check its spelling" if e["type"] == "extra_forbidden" else e["msg"]
-            value = e.get("input")
-            shown = "{...}" if isinstance(value, dict) else repr(value)
-            lines.append(f"  {path}: {msg} (got {shown[:80]})")
-        raise ConfigError("\n".join(lines)) from None
+        raise ConfigError(format_validation_error(err, where, "advisor")) from None

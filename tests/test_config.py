@@ -1,0 +1,74 @@
+"""The configuration file: every error names the field path, the bad value and the fix, for the
+guard's own fields and for the sections the detectors and the advisor own."""
+
+import subprocess
+import sys
+
+import pytest
+
+from sla_guard.config import ConfigError, load_config, parse_config
+
+
+def _error(data) -> str:
+    with pytest.raises(ConfigError) as info:
+        parse_config(data, "guard.yaml")
+    return str(info.value)
+
+
+def test_defaults_are_the_seed_slas():
+    cfg = parse_config(None)
+    objectives = {s.name: s for s in cfg.slos_for("any", "decode")}
+    assert objectives["ttft_mean"].threshold_s == 2.5
+    assert objectives["tpot_mean"].threshold_s == 0.020
+
+
+def test_errors_name_path_value_and_fix():
+    msg = _error({"source": {"mode": "scrape", "targets": [{"url": "ftp://x", "pool": "pre"}]},
+                  "evaluation_interval_s": -1, "retenton": {}})
+    assert "guard.yaml" in msg
+    assert "source.scrape.targets.0.url" in msg and "http://" in msg and "'ftp://x'" in msg
+    assert "source.scrape.targets.0.pool" in msg and "'prefill', 'decode' or 'mixed'" in msg
+    assert "evaluation_interval_s" in msg and "greater than 0" in msg
+    assert "retenton: unknown field; remove it or check its spelling" in msg
+
+
+def test_objective_needs_its_parameter():
+    msg = _error({"slos": [{"objectives": [{"name": "p", "indicator": "ttft", "objective": "percentile",
+                                             "threshold_s": 1}]}]})
+    assert "slos.0.objectives.0" in msg and "needs 'percentile'" in msg
+
+
+def test_detector_and_advisor_sections_are_validated_at_load():
+    msg = _error({"detectors": {"leak": {"limit_bytes": -5}}, "advisor": {"mode": "actve"}})
+    assert "detectors.leak.limit_bytes" in msg and "(got -5)" in msg
+    assert "advisor.mode" in msg and "'actve'" in msg
+
+
+def test_most_specific_slo_set_wins():
+    cfg = parse_config({"slos": [
+        {"model": "*", "pool": "*"},
+        {"model": "m", "pool": "decode", "objectives": [
+            {"name": "tpot_mean", "indicator": "tpot", "objective": "mean", "threshold_s": 0.03}]},
+    ]})
+    assert [s.threshold_s for s in cfg.slos_for("m", "decode")] == [0.03]
+    assert len(cfg.slos_for("m", "prefill")) == 5
+
+
+@pytest.mark.parametrize(("text", "rc", "needle"), [
+    ("evaluation_interval_s: 10\n", 0, "ok: source=scrape"),
+    ("advisor: {mode: actve}\n", 2, "advisor.mode"),
+    ("- just\n- a list\n", 2, "top level must be a mapping"),
+    ("source: {mode: scrape\n", 2, "not valid YAML"),
+])
+def test_validate_config_cli(tmp_path, text, rc, needle):
+    f = tmp_path / "guard.yaml"
+    f.write_text(text)
+    r = subprocess.run([sys.executable, "-m", "sla_guard.cli", "validate-config", str(f)],
+                       capture_output=True, text=True)
+    assert r.returncode == rc, r.stderr
+    assert needle in r.stdout + r.stderr
+
+
+def test_missing_file_is_a_clear_error(tmp_path):
+    with pytest.raises(ConfigError, match="cannot read config"):
+        load_config(tmp_path / "nope.yaml")
