@@ -14,7 +14,7 @@ No I/O, no clocks.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -233,3 +233,33 @@ def weighted_ratio(numerators: Sequence[float], denominators: Sequence[float]) -
     num = float(np.nansum(np.asarray(numerators, float)))
     den = float(np.nansum(np.asarray(denominators, float)))
     return num / den if den > 0 else math.nan
+
+
+LabelKey = tuple[tuple[str, str], ...]
+
+
+def split_le(by_le: Mapping[LabelKey, float]) -> dict[LabelKey, dict[float, float]]:
+    """Regroup ``sum by (le, ...)`` results into {labels without le: {upper bound: value}};
+    series without a numeric ``le`` are ignored, as histogram_quantile ignores them, and
+    spellings of one bound ("1", "1.0") are added together."""
+    out: dict[LabelKey, dict[float, float]] = {}
+    for labels, v in by_le.items():
+        d = dict(labels)
+        try:
+            le = float(d.pop("le"))
+        except (KeyError, ValueError):
+            continue
+        b = out.setdefault(tuple(sorted(d.items())), {})
+        b[le] = b.get(le, 0.0) + v
+    return out
+
+
+def group_quantiles(q: float, grouped: Mapping[LabelKey, Mapping[float, float]]) -> dict[LabelKey, float]:
+    """bucket_quantile per group; groups without observations (NaN) are left out: PromQL
+    returns NaN there, the guard reports absence."""
+    out = {}
+    for key, buckets in grouped.items():
+        v = bucket_quantile(q, list(buckets), list(buckets.values()))
+        if not math.isnan(v):
+            out[key] = v
+    return out

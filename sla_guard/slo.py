@@ -572,13 +572,4 @@ def _bucket_increase(view: MetricsView, hist: str, w: float, now: float) -> dict
     fn = getattr(view, "bucket_increase", None)
     if fn is not None:
         return fn(hist, {}, w, now, BY)
-    raw = view.increase(hist + "_bucket", {}, w, now, ("le", *BY))
-    out: dict[Labels, dict[float, float]] = {}
-    for lab, v in raw.items():
-        d = dict(lab)
-        try:
-            le = float(d.pop("le"))
-        except (KeyError, ValueError):
-            continue
-        out.setdefault(tuple(sorted(d.items())), {})[le] = v
-    return out
+    return promql.split_le(view.increase(hist + "_bucket", {}, w, now, ("le", *BY)))

@@ -774,12 +774,7 @@ class SeriesStore:
         """``histogram_quantile(q, sum by (le, by) (rate(metric_bucket[window])))``; ``metric`` is
         the histogram's name with or without ``_bucket``. Groups whose quantile is NaN (no
         observations) are left out, as Prometheus returns NaN there and we return absence."""
-        out = {}
-        for key, buckets in self.bucket_increase(metric, matchers, window_s, at, by).items():
-            qv = promql.bucket_quantile(q, list(buckets), list(buckets.values()))
-            if not math.isnan(qv):
-                out[key] = qv
-        return out
+        return promql.group_quantiles(q, self.bucket_increase(metric, matchers, window_s, at, by))
 
 
 def _merge_tiers(coarse: list[Series], fine: list[Series]) -> list[Series]:

@@ -8,7 +8,6 @@ rather than reporting "unknown" for lack of a window. Only for that one-shot use
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 
 from sla_guard import promql
@@ -41,22 +40,8 @@ class LifetimeView:
     def bucket_increase(self, metric: str, matchers: Mapping[str, str], window_s: float, at: float,
                         by: tuple[str, ...] = ()) -> dict[Labels, dict[float, float]]:
         name = metric if metric.endswith("_bucket") else metric + "_bucket"
-        out: dict[Labels, dict[float, float]] = {}
-        for lab, v in self.increase(name, matchers, window_s, at, ("le", *by)).items():
-            d = dict(lab)
-            try:
-                le = float(d.pop("le"))
-            except (KeyError, ValueError):
-                continue
-            b = out.setdefault(tuple(sorted(d.items())), {})
-            b[le] = b.get(le, 0.0) + v
-        return out
+        return promql.split_le(self.increase(name, matchers, window_s, at, ("le", *by)))
 
     def histogram_quantile(self, q: float, metric: str, matchers: Mapping[str, str], window_s: float,
                            at: float, by: tuple[str, ...] = ()) -> dict[Labels, float]:
-        out = {}
-        for key, b in self.bucket_increase(metric, matchers, window_s, at, by).items():
-            v = promql.bucket_quantile(q, list(b), list(b.values()))
-            if not math.isnan(v):
-                out[key] = v
-        return out
+        return promql.group_quantiles(q, self.bucket_increase(metric, matchers, window_s, at, by))

@@ -22,6 +22,7 @@ import numpy as np
 
 from exporters import contract as c
 from exporters.prometheus import ContractMetrics
+from sla_guard import promql
 from sla_guard.config import PrometheusSource as PrometheusConfig
 from sla_guard.ingest.source import TargetState
 from sla_guard.model import Labels, Series
@@ -166,16 +167,7 @@ class PrometheusView:
                         by: tuple[str, ...] = ()) -> dict[Labels, dict[float, float]]:
         """``sum by (le, by) (increase(metric_bucket[window]))`` as {group: {le: count}}."""
         name = metric if metric.endswith("_bucket") else metric + "_bucket"
-        raw = self.increase(name, matchers, window_s, at, ("le", *by))
-        out: dict[Labels, dict[float, float]] = {}
-        for labels, v in raw.items():
-            d = dict(labels)
-            try:
-                le = float(d.pop("le"))
-            except (KeyError, ValueError):
-                continue
-            out.setdefault(tuple(sorted(d.items())), {})[le] = v
-        return out
+        return promql.split_le(self.increase(name, matchers, window_s, at, ("le", *by)))
 
     def close(self) -> None:
         self._client.close()
