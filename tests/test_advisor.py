@@ -148,3 +148,22 @@ def test_data_parallel_engines_of_one_server_count_as_one_replica():
     assert reading.per_engine["dec-a:8000"].step_s == pytest.approx(0.02, rel=0.05)
     decs, _ = adv.step(store, 60, {})
     assert decs["decode"].current == 2 and decs["prefill"].current == 1
+
+
+def test_wildcard_model_labels_advice_with_the_served_model():
+    """advisor.model '*' (the default): gauges carry the model the engines report, so the
+    dashboards' desired-vs-current panel joins them with the engine series."""
+    reg = CollectorRegistry()
+    metrics = ContractMetrics(reg, components=[Component.GUARD])
+    cfg = parse_advisor({"profile": {"prefill_tokens_per_s": 10_000, "decode_step_base_s": 0.01,
+                                     "decode_step_per_request_s": 0.0002}})
+    assert cfg.model == "*"
+    ev = AdvisorEvaluator(cfg, metrics=metrics)
+    store = _store()
+    engines = [Engine("prefill", "p0"), Engine("decode", "d0")]
+    _run(engines, store, 1000, 1060, p0={"running": 1, "waiting": 0, "computed": 1000, "prefills": 1, "ttft": 0.2},
+         d0={"running": 2, "waiting": 0, "steps": 100})
+    ev.evaluate(store, 1060)
+    assert ev.model == MODEL
+    assert reg.get_sample_value(c.GUARD_CURRENT_REPLICAS.series(), {"model": MODEL, "pool": "decode"}) == 1
+    assert reg.get_sample_value(c.GUARD_CURRENT_REPLICAS.series(), {"model": "default", "pool": "decode"}) is None

@@ -57,6 +57,9 @@ class AdvisorEvaluator:
                  findings: Callable[[], Iterable[Finding]] | None = None) -> None:
         self.cfg = cfg
         self.model = model or (cfg.model if cfg.model != "*" else "default")
+        # advisor.model "*" sizes whatever the pools serve; label the advice with the model the
+        # engines report when there is exactly one, so dashboards join it with engine series
+        self._label_from_data = model is None and cfg.model == "*"
         self.advisor = Advisor(cfg, model=cfg.model if model is None else model, slo_ttft_s=slo_ttft_s,
                                slo_tpot_s=slo_tpot_s)
         self.metrics = metrics
@@ -76,6 +79,10 @@ class AdvisorEvaluator:
 
     # -- Evaluator protocol --------------------------------------------------------------------
     def evaluate(self, view: MetricsView, now: float) -> None:
+        if self._label_from_data:
+            models = {dict(lab).get("model", "") for lab in view.instant(c.REQUESTS_RUNNING.name, {}, now)}
+            if len(models) == 1 and "" not in models:
+                self.model = models.pop()
         try:
             found = tuple(self.findings()) if self.findings else ()
         except Exception:  # a detector's problem must not stop scaling advice
