@@ -189,11 +189,8 @@ class SeriesStore:
         res = IngestResult()
         t = round(float(t), 3)
         with self._lock:
-            gid = self._group(gkey)
-            slot = self._open_slot(gid, t, stale=False)
+            gid, slot = self._begin_scrape(gkey, t, res)
             if slot is None:
-                res.errors["out_of_order"] += 1
-                self.dropped["out_of_order"] += 1
                 return res
             extra_t = tuple(sorted(extra.items()))
             cache = self._gtext[gid]
@@ -215,12 +212,7 @@ class SeriesStore:
                     loc = (flist[packed >> 32], packed & 0xFFFFFFFF)
                 else:
                     labels = labels_of(ltext)
-                    if extra:
-                        merged = dict(extra)
-                        merged.update(labels)
-                        key = (name, tuple(sorted(merged.items())))
-                    else:
-                        key = (name, tuple(sorted(labels.items())))
+                    key = _series_key(name, labels, extra)
                     loc = self._index.get(key)
                     if loc is None:
                         loc = self._new_series(key, gid, res, text_hash=h)
@@ -240,21 +232,35 @@ class SeriesStore:
                     w = writes[fam.name] = (fam, [], [])
                 w[1].append(row)
                 w[2].append(value)
-            k = self._gcount[gid]
-            for fam, row in nans:
-                fam.nan_t[row] = t
-            for fam, rows, vals in writes.values():
-                fam.values[rows, slot] = vals
-                fam.last_k[rows] = k
-                res.samples += len(rows)
-            self.dropped.update(res.errors)
-            self._after_write(t)
+            self._commit_scrape(gid, slot, t, writes, nans, res)
             if self._coarse is not None and self._coarse_due(gid, t):
                 names = self.coarse_names
                 fwd = [x for x in raw if x[1] in names]
                 if fwd:
                     self._coarse._ingest_raw(fwd, t, extra, repr(gkey))
         return res
+
+    def _begin_scrape(self, gkey: tuple, t: float, res: IngestResult) -> tuple[int, int | None]:
+        """The group of a scrape and the slot its samples go to; None (counted) when ``t`` is
+        older than the group's newest scrape. Caller holds the lock."""
+        gid = self._group(gkey)
+        slot = self._open_slot(gid, t, stale=False)
+        if slot is None:
+            res.errors["out_of_order"] += 1
+            self.dropped["out_of_order"] += 1
+        return gid, slot
+
+    def _commit_scrape(self, gid: int, slot: int, t: float, writes: dict, nans: list, res: IngestResult) -> None:
+        """Write one scrape's staged values column-wise (one numpy assignment per family)."""
+        k = self._gcount[gid]
+        for fam, row in nans:
+            fam.nan_t[row] = t
+        for fam, rows, vals in writes.values():
+            fam.values[rows, slot] = vals
+            fam.last_k[rows] = k
+            res.samples += len(rows)
+        self.dropped.update(res.errors)
+        self._after_write(t)
 
     def ingest_samples(self, samples: Iterable[tuple[str, Mapping[str, str], float]], t: float,
                        extra_labels: Mapping[str, str] | None = None, *, group: str | None = None) -> IngestResult:
@@ -265,23 +271,15 @@ class SeriesStore:
         res = IngestResult()
         t = round(float(t), 3)
         with self._lock:
-            gid = self._group(gkey)
-            slot = self._open_slot(gid, t, stale=False)
+            gid, slot = self._begin_scrape(gkey, t, res)
             if slot is None:
-                res.errors["out_of_order"] += 1
-                self.dropped["out_of_order"] += 1
                 return res
             writes: dict[str, tuple[_Family, list[int], list[float]]] = {}
             seen: set[tuple[str, Labels]] = set()
             nans: list[tuple[_Family, int]] = []
             samples_l = samples if isinstance(samples, list) else list(samples)
             for name, labels, value in samples_l:
-                if extra:
-                    merged = dict(extra)
-                    merged.update(labels)
-                    key = (name, tuple(sorted(merged.items())))
-                else:
-                    key = (name, tuple(sorted(labels.items())))
+                key = _series_key(name, labels, extra)
                 if key in seen:
                     res.errors["duplicate"] += 1
                     continue
@@ -303,15 +301,7 @@ class SeriesStore:
                     w = writes[fam.name] = (fam, [], [])
                 w[1].append(row)
                 w[2].append(value)
-            k = self._gcount[gid]
-            for fam, row in nans:
-                fam.nan_t[row] = t
-            for fam, rows, vals in writes.values():
-                fam.values[rows, slot] = vals
-                fam.last_k[rows] = k
-                res.samples += len(rows)
-            self.dropped.update(res.errors)
-            self._after_write(t)
+            self._commit_scrape(gid, slot, t, writes, nans, res)
             if self._coarse is not None and self._coarse_due(gid, t):
                 fwd = [x for x in samples_l if x[0] in self.coarse_names]
                 if fwd:
@@ -775,6 +765,16 @@ class SeriesStore:
         the histogram's name with or without ``_bucket``. Groups whose quantile is NaN (no
         observations) are left out, as Prometheus returns NaN there and we return absence."""
         return promql.group_quantiles(q, self.bucket_increase(metric, matchers, window_s, at, by))
+
+
+def _series_key(name: str, labels: Mapping[str, str], extra: Mapping[str, str]) -> tuple[str, Labels]:
+    """Identity of a series: target labels (``extra``) are overridden by the sample's own, as
+    with Prometheus's honor_labels."""
+    if extra:
+        merged = dict(extra)
+        merged.update(labels)
+        return name, tuple(sorted(merged.items()))
+    return name, tuple(sorted(labels.items()))
 
 
 def _merge_tiers(coarse: list[Series], fine: list[Series]) -> list[Series]:
