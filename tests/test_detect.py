@@ -159,6 +159,24 @@ def test_false_alarm_rate_respects_lorden_bound():
     assert alarms <= 20 * 1.5
 
 
+def test_long_run_jitter_variance_counts_correlation_across_intervals():
+    """A request-mix jitter that outlives one interval (AR(1), correlation 0.6 between adjacent
+    intervals) adds up in the CUSUM's sum: the long-run estimate must be about
+    (1 + 2*0.6/(1-0.6)) = 4x the lag-0 one, while for independent jitter the two agree."""
+    rng = np.random.default_rng(11)
+    m, p0, tau, a = 4000, 0.6, 0.02, 0.6
+    e = rng.normal(0, tau * math.sqrt(1 - a * a), m)
+    ar = np.zeros(m)
+    for i in range(1, m):
+        ar[i] = a * ar[i - 1] + e[i]
+    n = np.full(m, 3000.0)
+    for jitter, lo, hi in ((ar, 2.5, 5.0), (rng.normal(0, tau, m), 0.8, 1.25)):
+        x = rng.binomial(3000, np.clip(p0 + jitter, 0, 1)).astype(float)
+        lag0 = drift.long_run_tau2(n, x, p0, 0)
+        assert lag0 == pytest.approx(tau**2, rel=0.2)
+        assert lo <= drift.long_run_tau2(n, x, p0, 10) / lag0 <= hi
+
+
 def test_latency_drift_conditioned_on_load():
     params = drift.LatencyDriftParams(warmup_s=1800)
     cus = drift.LatencyCusum(params)

@@ -36,12 +36,15 @@ class RateDriftParams:
     interval_s: float = 60.0  # one CUSUM step
     warmup_s: float = 3600.0  # baseline learned over this span
     min_warmup_trials: int = 2000  # and at least this many trials (tokens) in it
-    shift: float = 0.04  # design shift (absolute rate) beyond the tolerance band
-    tolerance: float = 0.03  # indifference band: slow wander within +-tolerance is not drift
+    shift: float = 0.05  # design shift (absolute rate) beyond the tolerance band: p1 = p0 - 0.075,
+    # a 0.10 drop less the wander a baseline can be off by
+    tolerance: float = 0.025  # indifference band: slow wander within +-tolerance is not drift
     sides: str = "both"  # "down" | "up" | "both"
     arl0_s: float = 30 * DAY  # mean time between false alarms, per detector family
     family: int = 1  # detectors sharing the ARL0 budget (e.g. overall + per position)
     min_tau: float = 0.005  # floor on the between-interval jitter of the rate
+    lr_lags: int = 10  # autocovariance lags of the long-run jitter variance (Bartlett weights):
+    # the request mix outlives one interval, so adjacent intervals' excesses add up in the CUSUM
     resolve_s: float = 1800.0  # recent window whose rate must be back near baseline to resolve
 
     @property
@@ -51,6 +54,23 @@ class RateDriftParams:
     @property
     def threshold(self) -> float:
         return threshold_for_arl(self.arl0_s, self.interval_s, self.n_sides, self.family)
+
+
+def long_run_tau2(n: np.ndarray, x: np.ndarray, p0: float, lags: int) -> float:
+    """Extra-binomial variance of interval rates (method of moments) as a *long-run* variance:
+    the lag-0 excess over binomial noise plus twice the Bartlett-weighted autocovariances of the
+    rate residuals up to ``lags`` intervals (binomial noise is independent between intervals, so
+    only the jitter contributes there). The CUSUM sums intervals; when the request mix stays
+    correlated across interval boundaries the variance of that sum is the long-run one, and the
+    lag-0 variance alone understates it (more false alarms than ARL0 promises). Never below the
+    lag-0 estimate."""
+    n = np.asarray(n, dtype=float)
+    r = np.asarray(x, dtype=float) / n - p0
+    var0 = float(np.mean(r * r - p0 * (1 - p0) / n))
+    acc = 0.0
+    for k in range(1, min(lags, len(r) - 1) + 1):
+        acc += (1.0 - k / (lags + 1.0)) * float(np.dot(r[:-k], r[k:])) / len(r)
+    return max(var0, var0 + 2.0 * acc)
 
 
 def binomial_llr(x: float, n: float, p0: float, p1: float) -> float:
@@ -98,8 +118,8 @@ class RateCusum:
         p0 = self.warm_x / self.warm_n
         p0 = min(max(p0, 1e-4), 1 - 1e-4)
         # method of moments for the extra-binomial variance of interval rates
-        ex = [((x / n - p0) ** 2 - p0 * (1 - p0) / n) for n, x in self.warm_rates if n > 0]
-        tau2 = float(np.mean(ex)) if ex else 0.0
+        rows = np.array([(n, x) for n, x in self.warm_rates if n > 0], dtype=float).reshape(-1, 2)
+        tau2 = long_run_tau2(rows[:, 0], rows[:, 1], p0, p.lr_lags) if len(rows) else 0.0
         self.tau2 = max(tau2, p.min_tau**2)
         self.p0 = p0
         self.warm_rates.clear()

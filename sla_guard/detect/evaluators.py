@@ -40,8 +40,8 @@ class LeakConfig(_Strict):
 class RateConfig(_Strict):
     enabled: bool = True
     arl0_days: float = Field(default=30.0, gt=0, description="mean time between false alarms")
-    shift: float = Field(default=0.04, gt=0, lt=1)
-    tolerance: float = Field(default=0.03, ge=0, lt=1)
+    shift: float = Field(default=drift.RateDriftParams().shift, gt=0, lt=1)
+    tolerance: float = Field(default=drift.RateDriftParams().tolerance, ge=0, lt=1)
     warmup_s: float = Field(default=3600.0, gt=0)
     interval_s: float = Field(default=60.0, gt=0)
     per_position: bool = True
