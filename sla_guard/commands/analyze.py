@@ -32,12 +32,13 @@ def add_parser(sub) -> argparse.ArgumentParser:
                     help="compress the detector's time constants by this factor (tests; default 1 = production)")
     dr = kinds.add_parser("drift", help="CSV columns: timestamp,draft_tokens,accepted_tokens (cumulative)")
     dr.add_argument("file", type=Path)
-    dr.add_argument("--arl0-days", type=float, default=30.0, help="mean time between false alarms (days)")
-    dr.add_argument("--shift", type=float, default=0.04, help="design shift beyond the tolerance band")
-    dr.add_argument("--tolerance", type=float, default=0.03, help="rate wander (+-) that is not drift")
-    dr.add_argument("--sides", choices=("down", "up", "both"), default="both")
-    dr.add_argument("--warmup-s", type=float, default=3600.0, help="baseline learning span (s)")
-    dr.add_argument("--interval-s", type=float, default=60.0, help="CUSUM step (s)")
+    d = drift.RateDriftParams()  # the guard's defaults: offline and online verdicts agree
+    dr.add_argument("--arl0-days", type=float, default=d.arl0_s / 86400, help="mean time between false alarms (days)")
+    dr.add_argument("--shift", type=float, default=d.shift, help="design shift beyond the tolerance band")
+    dr.add_argument("--tolerance", type=float, default=d.tolerance, help="rate wander (+-) that is not drift")
+    dr.add_argument("--sides", choices=("down", "up", "both"), default=d.sides)
+    dr.add_argument("--warmup-s", type=float, default=d.warmup_s, help="baseline learning span (s)")
+    dr.add_argument("--interval-s", type=float, default=d.interval_s, help="CUSUM step (s)")
     return p
 
 
