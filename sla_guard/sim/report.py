@@ -148,7 +148,10 @@ def write_report(out: Path, *, dep: Deployment, summary: Summary, history: list[
             for slo in pool.get("slos", []):
                 val = slo.get("value")
                 shown = f"{val:.4g}" if isinstance(val, int | float) else "n/a"
-                lines.append(f"  - {slo.get('slo')}: {slo.get('status')} (value {shown})")
+                budget = slo.get("budget_remaining")
+                extra = f", error budget left {100 * budget:.0f}%" if isinstance(budget, int | float) else ""
+                why = f": {slo['reason']}" if slo.get("reason") and slo.get("status") != "ok" else ""
+                lines.append(f"  - {slo.get('slo')}: {slo.get('status')} (value {shown}{extra}){why}")
     else:
         lines.append("- guard not available in this checkout")
     lines += ["", "## Findings (detectors)", ""]
