@@ -217,11 +217,18 @@ def test_extrapolated_rate_is_exact_on_prometheus_own_samples(world):
     checked = 0
     for at in world["ats"]:
         for w in WINDOWS:
-            raw = prom.query(f"{COUNT}[{duration(w)}]", at)
-            inc = {r["metric"]["instance"]: float(r["value"][1])
-                   for r in prom.query(f"increase({COUNT}[{duration(w)}])", at)}
-            rate = {r["metric"]["instance"]: float(r["value"][1])
-                    for r in prom.query(f"rate({COUNT}[{duration(w)}])", at)}
+            # Prometheus keeps scraping while we query, and on a loaded machine a scrape stamped
+            # before `at` can be committed between two of our queries: take the three answers
+            # only when the raw samples read before and after them agree
+            for _ in range(5):
+                raw = prom.query(f"{COUNT}[{duration(w)}]", at)
+                inc = {r["metric"]["instance"]: float(r["value"][1])
+                       for r in prom.query(f"increase({COUNT}[{duration(w)}])", at)}
+                rate = {r["metric"]["instance"]: float(r["value"][1])
+                        for r in prom.query(f"rate({COUNT}[{duration(w)}])", at)}
+                if prom.query(f"{COUNT}[{duration(w)}]", at) == raw:
+                    break
+                time.sleep(0.5)
             for r in raw:
                 t = [float(p[0]) for p in r["values"]]
                 v = [float(p[1]) for p in r["values"]]
