@@ -197,7 +197,9 @@ def data_stale_alert(slo: SLO, matchers: list[str], p: RuleParams) -> dict:
 
 
 def slo_groups(config: GuardConfig, p: RuleParams) -> list[dict]:
-    """One recording group and one alerting group per SLO set."""
+    """One group per SLO set: its recording rules first, then the alerts that read them. Rules
+    of one group run in order at each evaluation; separate groups run in no fixed order (in
+    Prometheus and in promtool's unit tests), so alerts could read the previous step's ratios."""
     groups = []
     for i, sset in enumerate(config.slos):
         matchers = set_matchers(config.slos, i)
@@ -213,8 +215,7 @@ def slo_groups(config: GuardConfig, p: RuleParams) -> list[dict]:
             records += slo_recording_rules(slo, matchers, p)
             alerts += slo_alert_rules(slo, matchers, p)
             alerts.append(data_stale_alert(slo, matchers, p))
-        groups.append({"name": f"sla-guard-slo-records{suffix}", "rules": records})
-        groups.append({"name": f"sla-guard-slo-alerts{suffix}", "rules": alerts})
+        groups.append({"name": f"sla-guard-slo{suffix}", "rules": records + alerts})
     return groups
 
 
