@@ -313,13 +313,18 @@ def window_test(x: np.ndarray, y: np.ndarray, p: LeakParams, window_s: float | N
 
 # --- whole-series verdicts ------------------------------------------------------------------
 
-def _prepare(t: np.ndarray, v: np.ndarray, p: LeakParams, start_time: float | None):
+def _clean(t, v) -> tuple[np.ndarray, np.ndarray]:
+    """Finite, non-negative samples in time order (scrapes can arrive with NaN or out of order)."""
     t = np.asarray(t, dtype=float)
     v = np.asarray(v, dtype=float)
     ok = np.isfinite(t) & np.isfinite(v) & (v >= 0)
     t, v = t[ok], v[ok]
     order = np.argsort(t, kind="stable")
-    t, v = t[order], v[order]
+    return t[order], v[order]
+
+
+def _prepare(t: np.ndarray, v: np.ndarray, p: LeakParams, start_time: float | None):
+    t, v = _clean(t, v)
     segs = segments(t, v, p.restart_drop, p.max_gap_s)
     if not segs:
         return None
@@ -406,12 +411,7 @@ def scan(t: np.ndarray, v: np.ndarray, p: LeakParams = LeakParams(), *, every_s:
     """Replay the detector over a whole recorded series, as the guard would have run it live
     (causal: each verdict only sees data up to its time). One verdict per floor bucket (or per
     ``every_s``), restarts included. Used by ``sla-guard analyze leak`` and the benchmark."""
-    t = np.asarray(t, dtype=float)
-    v = np.asarray(v, dtype=float)
-    ok = np.isfinite(t) & np.isfinite(v) & (v >= 0)
-    t, v = t[ok], v[ok]
-    order = np.argsort(t, kind="stable")
-    t, v = t[order], v[order]
+    t, v = _clean(t, v)
     out: list[tuple[float, LeakVerdict]] = []
     step = every_s or p.bucket_s
     for seg in segments(t, v, p.restart_drop, p.max_gap_s):
