@@ -215,3 +215,52 @@ def test_first_scale_down_needs_evidence_and_overwhelming_fit():
     for t in (0, 60, 120, 240):
         assert decide("decode", t, 2, 0, plain, mem2, rails).direction == "none"
     assert decide("decode", 300, 2, 0, plain, mem2, rails).direction == "down"
+
+
+def test_a_size_that_had_to_be_grown_back_from_is_not_retried_at_the_same_load():
+    """Shrink 2 -> 1, the SLA breaks, grow back: the next shrink to 1 at a similar load is held,
+    and allowed again once the load has fallen well below the load 1 replica failed at."""
+    rails = Rails(stabilization_down_s=300, cooldown_s=0, failed_size_memory_s=3600, failed_size_load_ratio=0.8)
+    mem = PoolMemory(first_t=0.0)
+
+    def sz(desired: int, load: float) -> Sizing:
+        return Sizing(desired, ["x"], {}, True, 0.8, load=load)
+
+    assert decide("prefill", 1000, 2, 0, sz(1, 10_000.0), mem, rails).direction == "down"
+    up = decide("prefill", 1060, 1, 0, sz(2, 9_000.0), mem, rails)
+    assert up.direction == "up" and "learned_size_too_small" in up.reasons
+    assert mem.failed[1][1] == 9_000.0  # the lower of the judged and the breaking load
+    mem.history.clear()
+    held = decide("prefill", 2000, 2, 0, sz(1, 8_000.0), mem, rails)
+    assert held.direction == "none" and "hold_size_failed_recently" in held.reasons
+    assert held.numbers["failed_size"] == 1
+    # the window's peak load must fall below 0.8 x 9000 before 1 replica is tried again
+    mem.loads.clear()
+    assert decide("prefill", 2400, 2, 0, sz(1, 5_000.0), mem, rails).direction == "down"
+    # a growth long after a shrink is not a failure of the shrunk size
+    mem2 = PoolMemory(first_t=0.0)
+    assert decide("decode", 1000, 3, 0, sz(2, 100.0), mem2, rails).direction == "down"
+    assert decide("decode", 3000, 2, 0, sz(3, 300.0), mem2, rails).direction == "up"
+    assert mem2.failed == {}
+
+
+def test_trend_ignores_a_fill_from_zero_and_needs_a_whole_span():
+    """Least squares on (0, 139, 136) reads a flat load that started at the first scrape as
+    +9 requests/s; Theil-Sen on a whole span does not."""
+    from collections import deque
+
+    from sla_guard.scale.advisor import Advisor
+    from sla_guard.scale.config import AdvisorConfig
+    from sla_guard.scale.learn import slope
+
+    assert slope([0, 15, 30], [0, 139, 136]) is None  # too few points for a trend
+    ts = [0, 15, 30, 45, 60, 75, 90, 105, 120]
+    flat = [0, 139, 136, 157, 141, 121, 129, 143, 158]
+    assert abs(slope(ts, flat)) < 1.0
+    ramp = [100 + 2 * t for t in ts]
+    assert slope(ts, ramp) == pytest.approx(2.0)
+    adv = Advisor(AdvisorConfig(), model="*", slo_ttft_s=2.5, slo_tpot_s=0.02)
+    hist: deque = deque(maxlen=64)
+    # no trend until the history covers the whole span, however steep the first points are
+    assert [adv._trend(hist, t, v, 120.0) for t, v in zip(ts[:8], flat[:8], strict=True)] == [None] * 8
+    assert adv._trend(hist, 120, 158, 120.0) is not None

@@ -176,7 +176,8 @@ class Advisor:
         return Rails(min_replicas=lim.min_replicas, max_replicas=lim.max_replicas, max_step_up=lim.max_step_up,
                      max_step_down=lim.max_step_down, stabilization_down_s=cfg.stabilization_down_s,
                      stabilization_up_s=cfg.stabilization_up_s, cooldown_s=cfg.cooldown_s,
-                     min_evidence_s=cfg.min_evidence_s)
+                     min_evidence_s=cfg.min_evidence_s, failed_size_memory_s=cfg.failed_size_memory_s,
+                     failed_size_load_ratio=cfg.failed_size_load_ratio)
 
     def _peak(self, key: str, now: float, value: float | None) -> float | None:
         """Highest value over the stabilisation window (bounded history)."""
@@ -190,6 +191,8 @@ class Advisor:
         if value is None:
             return None
         hist.append((now, value))
+        if hist[0][0] > now - span_s + 1e-6:
+            return None  # no trend before a whole span has been watched (a fill is not a trend)
         pts = [(t, v) for t, v in hist if t >= now - span_s]
         return slope([t for t, _ in pts], [v for _, v in pts])
 

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+import numpy as np
+
 
 @dataclass(frozen=True, slots=True)
 class PrefillCapacity:
@@ -124,13 +126,18 @@ def ewma(prev: float | None, x: float | None, alpha: float) -> float | None:
 
 
 def slope(ts: list[float], vs: list[float]) -> float | None:
-    """Least-squares slope (units per second) of a short series; None with fewer than 3 points."""
+    """Theil-Sen slope (units per second: median of pairwise slopes) of a short series; None
+    with fewer than 4 points. Robust where least squares is not: one sample from before the
+    traffic started (a fill from zero) drags a least-squares line for the whole window and turns
+    a flat load into a "trend" that asks for replicas nobody needs."""
     n = len(ts)
-    if n < 3 or n != len(vs):
+    if n < 4 or n != len(vs):
         return None
-    mt = sum(ts) / n
-    mv = sum(vs) / n
-    den = sum((t - mt) ** 2 for t in ts)
-    if den <= 0:
+    t = np.asarray(ts, dtype=float)
+    v = np.asarray(vs, dtype=float)
+    i, j = np.triu_indices(n, k=1)
+    dt = t[j] - t[i]
+    ok = dt > 0
+    if not ok.any():
         return None
-    return sum((t - mt) * (v - mv) for t, v in zip(ts, vs, strict=True)) / den
+    return float(np.median((v[j] - v[i])[ok] / dt[ok]))
