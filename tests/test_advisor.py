@@ -167,3 +167,27 @@ def test_wildcard_model_labels_advice_with_the_served_model():
     assert ev.model == MODEL
     assert reg.get_sample_value(c.GUARD_CURRENT_REPLICAS.series(), {"model": MODEL, "pool": "decode"}) == 1
     assert reg.get_sample_value(c.GUARD_CURRENT_REPLICAS.series(), {"model": "default", "pool": "decode"}) is None
+
+
+def test_a_tail_from_a_handful_of_requests_is_not_a_breach():
+    """The p90 of 60 requests is the 6th-slowest request: at a replay's start or a low rate one
+    long prompt would read as a TTFT breach. Under 10 / (1 - q) requests the tail is unknown;
+    with enough requests the same latencies are a breach."""
+    from sla_guard.scale.observe import tail_sample_floor
+
+    assert tail_sample_floor(0.9) == pytest.approx(100.0)
+    for n_engines, expect_tail in ((1, False), (4, True)):
+        adv = Advisor(parse_advisor({"window_s": 60}), model=MODEL)
+        store = _store()
+        engines = [Engine("prefill", str(i), instance=f"pre-{i}:8000") for i in range(n_engines)]
+        t = 0.0
+        while t <= 60:
+            for e in engines:
+                e.tick(running=1, waiting=0, ttft=6.0)  # 5 requests per engine per scrape, all slow
+                e.scrape(store, t)
+            t += 5
+        r = adv.reader.read(store, MODEL, "prefill", 60)
+        assert (r.totals["ttft_tail_s"] is not None) is expect_tail, r.totals
+        assert r.totals["ttft_requests"] > 0
+        if expect_tail:
+            assert r.totals["ttft_tail_s"] > 2.5

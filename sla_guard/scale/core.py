@@ -59,6 +59,7 @@ class Sizing:
     fits_at_n_minus_1: bool = False
     confidence: float = 0.0
     strong_fit: bool = False  # N-1 fits with twice the margin and the tail is far inside the SLA
+    load: float | None = None  # the load the sizing served (prefill: uncached tokens/s; decode: concurrency)
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,7 +143,7 @@ def size_prefill(obs: PrefillObs, cap: PrefillCapacity, k: PrefillKnobs) -> Sizi
     if not reasons:
         reasons.append("prefill_steady")
     conf = _conf(cap.samples, 5) if cap.prior <= 0 else max(0.5, _conf(cap.samples, 5))
-    return Sizing(desired, reasons, nums, fits, conf, strong and fits)
+    return Sizing(desired, reasons, nums, fits, conf, strong and fits, demand + backlog)
 
 
 def decode_batch_limit(obs: DecodeObs, model: StepModel, k: DecodeKnobs) -> tuple[float, dict[str, float]]:
@@ -205,4 +206,4 @@ def size_decode(obs: DecodeObs, model: StepModel, k: DecodeKnobs) -> Sizing:
     if not reasons:
         reasons.append("decode_steady")
     conf = _conf(model.samples, 10) if model.samples else 0.5
-    return Sizing(desired, reasons, nums, fits, conf, strong and fits)
+    return Sizing(desired, reasons, nums, fits, conf, strong and fits, conc)

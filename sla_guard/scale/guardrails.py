@@ -5,7 +5,8 @@ starting replicas as present (no double scaling); scale up fast but by at most `
 scale down slowly: only to the highest desire seen over the stabilisation window (before a full
 window exists, only on an overwhelming fit with ``min_evidence_s`` of data), only when the
 remaining replicas are predicted to fit, never within the window after a scale-up (no reversal),
-only after the cooldown, one step at a time; clamp to min/max; then share the GPU budget.
+only after the cooldown, one step at a time, and not back to a size that recently proved too
+small for the same load; clamp to min/max; then share the GPU budget.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ class Rails:
     stabilization_up_s: float = 0.0
     cooldown_s: float = 60.0
     min_evidence_s: float = 60.0
+    failed_size_memory_s: float = 3600.0
+    failed_size_load_ratio: float = 0.8
 
 
 @dataclass(slots=True)
@@ -37,6 +40,10 @@ class PoolMemory:
     last_down_t: float | None = None
     first_t: float | None = None  # first decision: no scale-down before a full window was seen
     last_starting_t: float | None = None  # last time replicas were still starting
+    loads: list[tuple[float, float]] = field(default_factory=list)  # (t, load) over the window
+    last_down_to: int | None = None
+    last_down_load: float | None = None  # peak load the last scale-down was judged against
+    failed: dict[int, tuple[float, float]] = field(default_factory=dict)  # size -> (t, load it failed at)
 
     def remember(self, t: float, desired: int, horizon_s: float) -> None:
         if self.first_t is None:
@@ -46,6 +53,32 @@ class PoolMemory:
         while self.history and self.history[0][0] < cutoff:
             self.history.pop(0)
         del self.history[:-512]  # hard bound, whatever the window
+
+    def peak_load(self, t: float, load: float | None, horizon_s: float) -> float | None:
+        """Highest load over the window, ``load`` included (bounded like ``history``)."""
+        if load is not None:
+            self.loads.append((t, load))
+        while self.loads and self.loads[0][0] < t - horizon_s:
+            self.loads.pop(0)
+        del self.loads[:-512]
+        return max(v for _, v in self.loads) if self.loads else None
+
+    def failed_at(self, size: int, now: float, peak: float | None, rails: Rails) -> tuple[int, float] | None:
+        """A recent failure of ``size`` or a larger size at a load like ``peak`` (None: none).
+
+        A scale-down that had to be undone (the SLA broke, the pool grew back) is evidence the
+        model cannot see: with heavy-tailed prompts a single replica has no second queue to hide
+        a 100k-token prompt behind, whatever its mean utilisation says. Without this memory the
+        same shrink is retried every stabilisation window and each retry costs a cold start
+        of SLA misses (the flapping of the benchmark's half-rate Mooncake replay)."""
+        for k, (t, _) in list(self.failed.items()):
+            if now - t >= rails.failed_size_memory_s:
+                del self.failed[k]
+        if peak is None:
+            return None
+        hits = [(k, load) for k, (_, load) in self.failed.items()
+                if k >= size and peak >= rails.failed_size_load_ratio * load]
+        return min(hits) if hits else None
 
 
 @dataclass(slots=True)
@@ -74,6 +107,7 @@ def decide(pool: str, now: float, ready: int, starting: int, sizing: Sizing, mem
     raw = min(max(sizing.desired, rails.min_replicas), rails.max_replicas)
     nums["raw_desired"] = sizing.desired
     mem.remember(now, raw, max(rails.stabilization_down_s, rails.stabilization_up_s))
+    peak = mem.peak_load(now, sizing.load, rails.stabilization_down_s)
     desired = current
     if current < rails.min_replicas:
         desired = rails.min_replicas
@@ -112,13 +146,27 @@ def decide(pool: str, now: float, ready: int, starting: int, sizing: Sizing, mem
             reasons.append("hold_cooldown")
         else:
             desired = max(target, current - rails.max_step_down, rails.min_replicas)
+            failed = mem.failed_at(desired, now, peak, rails)
+            if failed is not None:
+                nums["failed_size"], nums["failed_size_load"] = failed[0], round(failed[1], 2)
+                reasons.append("hold_size_failed_recently")
+                desired = current
     direction = "up" if desired > current else "down" if desired < current else "none"
     if direction != "none":
         mem.last_action_t = now
         if direction == "up":
+            if mem.last_down_to == current and mem.last_down_load is not None and \
+                    _recent(mem.last_down_t, now, 2 * rails.stabilization_down_s):
+                # growing back from the size a recent scale-down chose: that size failed, at the
+                # load it was judged against or the (lower) load at which it broke
+                broke_at = sizing.load if sizing.load is not None else mem.last_down_load
+                mem.failed[current] = (now, min(mem.last_down_load, broke_at))
+                reasons.append("learned_size_too_small")
             mem.last_up_t = now
+            mem.last_down_to = None
         else:
             mem.last_down_t = now
+            mem.last_down_to, mem.last_down_load = desired, peak
     return Decision(pool, current, desired, direction, reasons, nums, sizing.confidence,
                     "scale" if direction != "none" else "hold")
 

@@ -94,6 +94,15 @@ class PoolReading:
     per_engine: dict[str, EngineSample] = field(default_factory=dict)
 
 
+def tail_sample_floor(q: float, exceedances: float = 10.0) -> float:
+    """Requests a window needs before its ``q`` quantile is a signal: ``exceedances`` above it.
+
+    Below that, the "p90" of a window is one or two requests: at the start of a replay, or at a
+    low request rate, a single 100k-token prompt would read as a TTFT breach at 2x the SLA and
+    the proportional rule would double a pool that is 10% busy."""
+    return exceedances / max(1.0 - q, 1e-9)
+
+
 class Reader:
     """Stateless queries; one call per pool per tick."""
 
@@ -135,7 +144,13 @@ class Reader:
         t["accepted_len"] = 1.0 + sum(acc.values()) / d_tot if d_tot > 0 and acc else 1.0
         t["accepted_len_seen"] = 1.0 if d_tot > 0 else 0.0
         for ind, metric in (("ttft", c.REQUEST_TTFT), ("tpot", c.REQUEST_TPOT)):
+            counted = view.increase(_sample(metric, "_count"), mt, w, now, ())
+            n = sum(counted.values()) if counted else 0.0
+            t[f"{ind}_requests"] = n
             for qname, qv in (("tail", self.tail_quantile), ("learn", self.learn_quantile), ("p99", 0.99)):
+                if n < tail_sample_floor(qv):
+                    t[f"{ind}_{qname}_s"] = None  # a tail of a handful of requests is one request
+                    continue
                 q = view.histogram_quantile(qv, metric.name, mt, w, now, ())
                 vals = [v for v in q.values() if v == v]  # drop NaN (no requests)
                 t[f"{ind}_{qname}_s"] = max(vals) if vals else None
