@@ -133,9 +133,10 @@ def _minute_rates(c: sy.RateCase):
 
 
 def rate_job(args):
-    kind, seed, change = args
+    kind, seed, change, rule, blocks = args
     c = sy.rate_case(kind, seed, change=change, baseline=0.6 if kind in ("step", "gradual") else None)
-    alarms, _ = drift.scan_rate(c.t, c.drafts, c.accepted, drift.RateDriftParams())
+    alarms, _ = drift.scan_rate(c.t, c.drafts, c.accepted,
+                                drift.RateDriftParams(arl_rule=rule, jitter_blocks=blocks))
     res = {"sla-guard binomial CUSUM": [a.at for a in alarms]}
     from river import drift as rd
 
@@ -261,6 +262,14 @@ def main(argv=None) -> int:
     ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1))
     ap.add_argument("--quick", action="store_true", help="a few seeds only (smoke test)")
     ap.add_argument("--no-plots", action="store_true")
+    ap.add_argument("--only", choices=("all", "leaks", "rates"), default="all",
+                    help="run one part of the corpus only (same seeds as the full run)")
+    ap.add_argument("--step-seeds", type=int, default=None,
+                    help="seeds per rate step size (default: rate-seeds / 4); FA series unchanged")
+    ap.add_argument("--arl-rule", choices=("gaussian", "lorden"), default=drift.RateDriftParams().arl_rule,
+                    help="rate CUSUM threshold rule (RateDriftParams.arl_rule)")
+    ap.add_argument("--jitter-blocks", type=int, default=drift.RateDriftParams().jitter_blocks,
+                    help="rate CUSUM: blocks of re-estimated jitter (RateDriftParams.jitter_blocks)")
     a = ap.parse_args(argv)
     if a.quick:
         a.seeds, a.leak_seeds, a.rate_seeds = 2, 2, 4
@@ -273,16 +282,28 @@ def main(argv=None) -> int:
     jobs += [(bg[s % len(bg)], 2000 + s, 48.0, 0.0, False) for s in range(max(2, a.leak_seeds // 2))]
     jobs += [(bg[s % len(bg)], 3000 + s, 48.0, None, True) for s in range(max(2, a.leak_seeds // 2))]
     rjobs = [(k, s, 0.0) for k in ("stationary", "load_change") for s in range(a.rate_seeds)]
+    n_steps = a.step_seeds if a.step_seeds is not None else max(2, a.rate_seeds // 4)
     for ch in (-0.05, -0.10, -0.15, 0.10):
-        rjobs += [("step", 1000 + s, ch) for s in range(max(2, a.rate_seeds // 4))]
-    rjobs += [("gradual", 1000 + s, -0.10) for s in range(max(2, a.rate_seeds // 4))]
+        rjobs += [("step", 1000 + s, ch) for s in range(n_steps)]
+    rjobs += [("gradual", 1000 + s, -0.10) for s in range(n_steps)]
+    rjobs = [(*j, a.arl_rule, a.jitter_blocks) for j in rjobs]
+    if a.only == "rates":
+        jobs = []
+    if a.only == "leaks":
+        rjobs = []
     with Pool(a.jobs) as pool:
         leak_results = pool.map(leak_job, jobs, chunksize=1)
         rate_results = pool.map(rate_job, rjobs, chunksize=2)
     keys = [(10.0, "", "10MiB/h h"), (48.0, "", "48MiB/h h"), (200.0, "", "200MiB/h h"),
             (48.0, "start", "48@start h"), (48.0, "work", "48 per-work h")]
-    print(table("host-memory leak (6 GiB process, 8 GiB limit, 2-day series)", leak_results,
-                list(LEAK_DETECTORS), keys, 1.0, "hours"))
+    if jobs:
+        print(table("host-memory leak (6 GiB process, 8 GiB limit, 2-day series)", leak_results,
+                    list(LEAK_DETECTORS), keys, 1.0, "hours"))
+    if not rjobs:
+        if not a.no_plots:
+            plots(a.out, leak_results, rate_results)
+        print(f"({time.time() - t0:.0f} s)")
+        return 0
     rkeys = [(-0.05, "", "-0.05 min"), (-0.10, "", "-0.10 min"), (-0.15, "", "-0.15 min"),
              (0.10, "", "+0.10 min")]
     steps = [r for r in rate_results if r["kind"] != "gradual"]
@@ -293,9 +314,12 @@ def main(argv=None) -> int:
     gd = [d for v in gs["delays"].values() for d in v]
     print(f"gradual -0.10 over 1 h: CUSUM detected {len(gd)}/{len(grad)}, delay median "
           f"{np.median(gd) * 60 if gd else float('nan'):.1f} min after ramp start")
-    p = drift.RateDriftParams()
-    print(f"CUSUM threshold h = ln(ARL0/interval * sides) = {p.threshold:.2f} nats "
-          f"(ARL0 {p.arl0_s / DAY:.0f} d, interval {p.interval_s:.0f} s, sides {p.n_sides})")
+    p = drift.RateDriftParams(arl_rule=a.arl_rule, jitter_blocks=a.jitter_blocks)
+    lorden = drift.threshold_for_arl(p.arl0_s, p.interval_s, p.n_sides, p.family)
+    rule = ("Lorden ln(ARL0/interval * sides)" if p.arl_rule == "lorden" else
+            f"exact Gaussian-LLR ARL, worst case (Lorden: {lorden:.2f}; lower where jitter caps an interval)")
+    print(f"CUSUM threshold h = {p.threshold:.2f} nats, {rule} (ARL0 {p.arl0_s / DAY:.0f} d, interval "
+          f"{p.interval_s:.0f} s, sides {p.n_sides}); jitter blocks {p.jitter_blocks}")
     if not a.no_plots:
         plots(a.out, leak_results, rate_results)
     print(f"({time.time() - t0:.0f} s)")

@@ -5,9 +5,13 @@ Rates: a count-weighted binomial CUSUM (Page 1954). Each interval contributes th
 log-likelihood ratio of its (successes x out of n) under the shifted rate p1 versus the baseline
 p0, divided by an overdispersion factor phi_i = 1 + n_i * tau^2 / (p0 (1 - p0)) that caps the
 evidence one interval can carry when the rate itself jitters between intervals (workload mix).
-The alarm threshold h follows from the configured mean time between false alarms (ARL0):
-Lorden's bound ARL0 >= e^h steps for an LLR CUSUM gives h = ln(ARL0 / interval * sides * family).
-The derivation and its assumptions are in docs/detectors.md.
+The alarm threshold h follows from the configured mean time between false alarms (ARL0), for
+steps = ARL0 / interval * sides * family: by default Lorden's bound ARL0 >= e^h for an LLR CUSUM,
+h = ln(steps). Opt-in (arl_rule="gaussian"): the h at which a CUSUM of Gaussian log-likelihood
+ratios (increments N(-theta^2/2, theta^2); Brook & Evans' Markov chain) has exactly that run
+length at the theta that makes it shortest, about ln(steps) - 1.58 nats; and (jitter_blocks)
+tau re-estimated hour by hour after warm-up. The derivation, the measurements and why the
+defaults stay are in docs/detectors.md.
 
 Latency: TPOT per interval is compared with a baseline for the same load bin (running requests,
 log2 bins) learned during warm-up, through a Gaussian-mean CUSUM on the relative increase, so a
@@ -18,6 +22,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 import numpy as np
 
@@ -29,6 +34,113 @@ def threshold_for_arl(arl0_s: float, interval_s: float, sides: int = 1, family: 
     of ``family`` detectors with ``sides`` one-sided CUSUMs each (rates of false alarms add)."""
     steps = arl0_s / interval_s * max(1, sides) * max(1, family)
     return math.log(max(steps, math.e))
+
+
+_erf = np.vectorize(math.erf, otypes=[float])
+
+
+def _norm_cdf(z: np.ndarray) -> np.ndarray:
+    return 0.5 * (1.0 + _erf(np.asarray(z, dtype=float) / math.sqrt(2.0)))
+
+
+def gaussian_cusum_arl(h: float, theta: float, cells: int = 400) -> float:
+    """In-control mean run length (steps) of S <- max(0, S + l), alarm at S > h, for i.i.d.
+    l ~ N(-theta^2/2, theta^2): the log-likelihood ratio of a shift of theta standard deviations,
+    under the null. Brook & Evans (1972): a Markov chain on the state S = 0 plus ``cells`` equal
+    cells of (0, h] represented by their midpoints; the ARL is the first entry of
+    (I - P)^-1 1. The discretisation error is O(cells^-2) and underestimates the ARL (a higher,
+    safer h)."""
+    w = h / cells
+    mu = -0.5 * theta * theta
+    k = np.arange(-cells, cells + 1)
+    f_mid = _norm_cdf(((k + 0.5) * w - mu) / theta)  # P(l <= (k + 1/2) w)
+    d = np.arange(cells)[None, :] - np.arange(cells)[:, None]  # target cell - source cell
+    f_edge = _norm_cdf((np.arange(cells + 1) * w - mu) / theta)  # from S = 0: P(l <= j w)
+    p = np.empty((cells + 1, cells + 1))
+    p[0, 0], p[0, 1:] = f_edge[0], np.diff(f_edge)
+    p[1:, 0] = f_mid[cells - 1 - np.arange(cells)]  # P(l <= -(i + 1/2) w)
+    p[1:, 1:] = f_mid[d + cells] - f_mid[d + cells - 1]
+    return float(np.linalg.solve(np.eye(cells + 1) - p, np.ones(cells + 1))[0])
+
+
+def _h_for_theta(steps: float, theta: float) -> float:
+    """h with gaussian_cusum_arl(h, theta) = steps (secant on ln ARL, which is near-linear in h),
+    started from Siegmund's corrected diffusion, ARL ~ (e^b - b - 1) / (theta^2 / 2) with
+    b = h + 1.166 theta."""
+    target = math.log(steps)
+    c = steps * theta * theta / 2.0
+    b = math.log(c + 1.0) + 1.0
+    for _ in range(20):  # Newton on e^b - b - 1 = c
+        b -= (math.exp(b) - b - 1.0 - c) / (math.exp(b) - 1.0)
+    h0 = max(b - 1.166 * theta, 0.5)
+    h1 = h0 + 0.5
+    g0 = math.log(gaussian_cusum_arl(h0, theta)) - target
+    g1 = math.log(gaussian_cusum_arl(h1, theta)) - target
+    for _ in range(30):
+        if abs(g1) < 1e-6 or g1 == g0:
+            break
+        h0, g0, h1 = h1, g1, max(h1 - g1 * (h1 - h0) / (g1 - g0), 0.05)
+        g1 = math.log(gaussian_cusum_arl(h1, theta)) - target
+    return h1
+
+
+@lru_cache(maxsize=64)
+def _worst_case_theta(steps: float) -> tuple[float, float]:
+    """(theta*, h*) maximising _h_for_theta over theta (golden section on [0.5, 5]): h(theta) is
+    unimodal with its peak near theta = 1.85. Small theta: many small steps per nat, a long run;
+    large theta: the walk jumps far past h, so it needs less h for the same run length."""
+    g = (math.sqrt(5.0) - 1.0) / 2.0
+    a, b = 0.5, 5.0
+    c, d = b - g * (b - a), a + g * (b - a)
+    fc, fd = _h_for_theta(steps, c), _h_for_theta(steps, d)
+    while b - a > 0.02:
+        if fc > fd:
+            b, d, fd = d, c, fc
+            c = b - g * (b - a)
+            fc = _h_for_theta(steps, c)
+        else:
+            a, c, fc = c, d, fd
+            d = a + g * (b - a)
+            fd = _h_for_theta(steps, d)
+    return (c, fc) if fc > fd else (d, fd)
+
+
+@lru_cache(maxsize=256)
+def _capped_threshold(steps: float, theta_max: float) -> float:
+    theta_star, h_star = _worst_case_theta(steps)
+    return h_star if theta_max >= theta_star else _h_for_theta(steps, theta_max)
+
+
+def threshold_gaussian_arl(arl0_s: float, interval_s: float, sides: int = 1, family: int = 1,
+                           theta_max: float = math.inf) -> float:
+    """CUSUM threshold h (nats) whose in-control ARL is ``arl0_s`` (per family, as in
+    threshold_for_arl) for LLR increments that are Gaussian with per-step information theta,
+    taken at the worst theta <= ``theta_max`` (h(theta) rises up to theta ~ 1.85, then falls), so
+    one threshold serves every load: with the default, any theta, about 1.58 nats below Lorden's
+    bound. Falls back to Lorden's bound for degenerate input (few steps, a numerical failure)
+    and is never above it."""
+    lorden = threshold_for_arl(arl0_s, interval_s, sides, family)
+    steps = arl0_s / interval_s * max(1, sides) * max(1, family)
+    if not (math.isfinite(steps) and steps >= 20.0) or not (theta_max > 0.05):
+        return lorden
+    cap = math.ceil(theta_max * 100.0) / 100.0 if math.isfinite(theta_max) else math.inf  # up: safe side
+    try:
+        h = _capped_threshold(float(f"{steps:.6g}"), cap)
+    except (np.linalg.LinAlgError, ValueError, OverflowError, ZeroDivisionError):
+        return lorden
+    return h if math.isfinite(h) and 0.0 < h <= lorden else lorden
+
+
+def max_interval_information(p0: float, q0: float, p1: float, tau2: float) -> float:
+    """Upper bound, over every interval size n, of theta = the standard deviation of one
+    interval's down-weighted LLR at the band edge q0: theta^2 = n v / phi(n) with
+    v = q0 (1 - q0) ln(p1 (1 - q0) / (q0 (1 - p1)))^2 and phi(n) = 1 + n tau^2 / (p0 (1 - p0)),
+    which rises with n to v p0 (1 - p0) / tau^2: with jitter, more traffic stops adding evidence
+    per interval. Infinite without jitter."""
+    if not tau2 > 0:
+        return math.inf
+    v = q0 * (1 - q0) * math.log(p1 * (1 - q0) / (q0 * (1 - p1))) ** 2
+    return math.sqrt(v * p0 * (1 - p0) / tau2)
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +158,17 @@ class RateDriftParams:
     lr_lags: int = 10  # autocovariance lags of the long-run jitter variance (Bartlett weights):
     # the request mix outlives one interval, so adjacent intervals' excesses add up in the CUSUM
     resolve_s: float = 1800.0  # recent window whose rate must be back near baseline to resolve
+    arl_rule: str = "lorden"  # "lorden": h = ln(steps), Lorden's bound ARL0 >= e^h; "gaussian": the
+    # exact run length of a Gaussian-LLR CUSUM at the worst per-interval information (1.58 nats lower:
+    # faster, but it spends the slack that absorbs a 1 h warm-up's error in tau; docs/detectors.md)
+    jitter_blocks: int = 0  # > 0: keep re-estimating tau after warm-up, as the mean of the long-run
+    # estimates of this many recent alarm-free blocks of warmup_s, each around its own mean
+
+    def __post_init__(self) -> None:
+        if self.arl_rule not in ("gaussian", "lorden"):
+            raise ValueError(f"arl_rule must be 'gaussian' or 'lorden', not {self.arl_rule!r}")
+        if self.jitter_blocks < 0:
+            raise ValueError(f"jitter_blocks must be >= 0 (0 = jitter from warm-up only), not {self.jitter_blocks}")
 
     @property
     def n_sides(self) -> int:
@@ -53,7 +176,8 @@ class RateDriftParams:
 
     @property
     def threshold(self) -> float:
-        return threshold_for_arl(self.arl0_s, self.interval_s, self.n_sides, self.family)
+        rule = threshold_for_arl if self.arl_rule == "lorden" else threshold_gaussian_arl
+        return rule(self.arl0_s, self.interval_s, self.n_sides, self.family)
 
 
 def long_run_tau2(n: np.ndarray, x: np.ndarray, p0: float, lags: int) -> float:
@@ -86,6 +210,7 @@ class Alarm:
     after: float  # rate since the estimated change point
     change_at: float  # estimated change point (last time the CUSUM was at zero)
     statistic: float
+    threshold: float = math.nan  # the h the statistic crossed
 
 
 @dataclass(slots=True)
@@ -100,6 +225,10 @@ class RateCusum:
     warm_rates: list[tuple[float, float]] = field(default_factory=list)  # (n, x), warm-up only
     p0: float | None = None
     tau2: float = 0.0
+    h: float | None = None  # threshold for the learned jitter (params.threshold until then)
+    block: list[tuple[float, float]] = field(default_factory=list)  # (n, x) of the current jitter block
+    block_start: float = 0.0
+    tau2_blocks: list[float] = field(default_factory=list)  # warm-up's and recent blocks' estimates
     s_down: float = 0.0
     s_up: float = 0.0
     since_down: tuple[float, float, float] = (0.0, 0.0, 0.0)  # (t of last zero, n, x) since then
@@ -113,6 +242,19 @@ class RateCusum:
     def ready(self) -> bool:
         return self.p0 is not None
 
+    @property
+    def threshold(self) -> float:
+        return self.h if self.h is not None else self.params.threshold
+
+    def _band(self, direction: str) -> tuple[float, float]:
+        """(q0, p1): the band edge and the design rate beyond it, on one side of p0."""
+        p, p0 = self.params, float(self.p0)
+        if direction == "down":
+            q0 = max(p0 - p.tolerance, 2e-4)
+            return q0, max(q0 - p.shift, 1e-4)
+        q0 = min(p0 + p.tolerance, 1 - 2e-4)
+        return q0, min(q0 + p.shift, 1 - 1e-4)
+
     def _learn(self) -> None:
         p = self.params
         p0 = self.warm_x / self.warm_n
@@ -120,9 +262,44 @@ class RateCusum:
         # method of moments for the extra-binomial variance of interval rates
         rows = np.array([(n, x) for n, x in self.warm_rates if n > 0], dtype=float).reshape(-1, 2)
         tau2 = long_run_tau2(rows[:, 0], rows[:, 1], p0, p.lr_lags) if len(rows) else 0.0
-        self.tau2 = max(tau2, p.min_tau**2)
         self.p0 = p0
         self.warm_rates.clear()
+        self.tau2_blocks = [tau2]
+        self._set_jitter(tau2)
+
+    def _set_jitter(self, tau2: float) -> None:
+        """Jitter variance and the threshold that goes with it: under the gaussian rule, jitter
+        caps what one interval can carry at any load (max_interval_information), and h is taken
+        at the worst theta up to that cap."""
+        p, p0 = self.params, float(self.p0)
+        self.tau2 = max(tau2, p.min_tau**2, 0.0)
+        self.h = p.threshold
+        if p.arl_rule == "gaussian":
+            sides = [d for d in ("down", "up") if p.sides in (d, "both")]
+            theta = max(max_interval_information(p0, *self._band(d), self.tau2) for d in sides)
+            self.h = threshold_gaussian_arl(p.arl0_s, p.interval_s, p.n_sides, p.family, theta)
+
+    def _jitter_block(self, t: float, n: float, x: float, fired: bool) -> None:
+        """Refine tau from blocks of warmup_s after warm-up (a 1 h warm-up has ~60 intervals: its
+        long-run estimate has a relative s.d. near 50 %, and an underestimate overweights every
+        interval). Each block is centred on its own mean, so slow wander and a level change
+        between blocks do not count as jitter; a block in which an alarm fired or was open is
+        dropped, so a drift the CUSUM has seen does not blunt it."""
+        p = self.params
+        self.block.append((n, x))
+        if fired or self.alarm is not None:
+            self.block.clear()
+            self.block_start = t
+            return
+        if t - self.block_start < p.warmup_s:
+            return
+        rows = np.array(self.block, dtype=float)
+        pb = min(max(rows[:, 1].sum() / rows[:, 0].sum(), 1e-4), 1 - 1e-4)
+        self.tau2_blocks = [*self.tau2_blocks, long_run_tau2(rows[:, 0], rows[:, 1], pb, p.lr_lags)]
+        del self.tau2_blocks[:-p.jitter_blocks]
+        self._set_jitter(float(np.mean(self.tau2_blocks)))
+        self.block.clear()
+        self.block_start = t
 
     def update(self, t: float, n: float, x: float) -> Alarm | None:
         """One interval; returns a new Alarm when a CUSUM crosses its threshold."""
@@ -139,6 +316,7 @@ class RateCusum:
             if t - self.started >= p.warmup_s and self.warm_n >= p.min_warmup_trials:
                 self._learn()
                 self.since_down = self.since_up = (t, 0.0, 0.0)
+                self.block_start = t
             return None
         p0 = self.p0
         phi = 1.0 + n * self.tau2 / (p0 * (1 - p0))
@@ -147,21 +325,21 @@ class RateCusum:
             self.recent.pop(0)
         new: Alarm | None = None
         if p.sides in ("down", "both"):
-            h0 = max(p0 - p.tolerance, 2e-4)
-            p1 = max(h0 - p.shift, 1e-4)
+            h0, p1 = self._band("down")
             self.s_down, self.since_down = self._step(self.s_down, self.since_down, t, n, x,
                                                       binomial_llr(x, n, h0, p1) / phi)
-            if self.s_down > p.threshold:
+            if self.s_down > self.threshold:
                 new = self._fire(t, "down", self.s_down, self.since_down)
                 self.s_down, self.since_down = 0.0, (t, 0.0, 0.0)
         if p.sides in ("up", "both"):
-            h0 = min(p0 + p.tolerance, 1 - 2e-4)
-            p1 = min(h0 + p.shift, 1 - 1e-4)
+            h0, p1 = self._band("up")
             self.s_up, self.since_up = self._step(self.s_up, self.since_up, t, n, x,
                                                   binomial_llr(x, n, h0, p1) / phi)
-            if self.s_up > p.threshold:
+            if self.s_up > self.threshold:
                 new = self._fire(t, "up", self.s_up, self.since_up)
                 self.s_up, self.since_up = 0.0, (t, 0.0, 0.0)
+        if p.jitter_blocks > 0:
+            self._jitter_block(t, n, x, new is not None)
         if (new is None and self.alarm is not None and t - self.alarm.at >= p.resolve_s
                 and self._back_to_baseline()):
             self.alarm = None
@@ -178,9 +356,9 @@ class RateCusum:
         """A crossing opens an alarm; while the same alarm is open it only refreshes it."""
         after = since[2] / since[1] if since[1] > 0 else float("nan")
         if self.alarm is not None and self.alarm.direction == direction:
-            self.alarm.after, self.alarm.statistic = after, stat
+            self.alarm.after, self.alarm.statistic, self.alarm.threshold = after, stat, self.threshold
             return None
-        self.alarm = Alarm(t, direction, float(self.p0), after, since[0], stat)
+        self.alarm = Alarm(t, direction, float(self.p0), after, since[0], stat, self.threshold)
         self.alarms += 1
         return self.alarm
 
@@ -194,7 +372,7 @@ class RateCusum:
 
     def snapshot(self) -> dict:
         return {"baseline": self.p0, "tau": math.sqrt(self.tau2) if self.p0 is not None else None,
-                "cusum_down": self.s_down, "cusum_up": self.s_up, "threshold": self.params.threshold,
+                "cusum_down": self.s_down, "cusum_up": self.s_up, "threshold": self.threshold,
                 "recent_rate": self.recent_rate(), "alarms": self.alarms, "skipped_intervals": self.skipped,
                 "open": self.alarm is not None}
 
