@@ -109,8 +109,37 @@ def test_synthetic_leak_case_detected_and_sawtooth_case_quiet():
 
 def test_threshold_from_arl0():
     p = drift.RateDriftParams(arl0_s=30 * 86400, interval_s=60, sides="both", family=1)
-    assert p.threshold == pytest.approx(math.log(30 * 1440 * 2))
+    assert p.threshold == pytest.approx(math.log(30 * 1440 * 2))  # default rule: Lorden
     assert drift.threshold_for_arl(86400, 60, 1, 5) == pytest.approx(math.log(1440 * 5))
+    g = drift.RateDriftParams(arl_rule="gaussian")
+    assert math.log(30 * 1440 * 2) - 1.7 < g.threshold < math.log(30 * 1440 * 2) - 1.45
+    # jitter that caps an interval's information below the worst case (theta ~ 1.85) lowers h
+    assert drift.threshold_gaussian_arl(30 * 86400, 60, 2, 1, theta_max=1.0) < g.threshold - 0.2
+    assert drift.threshold_gaussian_arl(600, 60) == drift.threshold_for_arl(600, 60)  # degenerate: Lorden
+    with pytest.raises(ValueError, match="arl_rule"):
+        drift.RateDriftParams(arl_rule="siegmund")
+    with pytest.raises(ValueError, match="jitter_blocks"):
+        drift.RateDriftParams(jitter_blocks=-1)
+
+
+def test_gaussian_cusum_arl_against_siegmund_and_simulation():
+    """The Markov-chain run length agrees with Siegmund's corrected diffusion where that is
+    accurate (small theta), and with a direct simulation where it is not (theta = 4: the
+    diffusion is off by ~1.6x there)."""
+    for theta in (0.5, 1.0):
+        b = 9.0 + 1.166 * theta
+        assert drift.gaussian_cusum_arl(9.0, theta) == pytest.approx((math.exp(b) - b - 1) / (theta**2 / 2),
+                                                                     rel=0.02)
+    theta, h, steps = 4.0, 2.0, 100_000
+    arl = drift.gaussian_cusum_arl(h, theta)
+    b = h + 1.166 * theta
+    assert abs(arl / ((math.exp(b) - b - 1) / (theta**2 / 2)) - 1) > 0.3
+    s, alarms = 0.0, 0
+    for v in np.random.default_rng(5).normal(-theta**2 / 2, theta, steps):
+        s = max(0.0, s + v)
+        if s > h:
+            alarms, s = alarms + 1, 0.0
+    assert alarms == pytest.approx(steps / arl, rel=0.12)
 
 
 def _binomial_counters(p_before, p_after, onset_s, total_s, rate=50.0, dt=10.0, seed=0):
@@ -159,6 +188,60 @@ def test_false_alarm_rate_respects_lorden_bound():
     assert alarms <= 20 * 1.5
 
 
+def test_band_edge_false_alarms_match_the_gaussian_arl():
+    """arl_rule="gaussian" at its worst case: a binomial rate exactly at the band edge, with
+    n = 340 per interval so that the LLR's per-interval s.d. theta is ~1.85, where the threshold
+    is exact rather than a bound. ARL0 = 6 h over 10 days: ~40 alarms expected from the chain;
+    Lorden's threshold would give ~8, an error in the chain or the solve far more or fewer.
+    The warm-up is fed an exact rate (x = 0.6 n) so tau is learned as 0 and phi = 1."""
+    params = drift.RateDriftParams(arl0_s=6 * HOUR, sides="down", tolerance=0.0, min_tau=0.0, warmup_s=600,
+                                   arl_rule="gaussian")
+    rng = np.random.default_rng(7)
+    cus, n, t, alarms, steps = drift.RateCusum(params), 340, 0.0, 0, 10 * 1440
+    while not cus.ready:
+        t += 60
+        cus.update(t, n, 0.6 * n)
+    assert cus.p0 == pytest.approx(0.6) and cus.tau2 == 0.0
+    for _ in range(steps):
+        t += 60
+        if cus.update(t, n, rng.binomial(n, 0.6)) is not None:
+            alarms += 1
+        cus.alarm = None  # count every crossing
+    q0, p1 = cus._band("down")
+    theta = math.sqrt(n * q0 * (1 - q0) * math.log(p1 * (1 - q0) / (q0 * (1 - p1))) ** 2)
+    assert 1.7 < theta < 2.0
+    expected = steps / drift.gaussian_cusum_arl(cus.threshold, theta)
+    assert 30 < expected < 50
+    assert 0.6 * expected <= alarms <= 1.5 * expected
+
+
+def test_jitter_reestimated_from_alarm_free_blocks():
+    """jitter_blocks: a warm-up with binomial noise only learns about the floor; 10 h of
+    request-mix jitter (s.d. 0.03 per interval) then raise tau to ~0.03 (the first hours' false
+    alarms, from the underestimate, drop their blocks), and only the last 6 blocks count; once a
+    drop has opened an alarm, blocks are dropped and tau stays put. Without jitter_blocks tau
+    keeps its warm-up value."""
+    rng = np.random.default_rng(3)
+    t = 0.0
+    p = np.r_[np.full(60, 0.6), 0.6 + rng.normal(0, 0.03, 10 * 60), np.full(3 * 60, 0.45)]
+    n = rng.poisson(3000, len(p))
+    x = rng.binomial(n, np.clip(p, 0, 1))
+    on = drift.RateCusum(drift.RateDriftParams(jitter_blocks=6))
+    off = drift.RateCusum(drift.RateDriftParams())
+    before_drop = warm = None
+    for i in range(len(p)):
+        t += 60
+        on.update(t, n[i], x[i])
+        off.update(t, n[i], x[i])
+        if i == 60:
+            warm = off.tau2
+        if i == 60 + 10 * 60 - 1:
+            before_drop = on.tau2
+    assert warm < 0.01**2 and off.tau2 == warm
+    assert 0.02**2 < before_drop < 0.04**2
+    assert len(on.tau2_blocks) == 6
+    assert on.alarm is not None and on.alarm.direction == "down"
+    assert on.tau2 == before_drop
 def test_long_run_jitter_variance_counts_correlation_across_intervals():
     """A request-mix jitter that outlives one interval (AR(1), correlation 0.6 between adjacent
     intervals) adds up in the CUSUM's sum: the long-run estimate must be about
