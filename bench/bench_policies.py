@@ -7,13 +7,16 @@ SLO attainment (share of requests meeting both TTFT and TPOT targets), the same 
 requests the ceiling run (below) serves in SLO ("feasible attainment"), GPU-hours, scaling
 actions, reversals inside the stabilisation window (flapping), TTFT p90, TPOT p90, and the
 ratio of GPU-hours to the static baseline. A "ceiling" row replays the trace on a deliberately
-oversized static deployment: requests it still fails (very long uncached prompts, 2-3 token
+oversized static deployment (8 prefill + 4 decode): requests it still fails (very long uncached prompts, 2-3 token
 outputs) fail under any policy, so it bounds the attainment any scaler can reach.
 
 A PNG per trace (replicas over time for each policy against the load) goes to ``--out``
 (default out/bench_policies, not committed).
 
-    .venv/bin/python bench/bench_policies.py [--traces mooncake azure] [--duration S] [--out DIR]
+    .venv/bin/python bench/bench_policies.py [--traces mooncake azure] [--speeds 1 2 ...] [--duration S] [--out DIR]
+
+``--speeds`` replays the same trace with its arrivals compressed (x2 = twice the request rate,
+half the duration): the load at which a policy's choices start to matter.
 """
 
 from __future__ import annotations
@@ -59,12 +62,12 @@ def reversals(actions: list[dict], window_s: float = WINDOW_S) -> int:
     return n
 
 
-def run_one(trace_path: str, policy: str, duration: float | None, **spec_kw) -> dict:
+def run_one(trace_path: str, policy: str, duration: float | None, speed: float = 1.0, **spec_kw) -> dict:
     from sla_guard.sim.profile import load_profile
     from sla_guard.sim.run import ReplaySpec, replay
     from sla_guard.sim.traces import load_trace
 
-    trace = load_trace(trace_path).scaled(1.0, duration)
+    trace = load_trace(trace_path).scaled(1.0 / speed, duration)
     spec = ReplaySpec(profile=load_profile("default"), trace=trace, policy=policy, scrape_interval_s=15.0,
                       eval_interval_s=15.0, with_guard=False, **spec_kw)
     t0 = time.perf_counter()
@@ -153,6 +156,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--traces", nargs="+", default=list(TRACES), choices=list(TRACES))
     ap.add_argument("--policies", nargs="+", default=list(POLICIES))
     ap.add_argument("--duration", type=float, default=None, help="replay only the first N trace seconds")
+    ap.add_argument("--speeds", type=float, nargs="+", default=[1.0],
+                    help="arrival-rate multipliers (2 = the trace's arrivals twice as fast), one table each")
     ap.add_argument("--out", type=Path, default=Path("out/bench_policies"))
     ap.add_argument("--json", action="store_true", help="also print one JSON line per run")
     args = ap.parse_args(argv)
@@ -161,21 +166,22 @@ def main(argv: list[str] | None = None) -> int:
         if path is None:
             print(f"\n## {name}\nskipped: {TRACES[name]} not found (the shared traces are not in the repo)")
             continue
-        rows = []
-        for pol in args.policies:
-            rows.append(run_one(path, pol, args.duration))
-        ceiling = run_one(path, "static", args.duration, prefill=8, decode=2, metrics=False)
-        ceiling["policy"] = "ceiling"
-        rows.append(ceiling)
-        print(table(name, rows))
-        if "guard" in args.policies:
-            print("verdict:", verdict(rows))
-        png = plot(name, rows, args.out)
-        if png:
-            print(f"plot: {png}")
-        if args.json:
-            for r in rows:
-                print(json.dumps({k: v for k, v in r.items() if k not in ("timeline", "arrivals", "prompt", "ok")}))
+        for speed in args.speeds:
+            label = name if speed == 1.0 else f"{name}_x{speed:g}"
+            rows = [run_one(path, pol, args.duration, speed) for pol in args.policies]
+            ceiling = run_one(path, "static", args.duration, speed, prefill=8, decode=4, metrics=False)
+            ceiling["policy"] = "ceiling"
+            rows.append(ceiling)
+            print(table(label, rows))
+            if "guard" in args.policies:
+                print("verdict:", verdict(rows))
+            png = plot(label, rows, args.out)
+            if png:
+                print(f"plot: {png}")
+            if args.json:
+                for r in rows:
+                    print(json.dumps({k: v for k, v in r.items()
+                                      if k not in ("timeline", "arrivals", "prompt", "ok")}))
     return 0
 
 

@@ -79,7 +79,7 @@ class AdvisorConfig(_Strict):
     min_evidence_s: float = Field(default=60.0, ge=0,
                                   description="data needed before the first scale-down (overwhelming fit only)")
     cooldown_s: float = Field(default=60.0, ge=0, description="min time between two actions on one pool")
-    failed_size_memory_s: float = Field(default=3600.0, ge=0,
+    failed_size_memory_s: float = Field(default=21600.0, ge=0,
                                         description="how long a size that had to be grown back from stays "
                                                     "off-limits at a similar load")
     failed_size_load_ratio: float = Field(default=0.8, gt=0, le=1,

@@ -26,7 +26,7 @@ class Rails:
     stabilization_up_s: float = 0.0
     cooldown_s: float = 60.0
     min_evidence_s: float = 60.0
-    failed_size_memory_s: float = 3600.0
+    failed_size_memory_s: float = 21600.0
     failed_size_load_ratio: float = 0.8
 
 
