@@ -489,7 +489,7 @@ class LatencyCusum:
             after = self.since[1] / self.since[2] if self.since[2] else float("nan")
             fresh = self.alarm is None
             if fresh:
-                self.alarm = Alarm(t, "up", 1.0, after, self.since[0], self.s)
+                self.alarm = Alarm(t, "up", 1.0, after, self.since[0], self.s, p.threshold)
                 self.alarms += 1
             else:
                 self.alarm.after, self.alarm.statistic = after, self.s
