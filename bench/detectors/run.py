@@ -1,6 +1,8 @@
 """Evaluation harness for the leak and drift detectors, side by side with baselines.
 
     .venv/bin/python bench/detectors/run.py [--seeds N] [--out DIR] [--quick]
+    .venv/bin/python bench/detectors/run.py --only rates --no-plots [--rate-seeds 400 --step-seeds 40]
+        [--arl-rule lorden|gaussian] [--jitter-blocks K]    # the rate part alone, ~3 s (extended ~40 s)
 
 Corpus: labelled series from fixed seeds (sla_guard.detect.synthetic, noise model stated
 there and in docs/detectors.md). Every detector is replayed causally, as it would run live.
