@@ -191,3 +191,25 @@ def test_a_tail_from_a_handful_of_requests_is_not_a_breach():
         assert r.totals["ttft_requests"] > 0
         if expect_tail:
             assert r.totals["ttft_tail_s"] > 2.5
+
+
+def test_reader_measures_time_spent_on_long_prefills():
+    """Long prefills recorded through the real EngineRecorder, scraped into the real store: the
+    reader's long-busy share is their time over the window and the replicas."""
+    from exporters.prometheus import FinishedRequest
+
+    adv = Advisor(parse_advisor({"window_s": 60}), model=MODEL, slo_ttft_s=2.5)
+    store = _store()
+    engines = [Engine("prefill", str(i), instance=f"pre-{i}:8000") for i in range(2)]
+    t = 0.0
+    while t <= 60:
+        for e in engines:
+            e.tick(running=1, waiting=0)
+            if t > 0:  # one 3 s prefill (bucket 2.5-5 s, midpoint 3.75) per engine per scrape
+                e.rec.finished(FinishedRequest(e2e_s=3.0, queue_s=0.0, prefill_s=3.0, decode_s=0.0, tpot_s=0.0,
+                                               prompt_tokens=90_000, cached_tokens=0, generated_tokens=1))
+            e.scrape(store, t)
+        t += 5
+    share = adv.reader.read(store, MODEL, "prefill", 60).totals["long_busy_share"]
+    # 12 scrapes x 2 engines x 3.75 s over 60 s x 2 replicas (increase() extrapolates a little)
+    assert share == pytest.approx(12 * 2 * 3.75 / 120, rel=0.15)

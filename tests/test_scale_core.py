@@ -237,11 +237,16 @@ def test_a_size_that_had_to_be_grown_back_from_is_not_retried_at_the_same_load()
     # the window's peak load must fall below 0.8 x 9000 before 1 replica is tried again
     mem.loads.clear()
     assert decide("prefill", 2400, 2, 0, sz(1, 5_000.0), mem, rails).direction == "down"
-    # a growth long after a shrink is not a failure of the shrunk size
+    # growing because the load grew is not a failure of the shrunk size ...
     mem2 = PoolMemory(first_t=0.0)
     assert decide("decode", 1000, 3, 0, sz(2, 100.0), mem2, rails).direction == "down"
     assert decide("decode", 3000, 2, 0, sz(3, 300.0), mem2, rails).direction == "up"
     assert mem2.failed == {}
+    # ... but growing back at the same load is, however long after the shrink (within the memory)
+    mem3 = PoolMemory(first_t=0.0)
+    assert decide("decode", 1000, 3, 0, sz(2, 100.0), mem3, rails).direction == "down"
+    assert decide("decode", 3000, 2, 0, sz(3, 110.0), mem3, rails).direction == "up"
+    assert mem3.failed[2][1] == 100.0
 
 
 def test_trend_ignores_a_fill_from_zero_and_needs_a_whole_span():
@@ -264,3 +269,38 @@ def test_trend_ignores_a_fill_from_zero_and_needs_a_whole_span():
     # no trend until the history covers the whole span, however steep the first points are
     assert [adv._trend(hist, t, v, 120.0) for t, v in zip(ts[:8], flat[:8], strict=True)] == [None] * 8
     assert adv._trend(hist, 120, 158, 120.0) is not None
+
+
+def test_head_of_line_risk_keeps_a_second_replica_for_heavy_tailed_prompts():
+    """Two prefill replicas at 8% mean utilisation, each 20% of the time on a prefill longer than
+    half the TTFT SLA: one replica would leave ~40% of arrivals behind a long prompt, so N-1 does
+    not fit although utilisation says it does; without long prompts the same pool may shrink."""
+    from sla_guard.scale.core import head_of_line_risk
+
+    assert head_of_line_risk(0.2, ready=2, replicas=1) == pytest.approx(0.4)
+    assert head_of_line_risk(0.2, ready=3, replicas=2) == pytest.approx(0.09)
+    assert head_of_line_risk(0.02, ready=3, replicas=2) == pytest.approx(0.0009)
+    assert head_of_line_risk(0.9, ready=4, replicas=1) == 1.0  # capped: a share, not a rate
+    cap = PrefillCapacity(tokens_per_s=100_000.0, samples=10)
+    calm = _p(uncached_tps=16_000.0, ttft_tail_s=0.8)
+    heavy = _p(uncached_tps=16_000.0, ttft_tail_s=0.8, long_busy_share=0.2)
+    light = _p(uncached_tps=16_000.0, ttft_tail_s=0.8, long_busy_share=0.01)
+    knobs = PrefillKnobs(target_utilization=0.5, hol_budget=0.05)
+    assert size_prefill(calm, cap, knobs).fits_at_n_minus_1
+    s = size_prefill(heavy, cap, knobs)
+    assert not s.fits_at_n_minus_1 and "prefill_n_minus_1_would_not_fit" in s.reasons
+    assert s.numbers["head_of_line_risk_at_n_minus_1"] == pytest.approx(0.4)
+    assert size_prefill(light, cap, knobs).fits_at_n_minus_1
+
+
+def test_long_prefill_seconds_from_histogram_buckets():
+    """Per-le increases (cumulative, as ``increase(..._bucket[w])`` by le) -> seconds spent on
+    prefills longer than the threshold, at bucket midpoints (+Inf at its lower bound)."""
+    from sla_guard.scale.observe import long_prefill_seconds
+
+    b = {(("le", "0.5"),): 50.0, (("le", "1.0"),): 60.0, (("le", "2.5"),): 64.0, (("le", "5.0"),): 66.0,
+         (("le", "+Inf"),): 67.0}
+    # over 1.0 s: 4 in (1, 2.5] at 1.75, 2 in (2.5, 5] at 3.75, 1 above 5 at 5
+    assert long_prefill_seconds(b, 1.0) == pytest.approx(4 * 1.75 + 2 * 3.75 + 5.0)
+    assert long_prefill_seconds(b, 2.5) == pytest.approx(2 * 3.75 + 5.0)
+    assert long_prefill_seconds({}, 1.0) is None

@@ -83,7 +83,8 @@ class Advisor:
             prefill=PrefillCapacity(prof.prefill_tokens_per_s or 0.0, 0, prof.prefill_tokens_per_s or 0.0),
             decode=StepModel(a=prof.decode_step_base_s or 0.0, b=prof.decode_step_per_request_s or 0.0),
         )
-        self.reader = Reader(self.cfg.window_s, self.cfg.tail_quantile, self.cfg.learn_quantile)
+        self.reader = Reader(self.cfg.window_s, self.cfg.tail_quantile, self.cfg.learn_quantile,
+                             long_prefill_s=slo_ttft_s / 2)
         self.memory = {p: PoolMemory() for p in POOLS}
         self.last: dict[str, Decision] = {}
         self.pending: dict[str, tuple[int, float]] = {}
@@ -212,7 +213,9 @@ class Advisor:
                          requests_per_s=t.get("requests_per_s"), waiting=t.get("waiting"), waiting_slope=wslope,
                          ttft_tail_s=t.get("ttft_tail_s"), ttft_slo_s=self.slo_ttft_s,
                          peak_uncached_tps=self._peak("prefill_demand", now, t.get("uncached_tps")),
-                         settled=settled)
+                         settled=settled,
+                         # long prompts come in bursts: the window's share can be 0 between two
+                         long_busy_share=self._peak("prefill_long_busy", now, t.get("long_busy_share")))
         cap = self.learned.prefill
         # learn the utilisation target only against a learned capacity (a profile prior can be far
         # off) and only while the pool is settled (no replica starting)
@@ -227,7 +230,8 @@ class Advisor:
         proven = max(recent) if recent else None
         knobs = PrefillKnobs(target_utilization=self.u_target, proven_utilization=proven,
                              drain_horizon_s=cfg.drain_horizon_s,
-                             forecast_horizon_s=cfg.forecast_horizon_s, scale_down_margin=cfg.scale_down_margin)
+                             forecast_horizon_s=cfg.forecast_horizon_s, scale_down_margin=cfg.scale_down_margin,
+                             hol_budget=1.0 - cfg.learn_quantile)
         s = size_prefill(obs, cap, knobs)
         if t.get("prefix_hit_ratio") is not None:
             s.numbers["prefix_hit_ratio"] = round(float(t["prefix_hit_ratio"]), 4)

@@ -31,6 +31,8 @@ class PrefillObs:
     ttft_slo_s: float = 2.5
     peak_uncached_tps: float | None = None  # highest demand over the stabilisation window
     settled: bool = True  # no replica started within the observation window (its tails are current)
+    # share of a ready replica's time spent on prefills that alone take over half the TTFT SLA
+    long_busy_share: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +73,23 @@ class PrefillKnobs:
     drain_horizon_s: float = 30.0
     forecast_horizon_s: float = 120.0
     scale_down_margin: float = 0.2
+    # share of arrivals N-1 replicas may leave stuck behind long prefills (the learn quantile's
+    # miss budget)
+    hol_budget: float = 0.05
+
+
+def head_of_line_risk(long_busy_share: float, ready: int, replicas: int) -> float:
+    """Chance that an arrival finds every one of ``replicas`` replicas busy with a long prefill,
+    when ``ready`` replicas each spend ``long_busy_share`` of their time on one (the same work
+    spread over fewer replicas; replicas taken as independent, least-loaded routing).
+
+    Mean utilisation cannot see this: with heavy-tailed prompts, two replicas at 10% busy hold the
+    TTFT SLA because a short prompt is routed around a 100k-token one, and one replica at 20% does
+    not, since 20% of arrivals then wait seconds behind it."""
+    if replicas <= 0:
+        return 1.0
+    rho = min(1.0, max(0.0, long_busy_share) * ready / replicas)
+    return rho ** replicas
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,6 +157,11 @@ def size_prefill(obs: PrefillObs, cap: PrefillCapacity, k: PrefillKnobs) -> Sizi
             fits = fits and util_n1 <= max(k.proven_utilization, 0.5 * k.target_utilization)
         strong = (util_n1 <= k.target_utilization * (1 - 2 * k.scale_down_margin)
                   and obs.ttft_tail_s is not None and obs.ttft_tail_s <= 0.5 * obs.ttft_slo_s)
+        if obs.long_busy_share is not None and obs.ready > 0:
+            hol = head_of_line_risk(obs.long_busy_share, obs.ready, n_eff - 1)
+            nums["head_of_line_risk_at_n_minus_1"] = round(hol, 4)
+            if hol > k.hol_budget:
+                fits = strong = False
     if desired < n_eff:
         reasons.append("prefill_over_provisioned" if fits else "prefill_n_minus_1_would_not_fit")
     if not reasons:

@@ -155,10 +155,13 @@ def decide(pool: str, now: float, ready: int, starting: int, sizing: Sizing, mem
     if direction != "none":
         mem.last_action_t = now
         if direction == "up":
-            if mem.last_down_to == current and mem.last_down_load is not None and \
-                    _recent(mem.last_down_t, now, 2 * rails.stabilization_down_s):
-                # growing back from the size a recent scale-down chose: that size failed, at the
-                # load it was judged against or the (lower) load at which it broke
+            grew_load = sizing.load is not None and \
+                sizing.load > mem.last_down_load / rails.failed_size_load_ratio if mem.last_down_load else True
+            if mem.last_down_to == current and mem.last_down_load is not None and not grew_load and \
+                    _recent(mem.last_down_t, now, rails.failed_size_memory_s):
+                # growing back from the size a scale-down chose, at about the load that scale-down
+                # was judged against (not after the load grew): that size failed, at the load it
+                # was judged against or the (lower) load at which it broke
                 broke_at = sizing.load if sizing.load is not None else mem.last_down_load
                 mem.failed[current] = (now, min(mem.last_down_load, broke_at))
                 reasons.append("learned_size_too_small")

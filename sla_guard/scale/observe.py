@@ -94,6 +94,32 @@ class PoolReading:
     per_engine: dict[str, EngineSample] = field(default_factory=dict)
 
 
+def long_prefill_seconds(buckets: Mapping[Labels, float], longer_than_s: float) -> float | None:
+    """Seconds of prefill spent in the window on requests whose prefill took longer than
+    ``longer_than_s``, from the histogram's per-``le`` increases (bucket midpoints; the +Inf
+    bucket at its lower bound). None without buckets."""
+    edges: list[tuple[float, float]] = []
+    for labels, v in buckets.items():
+        le = dict(labels).get("le")
+        if le is None:
+            continue
+        try:
+            edges.append((float(le), v))
+        except ValueError:
+            continue
+    if not edges:
+        return None
+    edges.sort()
+    total, lo, below = 0.0, 0.0, 0.0
+    for hi, cum in edges:
+        n = max(0.0, cum - below)
+        below = max(below, cum)
+        if lo >= longer_than_s and n > 0:
+            total += n * (lo if hi == float("inf") else (lo + hi) / 2)
+        lo = hi
+    return total
+
+
 def tail_sample_floor(q: float, exceedances: float = 10.0) -> float:
     """Requests a window needs before its ``q`` quantile is a signal: ``exceedances`` above it.
 
@@ -106,10 +132,12 @@ def tail_sample_floor(q: float, exceedances: float = 10.0) -> float:
 class Reader:
     """Stateless queries; one call per pool per tick."""
 
-    def __init__(self, window_s: float = 60.0, tail_quantile: float = 0.9, learn_quantile: float = 0.95) -> None:
+    def __init__(self, window_s: float = 60.0, tail_quantile: float = 0.9, learn_quantile: float = 0.95,
+                 long_prefill_s: float = 1.25) -> None:
         self.window_s = window_s
         self.tail_quantile = tail_quantile
         self.learn_quantile = learn_quantile
+        self.long_prefill_s = long_prefill_s
 
     def read(self, view: MetricsView, model: str, pool: str, now: float) -> PoolReading:
         w = self.window_s
@@ -136,6 +164,10 @@ class Reader:
             t["prefix_hit_ratio"] = 1.0 - (sum(comp_inc.values()) / tot) if tot > 0 else None
         prefills = counter_rates(view.range(_sample(c.REQUEST_PREFILL, "_count"), mt, now - w, now))
         t["requests_per_s"] = sum(prefills.values()) if prefills else None
+        long_s = long_prefill_seconds(view.increase(_sample(c.REQUEST_PREFILL, "_bucket"), mt, w, now, ("le",)),
+                                      self.long_prefill_s)
+        if long_s is not None and r.engines:
+            t["long_busy_share"] = min(1.0, long_s / (w * len(r.engines)))
         pre = view.increase(_sample(c.PREEMPTIONS), mt, w, now, ())
         t["preemptions_per_s"] = sum(pre.values()) / w if pre else 0.0
         drafts = _by_replica(view.increase(_sample(c.SPEC_DRAFTS), mt, w, now, by_e))
