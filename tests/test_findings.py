@@ -14,7 +14,14 @@ from exporters.contract import Component
 from exporters.prometheus import ContractMetrics
 from sla_guard.api import create_app
 from sla_guard.config import ConfigError, GuardConfig
-from sla_guard.detect.evaluators import DetectorsConfig, LeakEvaluator, RateDriftEvaluator, parse_detectors, router
+from sla_guard.detect.evaluators import (
+    DetectorsConfig,
+    LeakEvaluator,
+    RateDriftEvaluator,
+    build_evaluators,
+    parse_detectors,
+    router,
+)
 from sla_guard.detect.findings import FindingsBook
 from sla_guard.service import Guard
 from sla_guard.store import SeriesStore
@@ -51,6 +58,12 @@ def test_detectors_config_errors_name_the_field():
         parse_detectors({"acceptance": {"arl0_days": -1}})
     with pytest.raises(ConfigError, match=r"detectors\.leak\.bogus"):
         parse_detectors({"leak": {"bogus": 1}})
+    with pytest.raises(ConfigError, match=r"detectors\.acceptance\.arl_rule"):
+        parse_detectors({"acceptance": {"arl_rule": "siegmund"}})
+    # the opt-in threshold rule and jitter re-estimation reach the CUSUM's parameters
+    cfg = parse_detectors({"acceptance": {"arl_rule": "gaussian", "jitter_blocks": 24}})
+    ev = next(e for e in build_evaluators(FindingsBook(), cfg) if getattr(e, "name", "") == "acceptance_drift")
+    assert (ev.params.arl_rule, ev.params.jitter_blocks) == ("gaussian", 24)
 
 
 def _guard(evaluators, store):

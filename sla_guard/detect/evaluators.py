@@ -11,6 +11,7 @@ import contextlib
 import dataclasses
 import math
 from collections import defaultdict
+from typing import Literal
 
 import numpy as np
 from fastapi import APIRouter, HTTPException
@@ -45,6 +46,11 @@ class RateConfig(_Strict):
     warmup_s: float = Field(default=3600.0, gt=0)
     interval_s: float = Field(default=60.0, gt=0)
     per_position: bool = True
+    arl_rule: Literal["lorden", "gaussian"] = Field(
+        default="lorden", description="threshold from Lorden's bound (slack for a mis-learned jitter) or the "
+                                      "exact Gaussian-CUSUM run length (docs/detectors.md)")
+    jitter_blocks: int = Field(default=0, ge=0, description="> 0: keep re-estimating the rate's jitter after "
+                                                            "warm-up over this many recent blocks")
 
 
 class TpotConfig(_Strict):
@@ -220,7 +226,7 @@ class RateDriftEvaluator:
         self.by = ("model", "pool", "position") if by_position else ("model", "pool")
         self.params = drift.RateDriftParams(interval_s=cfg.interval_s, warmup_s=cfg.warmup_s, shift=cfg.shift,
                                             tolerance=cfg.tolerance, sides=sides, arl0_s=cfg.arl0_days * drift.DAY,
-                                            family=family)
+                                            family=family, arl_rule=cfg.arl_rule, jitter_blocks=cfg.jitter_blocks)
         self._n, self._x = _Counters(), _Counters()
         self._acc: dict[tuple, list[float]] = defaultdict(lambda: [0.0, 0.0])
         self._next: float | None = None
@@ -261,7 +267,8 @@ class RateDriftEvaluator:
             summary = (f"{self.what}{where} of {labels.get('model')}/{labels.get('pool')} {word} "
                        f"from {a.baseline:.3f} to {a.after:.3f}")
             details = {"before": a.baseline, "after": a.after, "change_at": a.change_at, "direction": a.direction,
-                       "what": self.what, "unit": "", "statistic": a.statistic, "threshold": self.params.threshold,
+                       "what": self.what, "unit": "", "statistic": a.statistic,
+                       "threshold": a.threshold if a.threshold == a.threshold else self.params.threshold,
                        "arl0_days": self.cfg.arl0_days}
             self.book.raise_(self.detector, key, "warning", summary, labels, details, now)
         elif was_open:
