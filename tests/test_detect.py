@@ -53,6 +53,38 @@ def test_step_sse_prefers_steps():
     assert leak.step_sse(line) > 100
 
 
+def test_hinge_fit_beats_line_and_steps_on_an_onset():
+    x = np.arange(24.0)
+    y = np.maximum(0.0, x - 8.0) * 4.0  # flat, then a leak starts
+    sse, fitted = leak.hinge_fit(x, y)
+    assert sse == pytest.approx(0.0, abs=1e-9) and fitted == pytest.approx(y)
+    slope, icpt = leak.theil_sen(x, y)
+    assert sse < leak.step_sse(y) < float(np.sum((y - icpt - slope * x) ** 2))
+    assert leak.hinge_fit(x, -y) is None  # only rising hinges
+
+
+def test_diff_load_coef_ignores_trend_step_and_warmup():
+    rng = np.random.default_rng(3)
+    n = 200
+    load = 20 + np.cumsum(rng.normal(0, 1.5, n))  # running requests, wandering
+    y = 3.0 * MIB * load + np.arange(n) * 4 * MIB  # load part + a leak
+    y += np.where(np.arange(n) >= 120, 128 * MIB, 0.0)  # an allocator step
+    y += 200 * MIB * (1 - np.exp(-np.arange(n) / 10.0))  # a warm-up tail
+    c = leak.diff_load_coef(y + rng.normal(0, 1 * MIB, n), load)
+    assert c == pytest.approx(3.0 * MIB, rel=0.1)
+    assert leak.diff_load_coef(y, load, lag=3) == pytest.approx(3.0 * MIB, rel=0.1)
+    assert leak.diff_load_coef(y, np.full(n, 20.0)) is None  # load does not move: cannot say
+
+
+def test_confirmation_needs_consecutive_leak_buckets():
+    t, v = _series(48.0, onset_h=3.0, hours=6.0)
+    one = leak.first_detection(leak.scan(t, v, leak.LeakParams(confirm=1)))
+    two = leak.first_detection(leak.scan(t, v, leak.LeakParams(confirm=2)))
+    assert one is not None and two is not None
+    assert two[0] - one[0] >= leak.LeakParams().bucket_s  # at least one bucket later
+    assert two[1].detected and leak.assess(t[t <= two[0]], v[t <= two[0]]).status in ("leak", "ok")
+
+
 def _series(rate_mib_h=0.0, onset_h=3.0, hours=8.0, seed=0, step_at_h=None):
     rng = np.random.default_rng(seed)
     t = np.arange(0, hours * HOUR, 30.0)
@@ -103,6 +135,20 @@ def test_synthetic_leak_case_detected_and_sawtooth_case_quiet():
     c = sy.rss_case("sawtooth", 1000, leak_mib_h=48.0, days=0.6, onset_h=4.0)
     first = leak.first_detection(leak.scan(c.t, c.v, load=(c.t, c.load)))
     assert first is not None and first[0] - c.onset < 2.5 * HOUR
+
+
+def test_leak_on_load_swing_background_within_two_hours():
+    """Issue 5's slowest corpus case (bench/detectors): 100-300 MiB load bursts on the floor.
+    The short window removes the load part (coefficient from co-movement) and the leak is found
+    within 2 h of onset (2.24 h before). Not every load-swing series is this fast
+    (docs/detectors.md: held-out seeds)."""
+    c = sy.rss_case("load_swings", 1005, leak_mib_h=48.0)
+    m = c.t <= c.onset + 2.5 * HOUR  # scan is causal: the tail cannot change earlier verdicts
+    first = leak.first_detection(leak.scan(c.t[m], c.v[m], load=(c.t[m], c.load[m])))
+    assert first is not None and 0 < first[0] - c.onset <= 2 * HOUR
+    old = leak.LeakParams(hinge=False, short_load=False, confirm=1)
+    before = leak.first_detection(leak.scan(c.t[m], c.v[m], old, load=(c.t[m], c.load[m])))
+    assert before is None or before[0] > first[0]
 
 
 # --- drift ------------------------------------------------------------------------------------

@@ -7,13 +7,17 @@ sawtooth, allocator plateaus and load-driven swings. So we
 1. split the series at restarts and drop a warm-up after each start,
 2. build a *floor* series (minimum over a window longer than the GC sawtooth period, sampled per
    bucket): the sawtooth disappears, a leak (which raises the floor) stays,
-3. optionally remove the part of the floor explained by load (running requests),
+3. optionally remove the part of the floor explained by load (running requests): over half a
+   day jointly with time; before that, in the shortest window, with a coefficient taken from
+   the co-movement of differences (which a slow trend cannot confound),
 4. on windows of several lengths (short: fast leaks soon; long: slow leaks surely) fit a robust
    Theil-Sen slope and test it with Mann-Kendall (variance corrected for autocorrelation,
-   Hamed & Rao 1998),
-5. refuse shapes that are not leaks: a single step explains the window better than a line
-   (allocator step, one-off cache fill), or the growth stopped in the recent half (plateau,
-   saturating warm-up).
+   Hamed & Rao 1998, around the better of a line and a flat-then-rising hinge: a window that
+   holds the onset is hinge-shaped),
+5. refuse shapes that are not leaks: one or two steps explain the window better than a line or
+   a hinge (allocator step, one-off cache fill), or the growth stopped in the recent third
+   (plateau, saturating warm-up),
+6. report a leak only when two consecutive buckets say so (transients last one).
 
 A positive verdict carries slope, confidence, an onset estimate (hinge fit) and the projected
 time until the memory limit.
@@ -21,6 +25,7 @@ time until the memory limit.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from dataclasses import asdict, dataclass, field, replace
@@ -54,6 +59,15 @@ class LeakParams:
     persistence: float = 0.6  # last-third slope must be >= this share of the window slope
     restart_drop: float = 0.25  # a fall by more than this fraction between samples = restart
     max_gap_s: float = 1800.0  # a hole longer than this also starts a new segment
+    hinge: bool = True  # a window holding the onset is flat-then-rising: the step test and
+    # Mann-Kendall's serial correlation use the better of a line and a hinge (not a line only)
+    short_load: bool = True  # before the long-span load fit applies (12 h), the shortest window
+    # removes load with a coefficient from the co-movement of differences (diff_load_coef)
+    load_lag: int = 0  # buckets between diff_load_coef's differences; 0: one floor window
+    # (consecutive floor points share most of their window, so their difference is mostly
+    # which sample held the minimum, not a change of load)
+    confirm: int = 2  # a leak needs this many consecutive buckets whose verdict is "leak": a
+    # one-bucket verdict is what a transient makes, a leak persists
 
     def scaled(self, k: float) -> LeakParams:
         if k <= 0:
@@ -147,9 +161,19 @@ def floor_series(t: np.ndarray, v: np.ndarray, bucket_s: float, floor_window_s: 
     return ends[present], roll[present]
 
 
+@functools.lru_cache(maxsize=512)
+def _pairs(n: int) -> tuple[np.ndarray, np.ndarray]:
+    """``np.triu_indices(n, k=1)``, cached: ``scan`` asks for the same few sizes thousands of
+    times (read-only arrays, bounded cache)."""
+    i, j = np.triu_indices(n, k=1)
+    i.flags.writeable = False
+    j.flags.writeable = False
+    return i, j
+
+
 def theil_sen(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
     """Median of pairwise slopes (robust to a minority of outliers) and the median intercept."""
-    i, j = np.triu_indices(len(x), k=1)
+    i, j = _pairs(len(x))
     dx = x[j] - x[i]
     ok = dx != 0
     if not ok.any():
@@ -166,20 +190,24 @@ def _acf(r: np.ndarray, nlags: int) -> np.ndarray:
     return np.array([float(np.dot(r[:-k], r[k:])) / den for k in range(1, nlags + 1)])
 
 
-def mann_kendall(x: np.ndarray, y: np.ndarray, slope: float | None = None) -> tuple[float, float]:
+def mann_kendall(x: np.ndarray, y: np.ndarray, slope: float | None = None,
+                 fitted: np.ndarray | None = None) -> tuple[float, float]:
     """Mann-Kendall trend statistic S and a z-score whose variance is inflated for serial
     correlation (Hamed & Rao 1998, on ranks of the Theil-Sen-detrended series; only lags with
     significant autocorrelation count, and the factor is never below 1)."""
     n = len(y)
     if n < 3:
         return 0.0, 0.0
-    i, j = np.triu_indices(n, k=1)
+    i, j = _pairs(n)
     s = float(np.sign(y[j] - y[i]).sum())
     _, counts = np.unique(y, return_counts=True)
     var = (n * (n - 1) * (2 * n + 5) - float(np.sum(counts * (counts - 1) * (2 * counts + 5)))) / 18.0
-    if slope is None:
-        slope, _ = theil_sen(x, y)
-    detr = y - slope * x
+    if fitted is not None:
+        detr = y - fitted
+    else:
+        if slope is None:
+            slope, _ = theil_sen(x, y)
+        detr = y - slope * x
     ranks = np.argsort(np.argsort(detr)).astype(float)
     nlags = max(1, n // 3)
     rho = _acf(ranks, nlags)
@@ -213,10 +241,47 @@ def step_sse(y: np.ndarray, breaks: int = 2) -> float:
     m = np.arange(1, n)
     best = float(np.min(seg(0, m) + seg(m, n)))
     if breaks >= 2 and n >= 3:
-        i, j = np.triu_indices(n - 1, k=1)
+        i, j = _pairs(n - 1)
         i, j = i + 1, j + 1  # 1 <= i < j <= n-1
         best = min(best, float(np.min(seg(0, i) + seg(i, j) + seg(j, n))))
     return best
+
+
+def hinge_fit(x: np.ndarray, y: np.ndarray) -> tuple[float, np.ndarray] | None:
+    """Least-squares flat-then-rising fit (knot at a sample, slope > 0): (SSE, fitted values).
+    A window that holds a leak's onset has this shape, not a line's."""
+    n = len(x)
+    if n < 4:
+        return None
+    cand = x[: n - 2]
+    h = np.maximum(0.0, x[None, :] - cand[:, None])
+    hm = h.mean(axis=1, keepdims=True)
+    ym = y.mean()
+    var = ((h - hm) ** 2).sum(axis=1)
+    cov = ((h - hm) * (y - ym)[None, :]).sum(axis=1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        s = np.where(var > 0, cov / var, 0.0)
+    fitted = ym + s[:, None] * (h - hm)
+    sse = ((y[None, :] - fitted) ** 2).sum(axis=1)
+    sse[s <= 0] = np.inf
+    if not np.isfinite(sse).any():
+        return None
+    k = int(np.argmin(sse))
+    return float(sse[k]), fitted[k]
+
+
+def diff_load_coef(y: np.ndarray, lf: np.ndarray, min_points: int = 12, lag: int = 1) -> float | None:
+    """Bytes per unit of load from co-movement: Theil-Sen slope (with intercept) of the floor's
+    ``lag``-bucket differences on the load floor's. Differencing turns a linear trend (a leak)
+    into a constant and shrinks a diurnal cycle, so time cannot confound the load the way it
+    does in one short window's regression; the median ignores the few differences that hold an
+    allocator step. A warm-up tail is not linear: fit past it. None when the load does not move
+    enough to say."""
+    dy, dl = y[lag:] - y[:-lag], lf[lag:] - lf[:-lag]
+    if len(dy) < min_points or np.count_nonzero(dl) < min_points:
+        return None
+    c, _ = theil_sen(dl, dy)
+    return c if c > 0 else None
 
 
 def hinge_onset(x: np.ndarray, y: np.ndarray, max_candidates: int = 200) -> float | None:
@@ -240,6 +305,19 @@ def hinge_onset(x: np.ndarray, y: np.ndarray, max_candidates: int = 200) -> floa
     return float(cand[int(np.argmin(sse))])
 
 
+def load_floor(tf: np.ndarray, t_load: np.ndarray, load: np.ndarray, p: LeakParams) -> np.ndarray | None:
+    """The load's own floor (same window and buckets as the RSS floor) at the floor times."""
+    if len(t_load) < 3:
+        return None
+    order = np.argsort(t_load, kind="stable")
+    t_load, load = t_load[order], load[order]
+    lt, lv = floor_series(t_load, load, p.bucket_s, p.floor_window_s, origin=tf[0] - p.bucket_s
+                          if t_load[0] >= tf[0] - p.bucket_s else None)
+    if len(lt) < 3:
+        return None
+    return np.interp(tf, lt, lv)
+
+
 def remove_load(tf: np.ndarray, yf: np.ndarray, t_load: np.ndarray, load: np.ndarray,
                 p: LeakParams, fit_from: float | None = None) -> np.ndarray:
     """Floor minus the part explained by load (ordinary least squares of the floor on time and
@@ -249,14 +327,8 @@ def remove_load(tf: np.ndarray, yf: np.ndarray, t_load: np.ndarray, load: np.nda
     fit = tf >= (tf[0] if fit_from is None else fit_from)
     if len(t_load) < 3 or fit.sum() < 6 or tf[-1] - tf[fit][0] < 12 * HOUR * (p.bucket_s / 300.0):
         return yf  # under half a day, load and time are too confounded to separate
-    order = np.argsort(t_load, kind="stable")
-    t_load, load = t_load[order], load[order]
-    lt, lv = floor_series(t_load, load, p.bucket_s, p.floor_window_s, origin=tf[0] - p.bucket_s
-                          if t_load[0] >= tf[0] - p.bucket_s else None)
-    if len(lt) < 3:
-        return yf
-    lf = np.interp(tf, lt, lv)
-    if float(np.std(lf)) == 0.0:
+    lf = load_floor(tf, t_load, load, p)
+    if lf is None or float(np.std(lf)) == 0.0:
         return yf
     a = np.column_stack([np.ones_like(tf), tf - tf[0], lf])
     coef, *_ = np.linalg.lstsq(a[fit], yf[fit], rcond=None)
@@ -284,7 +356,14 @@ def window_test(x: np.ndarray, y: np.ndarray, p: LeakParams, window_s: float | N
     """Leak test of one window of floor points; returns a JSON-able dict with ``leak`` and
     ``reason``."""
     slope, icpt = theil_sen(x, y)
-    _, z = mann_kendall(x, y, slope)
+    resid = y - (icpt + slope * x)
+    line = float(np.dot(resid, resid))
+    hinge = hinge_fit(x, y) if p.hinge else None
+    if hinge is not None and hinge[0] < line:  # judge the noise around the shape that fits
+        line = hinge[0]
+        _, z = mann_kendall(x, y, fitted=hinge[1])
+    else:
+        _, z = mann_kendall(x, y, slope)
     out = {"slope_bps": slope, "z": z, "n": len(x), "leak": False, "reason": "ok"}
     if z < p.z_crit:
         out["reason"] = "not_significant"
@@ -293,8 +372,6 @@ def window_test(x: np.ndarray, y: np.ndarray, p: LeakParams, window_s: float | N
     if slope < p.min_slope_bps or slope * span < (p.min_rise_bytes if min_rise is None else min_rise):
         out["reason"] = "slope_below_min"
         return out
-    resid = y - (icpt + slope * x)
-    line = float(np.dot(resid, resid))
     if step_sse(y) < p.step_ratio * line:
         out["reason"] = "step_not_trend"
         return out
@@ -351,6 +428,7 @@ def assess(t: np.ndarray, v: np.ndarray, p: LeakParams = LeakParams(), *, limit_
 
 
 def _assess_floor(tf, yf, now, seg_start, p, limit_bytes, load, work) -> LeakVerdict:
+    tf0, yf0 = tf, yf
     post = tf >= seg_start + p.warmup_s
     tf, yf = tf[post], yf[post]
     verdict = LeakVerdict("unknown", "warming_up", at=now, limit_bytes=limit_bytes, segment_start=seg_start)
@@ -359,9 +437,19 @@ def _assess_floor(tf, yf, now, seg_start, p, limit_bytes, load, work) -> LeakVer
     longest = max(p.windows_s)
     keep = tf > now - longest
     tf, yf = tf[keep], yf[keep]
+    short_load = None  # load part of the floor, for the shortest window only
     if load is not None:
-        yf = remove_load(tf, yf, np.asarray(load[0], float), np.asarray(load[1], float), p,
-                         fit_from=seg_start + max(p.warmup_s, p.long_warmup_s))
+        t_load, v_load = np.asarray(load[0], float), np.asarray(load[1], float)
+        yf_raw = yf
+        yf = remove_load(tf, yf, t_load, v_load, p, fit_from=seg_start + max(p.warmup_s, p.long_warmup_s))
+        if p.short_load and yf is yf_raw:  # not removed over the long span
+            lf = load_floor(tf, t_load, v_load, p)
+            lag = p.load_lag or max(1, math.ceil(p.floor_window_s / p.bucket_s))
+            # past the warm-up tail, which is slow but not linear: with a load that trends too,
+            # its differences would pass for load
+            fit = tf >= seg_start + max(p.warmup_s, p.long_warmup_s)
+            c = None if lf is None else diff_load_coef(yf[fit], lf[fit], lag=lag)
+            short_load = None if c is None else c * lf
     verdict.floor_bytes = float(yf[-1])
     best: dict | None = None
     tested = False
@@ -378,7 +466,10 @@ def _assess_floor(tf, yf, now, seg_start, p, limit_bytes, load, work) -> LeakVer
         # load removal is approximate (memory follows load non-linearly): long windows keep the
         # larger rise either way; measured in bench/detectors (relaxing it doubled false alarms)
         rise = p.min_rise_bytes if w == shortest else max(p.min_rise_bytes, p.unconditioned_rise_bytes)
-        res = window_test(x, yf[m], p, w, rise)
+        yw = yf[m]
+        if w == shortest and short_load is not None:
+            yw = yw - (short_load[m] - short_load[m].mean())
+        res = window_test(x, yw, p, w, rise)
         res["window_s"] = w
         verdict.windows.append(res)
         if res["leak"] and (best is None or res["z"] > best["z"]):
@@ -392,6 +483,15 @@ def _assess_floor(tf, yf, now, seg_start, p, limit_bytes, load, work) -> LeakVer
         verdict.p_value = one_sided_p(last["z"])
         verdict.window_s = last["window_s"]
         return verdict
+    if p.confirm > 1 and len(tf) > 1:
+        # pure function of the same arrays: the verdict one bucket earlier must agree
+        prev = _assess_floor(tf0[:-1], yf0[:-1], float(tf0[-2]), seg_start, replace(p, confirm=p.confirm - 1),
+                             None, load, None)
+        if not prev.detected:
+            verdict.status, verdict.reason = "ok", "unconfirmed"
+            verdict.slope_bps, verdict.z, verdict.window_s = best["slope_bps"], best["z"], best["window_s"]
+            verdict.p_value = one_sided_p(best["z"])
+            return verdict
     verdict.status, verdict.reason = "leak", best["reason"]
     verdict.slope_bps, verdict.z, verdict.window_s = best["slope_bps"], best["z"], best["window_s"]
     verdict.p_value = one_sided_p(best["z"])
