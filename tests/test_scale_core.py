@@ -304,3 +304,38 @@ def test_long_prefill_seconds_from_histogram_buckets():
     assert long_prefill_seconds(b, 1.0) == pytest.approx(4 * 1.75 + 2 * 3.75 + 5.0)
     assert long_prefill_seconds(b, 2.5) == pytest.approx(2 * 3.75 + 5.0)
     assert long_prefill_seconds({}, 1.0) is None
+
+
+def test_decode_does_not_chase_a_tpot_that_no_replica_count_reaches():
+    """TPOT = step / accepted length, and a step costs at least ``a`` however few sequences it
+    carries. When MTP acceptance collapses the floor reaches the SLA and replicas cannot help."""
+    m = StepModel(a=0.036, b=0.0001, samples=50)
+
+    def obs(alen: float, tail: float) -> DecodeObs:
+        return DecodeObs(ready=2, starting=0, running=200.0, accepted_len=alen, tpot_tail_s=tail)
+
+    healthy = size_decode(obs(2.97, 0.015), m, DecodeKnobs())  # floor 12 ms
+    assert "decode_tpot_unreachable_by_scaling" not in healthy.reasons
+    assert healthy.numbers["batch_limit_tpot"] == pytest.approx((0.017 * 2.97 - 0.036) / 0.0001, rel=0.01)
+    # floor 17.1 ms: above the 17 ms headroom target, below the SLA: the headroom goes first
+    between = size_decode(obs(2.1, 0.018), m, DecodeKnobs())
+    assert between.numbers["batch_limit_tpot"] == pytest.approx(60.0, rel=0.01) and between.desired == 4
+    # floor 20 ms: no batch meets 20 ms; the tail over the SLA adds nothing
+    collapsed = size_decode(obs(1.8, 0.024), m, DecodeKnobs())
+    assert "decode_tpot_unreachable_by_scaling" in collapsed.reasons and "tpot_over_sla" not in collapsed.reasons
+    assert collapsed.desired == 1 and collapsed.numbers["tpot_at_empty_batch_s"] == pytest.approx(0.02)
+
+
+def test_scale_down_window_stretches_to_the_observed_start_time():
+    """Capacity given back on a dip shorter than a cold start is bought back with a cold start of
+    misses: once the advisor has seen replicas take 615 s to serve, it waits that long."""
+    from sla_guard.scale.advisor import Advisor
+    from sla_guard.scale.config import AdvisorConfig
+
+    adv = Advisor(AdvisorConfig(stabilization_down_s=300), model="*")
+    assert adv._rails("prefill").stabilization_down_s == 300
+    for t, starting in ((0.0, 1), (300.0, 1), (615.0, 0)):
+        adv._watch_start("prefill", starting, t)
+    assert adv.start_s["prefill"] == 615.0
+    assert adv._rails("prefill").stabilization_down_s == 615.0
+    assert adv._rails("decode").stabilization_down_s == 300  # per pool

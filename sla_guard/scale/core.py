@@ -99,6 +99,7 @@ class DecodeKnobs:
     forecast_horizon_s: float = 120.0
     scale_down_margin: float = 0.2
     max_batch: float = 1024.0
+    tpot_floor_margin: float = 0.05  # TPOT within this of the empty-batch floor: unreachable by scaling
 
 
 def _conf(samples: int, need: int) -> float:
@@ -170,10 +171,31 @@ def size_prefill(obs: PrefillObs, cap: PrefillCapacity, k: PrefillKnobs) -> Sizi
     return Sizing(desired, reasons, nums, fits, conf, strong and fits, demand + backlog)
 
 
+def tpot_unreachable(obs: DecodeObs, model: StepModel, k: DecodeKnobs) -> bool:
+    """True when even an empty batch's step, per accepted token, misses the TPOT target: a step
+    costs at least ``a`` however few sequences it carries, so more replicas cannot bring TPOT
+    under the SLA. It happens when speculative acceptance collapses (mean accepted length
+    2.97 -> 1.8 puts a 36 ms step at 20 ms per token): scaling on TPOT would then add replicas
+    each cooldown up to the maximum, for a TPOT that stays over the SLA. The acceptance-drift
+    finding names the cause; decode is still sized for concurrency and KV. Within
+    ``tpot_floor_margin`` (5%) of that floor counts as unreachable too: the batch that would meet
+    the SLA is a handful of sequences per replica, and each replica buys under 5% of TPOT."""
+    return model.a > 0 and tpot_floor(obs, model) * (1 + k.tpot_floor_margin) >= obs.tpot_slo_s
+
+
+def tpot_floor(obs: DecodeObs, model: StepModel) -> float:
+    """TPOT of an empty batch: the fixed step cost per accepted token."""
+    return model.a / max(obs.accepted_len, 1.0)
+
+
 def decode_batch_limit(obs: DecodeObs, model: StepModel, k: DecodeKnobs) -> tuple[float, dict[str, float]]:
     """Largest per-replica batch that keeps TPOT and KV usage under target, and its parts."""
-    step_budget = obs.tpot_slo_s * k.tpot_headroom * max(obs.accepted_len, 1.0)
-    b_tpot = model.batch_for_step_time(step_budget)
+    target = obs.tpot_slo_s * k.tpot_headroom
+    if model.a > 0 and tpot_floor(obs, model) * (1 + k.tpot_floor_margin) >= target:
+        target = obs.tpot_slo_s  # the headroom is given up before the SLA is
+    b_tpot = model.batch_for_step_time(target * max(obs.accepted_len, 1.0))
+    if tpot_unreachable(obs, model, k):
+        b_tpot = float("inf")  # no useful batch meets it: TPOT gives no replica count (see size_decode)
     nums = {"batch_limit_tpot": round(min(b_tpot, k.max_batch), 2)}
     b_kv = float("inf")
     if obs.kv_usage is not None and obs.kv_usage > 0.05 and obs.running and obs.ready > 0:
@@ -206,11 +228,12 @@ def size_decode(obs: DecodeObs, model: StepModel, k: DecodeKnobs) -> Sizing:
         "replicas_needed": round(need, 3),
     })
     reasons: list[str] = []
+    unreachable = tpot_unreachable(obs, model, k)
     if desired > n_eff:
         limiter = "kv" if nums.get("batch_limit_kv", math.inf) < nums["batch_limit_tpot"] else "tpot"
         reasons.append(f"decode_concurrency_over_{limiter}_limit")
     pressure = (obs.preemptions_per_s or 0.0) > 0
-    over_sla = obs.tpot_tail_s is not None and obs.tpot_tail_s > obs.tpot_slo_s
+    over_sla = obs.tpot_tail_s is not None and obs.tpot_tail_s > obs.tpot_slo_s and not unreachable
     if obs.tpot_tail_s is not None:
         nums["tpot_tail_s"] = round(obs.tpot_tail_s, 5)
         nums["tpot_slo_s"] = obs.tpot_slo_s
@@ -227,6 +250,9 @@ def size_decode(obs: DecodeObs, model: StepModel, k: DecodeKnobs) -> Sizing:
                   and obs.tpot_tail_s <= 0.8 * obs.tpot_slo_s)
     if desired < n_eff:
         reasons.append("decode_over_provisioned" if fits else "decode_n_minus_1_would_not_fit")
+    if unreachable:
+        nums["tpot_at_empty_batch_s"] = round(model.a / max(obs.accepted_len, 1.0), 5)
+        reasons.append("decode_tpot_unreachable_by_scaling")
     if not reasons:
         reasons.append("decode_steady")
     conf = _conf(model.samples, 10) if model.samples else 0.5
