@@ -74,3 +74,17 @@ def test_errors_name_line_and_field(tmp_path):
         load_trace(tmp_path / "x.parquet")
     with pytest.raises(TraceError, match="cannot read"):
         load_trace(tmp_path / "missing.csv")
+
+
+def test_a_looped_pass_gets_its_own_prefixes():
+    """The demo loops the trace: each pass shifts the prefix hashes past the previous pass's, so
+    the second hour is not served from the first hour's cache."""
+    from sla_guard.sim.traces import BUNDLED_MOONCAKE, load_trace
+
+    tr = load_trace(str(BUNDLED_MOONCAKE)).scaled(duration_s=300)
+    second = tr.with_hash_offset(tr.max_hash() + 1)
+    assert [r.t for r in second.requests] == [r.t for r in tr.requests]
+    assert [r.input_len for r in second.requests] == [r.input_len for r in tr.requests]
+    first_hashes = {h for r in tr.requests for h in r.hash_ids}
+    assert first_hashes and not first_hashes & {h for r in second.requests for h in r.hash_ids}
+    assert tr.with_hash_offset(0) is tr

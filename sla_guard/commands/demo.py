@@ -95,8 +95,9 @@ def run(args: argparse.Namespace) -> int:
     dep = Deployment(profile, 2, 2, seed=args.seed, faults=FaultSchedule(faults),
                      trace_block_tokens=trace.block_tokens)
     span = max(trace.duration_s, 1.0)
-    for k in range(math.ceil(sim_s / span)):  # loop the trace to cover the run
-        dep.submit(trace.scaled(duration_s=sim_s - k * span), offset_s=k * span)
+    stride = trace.max_hash() + 1
+    for k in range(math.ceil(sim_s / span)):  # loop the trace (new prefixes each pass) to cover the run
+        dep.submit(trace.scaled(duration_s=sim_s - k * span).with_hash_offset(k * stride), offset_s=k * span)
     store = make_store(retention_s=sim_s + 3600, interval_s=args.scrape_interval)
     # detectors' warm-ups shortened to fit the run (their defaults learn baselines for an hour)
     detectors, book = replay_detectors(min(900.0, sim_s / 4))

@@ -60,6 +60,19 @@ class Trace:
             out.append(replace(r, t=t))
         return Trace(self.name, tuple(out), self.block_tokens)
 
+    def with_hash_offset(self, offset: int) -> Trace:
+        """Copy whose prefix-block hashes are shifted by ``offset``: the same arrivals and lengths
+        with prefixes no earlier copy shares. A trace replayed twice in a row is new
+        conversations the second time, not the first ones again with every prefix cached."""
+        if offset == 0:
+            return self
+        return Trace(self.name, tuple(replace(r, hash_ids=tuple(h + offset for h in r.hash_ids))
+                                      for r in self.requests), self.block_tokens)
+
+    def max_hash(self) -> int:
+        """Largest prefix-block hash (-1 without prefix information)."""
+        return max((max(r.hash_ids) for r in self.requests if r.hash_ids), default=-1)
+
 
 def _int_field(obj: dict, key: str, where: str, minimum: int = 0) -> int:
     if key not in obj:
