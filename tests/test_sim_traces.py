@@ -79,8 +79,6 @@ def test_errors_name_line_and_field(tmp_path):
 def test_a_looped_pass_gets_its_own_prefixes():
     """The demo loops the trace: each pass shifts the prefix hashes past the previous pass's, so
     the second hour is not served from the first hour's cache."""
-    from sla_guard.sim.traces import BUNDLED_MOONCAKE, load_trace
-
     tr = load_trace(str(BUNDLED_MOONCAKE)).scaled(duration_s=300)
     second = tr.with_hash_offset(tr.max_hash() + 1)
     assert [r.t for r in second.requests] == [r.t for r in tr.requests]
