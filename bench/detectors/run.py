@@ -3,6 +3,8 @@
     .venv/bin/python bench/detectors/run.py [--seeds N] [--out DIR] [--quick]
     .venv/bin/python bench/detectors/run.py --only rates --no-plots [--rate-seeds 400 --step-seeds 40]
         [--arl-rule lorden|gaussian] [--jitter-blocks K]    # the rate part alone, ~3 s (extended ~40 s)
+    .venv/bin/python bench/detectors/run.py --only leaks --no-plots [--leak-seed-offset 5000]
+        [--leak-param confirm=1 ...]    # the leak part alone, ~4 min; held-out seeds; LeakParams variants
 
 Corpus: labelled series from fixed seeds (sla_guard.detect.synthetic, noise model stated
 there and in docs/detectors.md). Every detector is replayed causally, as it would run live.
@@ -17,6 +19,7 @@ writes PNG plots to --out (not committed).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import time
@@ -43,10 +46,30 @@ def _edges(times: np.ndarray, flags: np.ndarray) -> list[float]:
     return times[flags & ~prev].tolist()
 
 
-def det_slaguard(c: sy.RssCase, use_load: bool) -> list[float]:
-    vs = leak.scan(c.t, c.v, leak.LeakParams(), limit_bytes=c.limit_bytes,
-                   load=(c.t, c.load) if use_load else None)
+LEAK_PARAMS = leak.LeakParams()  # --leak-param overrides (set before the worker pool forks)
+
+
+def _leak_params(overrides: list[str]) -> leak.LeakParams:
+    """``KEY=VALUE`` strings -> LeakParams, each value parsed as its field's default type."""
     p = leak.LeakParams()
+    kw = {}
+    for item in overrides:
+        key, sep, val = item.partition("=")
+        if not sep or not hasattr(p, key):
+            raise SystemExit(f"--leak-param {item!r}: expected FIELD=VALUE with a LeakParams field")
+        cur = getattr(p, key)
+        if isinstance(cur, bool):
+            kw[key] = val.lower() in ("1", "true", "yes")
+        elif isinstance(cur, tuple):
+            kw[key] = tuple(float(x) for x in val.split(","))
+        else:
+            kw[key] = type(cur)(val)
+    return dataclasses.replace(p, **kw)
+
+
+def det_slaguard(c: sy.RssCase, use_load: bool) -> list[float]:
+    p = LEAK_PARAMS
+    vs = leak.scan(c.t, c.v, p, limit_bytes=c.limit_bytes, load=(c.t, c.load) if use_load else None)
     return [start for start, _ in leak.episodes(vs, min(p.windows_s))]  # the guard's hysteresis
 
 
@@ -272,7 +295,13 @@ def main(argv=None) -> int:
                     help="rate CUSUM threshold rule (RateDriftParams.arl_rule)")
     ap.add_argument("--jitter-blocks", type=int, default=drift.RateDriftParams().jitter_blocks,
                     help="rate CUSUM: blocks of re-estimated jitter (RateDriftParams.jitter_blocks)")
+    ap.add_argument("--leak-seed-offset", type=int, default=0,
+                    help="add this to every leak-corpus seed: a held-out corpus (0: the fixed one)")
+    ap.add_argument("--leak-param", action="append", default=[], metavar="FIELD=VALUE",
+                    help="override a LeakParams field for sla-guard's leak rows (repeatable)")
     a = ap.parse_args(argv)
+    global LEAK_PARAMS
+    LEAK_PARAMS = _leak_params(a.leak_param)
     if a.quick:
         a.seeds, a.leak_seeds, a.rate_seeds = 2, 2, 4
     t0 = time.time()
@@ -293,6 +322,7 @@ def main(argv=None) -> int:
         jobs = []
     if a.only == "leaks":
         rjobs = []
+    jobs = [(k, s + a.leak_seed_offset, *rest) for k, s, *rest in jobs]
     with Pool(a.jobs) as pool:
         leak_results = pool.map(leak_job, jobs, chunksize=1)
         rate_results = pool.map(rate_job, rjobs, chunksize=2)

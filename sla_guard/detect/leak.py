@@ -59,8 +59,10 @@ class LeakParams:
     persistence: float = 0.6  # last-third slope must be >= this share of the window slope
     restart_drop: float = 0.25  # a fall by more than this fraction between samples = restart
     max_gap_s: float = 1800.0  # a hole longer than this also starts a new segment
-    hinge: bool = True  # a window holding the onset is flat-then-rising: the step test and
-    # Mann-Kendall's serial correlation use the better of a line and a hinge (not a line only)
+    hinge: bool = True  # a short window holding the onset is flat-then-rising: its step test
+    # and Mann-Kendall's serial correlation use the better of a line and a hinge (not a line
+    # only). Long windows keep the line: a day holds several allocator steps, which two
+    # breaks cannot fit and a hinge can
     short_load: bool = True  # before the long-span load fit applies (12 h), the shortest window
     # removes load with a coefficient from the co-movement of differences (diff_load_coef)
     load_lag: int = 0  # buckets between diff_load_coef's differences; 0: one floor window
@@ -352,16 +354,16 @@ def work_rate(t_work: np.ndarray, work: np.ndarray, start: float, end: float) ->
 # --- the test on one window -----------------------------------------------------------------
 
 def window_test(x: np.ndarray, y: np.ndarray, p: LeakParams, window_s: float | None = None,
-                min_rise: float | None = None) -> dict:
+                min_rise: float | None = None, hinge: bool = False) -> dict:
     """Leak test of one window of floor points; returns a JSON-able dict with ``leak`` and
-    ``reason``."""
+    ``reason``. ``hinge``: the shape tests also consider a flat-then-rising fit."""
     slope, icpt = theil_sen(x, y)
     resid = y - (icpt + slope * x)
     line = float(np.dot(resid, resid))
-    hinge = hinge_fit(x, y) if p.hinge else None
-    if hinge is not None and hinge[0] < line:  # judge the noise around the shape that fits
-        line = hinge[0]
-        _, z = mann_kendall(x, y, fitted=hinge[1])
+    hinge_f = hinge_fit(x, y) if hinge else None
+    if hinge_f is not None and hinge_f[0] < line:  # judge the noise around the shape that fits
+        line = hinge_f[0]
+        _, z = mann_kendall(x, y, fitted=hinge_f[1])
     else:
         _, z = mann_kendall(x, y, slope)
     out = {"slope_bps": slope, "z": z, "n": len(x), "leak": False, "reason": "ok"}
@@ -469,7 +471,7 @@ def _assess_floor(tf, yf, now, seg_start, p, limit_bytes, load, work) -> LeakVer
         yw = yf[m]
         if w == shortest and short_load is not None:
             yw = yw - (short_load[m] - short_load[m].mean())
-        res = window_test(x, yw, p, w, rise)
+        res = window_test(x, yw, p, w, rise, hinge=p.hinge and w == shortest)
         res["window_s"] = w
         verdict.windows.append(res)
         if res["leak"] and (best is None or res["z"] > best["z"]):
