@@ -249,14 +249,10 @@ def step_sse(y: np.ndarray, breaks: int = 2) -> float:
     return best
 
 
-def hinge_fit(x: np.ndarray, y: np.ndarray) -> tuple[float, np.ndarray] | None:
-    """Least-squares flat-then-rising fit (knot at a sample, slope > 0): (SSE, fitted values).
-    A window that holds a leak's onset has this shape, not a line's."""
-    n = len(x)
-    if n < 4:
-        return None
-    cand = x[: n - 2]
-    h = np.maximum(0.0, x[None, :] - cand[:, None])
+def _hinge_fits(x: np.ndarray, y: np.ndarray, knots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Least-squares flat-then-rising fits, one per knot: (SSE per knot, fitted values per knot).
+    Knots whose best slope is not positive get an infinite SSE."""
+    h = np.maximum(0.0, x[None, :] - knots[:, None])  # knots x points
     hm = h.mean(axis=1, keepdims=True)
     ym = y.mean()
     var = ((h - hm) ** 2).sum(axis=1)
@@ -266,6 +262,16 @@ def hinge_fit(x: np.ndarray, y: np.ndarray) -> tuple[float, np.ndarray] | None:
     fitted = ym + s[:, None] * (h - hm)
     sse = ((y[None, :] - fitted) ** 2).sum(axis=1)
     sse[s <= 0] = np.inf
+    return sse, fitted
+
+
+def hinge_fit(x: np.ndarray, y: np.ndarray) -> tuple[float, np.ndarray] | None:
+    """Least-squares flat-then-rising fit (knot at a sample, slope > 0): (SSE, fitted values).
+    A window that holds a leak's onset has this shape, not a line's."""
+    n = len(x)
+    if n < 4:
+        return None
+    sse, fitted = _hinge_fits(x, y, x[: n - 2])
     if not np.isfinite(sse).any():
         return None
     k = int(np.argmin(sse))
@@ -292,16 +298,7 @@ def hinge_onset(x: np.ndarray, y: np.ndarray, max_candidates: int = 200) -> floa
     if n < 4:
         return None
     cand = x[np.unique(np.linspace(0, n - 2, min(max_candidates, n - 1)).astype(int))]
-    h = np.maximum(0.0, x[None, :] - cand[:, None])  # candidates x points
-    hm = h.mean(axis=1, keepdims=True)
-    ym = y.mean()
-    var = ((h - hm) ** 2).sum(axis=1)
-    cov = ((h - hm) * (y - ym)[None, :]).sum(axis=1)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        s = np.where(var > 0, cov / var, 0.0)
-    resid = (y[None, :] - ym) - s[:, None] * (h - hm)
-    sse = (resid**2).sum(axis=1)
-    sse[s <= 0] = np.inf
+    sse, _ = _hinge_fits(x, y, cand)
     if not np.isfinite(sse).any():
         return None
     return float(cand[int(np.argmin(sse))])
