@@ -80,6 +80,20 @@ class PoolMemory:
                 if k >= size and peak >= rails.failed_size_load_ratio * load]
         return min(hits) if hits else None
 
+    def grew_back(self, size: int, load: float | None, now: float, rails: Rails) -> bool:
+        """Record ``size`` as failed when the pool grows back from the size a scale-down chose,
+        with no action in between and at about the load that scale-down was judged against (a
+        growth because the load grew is not a failure of the size). The failing load is the
+        lower of the judged load and the load at which it broke."""
+        judged = self.last_down_load
+        if self.last_down_to != size or not judged or not _recent(self.last_down_t, now,
+                                                                   rails.failed_size_memory_s):
+            return False
+        if load is not None and load > judged / rails.failed_size_load_ratio:
+            return False
+        self.failed[size] = (now, judged if load is None else min(judged, load))
+        return True
+
 
 @dataclass(slots=True)
 class Decision:
@@ -155,15 +169,7 @@ def decide(pool: str, now: float, ready: int, starting: int, sizing: Sizing, mem
     if direction != "none":
         mem.last_action_t = now
         if direction == "up":
-            grew_load = sizing.load is not None and \
-                sizing.load > mem.last_down_load / rails.failed_size_load_ratio if mem.last_down_load else True
-            if mem.last_down_to == current and mem.last_down_load is not None and not grew_load and \
-                    _recent(mem.last_down_t, now, rails.failed_size_memory_s):
-                # growing back from the size a scale-down chose, at about the load that scale-down
-                # was judged against (not after the load grew): that size failed, at the load it
-                # was judged against or the (lower) load at which it broke
-                broke_at = sizing.load if sizing.load is not None else mem.last_down_load
-                mem.failed[current] = (now, min(mem.last_down_load, broke_at))
+            if mem.grew_back(current, sizing.load, now, rails):
                 reasons.append("learned_size_too_small")
             mem.last_up_t = now
             mem.last_down_to = None
