@@ -193,9 +193,10 @@ def decode_batch_limit(obs: DecodeObs, model: StepModel, k: DecodeKnobs) -> tupl
     target = obs.tpot_slo_s * k.tpot_headroom
     if model.a > 0 and tpot_floor(obs, model) * (1 + k.tpot_floor_margin) >= target:
         target = obs.tpot_slo_s  # the headroom is given up before the SLA is
-    b_tpot = model.batch_for_step_time(target * max(obs.accepted_len, 1.0))
     if tpot_unreachable(obs, model, k):
         b_tpot = float("inf")  # no useful batch meets it: TPOT gives no replica count (see size_decode)
+    else:
+        b_tpot = model.batch_for_step_time(target * max(obs.accepted_len, 1.0))
     nums = {"batch_limit_tpot": round(min(b_tpot, k.max_batch), 2)}
     b_kv = float("inf")
     if obs.kv_usage is not None and obs.kv_usage > 0.05 and obs.running and obs.ready > 0:
@@ -251,7 +252,7 @@ def size_decode(obs: DecodeObs, model: StepModel, k: DecodeKnobs) -> Sizing:
     if desired < n_eff:
         reasons.append("decode_over_provisioned" if fits else "decode_n_minus_1_would_not_fit")
     if unreachable:
-        nums["tpot_at_empty_batch_s"] = round(model.a / max(obs.accepted_len, 1.0), 5)
+        nums["tpot_at_empty_batch_s"] = round(tpot_floor(obs, model), 5)
         reasons.append("decode_tpot_unreachable_by_scaling")
     if not reasons:
         reasons.append("decode_steady")
