@@ -131,7 +131,7 @@ def analyze_drift(cols: dict[str, np.ndarray], args) -> dict:
         "rate_after": first.after if first else cus.recent_rate(),
         "change_at": first.change_at if first else None,
         "alarms": len(alarms),
-        "threshold_nats": params.threshold,
+        "threshold_nats": cus.threshold,
         "arl0_days": args.arl0_days,
         "tau": math.sqrt(cus.tau2) if cus.p0 is not None else None,
         "baseline_learned": cus.p0 is not None,

@@ -272,7 +272,7 @@ class RateCusum:
         caps what one interval can carry at any load (max_interval_information), and h is taken
         at the worst theta up to that cap."""
         p, p0 = self.params, float(self.p0)
-        self.tau2 = max(tau2, p.min_tau**2, 0.0)
+        self.tau2 = max(tau2, p.min_tau**2)
         self.h = p.threshold
         if p.arl_rule == "gaussian":
             sides = [d for d in ("down", "up") if p.sides in (d, "both")]

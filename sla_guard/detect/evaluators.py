@@ -38,19 +38,23 @@ class LeakConfig(_Strict):
     critical_eta_h: float = Field(default=24.0, gt=0, description="ETA to the limit under this -> critical")
 
 
+_RATE = drift.RateDriftParams()  # the detector's own defaults: config, guard and `analyze drift` agree
+
+
 class RateConfig(_Strict):
     enabled: bool = True
-    arl0_days: float = Field(default=30.0, gt=0, description="mean time between false alarms")
-    shift: float = Field(default=drift.RateDriftParams().shift, gt=0, lt=1)
-    tolerance: float = Field(default=drift.RateDriftParams().tolerance, ge=0, lt=1)
-    warmup_s: float = Field(default=3600.0, gt=0)
-    interval_s: float = Field(default=60.0, gt=0)
+    arl0_days: float = Field(default=_RATE.arl0_s / drift.DAY, gt=0, description="mean time between false alarms")
+    shift: float = Field(default=_RATE.shift, gt=0, lt=1)
+    tolerance: float = Field(default=_RATE.tolerance, ge=0, lt=1)
+    warmup_s: float = Field(default=_RATE.warmup_s, gt=0)
+    interval_s: float = Field(default=_RATE.interval_s, gt=0)
     per_position: bool = True
     arl_rule: Literal["lorden", "gaussian"] = Field(
-        default="lorden", description="threshold from Lorden's bound (slack for a mis-learned jitter) or the "
-                                      "exact Gaussian-CUSUM run length (docs/detectors.md)")
-    jitter_blocks: int = Field(default=0, ge=0, description="> 0: keep re-estimating the rate's jitter after "
-                                                            "warm-up over this many recent blocks")
+        default=_RATE.arl_rule, description="threshold from Lorden's bound (slack for a mis-learned jitter) "
+                                            "or the exact Gaussian-CUSUM run length (docs/detectors.md)")
+    jitter_blocks: int = Field(default=_RATE.jitter_blocks, ge=0,
+                               description="> 0: keep re-estimating the rate's jitter after warm-up over this "
+                                           "many recent blocks")
 
 
 class TpotConfig(_Strict):
@@ -268,7 +272,7 @@ class RateDriftEvaluator:
                        f"from {a.baseline:.3f} to {a.after:.3f}")
             details = {"before": a.baseline, "after": a.after, "change_at": a.change_at, "direction": a.direction,
                        "what": self.what, "unit": "", "statistic": a.statistic,
-                       "threshold": a.threshold if a.threshold == a.threshold else self.params.threshold,
+                       "threshold": a.threshold,
                        "arl0_days": self.cfg.arl0_days}
             self.book.raise_(self.detector, key, "warning", summary, labels, details, now)
         elif was_open:
