@@ -294,12 +294,11 @@ def test_head_of_line_risk_keeps_a_second_replica_for_heavy_tailed_prompts():
 
 
 def test_long_prefill_seconds_from_histogram_buckets():
-    """Per-le increases (cumulative, as ``increase(..._bucket[w])`` by le) -> seconds spent on
+    """Per-le increases (cumulative, ``increase(..._bucket[w])`` by le via promql.split_le) -> seconds spent on
     prefills longer than the threshold, at bucket midpoints (+Inf at its lower bound)."""
     from sla_guard.scale.observe import long_prefill_seconds
 
-    b = {(("le", "0.5"),): 50.0, (("le", "1.0"),): 60.0, (("le", "2.5"),): 64.0, (("le", "5.0"),): 66.0,
-         (("le", "+Inf"),): 67.0}
+    b = {0.5: 50.0, 1.0: 60.0, 2.5: 64.0, 5.0: 66.0, float("inf"): 67.0}
     # over 1.0 s: 4 in (1, 2.5] at 1.75, 2 in (2.5, 5] at 3.75, 1 above 5 at 5
     assert long_prefill_seconds(b, 1.0) == pytest.approx(4 * 1.75 + 2 * 3.75 + 5.0)
     assert long_prefill_seconds(b, 2.5) == pytest.approx(2 * 3.75 + 5.0)

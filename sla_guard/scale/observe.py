@@ -14,6 +14,7 @@ import numpy as np
 
 from exporters import contract as c
 from exporters.contract import Kind, Metric
+from sla_guard import promql
 from sla_guard.model import Labels, MetricsView, Series
 
 
@@ -94,24 +95,14 @@ class PoolReading:
     per_engine: dict[str, EngineSample] = field(default_factory=dict)
 
 
-def long_prefill_seconds(buckets: Mapping[Labels, float], longer_than_s: float) -> float | None:
+def long_prefill_seconds(buckets: Mapping[float, float], longer_than_s: float) -> float | None:
     """Seconds of prefill spent in the window on requests whose prefill took longer than
-    ``longer_than_s``, from the histogram's per-``le`` increases (bucket midpoints; the +Inf
-    bucket at its lower bound). None without buckets."""
-    edges: list[tuple[float, float]] = []
-    for labels, v in buckets.items():
-        le = dict(labels).get("le")
-        if le is None:
-            continue
-        try:
-            edges.append((float(le), v))
-        except ValueError:
-            continue
-    if not edges:
+    ``longer_than_s``, from the histogram's {upper bound: cumulative increase} (bucket
+    midpoints; the +Inf bucket at its lower bound). None without buckets."""
+    if not buckets:
         return None
-    edges.sort()
     total, lo, below = 0.0, 0.0, 0.0
-    for hi, cum in edges:
+    for hi, cum in sorted(buckets.items()):
         n = max(0.0, cum - below)
         below = max(below, cum)
         if lo >= longer_than_s and n > 0:
@@ -164,8 +155,8 @@ class Reader:
             t["prefix_hit_ratio"] = 1.0 - (sum(comp_inc.values()) / tot) if tot > 0 else None
         prefills = counter_rates(view.range(_sample(c.REQUEST_PREFILL, "_count"), mt, now - w, now))
         t["requests_per_s"] = sum(prefills.values()) if prefills else None
-        long_s = long_prefill_seconds(view.increase(_sample(c.REQUEST_PREFILL, "_bucket"), mt, w, now, ("le",)),
-                                      self.long_prefill_s)
+        by_le = promql.split_le(view.increase(_sample(c.REQUEST_PREFILL, "_bucket"), mt, w, now, ("le",)))
+        long_s = long_prefill_seconds(by_le.get((), {}), self.long_prefill_s)
         if long_s is not None and r.engines:
             t["long_busy_share"] = min(1.0, long_s / (w * len(r.engines)))
         pre = view.increase(_sample(c.PREEMPTIONS), mt, w, now, ())
