@@ -334,7 +334,7 @@ def test_scale_down_window_stretches_to_the_observed_start_time():
     adv = Advisor(AdvisorConfig(stabilization_down_s=300), model="*")
     assert adv._rails("prefill").stabilization_down_s == 300
     for t, starting in ((0.0, 1), (300.0, 1), (615.0, 0)):
-        adv._watch_start("prefill", starting, t)
-    assert adv.start_s["prefill"] == 615.0
+        adv.memory["prefill"].watch_start(t, starting)
+    assert adv.memory["prefill"].start_s == 615.0
     assert adv._rails("prefill").stabilization_down_s == 615.0
     assert adv._rails("decode").stabilization_down_s == 300  # per pool

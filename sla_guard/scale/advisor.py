@@ -90,10 +90,7 @@ class Advisor:
         self.pending: dict[str, tuple[int, float]] = {}
         self.pending_timeout_s = 1800.0
         self._accepted_len: float | None = None
-        self.start_s: dict[str, float] = {}  # pool -> observed time from order to serving
-        self._starting_since: dict[str, float] = {}
         self.u_target = self.cfg.prefill_target_utilization
-        self._last_starting: dict[str, float] = {}
         self._proven: deque[tuple[float, float]] = deque(maxlen=512)  # (t, utilisation that met the SLA)
 
     # -- learning ------------------------------------------------------------------------------
@@ -140,8 +137,6 @@ class Advisor:
             return decs, restarts
         readings = {p: self.reader.read(view, self.model, p, now) for p in POOLS}
         counts = {p: counts[p] if p in counts else self._counts_from_view(p, readings[p], now) for p in POOLS}
-        for p in POOLS:
-            self._watch_start(p, counts[p][1], now)
         excluded = dict.fromkeys(POOLS, 0)
         self._learn(now, readings, excluded)
         sizings = {"prefill": self._size_prefill(now, readings["prefill"], counts["prefill"]),
@@ -176,21 +171,11 @@ class Advisor:
             return ready, 0
         return ready, want - ready
 
-    def _watch_start(self, pool: str, starting: int, now: float) -> None:
-        """Learn how long ordered replicas take to serve (from the first tick with replicas
-        starting to the first without): the pool's cold start."""
-        since = self._starting_since.get(pool)
-        if starting > 0 and since is None:
-            self._starting_since[pool] = now
-        elif starting == 0 and since is not None:
-            self._starting_since.pop(pool)
-            self.start_s[pool] = max(self.start_s.get(pool, 0.0) * 0.5, now - since)
-
     def _rails(self, pool: str) -> Rails:
         lim, cfg = self.cfg.limits(pool), self.cfg
         # capacity given back on a dip shorter than it takes to get it back is bought again at the
         # price of a cold start of misses: the scale-down window is at least the observed start time
-        window = max(cfg.stabilization_down_s, self.start_s.get(pool, 0.0))
+        window = max(cfg.stabilization_down_s, self.memory[pool].start_s)
         return Rails(min_replicas=lim.min_replicas, max_replicas=lim.max_replicas, max_step_up=lim.max_step_up,
                      max_step_down=lim.max_step_down, stabilization_down_s=window,
                      stabilization_up_s=cfg.stabilization_up_s, cooldown_s=cfg.cooldown_s,
@@ -217,9 +202,8 @@ class Advisor:
     def _settled(self, pool: str, now: float, starting: int) -> bool:
         """True once no replica of ``pool`` has been starting for a whole observation window, so
         the window's tails describe the current size, not the one before the scale-up."""
-        if starting > 0:
-            self._last_starting[pool] = now
-        return now - self._last_starting.get(pool, -1e18) >= self.cfg.window_s
+        last = self.memory[pool].last_starting_t  # as of the previous tick: decide() updates it
+        return starting == 0 and (last is None or now - last >= self.cfg.window_s)
 
     def _size_prefill(self, now: float, r: PoolReading, counts: tuple[int, int]) -> Sizing:
         t, cfg = r.totals, self.cfg

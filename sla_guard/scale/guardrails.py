@@ -40,6 +40,8 @@ class PoolMemory:
     last_down_t: float | None = None
     first_t: float | None = None  # first decision: no scale-down before a full window was seen
     last_starting_t: float | None = None  # last time replicas were still starting
+    starting_since: float | None = None  # first tick of the current start-up
+    start_s: float = 0.0  # observed time from ordering replicas to their serving (cold start)
     loads: list[tuple[float, float]] = field(default_factory=list)  # (t, load) over the window
     last_down_to: int | None = None
     last_down_load: float | None = None  # peak load the last scale-down was judged against
@@ -53,6 +55,18 @@ class PoolMemory:
         while self.history and self.history[0][0] < cutoff:
             self.history.pop(0)
         del self.history[:-512]  # hard bound, whatever the window
+
+    def watch_start(self, now: float, starting: int) -> None:
+        """Track replicas starting: the last time some were, and how long ordered replicas take to
+        serve (first tick with replicas starting to the first without), kept as the larger of
+        the new observation and half the previous one."""
+        if starting > 0:
+            self.last_starting_t = now
+            if self.starting_since is None:
+                self.starting_since = now
+        elif self.starting_since is not None:
+            self.start_s = max(self.start_s * 0.5, now - self.starting_since)
+            self.starting_since = None
 
     def peak_load(self, t: float, load: float | None, horizon_s: float) -> float | None:
         """Highest load over the window, ``load`` included (bounded like ``history``)."""
@@ -111,13 +125,12 @@ def decide(pool: str, now: float, ready: int, starting: int, sizing: Sizing, mem
            rails: Rails) -> Decision:
     """Turn a raw sizing into a decision and update ``mem`` when it acts."""
     current = ready + starting
+    mem.watch_start(now, starting)
     nums = dict(sizing.numbers)
     nums.update({"ready": ready, "starting": starting})
     reasons = list(sizing.reasons)
     if sizing.desired is None:
         return Decision(pool, current, current, "none", reasons or ["hold_missing_data"], nums, 0.0, "hold")
-    if starting > 0:
-        mem.last_starting_t = now
     raw = min(max(sizing.desired, rails.min_replicas), rails.max_replicas)
     nums["raw_desired"] = sizing.desired
     mem.remember(now, raw, max(rails.stabilization_down_s, rails.stabilization_up_s))
