@@ -154,10 +154,11 @@ def test_leak_on_load_swing_background_within_two_hours():
 # --- drift ------------------------------------------------------------------------------------
 
 def test_threshold_from_arl0():
-    p = drift.RateDriftParams(arl0_s=30 * 86400, interval_s=60, sides="both", family=1)
-    assert p.threshold == pytest.approx(math.log(30 * 1440 * 2))  # default rule: Lorden
+    p = drift.RateDriftParams(arl0_s=30 * 86400, interval_s=60, sides="both", family=1, arl_rule="lorden")
+    assert p.threshold == pytest.approx(math.log(30 * 1440 * 2))
     assert drift.threshold_for_arl(86400, 60, 1, 5) == pytest.approx(math.log(1440 * 5))
-    g = drift.RateDriftParams(arl_rule="gaussian")
+    g = drift.RateDriftParams()  # default rule: the exact Gaussian run length
+    assert g.arl_rule == "gaussian"
     assert math.log(30 * 1440 * 2) - 1.7 < g.threshold < math.log(30 * 1440 * 2) - 1.45
     # jitter that caps an interval's information below the worst case (theta ~ 1.85) lowers h
     assert drift.threshold_gaussian_arl(30 * 86400, 60, 2, 1, theta_max=1.0) < g.threshold - 0.2
@@ -166,6 +167,8 @@ def test_threshold_from_arl0():
         drift.RateDriftParams(arl_rule="siegmund")
     with pytest.raises(ValueError, match="jitter_blocks"):
         drift.RateDriftParams(jitter_blocks=-1)
+    with pytest.raises(ValueError, match="refine_s"):
+        drift.RateDriftParams(refine_s=-1)
 
 
 def test_gaussian_cusum_arl_against_siegmund_and_simulation():
@@ -272,8 +275,9 @@ def test_jitter_reestimated_from_alarm_free_blocks():
     p = np.r_[np.full(60, 0.6), 0.6 + rng.normal(0, 0.03, 10 * 60), np.full(3 * 60, 0.45)]
     n = rng.poisson(3000, len(p))
     x = rng.binomial(n, np.clip(p, 0, 1))
-    on = drift.RateCusum(drift.RateDriftParams(jitter_blocks=6))
-    off = drift.RateCusum(drift.RateDriftParams())
+    kw = dict(arl_rule="lorden", refine_s=0)
+    on = drift.RateCusum(drift.RateDriftParams(jitter_blocks=6, **kw))
+    off = drift.RateCusum(drift.RateDriftParams(jitter_blocks=0, **kw))
     before_drop = warm = None
     for i in range(len(p)):
         t += 60
@@ -288,6 +292,45 @@ def test_jitter_reestimated_from_alarm_free_blocks():
     assert len(on.tau2_blocks) == 6
     assert on.alarm is not None and on.alarm.direction == "down"
     assert on.tau2 == before_drop
+
+
+def test_baseline_refined_after_warmup_and_never_from_a_change():
+    """refine_s: a warm-up hour that the workload's wander put at 0.57 learns p0 = 0.57; 8 h at
+    the long-run 0.60 pull the refined p0 to within 0.005 of 0.60, so a drop to 0.52 (0.08
+    below the long-run rate, only 0.05 below the warm-up's) is caught within 10 min, and faster
+    than with the warm-up baseline. The drop's own intervals are dropped from the hold queue by
+    the alarm, so p0 does not follow the change; after refine_s p0 stops learning."""
+    rng = np.random.default_rng(5)
+    p = np.r_[np.full(60, 0.57), np.full(8 * 60, 0.60), np.full(2 * 60, 0.52)]
+    n = rng.poisson(3000, len(p))
+    x = rng.binomial(n, p)
+    kw = dict(jitter_blocks=0, arl_rule="lorden")
+    on = drift.RateCusum(drift.RateDriftParams(refine_s=86400, **kw))
+    off = drift.RateCusum(drift.RateDriftParams(refine_s=0, **kw))
+    first: dict[str, float] = {}
+    at_alarm = None
+    for i in range(len(p)):
+        t = 60.0 * (i + 1)
+        for name, cus in (("on", on), ("off", off)):
+            if cus.update(t, n[i], x[i]) is not None:
+                first.setdefault(name, t)
+                at_alarm = cus.p0 if name == "on" and at_alarm is None else at_alarm
+        if i == 60 + 8 * 60 - 1:
+            refined = on.p0
+    onset = 60.0 * (60 + 8 * 60)
+    assert abs(off.p0 - 0.57) < 0.005 and abs(refined - 0.60) < 0.005
+    assert first["on"] - onset <= 600 and first["on"] < first.get("off", math.inf)
+    assert on.p0 == at_alarm  # nothing joins while the alarm is open
+    joined = int((first["on"] - 60 - 1800) // 60)  # held 30 min; the alarm dropped the rest
+    assert joined * 60 < onset  # so no interval of the change is in p0
+    assert at_alarm == pytest.approx(x[:joined].sum() / n[:joined].sum(), rel=1e-12)
+    frozen = drift.RateCusum(drift.RateDriftParams(refine_s=2 * 3600, **kw))
+    for i in range(60 + 8 * 60):
+        frozen.update(60.0 * (i + 1), n[i], x[i])
+    # only intervals up to 2 h after the start joined: p0 sits between warm-up and long run
+    assert 0.575 < frozen.p0 < 0.595
+
+
 def test_long_run_jitter_variance_counts_correlation_across_intervals():
     """A request-mix jitter that outlives one interval (AR(1), correlation 0.6 between adjacent
     intervals) adds up in the CUSUM's sum: the long-run estimate must be about

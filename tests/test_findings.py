@@ -60,10 +60,15 @@ def test_detectors_config_errors_name_the_field():
         parse_detectors({"leak": {"bogus": 1}})
     with pytest.raises(ConfigError, match=r"detectors\.acceptance\.arl_rule"):
         parse_detectors({"acceptance": {"arl_rule": "siegmund"}})
-    # the opt-in threshold rule and jitter re-estimation reach the CUSUM's parameters
-    cfg = parse_detectors({"acceptance": {"arl_rule": "gaussian", "jitter_blocks": 24}})
+    with pytest.raises(ConfigError, match=r"detectors\.prefix_hit\.refine_s"):
+        parse_detectors({"prefix_hit": {"refine_s": -1}})
+    # the threshold rule, jitter re-estimation and baseline refinement reach the CUSUM's parameters
+    cfg = parse_detectors({"acceptance": {"arl_rule": "lorden", "jitter_blocks": 0, "refine_s": 0}})
     ev = next(e for e in build_evaluators(FindingsBook(), cfg) if getattr(e, "name", "") == "acceptance_drift")
-    assert (ev.params.arl_rule, ev.params.jitter_blocks) == ("gaussian", 24)
+    assert (ev.params.arl_rule, ev.params.jitter_blocks, ev.params.refine_s) == ("lorden", 0, 0)
+    ev = next(e for e in build_evaluators(FindingsBook(), parse_detectors({}))
+              if getattr(e, "name", "") == "acceptance_drift")
+    assert (ev.params.arl_rule, ev.params.jitter_blocks, ev.params.refine_s) == ("gaussian", 24, 86400)
 
 
 def _guard(evaluators, store):

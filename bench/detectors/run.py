@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/detectors/run.py [--seeds N] [--out DIR] [--quick]
     .venv/bin/python bench/detectors/run.py --only rates --no-plots [--rate-seeds 400 --step-seeds 40]
-        [--arl-rule lorden|gaussian] [--jitter-blocks K]    # the rate part alone, ~3 s (extended ~40 s)
+        [--rate-param arl_rule=gaussian --rate-param refine_s=0 ...]    # the rate part alone, ~3 s (extended ~40 s)
     .venv/bin/python bench/detectors/run.py --only leaks --no-plots [--leak-seed-offset 5000]
         [--leak-param confirm=1 ...]    # the leak part alone, ~4 min; held-out seeds; LeakParams variants
 
@@ -47,16 +47,17 @@ def _edges(times: np.ndarray, flags: np.ndarray) -> list[float]:
 
 
 LEAK_PARAMS = leak.LeakParams()  # --leak-param overrides (set before the worker pool forks)
+RATE_PARAMS = drift.RateDriftParams()  # --rate-param overrides
 
 
-def _leak_params(overrides: list[str]) -> leak.LeakParams:
-    """``KEY=VALUE`` strings -> LeakParams, each value parsed as its field's default type."""
-    p = leak.LeakParams()
+def _params(cls, overrides: list[str], flag: str):
+    """``KEY=VALUE`` strings -> a params dataclass, each value parsed as its field's default type."""
+    p = cls()
     kw = {}
     for item in overrides:
         key, sep, val = item.partition("=")
         if not sep or not hasattr(p, key):
-            raise SystemExit(f"--leak-param {item!r}: expected FIELD=VALUE with a LeakParams field")
+            raise SystemExit(f"{flag} {item!r}: expected FIELD=VALUE with a {cls.__name__} field")
         cur = getattr(p, key)
         if isinstance(cur, bool):
             kw[key] = val.lower() in ("1", "true", "yes")
@@ -158,10 +159,9 @@ def _minute_rates(c: sy.RateCase):
 
 
 def rate_job(args):
-    kind, seed, change, rule, blocks = args
+    kind, seed, change = args
     c = sy.rate_case(kind, seed, change=change, baseline=0.6 if kind in ("step", "gradual") else None)
-    alarms, _ = drift.scan_rate(c.t, c.drafts, c.accepted,
-                                drift.RateDriftParams(arl_rule=rule, jitter_blocks=blocks))
+    alarms, _ = drift.scan_rate(c.t, c.drafts, c.accepted, RATE_PARAMS)
     res = {"sla-guard binomial CUSUM": [a.at for a in alarms]}
     from river import drift as rd
 
@@ -291,17 +291,19 @@ def main(argv=None) -> int:
                     help="run one part of the corpus only (same seeds as the full run)")
     ap.add_argument("--step-seeds", type=int, default=None,
                     help="seeds per rate step size (default: rate-seeds / 4); FA series unchanged")
-    ap.add_argument("--arl-rule", choices=("gaussian", "lorden"), default=drift.RateDriftParams().arl_rule,
-                    help="rate CUSUM threshold rule (RateDriftParams.arl_rule)")
-    ap.add_argument("--jitter-blocks", type=int, default=drift.RateDriftParams().jitter_blocks,
-                    help="rate CUSUM: blocks of re-estimated jitter (RateDriftParams.jitter_blocks)")
+    ap.add_argument("--rate-param", action="append", default=[], metavar="FIELD=VALUE",
+                    help="override a RateDriftParams field for sla-guard's rate rows (repeatable), "
+                         "e.g. arl_rule=gaussian, jitter_blocks=24, refine_s=0")
     ap.add_argument("--leak-seed-offset", type=int, default=0,
                     help="add this to every leak-corpus seed: a held-out corpus (0: the fixed one)")
+    ap.add_argument("--rate-seed-offset", type=int, default=0,
+                    help="add this to every rate-corpus seed: a held-out corpus (0: the fixed one)")
     ap.add_argument("--leak-param", action="append", default=[], metavar="FIELD=VALUE",
                     help="override a LeakParams field for sla-guard's leak rows (repeatable)")
     a = ap.parse_args(argv)
-    global LEAK_PARAMS
-    LEAK_PARAMS = _leak_params(a.leak_param)
+    global LEAK_PARAMS, RATE_PARAMS
+    LEAK_PARAMS = _params(leak.LeakParams, a.leak_param, "--leak-param")
+    RATE_PARAMS = _params(drift.RateDriftParams, a.rate_param, "--rate-param")
     if a.quick:
         a.seeds, a.leak_seeds, a.rate_seeds = 2, 2, 4
     t0 = time.time()
@@ -317,7 +319,7 @@ def main(argv=None) -> int:
     for ch in (-0.05, -0.10, -0.15, 0.10):
         rjobs += [("step", 1000 + s, ch) for s in range(n_steps)]
     rjobs += [("gradual", 1000 + s, -0.10) for s in range(n_steps)]
-    rjobs = [(*j, a.arl_rule, a.jitter_blocks) for j in rjobs]
+    rjobs = [(k, s + a.rate_seed_offset, ch) for k, s, ch in rjobs]
     if a.only == "rates":
         jobs = []
     if a.only == "leaks":
@@ -346,12 +348,13 @@ def main(argv=None) -> int:
     gd = [d for v in gs["delays"].values() for d in v]
     print(f"gradual -0.10 over 1 h: CUSUM detected {len(gd)}/{len(grad)}, delay median "
           f"{np.median(gd) * 60 if gd else float('nan'):.1f} min after ramp start")
-    p = drift.RateDriftParams(arl_rule=a.arl_rule, jitter_blocks=a.jitter_blocks)
+    p = RATE_PARAMS
     lorden = drift.threshold_for_arl(p.arl0_s, p.interval_s, p.n_sides, p.family)
     rule = ("Lorden ln(ARL0/interval * sides)" if p.arl_rule == "lorden" else
             f"exact Gaussian-LLR ARL, worst case (Lorden: {lorden:.2f}; lower where jitter caps an interval)")
     print(f"CUSUM threshold h = {p.threshold:.2f} nats, {rule} (ARL0 {p.arl0_s / DAY:.0f} d, interval "
-          f"{p.interval_s:.0f} s, sides {p.n_sides}); jitter blocks {p.jitter_blocks}")
+          f"{p.interval_s:.0f} s, sides {p.n_sides}); jitter blocks {p.jitter_blocks}, "
+          f"tolerance {p.tolerance}, shift {p.shift}, baseline refined for {p.refine_s / HOUR:g} h")
     if not a.no_plots:
         plots(a.out, leak_results, rate_results)
     print(f"({time.time() - t0:.0f} s)")

@@ -6,12 +6,13 @@ log-likelihood ratio of its (successes x out of n) under the shifted rate p1 ver
 p0, divided by an overdispersion factor phi_i = 1 + n_i * tau^2 / (p0 (1 - p0)) that caps the
 evidence one interval can carry when the rate itself jitters between intervals (workload mix).
 The alarm threshold h follows from the configured mean time between false alarms (ARL0), for
-steps = ARL0 / interval * sides * family: by default Lorden's bound ARL0 >= e^h for an LLR CUSUM,
-h = ln(steps). Opt-in (arl_rule="gaussian"): the h at which a CUSUM of Gaussian log-likelihood
-ratios (increments N(-theta^2/2, theta^2); Brook & Evans' Markov chain) has exactly that run
-length at the theta that makes it shortest, about ln(steps) - 1.58 nats; and (jitter_blocks)
-tau re-estimated hour by hour after warm-up. The derivation, the measurements and why the
-defaults stay are in docs/detectors.md.
+steps = ARL0 / interval * sides * family: by default the h at which a CUSUM of Gaussian
+log-likelihood ratios (increments N(-theta^2/2, theta^2); Brook & Evans' Markov chain) has exactly
+that run length at the theta that makes it shortest, about ln(steps) - 1.58 nats; opt-in
+(arl_rule="lorden") Lorden's bound ARL0 >= e^h, h = ln(steps). The baseline p0 and the jitter tau
+are learned in a 1 h warm-up and then keep learning from alarm-free data (refine_s,
+jitter_blocks): a 1 h estimate of either is too rough for the exact threshold. The derivation and
+the measurements are in docs/detectors.md.
 
 Latency: TPOT per interval is compared with a baseline for the same load bin (running requests,
 log2 bins) learned during warm-up, through a Gaussian-mean CUSUM on the relative increase, so a
@@ -148,9 +149,9 @@ class RateDriftParams:
     interval_s: float = 60.0  # one CUSUM step
     warmup_s: float = 3600.0  # baseline learned over this span
     min_warmup_trials: int = 2000  # and at least this many trials (tokens) in it
-    shift: float = 0.05  # design shift (absolute rate) beyond the tolerance band: p1 = p0 - 0.075,
+    shift: float = 0.05  # design shift (absolute rate) beyond the tolerance band: p1 = p0 - 0.07,
     # a 0.10 drop less the wander a baseline can be off by
-    tolerance: float = 0.025  # indifference band: slow wander within +-tolerance is not drift
+    tolerance: float = 0.02  # indifference band: slow wander within +-tolerance is not drift
     sides: str = "both"  # "down" | "up" | "both"
     arl0_s: float = 30 * DAY  # mean time between false alarms, per detector family
     family: int = 1  # detectors sharing the ARL0 budget (e.g. overall + per position)
@@ -158,17 +159,22 @@ class RateDriftParams:
     lr_lags: int = 10  # autocovariance lags of the long-run jitter variance (Bartlett weights):
     # the request mix outlives one interval, so adjacent intervals' excesses add up in the CUSUM
     resolve_s: float = 1800.0  # recent window whose rate must be back near baseline to resolve
-    arl_rule: str = "lorden"  # "lorden": h = ln(steps), Lorden's bound ARL0 >= e^h; "gaussian": the
-    # exact run length of a Gaussian-LLR CUSUM at the worst per-interval information (1.58 nats lower:
-    # faster, but it spends the slack that absorbs a 1 h warm-up's error in tau; docs/detectors.md)
-    jitter_blocks: int = 0  # > 0: keep re-estimating tau after warm-up, as the mean of the long-run
-    # estimates of this many recent alarm-free blocks of warmup_s, each around its own mean
+    arl_rule: str = "gaussian"  # "gaussian": the exact run length of a Gaussian-LLR CUSUM at the worst
+    # per-interval information; "lorden": h = ln(steps), Lorden's bound ARL0 >= e^h (1.58 nats higher:
+    # slack for a mis-learned baseline and jitter, which refine_s and jitter_blocks now shrink)
+    jitter_blocks: int = 24  # > 0: keep re-estimating tau after warm-up, as the mean of the long-run
+    # estimates of this many recent alarm-free blocks of warmup_s, each around its own mean (0: warm-up only)
+    refine_s: float = DAY  # > 0: p0 keeps learning (expanding mean) from intervals up to this long after
+    # the start, each once refine_hold_s passed with no alarm (a 1 h mean is off by most of the wander)
+    refine_hold_s: float = 1800.0
 
     def __post_init__(self) -> None:
         if self.arl_rule not in ("gaussian", "lorden"):
             raise ValueError(f"arl_rule must be 'gaussian' or 'lorden', not {self.arl_rule!r}")
         if self.jitter_blocks < 0:
             raise ValueError(f"jitter_blocks must be >= 0 (0 = jitter from warm-up only), not {self.jitter_blocks}")
+        if self.refine_s < 0 or self.refine_hold_s < 0:
+            raise ValueError("refine_s and refine_hold_s must be >= 0 s (refine_s 0: baseline from warm-up only)")
 
     @property
     def n_sides(self) -> int:
@@ -234,6 +240,9 @@ class RateCusum:
     since_down: tuple[float, float, float] = (0.0, 0.0, 0.0)  # (t of last zero, n, x) since then
     since_up: tuple[float, float, float] = (0.0, 0.0, 0.0)
     recent: list[tuple[float, float, float]] = field(default_factory=list)  # (t, n, x) for resolve
+    base_n: float = 0.0  # trials and successes behind p0 (warm-up, then refined)
+    base_x: float = 0.0
+    pending: list[tuple[float, float, float]] = field(default_factory=list)  # (t, n, x) on hold for p0
     alarm: Alarm | None = None  # the open alarm, if any
     alarms: int = 0
     skipped: int = 0
@@ -263,6 +272,7 @@ class RateCusum:
         rows = np.array([(n, x) for n, x in self.warm_rates if n > 0], dtype=float).reshape(-1, 2)
         tau2 = long_run_tau2(rows[:, 0], rows[:, 1], p0, p.lr_lags) if len(rows) else 0.0
         self.p0 = p0
+        self.base_n, self.base_x = self.warm_n, self.warm_x
         self.warm_rates.clear()
         self.tau2_blocks = [tau2]
         self._set_jitter(tau2)
@@ -300,6 +310,24 @@ class RateCusum:
         self._set_jitter(float(np.mean(self.tau2_blocks)))
         self.block.clear()
         self.block_start = t
+
+    def _refine(self, t: float, n: float, x: float, fired: bool) -> None:
+        """Expanding-mean baseline after warm-up. Under slow wander of the workload mix a 1 h mean
+        is off by most of the wander itself (an hour holds about one correlation time), and that
+        error adds to every later deviation; each further hour shrinks it. An interval joins only
+        once refine_hold_s passed without an alarm (an alarm drops the ones on hold), so a change
+        the CUSUM finds within that time never moves the baseline it is judged against."""
+        p = self.params
+        if fired or self.alarm is not None:
+            self.pending.clear()
+            return
+        self.pending.append((t, n, x))
+        while self.pending and self.pending[0][0] <= t - p.refine_hold_s:
+            t0, n0, x0 = self.pending.pop(0)
+            if t0 - float(self.started) <= p.refine_s:
+                self.base_n += n0
+                self.base_x += x0
+                self.p0 = min(max(self.base_x / self.base_n, 1e-4), 1 - 1e-4)
 
     def update(self, t: float, n: float, x: float) -> Alarm | None:
         """One interval; returns a new Alarm when a CUSUM crosses its threshold."""
@@ -340,6 +368,8 @@ class RateCusum:
                 self.s_up, self.since_up = 0.0, (t, 0.0, 0.0)
         if p.jitter_blocks > 0:
             self._jitter_block(t, n, x, new is not None)
+        if p.refine_s > 0:
+            self._refine(t, n, x, new is not None)
         if (new is None and self.alarm is not None and t - self.alarm.at >= p.resolve_s
                 and self._back_to_baseline()):
             self.alarm = None

@@ -54,7 +54,10 @@ class RateConfig(_Strict):
                                             "or the exact Gaussian-CUSUM run length (docs/detectors.md)")
     jitter_blocks: int = Field(default=_RATE.jitter_blocks, ge=0,
                                description="> 0: keep re-estimating the rate's jitter after warm-up over this "
-                                           "many recent blocks")
+                                           "many recent blocks (0: from warm-up only)")
+    refine_s: float = Field(default=_RATE.refine_s, ge=0,
+                            description="the baseline keeps learning from alarm-free intervals until this "
+                                        "long after the start (0: from warm-up only)")
 
 
 class TpotConfig(_Strict):
@@ -230,7 +233,8 @@ class RateDriftEvaluator:
         self.by = ("model", "pool", "position") if by_position else ("model", "pool")
         self.params = drift.RateDriftParams(interval_s=cfg.interval_s, warmup_s=cfg.warmup_s, shift=cfg.shift,
                                             tolerance=cfg.tolerance, sides=sides, arl0_s=cfg.arl0_days * drift.DAY,
-                                            family=family, arl_rule=cfg.arl_rule, jitter_blocks=cfg.jitter_blocks)
+                                            family=family, arl_rule=cfg.arl_rule, jitter_blocks=cfg.jitter_blocks,
+                                            refine_s=cfg.refine_s)
         self._n, self._x = _Counters(), _Counters()
         self._acc: dict[tuple, list[float]] = defaultdict(lambda: [0.0, 0.0])
         self._next: float | None = None
