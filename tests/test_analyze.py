@@ -50,6 +50,21 @@ def test_analyze_leak_quiet_on_non_leaking_series(tmp_path):
     assert out["status_at_end"] == "ok"
 
 
+def test_analyze_leak_with_running_requests_is_load_aware(tmp_path):
+    """A non-leaking series whose RSS follows a load swing (held-out seed 5001): from RSS alone
+    the swing reads as growth (alarms), with the running-requests column the load part is
+    removed, as the guard does live, and nothing is found."""
+    c = sy.rss_case("load_swings", 5001)
+    rows = ["timestamp,rss_bytes,running_requests"] + [
+        f"{t:.0f},{v:.0f},{ld:.3f}" for t, v, ld in zip(c.t, c.v, c.load, strict=True)]
+    (tmp_path / "rss.csv").write_text("\n".join(rows) + "\n")
+    (tmp_path / "rss_only.csv").write_text("\n".join(r.rsplit(",", 1)[0] for r in rows) + "\n")
+    rss_only = json.loads(_run("leak", tmp_path / "rss_only.csv").stdout)
+    aware = json.loads(_run("leak", tmp_path / "rss.csv").stdout)
+    assert rss_only["load_aware"] is False and rss_only["alarms"] >= 1
+    assert aware["load_aware"] is True and aware["alarms"] == 0 and aware["detected"] is False
+
+
 def test_analyze_drift_detects_drop_and_iso_timestamps(tmp_path):
     c = sy.rate_case("step", 5, change=-0.10, baseline=0.6, days=0.5, onset_h=4.0)
     from datetime import UTC, datetime
@@ -87,6 +102,12 @@ def test_analyze_bad_input_exit_2_with_clear_message(tmp_path, content, needle):
     assert r.returncode == 2
     assert needle in r.stderr
     assert r.stdout == ""
+
+
+def test_analyze_drift_bad_option_exit_2(tmp_path):
+    (tmp_path / "acc.csv").write_text("timestamp,draft_tokens,accepted_tokens\n1,0,0\n2,10,5\n")
+    r = _run("drift", tmp_path / "acc.csv", "--jitter-blocks", "-1")
+    assert r.returncode == 2 and "jitter_blocks must be >= 0" in r.stderr and r.stdout == ""
 
 
 def test_analyze_missing_and_binary_file(tmp_path):

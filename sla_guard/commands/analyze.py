@@ -25,7 +25,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("analyze", help="detect leaks / rate drifts in a recorded CSV (post-mortem, CI)",
                        description=__doc__)
     kinds = p.add_subparsers(dest="kind", required=True)
-    lk = kinds.add_parser("leak", help="CSV columns: timestamp,rss_bytes[,limit_bytes]")
+    lk = kinds.add_parser("leak", help="CSV columns: timestamp,rss_bytes[,limit_bytes][,running_requests] "
+                                       "(running requests make it load-aware, as in the guard)")
     lk.add_argument("file", type=Path)
     lk.add_argument("--limit-bytes", type=float, default=None, help="memory limit when the CSV has none")
     lk.add_argument("--time-scale", type=float, default=1.0,
@@ -39,6 +40,12 @@ def add_parser(sub) -> argparse.ArgumentParser:
     dr.add_argument("--sides", choices=("down", "up", "both"), default=d.sides)
     dr.add_argument("--warmup-s", type=float, default=d.warmup_s, help="baseline learning span (s)")
     dr.add_argument("--interval-s", type=float, default=d.interval_s, help="CUSUM step (s)")
+    dr.add_argument("--arl-rule", choices=("gaussian", "lorden"), default=d.arl_rule,
+                    help="threshold: exact Gaussian run length or Lorden's bound (docs/detectors.md)")
+    dr.add_argument("--jitter-blocks", type=int, default=d.jitter_blocks,
+                    help="re-estimate jitter over this many blocks after warm-up (0: warm-up only)")
+    dr.add_argument("--refine-s", type=float, default=d.refine_s,
+                    help="keep learning the baseline until this long after the start (0: warm-up only)")
     return p
 
 
@@ -92,7 +99,11 @@ def analyze_leak(cols: dict[str, np.ndarray], limit_bytes: float | None, time_sc
         lim = cols["limit_bytes"][np.isfinite(cols["limit_bytes"])]
         limit_bytes = float(lim[-1]) if len(lim) else None
     t, v = cols["timestamp"], cols["rss_bytes"]
-    verdicts = leak.scan(t, v, params, limit_bytes=limit_bytes)
+    load = None
+    if "running_requests" in cols:
+        ok = np.isfinite(cols["running_requests"])
+        load = (t[ok], cols["running_requests"][ok]) if ok.sum() >= 2 else None
+    verdicts = leak.scan(t, v, params, limit_bytes=limit_bytes, load=load)
     first = leak.first_detection(verdicts)
     last = verdicts[-1][1] if verdicts else leak.LeakVerdict("unknown", "too_short")
     shown = first[1] if first else last
@@ -114,20 +125,25 @@ def analyze_leak(cols: dict[str, np.ndarray], limit_bytes: float | None, time_sc
         "samples": len(t),
         "span_s": float(t.max() - t.min()),
         "time_scale": time_scale,
+        "load_aware": load is not None,
     }
 
 
 def analyze_drift(cols: dict[str, np.ndarray], args) -> dict:
-    params = drift.RateDriftParams(interval_s=args.interval_s, warmup_s=args.warmup_s, shift=args.shift,
-                                   tolerance=args.tolerance,
-                                   sides=args.sides, arl0_s=args.arl0_days * drift.DAY)
+    try:
+        params = drift.RateDriftParams(
+            interval_s=args.interval_s, warmup_s=args.warmup_s, shift=args.shift, tolerance=args.tolerance,
+            sides=args.sides, arl0_s=args.arl0_days * drift.DAY, arl_rule=args.arl_rule,
+            jitter_blocks=args.jitter_blocks, refine_s=args.refine_s)
+    except ValueError as err:
+        raise InputError(f"bad option: {err}") from None
     alarms, cus = drift.scan_rate(cols["timestamp"], cols["draft_tokens"], cols["accepted_tokens"], params)
     first = alarms[0] if alarms else None
     return {
         "detected": first is not None,
         "detected_at": first.at if first else None,
         "direction": first.direction if first else None,
-        "baseline_rate": cus.p0,
+        "baseline_rate": first.baseline if first else cus.p0,  # p0 keeps learning after the alarm's
         "rate_after": first.after if first else cus.recent_rate(),
         "change_at": first.change_at if first else None,
         "alarms": len(alarms),
@@ -149,7 +165,7 @@ def _finite(v):
 def run(args) -> int:
     try:
         if args.kind == "leak":
-            cols = read_csv(args.file, ("timestamp", "rss_bytes"), ("limit_bytes",))
+            cols = read_csv(args.file, ("timestamp", "rss_bytes"), ("limit_bytes", "running_requests"))
             result = analyze_leak(cols, args.limit_bytes, args.time_scale)
         else:
             cols = read_csv(args.file, ("timestamp", "draft_tokens", "accepted_tokens"))
