@@ -63,6 +63,38 @@ def test_hinge_fit_beats_line_and_steps_on_an_onset():
     assert leak.hinge_fit(x, -y) is None  # only rising hinges
 
 
+def test_steps_line_fit_recovers_slope_and_steps():
+    x = np.arange(24.0)
+    y = 2.0 * x + np.where(x >= 10, 50.0, 0.0) + np.where(x >= 17, 30.0, 0.0)
+    sse, slope, level, edges = leak.steps_line_fit(x, y)
+    assert sse == pytest.approx(0.0, abs=1e-6) and slope == pytest.approx(2.0)
+    assert edges == (0, 10, 17, 24)
+    assert level == pytest.approx(np.where(x >= 10, 50.0, 0.0) + np.where(x >= 17, 30.0, 0.0))
+    assert leak.steps_line_fit(x[:5], y[:5]) is None  # too short for two levels of 3 points
+
+
+def test_leak_under_an_allocator_step_is_found_a_staircase_is_not():
+    """2 h window of 5-min floor points. A 48 MiB/h leak with a 128 MiB allocator step in the
+    middle fits steps better than a line (so the plain test calls it a step); with the step
+    removed the leak is left, and found (step_trend). Two flat steps, and a staircase whose
+    levels are flat, stay "not a leak"."""
+    rng = np.random.default_rng(7)
+    x = np.arange(24) * 300.0
+    noise = rng.normal(0, 2 * MIB, 24)
+    step = np.where(x >= 3600, 128 * MIB, 0.0)
+    leaky = x * 48 * MIB / HOUR + step + noise
+    p = leak.LeakParams()
+    plain = leak.window_test(x, leaky, p, 2 * HOUR, hinge=True)
+    assert not plain["leak"] and plain["reason"] == "step_not_trend"
+    found = leak.window_test(x, leaky, p, 2 * HOUR, hinge=True, steps=True)
+    assert found["leak"] and found["reason"] == "trend_with_step"
+    assert found["slope_bps"] * HOUR / MIB == pytest.approx(48, rel=0.2)  # the step is not counted
+    stairs = step + np.where(x >= 5400, 192 * MIB, 0.0) + noise
+    assert not leak.window_test(x, stairs, p, 2 * HOUR, hinge=True, steps=True)["leak"]
+    ramps = np.clip((x - 1800) / 1200, 0, 1) * 128 * MIB + np.clip((x - 4800) / 900, 0, 1) * 128 * MIB + noise
+    assert not leak.window_test(x, ramps, p, 2 * HOUR, hinge=True, steps=True)["leak"]
+
+
 def test_diff_load_coef_ignores_trend_step_and_warmup():
     rng = np.random.default_rng(3)
     n = 200

@@ -70,6 +70,10 @@ class LeakParams:
     # which sample held the minimum, not a change of load)
     confirm: int = 2  # a leak needs this many consecutive buckets whose verdict is "leak": a
     # one-bucket verdict is what a transient makes, a leak persists
+    step_trend: bool = True  # in the shortest window, given a load series, a trend the step test
+    # rejects gets a second test with up to two upward steps removed (a leak under an allocator
+    # step is both)
+    min_step_segment: int = 3  # points per level in that fit (one odd point is not a level)
 
     def scaled(self, k: float) -> LeakParams:
         if k <= 0:
@@ -249,6 +253,55 @@ def step_sse(y: np.ndarray, breaks: int = 2) -> float:
     return best
 
 
+def steps_line_fit(x: np.ndarray, y: np.ndarray, breaks: int = 2, min_seg: int = 3
+                   ) -> tuple[float, float, np.ndarray, tuple[int, ...]] | None:
+    """Least-squares fit of a common slope plus a level per segment, with up to ``breaks``
+    breaks, each segment at least ``min_seg`` points: (SSE, slope, level offset of each point
+    from the first segment's level, segment edges). A leak with an allocator step in its window has this
+    shape; removing the offsets leaves the leak."""
+    n = len(y)
+    if n < 2 * min_seg:
+        return None
+    cs = {k: np.concatenate([[0.0], np.cumsum(v)])
+          for k, v in (("n", np.ones(n)), ("x", x), ("y", y), ("xx", x * x), ("xy", x * y), ("yy", y * y))}
+
+    def moments(a, b):  # centred (Sxx, Sxy, Syy) of segments [a, b), vectorized over index arrays
+        m = {k: c[b] - c[a] for k, c in cs.items()}
+        return (m["xx"] - m["x"] ** 2 / m["n"], m["xy"] - m["x"] * m["y"] / m["n"],
+                m["yy"] - m["y"] ** 2 / m["n"])
+
+    cands: list[tuple[np.ndarray, ...]] = []
+    m1 = np.arange(min_seg, n - min_seg + 1)
+    if len(m1):
+        cands.append((m1,))
+    if breaks >= 2:
+        i, j = _pairs(n + 1)
+        ok = (i >= min_seg) & (j - i >= min_seg) & (n - j >= min_seg)
+        if ok.any():
+            cands.append((i[ok], j[ok]))
+    best: tuple[float, float, tuple[int, ...]] | None = None
+    for cut in cands:
+        edges = [np.zeros_like(cut[0]), *cut, np.full_like(cut[0], n)]
+        parts = [moments(a, b) for a, b in itertools.pairwise(edges)]
+        sxx = sum(q[0] for q in parts)
+        sxy = sum(q[1] for q in parts)
+        syy = sum(q[2] for q in parts)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            slope = np.where(sxx > 0, sxy / sxx, 0.0)
+        sse = syy - slope * sxy
+        k = int(np.argmin(sse))
+        if best is None or sse[k] < best[0]:
+            best = (float(sse[k]), float(slope[k]), tuple(int(c[k]) for c in cut))
+    if best is None:
+        return None
+    sse, slope, cuts = best
+    edges = (0, *cuts, n)
+    level = np.empty(n)
+    for a, b in itertools.pairwise(edges):
+        level[a:b] = y[a:b].mean() - slope * x[a:b].mean()
+    return sse, slope, level - level[0], edges
+
+
 def _hinge_fits(x: np.ndarray, y: np.ndarray, knots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Least-squares flat-then-rising fits, one per knot: (SSE per knot, fitted values per knot).
     Knots whose best slope is not positive get an infinite SSE."""
@@ -351,9 +404,10 @@ def work_rate(t_work: np.ndarray, work: np.ndarray, start: float, end: float) ->
 # --- the test on one window -----------------------------------------------------------------
 
 def window_test(x: np.ndarray, y: np.ndarray, p: LeakParams, window_s: float | None = None,
-                min_rise: float | None = None, hinge: bool = False) -> dict:
+                min_rise: float | None = None, hinge: bool = False, steps: bool = False) -> dict:
     """Leak test of one window of floor points; returns a JSON-able dict with ``leak`` and
-    ``reason``. ``hinge``: the shape tests also consider a flat-then-rising fit."""
+    ``reason``. ``hinge``: the shape tests also consider a flat-then-rising fit. ``steps``: a
+    window the step test rejects is tested again with its upward steps removed."""
     slope, icpt = theil_sen(x, y)
     resid = y - (icpt + slope * x)
     line = float(np.dot(resid, resid))
@@ -364,27 +418,60 @@ def window_test(x: np.ndarray, y: np.ndarray, p: LeakParams, window_s: float | N
     else:
         _, z = mann_kendall(x, y, slope)
     out = {"slope_bps": slope, "z": z, "n": len(x), "leak": False, "reason": "ok"}
+    span = window_s if window_s is not None else float(x[-1] - x[0])
+    rise = p.min_rise_bytes if min_rise is None else min_rise
     if z < p.z_crit:
         out["reason"] = "not_significant"
-        return out
-    span = window_s if window_s is not None else float(x[-1] - x[0])
-    if slope < p.min_slope_bps or slope * span < (p.min_rise_bytes if min_rise is None else min_rise):
+    elif slope < p.min_slope_bps or slope * span < rise:
         out["reason"] = "slope_below_min"
         return out
-    if step_sse(y) < p.step_ratio * line:
+    elif step_sse(y) < p.step_ratio * line:
         out["reason"] = "step_not_trend"
+    elif not _persists(x, y, slope, p):
+        out["reason"] = "growth_stopped"
         return out
+    else:
+        out["leak"] = True
+        out["reason"] = "trend"
+        return out
+    if steps and out["reason"] == "step_not_trend":  # an allocator step may hide a leak
+        stepped = _trend_beyond_steps(x, y, p, span, rise)
+        if stepped is not None:
+            return stepped
+    return out
+
+
+def _persists(x: np.ndarray, y: np.ndarray, slope: float, p: LeakParams) -> bool:
+    """The last third still grows (a plateau or a saturating warm-up does not)."""
     last = x >= x[0] + (x[-1] - x[0]) * 2 / 3
     first = x <= x[0] + (x[-1] - x[0]) / 3
-    if last.sum() >= 3 and first.sum() >= 3:
-        recent, _ = theil_sen(x[last], y[last])
-        early, _ = theil_sen(x[first], y[first])
-        if recent < p.persistence * max(slope, early):  # plateau, or a saturating warm-up
-            out["reason"] = "growth_stopped"
-            return out
-    out["leak"] = True
-    out["reason"] = "trend"
-    return out
+    if last.sum() < 3 or first.sum() < 3:
+        return True
+    recent, _ = theil_sen(x[last], y[last])
+    early, _ = theil_sen(x[first], y[first])
+    return recent >= p.persistence * max(slope, early)
+
+
+def _trend_beyond_steps(x: np.ndarray, y: np.ndarray, p: LeakParams, span: float, rise: float) -> dict | None:
+    """The window's trend once up to two upward steps are removed (steps_line_fit): a leak
+    under an allocator step. The steps themselves are not counted in the rise; a window with
+    a downward level change (memory returned) is not judged this way."""
+    fit = steps_line_fit(x, y, 2, p.min_step_segment)
+    if fit is None:
+        return None
+    noise = math.sqrt(max(fit[0], 0.0) / max(len(y) - len(fit[3]), 1))
+    if np.any(np.diff(fit[2]) < -3 * noise):  # a fall beyond the noise: not an allocator step
+        return None
+    yt = y - fit[2]
+    slope, _ = theil_sen(x, yt)
+    _, z = mann_kendall(x, yt, slope)
+    if z < p.z_crit or slope < p.min_slope_bps or slope * span < rise or not _persists(x, yt, slope, p):
+        return None
+    # a leak grows between the steps too; a staircase of allocator ramps is flat between them
+    for a, b in itertools.pairwise(fit[3]):
+        if b - a >= 2 * p.min_step_segment and theil_sen(x[a:b], y[a:b])[0] < p.persistence * slope:
+            return None
+    return {"slope_bps": slope, "z": z, "n": len(x), "leak": True, "reason": "trend_with_step"}
 
 
 # --- whole-series verdicts ------------------------------------------------------------------
@@ -468,7 +555,10 @@ def _assess_floor(tf, yf, now, seg_start, p, limit_bytes, load, work) -> LeakVer
         yw = yf[m]
         if w == shortest and short_load is not None:
             yw = yw - (short_load[m] - short_load[m].mean())
-        res = window_test(x, yw, p, w, rise, hinge=p.hinge and w == shortest)
+        # the step-removed retest only with a load series: without one, a load shift is a level
+        # change too, and not an allocator's
+        res = window_test(x, yw, p, w, rise, hinge=p.hinge and w == shortest,
+                          steps=p.step_trend and w == shortest and load is not None)
         res["window_s"] = w
         verdict.windows.append(res)
         if res["leak"] and (best is None or res["z"] > best["z"]):
