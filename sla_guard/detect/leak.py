@@ -257,8 +257,8 @@ def steps_line_fit(x: np.ndarray, y: np.ndarray, breaks: int = 2, min_seg: int =
                    ) -> tuple[float, float, np.ndarray, tuple[int, ...]] | None:
     """Least-squares fit of a common slope plus a level per segment, with up to ``breaks``
     breaks, each segment at least ``min_seg`` points: (SSE, slope, level offset of each point
-    from the first segment's level, segment edges). A leak with an allocator step in its window has this
-    shape; removing the offsets leaves the leak."""
+    from the first segment's level, segment edges). A leak with an allocator step in its window
+    has this shape; removing the offsets leaves the leak."""
     n = len(y)
     if n < 2 * min_seg:
         return None
@@ -424,20 +424,14 @@ def window_test(x: np.ndarray, y: np.ndarray, p: LeakParams, window_s: float | N
         out["reason"] = "not_significant"
     elif slope < p.min_slope_bps or slope * span < rise:
         out["reason"] = "slope_below_min"
-        return out
     elif step_sse(y) < p.step_ratio * line:
         out["reason"] = "step_not_trend"
+        # an allocator step may hide a leak: the trend with the steps removed
+        return (_trend_beyond_steps(x, y, p, span, rise) if steps else None) or out
     elif not _persists(x, y, slope, p):
         out["reason"] = "growth_stopped"
-        return out
     else:
-        out["leak"] = True
-        out["reason"] = "trend"
-        return out
-    if steps and out["reason"] == "step_not_trend":  # an allocator step may hide a leak
-        stepped = _trend_beyond_steps(x, y, p, span, rise)
-        if stepped is not None:
-            return stepped
+        out["leak"], out["reason"] = True, "trend"
     return out
 
 
