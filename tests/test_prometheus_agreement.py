@@ -236,6 +236,9 @@ def test_extrapolated_rate_is_exact_on_prometheus_own_samples(world):
                 v = [float(p[1]) for p in r["values"]]
                 inst = r["metric"]["instance"]
                 mine = promql.extrapolated_rate(t, v, at - w, at)
+                if len(t) < 2:  # a series born at the window's end: Prometheus drops it, and so do we
+                    assert inst not in inc and math.isnan(mine), (w, inst, t)
+                    continue
                 assert math.isclose(mine, inc[inst], rel_tol=1e-9, abs_tol=1e-9), (w, inst, mine, inc[inst])
                 mine_r = promql.extrapolated_rate(t, v, at - w, at, is_rate=True)
                 assert math.isclose(mine_r, rate[inst], rel_tol=1e-9, abs_tol=1e-12)
