@@ -148,10 +148,24 @@ def _close(a: float, b: float, rel: float = 0.01, abs_: float = 1e-9) -> bool:
     return math.isclose(a, b, rel_tol=rel, abs_tol=abs_)
 
 
+def _same_data(world, metric: str, at: float, w: float, instance: str | None = None) -> bool:
+    """Did the guard and Prometheus scrape the same values in this window? On a starved host a
+    scrape can slip past the engines' mid-second update, and then the two hold different data
+    (the comparison would test the host, not the math)."""
+    sel = f'{metric}{{instance="{instance}"}}' if instance else metric
+    prom = {r["metric"]["instance"]: [float(v) for _, v in r["values"]]
+            for r in world["prom"].query(f"{sel}[{duration(w)}]", at)}
+    mine = {dict(x.labels)["instance"]: x.v.tolist()
+            for x in world["store"].range(metric, {"instance": instance} if instance else {}, at - w, at)}
+    return prom == mine
+
+
 def test_increase_and_rate_agree_within_1pct(world):
     prom, store = world["prom"], world["store"]
     compared, worst = 0, 0.0
     for at, w in _combos(world):
+        if not _same_data(world, COUNT, at, w):  # one scrape per target: its _count stands for all
+            continue
         for metric in (COUNT, SUM, TPOT_COUNT):
             want = _by(prom.query(f"sum by (instance) (increase({metric}[{duration(w)}]))", at), "instance")
             got = _store_by(store.increase(metric, {}, w, at, ("instance",)), "instance")
@@ -166,7 +180,7 @@ def test_increase_and_rate_agree_within_1pct(world):
         assert want.keys() == got.keys()
         for k in want:
             assert _close(got[k], want[k]), ("rate", w, k, got[k], want[k])
-    assert compared >= 60
+    assert compared >= 30  # of up to 81; fewer only where scrapes slipped
     print(f"\n{compared} increases compared with Prometheus; largest relative difference {worst:.2e}")
 
 
@@ -175,19 +189,28 @@ def test_counter_reset_window_agrees(world):
     before the drop; no negative or doubled increase."""
     prom, store = world["prom"], world["store"]
     inst = world["instances"][2]
-    at = world["ats"][0]
-    w = at - world["t_start"] - 2
-    want = _by(prom.query(f'increase({COUNT}{{instance="{inst}"}}[{duration(w)}])', at), "instance")[inst]
-    got = store.increase(COUNT, {"instance": inst}, w, at)[()]
-    assert _close(got, want) and got > 0
-    # and the guard saw the reset: the raw series drops somewhere in the window
-    (s,) = store.range(COUNT, {"instance": inst}, at - w, at)
-    assert (np.diff(s.v) < 0).any()
+    compared = 0
+    for at in world["ats"]:
+        for w in (at - world["t_start"] - k for k in (2, 4, 6, 8)):
+            if not _same_data(world, COUNT, at, w, inst):
+                continue
+            want = _by(prom.query(f'increase({COUNT}{{instance="{inst}"}}[{duration(w)}])', at), "instance")[inst]
+            got = store.increase(COUNT, {"instance": inst}, w, at)[()]
+            assert _close(got, want) and got > 0, (at, w, got, want)
+            # and the guard saw the reset: the raw series drops somewhere in the window
+            (s,) = store.range(COUNT, {"instance": inst}, at - w, at)
+            assert (np.diff(s.v) < 0).any()
+            compared += 1
+    assert compared >= 1
 
 
 def test_means_quantiles_and_gauges_agree(world):
     prom, store = world["prom"], world["store"]
+    compared = 0
     for at, w in _combos(world):
+        if not _same_data(world, COUNT, at, w):  # one scrape per target: its _count stands for all
+            continue
+        compared += 1
         d = duration(w)
         want = _by(prom.query(f"sum by (pool) (increase({SUM}[{d}])) / sum by (pool) (increase({COUNT}[{d}]))",
                               at), "pool")
@@ -206,6 +229,7 @@ def test_means_quantiles_and_gauges_agree(world):
                 bound = promql.bucket_error_bound(v, c.TTFT_BUCKETS)
                 assert abs(got[k] - v) <= bound, (q, w, k, got[k], v)
                 assert _close(got[k], v), (q, w, k, got[k], v)  # in practice equal
+    assert compared >= 3
     for at in world["ats"]:
         want = _by(prom.query(KV, at), "instance")
         got = _store_by(store.instant(KV, {}, at), "instance")
