@@ -203,6 +203,11 @@ def long_run_tau2(n: np.ndarray, x: np.ndarray, p0: float, lags: int) -> float:
     return max(var0, var0 + 2.0 * acc)
 
 
+def _rate(x: float, n: float) -> float:
+    """x / n kept off 0 and 1, where the log-likelihood ratios are infinite."""
+    return min(max(float(x) / float(n), 1e-4), 1 - 1e-4)
+
+
 def binomial_llr(x: float, n: float, p0: float, p1: float) -> float:
     """log P(x | n, p1) - log P(x | n, p0)."""
     return x * math.log(p1 / p0) + (n - x) * math.log((1 - p1) / (1 - p0))
@@ -226,8 +231,8 @@ class RateCusum:
 
     params: RateDriftParams = field(default_factory=RateDriftParams)
     started: float | None = None
-    warm_n: float = 0.0
-    warm_x: float = 0.0
+    base_n: float = 0.0  # trials and successes behind p0: the warm-up's, then refined (refine_s)
+    base_x: float = 0.0
     warm_rates: list[tuple[float, float]] = field(default_factory=list)  # (n, x), warm-up only
     p0: float | None = None
     tau2: float = 0.0
@@ -240,8 +245,6 @@ class RateCusum:
     since_down: tuple[float, float, float] = (0.0, 0.0, 0.0)  # (t of last zero, n, x) since then
     since_up: tuple[float, float, float] = (0.0, 0.0, 0.0)
     recent: list[tuple[float, float, float]] = field(default_factory=list)  # (t, n, x) for resolve
-    base_n: float = 0.0  # trials and successes behind p0 (warm-up, then refined)
-    base_x: float = 0.0
     pending: list[tuple[float, float, float]] = field(default_factory=list)  # (t, n, x) on hold for p0
     alarm: Alarm | None = None  # the open alarm, if any
     alarms: int = 0
@@ -266,13 +269,11 @@ class RateCusum:
 
     def _learn(self) -> None:
         p = self.params
-        p0 = self.warm_x / self.warm_n
-        p0 = min(max(p0, 1e-4), 1 - 1e-4)
+        p0 = _rate(self.base_x, self.base_n)
         # method of moments for the extra-binomial variance of interval rates
         rows = np.array([(n, x) for n, x in self.warm_rates if n > 0], dtype=float).reshape(-1, 2)
         tau2 = long_run_tau2(rows[:, 0], rows[:, 1], p0, p.lr_lags) if len(rows) else 0.0
         self.p0 = p0
-        self.base_n, self.base_x = self.warm_n, self.warm_x
         self.warm_rates.clear()
         self.tau2_blocks = [tau2]
         self._set_jitter(tau2)
@@ -304,7 +305,7 @@ class RateCusum:
         if t - self.block_start < p.warmup_s:
             return
         rows = np.array(self.block, dtype=float)
-        pb = min(max(rows[:, 1].sum() / rows[:, 0].sum(), 1e-4), 1 - 1e-4)
+        pb = _rate(rows[:, 1].sum(), rows[:, 0].sum())
         self.tau2_blocks = [*self.tau2_blocks, long_run_tau2(rows[:, 0], rows[:, 1], pb, p.lr_lags)]
         del self.tau2_blocks[:-p.jitter_blocks]
         self._set_jitter(float(np.mean(self.tau2_blocks)))
@@ -327,7 +328,7 @@ class RateCusum:
             if t0 - float(self.started) <= p.refine_s:
                 self.base_n += n0
                 self.base_x += x0
-                self.p0 = min(max(self.base_x / self.base_n, 1e-4), 1 - 1e-4)
+                self.p0 = _rate(self.base_x, self.base_n)
 
     def update(self, t: float, n: float, x: float) -> Alarm | None:
         """One interval; returns a new Alarm when a CUSUM crosses its threshold."""
@@ -338,10 +339,10 @@ class RateCusum:
         if self.started is None:
             self.started = t
         if self.p0 is None:
-            self.warm_n += n
-            self.warm_x += x
+            self.base_n += n
+            self.base_x += x
             self.warm_rates.append((n, x))
-            if t - self.started >= p.warmup_s and self.warm_n >= p.min_warmup_trials:
+            if t - self.started >= p.warmup_s and self.base_n >= p.min_warmup_trials:
                 self._learn()
                 self.since_down = self.since_up = (t, 0.0, 0.0)
                 self.block_start = t
