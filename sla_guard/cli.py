@@ -28,6 +28,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    from sla_guard.redact import install_log_redaction
+
+    install_log_redaction(getattr(args, "log_level", None))  # no credentials in any log line
     return int(args._run(args) or 0)
 
 

@@ -155,18 +155,20 @@ class SeriesStore:
 
     # ------------------------------------------------------------------ writing
     def ingest_text(self, exposition: str, t: float, extra_labels: Mapping[str, str] | None = None, *,
-                    group: str | None = None) -> IngestResult:
+                    group: str | None = None, honor_labels: bool = True) -> IngestResult:
         """Parse a text exposition (Prometheus 0.0.4 / OpenMetrics text) and store every sample
         at time ``t``. ``extra_labels`` (e.g. instance, model, pool) are added where the sample
-        lacks them; the sample's own labels win (Prometheus's ``honor_labels: true``). The group
-        defaults to the sorted ``extra_labels``. A parse failure stores nothing and is reported
-        as ``errors['parse']``."""
+        lacks them. Where the sample has one with another value: with ``honor_labels`` the
+        sample's wins (Prometheus's ``honor_labels: true``); without, the target's wins and the
+        sample's is kept as ``exported_<name>`` (``honor_labels: false``: an engine cannot speak
+        for another target's model or pool). The group defaults to the sorted ``extra_labels``.
+        A parse failure stores nothing and is reported as ``errors['parse']``."""
         from sla_guard.ingest.parse import ExpositionError, parse_exposition, parse_raw
 
         try:
             raw = parse_raw(exposition)
             if raw is not None:
-                return self._ingest_raw(raw, t, extra_labels, group)
+                return self._ingest_raw(raw, t, extra_labels, group, honor_labels)
             samples, parse_errors = parse_exposition(exposition)
         except ExpositionError:
             res = IngestResult()
@@ -174,13 +176,14 @@ class SeriesStore:
             with self._lock:
                 self.dropped["parse"] += 1
             return res
-        res = self.ingest_samples(samples, t, extra_labels, group=group)
+        res = self.ingest_samples(samples, t, extra_labels, group=group, honor_labels=honor_labels)
         res.errors.update(parse_errors)
         with self._lock:
             self.dropped.update(parse_errors)
         return res
 
-    def _ingest_raw(self, raw, t: float, extra_labels: Mapping[str, str] | None, group: str | None) -> IngestResult:
+    def _ingest_raw(self, raw, t: float, extra_labels: Mapping[str, str] | None, group: str | None,
+                    honor_labels: bool = True) -> IngestResult:
         """ingest_text's fast path: series found by their raw text in the group's cache."""
         from sla_guard.ingest.parse import labels_of
 
@@ -192,7 +195,9 @@ class SeriesStore:
             gid, slot = self._begin_scrape(gkey, t, res)
             if slot is None:
                 return res
-            extra_t = tuple(sorted(extra.items()))
+            # the cache maps raw series text to a row, so it holds only while the target labels
+            # and the way they merge stay the same
+            extra_t = (*sorted(extra.items()), honor_labels)
             cache = self._gtext[gid]
             if self._gextra[gid] != extra_t:
                 cache.clear()
@@ -212,7 +217,7 @@ class SeriesStore:
                     loc = (flist[packed >> 32], packed & 0xFFFFFFFF)
                 else:
                     labels = labels_of(ltext)
-                    key = _series_key(name, labels, extra)
+                    key = _series_key(name, labels, extra, honor_labels)
                     loc = self._index.get(key)
                     if loc is None:
                         loc = self._new_series(key, gid, res, text_hash=h)
@@ -237,7 +242,7 @@ class SeriesStore:
                 names = self.coarse_names
                 fwd = [x for x in raw if x[1] in names]
                 if fwd:
-                    self._coarse._ingest_raw(fwd, t, extra, repr(gkey))
+                    self._coarse._ingest_raw(fwd, t, extra, repr(gkey), honor_labels)
         return res
 
     def _begin_scrape(self, gkey: tuple, t: float, res: IngestResult) -> tuple[int, int | None]:
@@ -263,9 +268,11 @@ class SeriesStore:
         self._after_write(t)
 
     def ingest_samples(self, samples: Iterable[tuple[str, Mapping[str, str], float]], t: float,
-                       extra_labels: Mapping[str, str] | None = None, *, group: str | None = None) -> IngestResult:
+                       extra_labels: Mapping[str, str] | None = None, *, group: str | None = None,
+                       honor_labels: bool = True) -> IngestResult:
         """Store ``(name, labels, value)`` samples of one scrape at time ``t`` (one new slot of
-        the group). Samples of a series repeated in the same call are duplicates: the first wins."""
+        the group). Samples of a series repeated in the same call are duplicates: the first wins.
+        ``extra_labels`` and ``honor_labels`` as in ``ingest_text``."""
         extra = dict(extra_labels or {})
         gkey = (group,) if group is not None else tuple(sorted(extra.items()))
         res = IngestResult()
@@ -279,7 +286,7 @@ class SeriesStore:
             nans: list[tuple[_Family, int]] = []
             samples_l = samples if isinstance(samples, list) else list(samples)
             for name, labels, value in samples_l:
-                key = _series_key(name, labels, extra)
+                key = _series_key(name, labels, extra, honor_labels)
                 if key in seen:
                     res.errors["duplicate"] += 1
                     continue
@@ -305,7 +312,7 @@ class SeriesStore:
             if self._coarse is not None and self._coarse_due(gid, t):
                 fwd = [x for x in samples_l if x[0] in self.coarse_names]
                 if fwd:
-                    self._coarse.ingest_samples(fwd, t, extra, group=repr(gkey))
+                    self._coarse.ingest_samples(fwd, t, extra, group=repr(gkey), honor_labels=honor_labels)
         return res
 
     def append(self, name: str, labels: Mapping[str, str], t: float, v: float, *, group: str | None = None) -> bool:
@@ -767,14 +774,31 @@ class SeriesStore:
         return promql.group_quantiles(q, self.bucket_increase(metric, matchers, window_s, at, by))
 
 
-def _series_key(name: str, labels: Mapping[str, str], extra: Mapping[str, str]) -> tuple[str, Labels]:
-    """Identity of a series: target labels (``extra``) are overridden by the sample's own, as
-    with Prometheus's honor_labels."""
-    if extra:
+def _series_key(name: str, labels: Mapping[str, str], extra: Mapping[str, str],
+                honor: bool = True) -> tuple[str, Labels]:
+    """Identity of a series: the sample's labels merged with the target's (``extra``). With
+    ``honor`` the sample's own win (Prometheus's ``honor_labels: true``); without, the target's
+    win and a sample value that differs is kept as ``exported_<name>`` (``exported_`` repeated
+    while that name is taken), as Prometheus does with ``honor_labels: false``. Unlike
+    Prometheus, an equal or empty value is not renamed: a page that agrees with its target
+    config keeps the very same series. Runs only when a series is first seen (the scrape cache
+    maps raw text to rows), so its cost is off the per-sample path."""
+    if not extra:
+        return name, tuple(sorted(labels.items()))
+    if honor:
         merged = dict(extra)
         merged.update(labels)
         return name, tuple(sorted(merged.items()))
-    return name, tuple(sorted(labels.items()))
+    merged = dict(labels)
+    for k, v in extra.items():
+        own = merged.get(k)
+        if own and own != v:
+            exported = "exported_" + k
+            while exported in merged or exported in extra:
+                exported = "exported_" + exported
+            merged[exported] = own
+        merged[k] = v
+    return name, tuple(sorted(merged.items()))
 
 
 def _merge_tiers(coarse: list[Series], fine: list[Series]) -> list[Series]:

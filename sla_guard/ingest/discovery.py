@@ -16,6 +16,7 @@ import yaml
 from pydantic import ValidationError
 
 from sla_guard.config import Target
+from sla_guard.redact import redact_url
 
 log = logging.getLogger("sla_guard.ingest.discovery")
 
@@ -70,7 +71,18 @@ class TargetDiscovery:
         seen: dict[str, Target] = {}
         for t in [*self.static, *self._from_file]:
             seen.setdefault(t.name or t.url, t)  # first definition of a name wins
-        return list(seen.values())
+        # an unnamed target is shown as its redacted URL; URLs that differ only in credentials or
+        # query values would share that name (and a store group): number the later ones
+        out, shown = [], set()
+        for t in seen.values():
+            if t.name is None and (name := redact_url(t.url)) in shown:
+                n = 2
+                while f"{name}#{n}" in shown:
+                    n += 1
+                t = t.model_copy(update={"name": f"{name}#{n}"})
+            shown.add(t.name or redact_url(t.url))
+            out.append(t)
+        return out
 
     def _refresh(self) -> None:
         try:

@@ -1,7 +1,10 @@
 """Embedded mode: scrape every engine's /metrics into the guard's ``SeriesStore``.
 
-asyncio + httpx with a per-target timeout, a concurrency limit, and a response-size limit
-enforced while streaming (a page over the limit is abandoned, not buffered). Each scrape is
+asyncio + httpx with a concurrency limit and a response-size limit enforced while streaming (a
+page over the limit is abandoned, not buffered). ``timeout_s`` is a *total* deadline per target
+and round -- waiting for a concurrency slot, connect, headers and body together -- so a target
+that trickles its page a byte a second fails as ``timeout`` and a round never outlasts
+``timeout_s``, whatever its slowest member does. Each scrape is
 stamped with its start time, as Prometheus does. A failed scrape (refused, timeout, non-200,
 too large, unparsable) writes ``up=0`` and a staleness marker for the target, counts
 ``guard_scrape_errors{target,kind}``, and the next round simply tries again: recovery needs
@@ -25,6 +28,7 @@ from sla_guard.config import ScrapeSource as ScrapeConfig
 from sla_guard.config import Target
 from sla_guard.ingest.discovery import TargetDiscovery
 from sla_guard.ingest.source import UP, TargetState
+from sla_guard.redact import redact_text, redact_url
 from sla_guard.store import SeriesStore
 
 log = logging.getLogger("sla_guard.ingest.scrape")
@@ -71,7 +75,9 @@ class Scraper:
             if self._metrics is not None:
                 with contextlib.suppress(KeyError):
                     self._metrics[c.GUARD_TARGET_UP].remove(st.name, st.model, st.pool)
-        await asyncio.gather(*(self._scrape_guarded(t) for t in targets))
+        # one deadline for the whole round: a target still queued or still reading then is failed
+        deadline = asyncio.get_running_loop().time() + self.cfg.timeout_s
+        await asyncio.gather(*(self._scrape_guarded(t, deadline) for t in targets))
         self.rounds += 1
 
     def targets(self) -> list[TargetState]:
@@ -86,32 +92,39 @@ class Scraper:
     # -- one target ----------------------------------------------------------------------------
     @staticmethod
     def _name(t: Target) -> str:
-        return t.name or t.url
+        """The target's name, else its URL redacted: the name is a label on the unauthenticated
+        /metrics and in /v1/targets, so a password or ?token= in the URL must not reach it."""
+        return t.name or redact_url(t.url)
 
-    async def _scrape_guarded(self, target: Target) -> None:
-        async with self._sem:
-            try:
-                await self.scrape_target(target)
-            except Exception:  # never let one target's surprise kill the round
-                log.exception("scraping %s", target.url)
+    async def _scrape_guarded(self, target: Target, deadline: float) -> None:
+        try:
+            await self.scrape_target(target, deadline=deadline)
+        except Exception:  # never let one target's surprise kill the round
+            log.exception("scraping target %s", self._name(target))
 
-    async def scrape_target(self, target: Target, t: float | None = None) -> TargetState:
-        """Scrape one target now (or stamp it ``t``) and store what it served."""
+    async def scrape_target(self, target: Target, t: float | None = None, *,
+                            deadline: float | None = None) -> TargetState:
+        """Scrape one target now (or stamp it ``t``) and store what it served; ``deadline``
+        (event-loop time) defaults to now + ``timeout_s``."""
         name = self._name(target)
         st = self._state.get(name)
         if st is None:
-            st = self._state[name] = TargetState(name, target.url, target.model, target.pool)
+            st = self._state[name] = TargetState(name, redact_url(target.url), target.model, target.pool)
+        # the configured model/pool win over the page's unless the target honors page labels
         labels = {"instance": name, "model": target.model, "pool": target.pool}
+        honor = getattr(target, "honor_labels", False)  # Target.honor_labels (config.py); False: ours win
         t0 = time.perf_counter()
         ts = self.clock() if t is None else t
         try:
-            text = await self._fetch(target.url)
-            res = self.store.ingest_text(text, ts, labels, group=name)
+            if deadline is None:
+                deadline = asyncio.get_running_loop().time() + self.cfg.timeout_s
+            text = await self._fetch(target.url, deadline)
+            res = self.store.ingest_text(text, ts, labels, group=name, honor_labels=honor)
             if res.errors.get("parse"):
                 raise ScrapeFailed("parse", "malformed exposition")
         except ScrapeFailed as err:
             st.up = False
-            st.last_error = f"{err.kind}: {err}"
+            st.last_error = redact_text(f"{err.kind}: {err}")  # httpx errors can quote the URL
             st.errors[err.kind] = st.errors.get(err.kind, 0) + 1
             self._count(name, err.kind)
             self.store.mark_stale(name, ts)
@@ -128,7 +141,17 @@ class Scraper:
         st.last_duration_s = time.perf_counter() - t0
         return st
 
-    async def _fetch(self, url: str) -> str:
+    async def _fetch(self, url: str, deadline: float) -> str:
+        """The page at ``url``, complete before ``deadline`` (event-loop time), or ScrapeFailed.
+        httpx's own timeout bounds each read; ``asyncio.timeout_at`` bounds the total."""
+        try:
+            async with asyncio.timeout_at(deadline):
+                async with self._sem:
+                    return await self._fetch_now(url)
+        except TimeoutError as err:
+            raise ScrapeFailed("timeout", f"no complete answer within {self.cfg.timeout_s:g}s") from err
+
+    async def _fetch_now(self, url: str) -> str:
         limit = self.cfg.max_body_bytes
         try:
             async with self._client.stream("GET", url, timeout=self.cfg.timeout_s) as resp:
