@@ -6,6 +6,10 @@ retrying transient failures with exponential backoff under one idempotency key, 
 POST cannot scale twice. ``KubernetesActuator`` patches the scale subresource of a Deployment or
 a LeaderWorkerSet through the official ``kubernetes`` client (what an HPA or KEDA would do).
 A failure raises ``ActuationError``; the evaluator counts it and carries on.
+
+``LeaderGatedActuator`` wraps either for high availability: two guards run side by side and only
+the elected leader (``sla_guard.leader``) reaches the inner actuator; the standby raises
+``StandbyError`` (an ``ActuationError`` saying who holds the leadership) instead.
 """
 
 from __future__ import annotations
@@ -13,11 +17,14 @@ from __future__ import annotations
 import hashlib
 import time
 from collections.abc import Callable, Mapping
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import httpx
 
 from sla_guard.scale.config import KubernetesTarget, Webhook
+
+if TYPE_CHECKING:
+    from sla_guard.leader import Elector
 
 IDEMPOTENCY_HEADER = "Idempotency-Key"
 LWS_GROUP, LWS_VERSION, LWS_PLURAL = "leaderworkerset.x-k8s.io", "v1", "leaderworkersets"
@@ -25,6 +32,10 @@ LWS_GROUP, LWS_VERSION, LWS_PLURAL = "leaderworkerset.x-k8s.io", "v1", "leaderwo
 
 class ActuationError(RuntimeError):
     """The target could not be set; the message says which and why."""
+
+
+class StandbyError(ActuationError):
+    """This guard is not the leader, so it did not actuate (not a failure of the target)."""
 
 
 class Actuator(Protocol):
@@ -54,6 +65,9 @@ class WebhookActuator:
         self._sleep = sleep
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.attempts = 0
+        # set by LeaderGatedActuator: checked before every attempt, so a leader deposed during
+        # the backoff of a retry does not send it
+        self.may_send: Callable[[], bool] | None = None
 
     def set_replicas(self, model: str, pool: str, replicas: int, key: str,
                      extra: Mapping[str, object] | None = None) -> None:
@@ -63,6 +77,8 @@ class WebhookActuator:
         for attempt in range(self.cfg.retries + 1):
             if attempt:
                 self._sleep(self.cfg.backoff_s * 2 ** (attempt - 1))
+            if self.may_send is not None and not self.may_send():
+                raise StandbyError(f"standby: lost the leadership before attempt {attempt + 1} of {pool}={replicas}")
             self.attempts += 1
             try:
                 resp = self._client.post(self.cfg.url, json=body, headers=headers)
@@ -127,3 +143,31 @@ class KubernetesActuator:
                                                                  t.name, body)
         except Exception as err:
             raise ActuationError(f"scaling {t.kind}/{t.namespace}/{t.name} to {replicas} failed: {err}") from err
+
+
+class LeaderGatedActuator:
+    """Calls the inner actuator only while ``elector`` says this guard leads.
+
+    Keeps the inner actuator's ``name`` so the actuation metrics keep their label. On a standby
+    ``set_replicas`` raises ``StandbyError('standby: not the leader (holder X)')``: the evaluator
+    then neither counts the replicas as ordered nor pretends it actuated."""
+
+    def __init__(self, inner: Actuator, elector: Elector) -> None:
+        self.inner = inner
+        self.elector = elector
+        self.name = inner.name
+        self.standby_skips = 0
+        if hasattr(inner, "may_send"):
+            inner.may_send = elector.is_leader
+
+    def set_replicas(self, model: str, pool: str, replicas: int, key: str) -> None:
+        if not self.elector.is_leader():
+            self.standby_skips += 1
+            raise StandbyError(f"standby: not the leader (holder {self.elector.holder() or 'unknown'})")
+        self.inner.set_replicas(model, pool, replicas, key)
+
+    def close(self) -> None:
+        self.elector.stop()
+        close = getattr(self.inner, "close", None)
+        if close is not None:
+            close()

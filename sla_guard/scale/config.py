@@ -56,6 +56,38 @@ class KubernetesTarget(_Strict):
     namespace: str = "default"
 
 
+class LeaderElection(_Strict):
+    """High availability: which of several guards may actuate (``sla_guard.leader``).
+
+    ``none`` (the default): this guard actuates alone. ``file``: the holder of an flock on
+    ``lock_file`` (guards on one host). ``kubernetes``: the holder of the Lease
+    ``namespace/lease_name`` (client-go's algorithm). The others keep serving verdicts."""
+
+    mode: Literal["none", "file", "kubernetes"] = "none"
+    lock_file: str | None = Field(default=None, description="mode file: path of the lock file (local filesystem)")
+    lease_name: str = Field(default="sla-guard-actuation", min_length=1, description="mode kubernetes: Lease name")
+    namespace: str | None = Field(default=None, description="mode kubernetes: the pod's namespace when unset")
+    identity: str | None = Field(default=None, min_length=1, description="this guard's name; hostname-pid when unset")
+    lease_duration_s: int = Field(default=15, ge=1, description="a Lease unrenewed this long may be taken")
+    renew_deadline_s: float = Field(default=10.0, gt=0,
+                                    description="the leader stops actuating when it has not renewed for this long")
+    renew_s: float = Field(default=5.0, gt=0, description="the leader renews this often")
+    retry_s: float = Field(default=2.0, gt=0, description="a standby (or a failed renewal) retries this often")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> LeaderElection:
+        if self.mode == "file" and not self.lock_file:
+            raise ValueError("lock_file is required with mode 'file'")
+        if self.mode == "kubernetes":
+            if not self.renew_s < self.renew_deadline_s:
+                raise ValueError(f"renew_s ({self.renew_s}) must be below renew_deadline_s ({self.renew_deadline_s})")
+            if not self.renew_deadline_s < self.lease_duration_s:
+                raise ValueError(f"renew_deadline_s ({self.renew_deadline_s}) must be below lease_duration_s "
+                                 f"({self.lease_duration_s}): a leader must stop actuating before another "
+                                 "guard can take the lease")
+        return self
+
+
 class Actuation(_Strict):
     """Where an active-mode decision goes. Advisory mode ignores this."""
 
@@ -63,6 +95,7 @@ class Actuation(_Strict):
     kubernetes: dict[str, KubernetesTarget] = Field(default_factory=dict,
                                                     description="pool name -> scale target")
     kubeconfig: str | None = Field(default=None, description="path; in-cluster config when unset")
+    leader_election: LeaderElection = Field(default_factory=LeaderElection)
 
 
 class AdvisorConfig(_Strict):

@@ -7,12 +7,14 @@ the configured actuator (webhook or Kubernetes scale subresource).
 
 from __future__ import annotations
 
+import atexit
 import os
 
 from sla_guard.config import ConfigError, Indicator
-from sla_guard.scale.actuators import Actuator, KubernetesActuator, WebhookActuator
+from sla_guard.leader import Elector, FileLockElector, LeaseElector
+from sla_guard.scale.actuators import Actuator, KubernetesActuator, LeaderGatedActuator, WebhookActuator
 from sla_guard.scale.api import advisor_router
-from sla_guard.scale.config import AdvisorConfig, parse_advisor
+from sla_guard.scale.config import AdvisorConfig, LeaderElection, parse_advisor
 from sla_guard.scale.evaluator import AdvisorEvaluator
 
 
@@ -27,19 +29,47 @@ def slo_thresholds(config, model: str) -> tuple[float, float]:
 
 
 def build_actuator(cfg: AdvisorConfig) -> Actuator | None:
+    """The active-mode actuator; wrapped in a ``LeaderGatedActuator`` (elector started here,
+    stopped at exit so a Lease is released) when ``actuation.leader_election.mode`` is set."""
     if cfg.mode != "active":
         return None
     a = cfg.actuation
+    inner: Actuator | None = None
     if a.kubernetes:
         try:
-            return KubernetesActuator(a.kubernetes, kubeconfig=a.kubeconfig)
+            inner = KubernetesActuator(a.kubernetes, kubeconfig=a.kubeconfig)
         except ImportError:
             raise ConfigError("advisor.actuation.kubernetes needs the 'kubernetes' package: "
                               "pip install 'sla-guard[kubernetes]'") from None
-    if a.webhook is not None:
+    elif a.webhook is not None:
         token = os.environ.get(a.webhook.bearer_token_env) if a.webhook.bearer_token_env else None
-        return WebhookActuator(a.webhook, token=token)
-    return None
+        inner = WebhookActuator(a.webhook, token=token)
+    if inner is None or a.leader_election.mode == "none":
+        return inner
+    elector = build_elector(a.leader_election, kubeconfig=a.kubeconfig)
+    elector.start()
+    atexit.register(elector.stop)
+    return LeaderGatedActuator(inner, elector)
+
+
+def build_elector(le: LeaderElection, kubeconfig: str | None = None) -> Elector:
+    """The elector ``advisor.actuation.leader_election`` names (not started)."""
+    if le.mode == "file":
+        assert le.lock_file is not None  # the config validator requires it
+        return FileLockElector(le.lock_file, identity=le.identity, retry_s=le.retry_s)
+    if le.mode == "kubernetes":
+        try:
+            return LeaseElector(le.lease_name, le.namespace, le.identity, lease_duration_s=le.lease_duration_s,
+                                renew_deadline_s=le.renew_deadline_s, renew_s=le.renew_s, retry_s=le.retry_s,
+                                kubeconfig=kubeconfig)
+        except ImportError:
+            raise ConfigError("advisor.actuation.leader_election.mode 'kubernetes' needs the 'kubernetes' "
+                              "package: pip install 'sla-guard[kubernetes]'") from None
+        except Exception as err:  # no in-cluster service account, unreadable kubeconfig
+            raise ConfigError(f"advisor.actuation.leader_election: cannot reach Kubernetes "
+                              f"({type(err).__name__}: {err}); set advisor.actuation.kubeconfig or run in-cluster"
+                              ) from None
+    raise ConfigError(f"advisor.actuation.leader_election.mode: {le.mode!r} has no elector")
 
 
 def extend(config, guard, token=None) -> list:
