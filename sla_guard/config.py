@@ -2,18 +2,48 @@
 
 The SLO spec in it is the single source the guard, the alert rules and the dashboards read.
 ``load_config`` turns any validation failure into a ``ConfigError`` whose message names the
-field path, the bad value and what is allowed.
+field path, the bad value and what is allowed, one line per problem.
+
+Validation happens in three layers, so that programmatic configs (tests, the simulator, the
+benchmarks, ``GuardConfig()``) stay constructible while a file an operator deploys is held to
+what ``serve`` / ``check`` actually need:
+
+1. the pydantic models: one field at a time (types, finite numbers, positive durations, URLs,
+   ``api.listen`` as HOST:PORT);
+2. ``config_problems`` (every ``parse_config``): rules across fields that are wrong in any use
+   (duplicate names, an absurd store bound, explicit auth next to URL credentials);
+3. ``deployment_problems`` (``load_config`` only): what a file run by ``serve`` / ``check``
+   needs from its surroundings and from how the store is built from it: targets to scrape,
+   files that exist, SLO windows the ring can serve, thresholds that are histogram buckets.
 """
 
 from __future__ import annotations
 
+import math
 import os
+import re
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+# The embedded store's value matrices are 8 bytes per series per slot: a bound above this is a
+# typo (or a guard that would be OOM-killed), not a sizing decision.
+STORE_BYTES_CAP = 16 * 2**30
+# The embedded SLO ledger keeps 15-min buckets over an attainment period: a year is ~35k buckets.
+MAX_PERIOD_S = 400 * 86400.0
 
 
 class ConfigError(ValueError):
@@ -21,7 +51,9 @@ class ConfigError(ValueError):
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # allow_inf_nan=False: `.inf` / `.nan` in YAML are floats, and no setting of the guard means
+    # anything with them (an infinite interval never scrapes, a NaN threshold never compares).
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class Indicator(StrEnum):
@@ -33,6 +65,51 @@ class Objective(StrEnum):
     MEAN = "mean"  # mean over the window (from _sum / _count)
     PERCENTILE = "percentile"  # histogram_quantile over the window
     ATTAINMENT = "attainment"  # share of requests at or under the threshold, with an error budget
+
+
+_DURATION = re.compile(r"((\d+(\.\d+)?)(ms|s|m|h|d|w))+")
+_DURATION_PART = re.compile(r"(\d+(\.\d+)?)(ms|s|m|h|d|w)")
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def parse_duration(text: str, *, positive: bool = False) -> float:
+    """Prometheus-style duration ('90s', '5m', '1h30m', '30d') in seconds. ``positive``: zero
+    is an error too (a 0s window or period would divide by nothing)."""
+    if not isinstance(text, str) or not _DURATION.fullmatch(text.strip()):
+        raise ValueError(f"bad duration {text!r}; use e.g. 30s, 5m, 6h, 30d")
+    total = 0.0
+    for num, _, unit in _DURATION_PART.findall(text):
+        total += float(num) * (0.001 if unit == "ms" else _UNITS[unit])
+    if not math.isfinite(total):
+        raise ValueError(f"duration {text!r} is too long; use e.g. 30s, 5m, 6h, 30d")
+    if positive and total <= 0:
+        raise ValueError(f"duration {text!r} must be greater than zero; use e.g. 30s, 5m, 6h, 30d")
+    return total
+
+
+def _http_url(v: str, example: str) -> str:
+    """An http(s) URL with a host and, if any, a numeric port (urlsplit alone accepts 'http:x')."""
+    try:
+        parts = urlsplit(v)
+        _ = parts.port  # raises ValueError for a port that is not a number in 0..65535
+    except ValueError as err:
+        raise ValueError(f"not a valid URL ({err}); use e.g. {example}") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname or any(c.isspace() for c in v):
+        raise ValueError(f"must be an http:// or https:// URL with a host, e.g. {example}")
+    return v
+
+
+def split_listen(listen: str) -> tuple[str, int]:
+    """HOST:PORT (``[::1]:8080`` for IPv6) -> (host, port); ValueError says what is wrong."""
+    host, sep, port = listen.strip().rpartition(":")
+    if not sep or not host or not re.fullmatch(r"[0-9]{1,5}", port):
+        raise ValueError(f"{listen!r} is not HOST:PORT; use e.g. 127.0.0.1:8080 or 0.0.0.0:8080")
+    if not 1 <= int(port) <= 65535:
+        raise ValueError(f"port {port} in {listen!r} is not in 1..65535; use e.g. 127.0.0.1:8080")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if not re.fullmatch(r"[A-Za-z0-9._:%-]+", host):
+        raise ValueError(f"host {host!r} in {listen!r} is not a host name or IP address; use e.g. 127.0.0.1:8080")
+    return host, int(port)
 
 
 class SLO(_Strict):
@@ -48,14 +125,25 @@ class SLO(_Strict):
     period: str = Field(default="30d", description="SLO period for attainment / error budget")
     min_requests: int = Field(default=20, ge=1, description="fewer requests in the window -> unknown")
 
+    @field_validator("window", "period")
+    @classmethod
+    def _positive(cls, v: str) -> str:
+        parse_duration(v, positive=True)
+        return v
+
+    @field_validator("period")
+    @classmethod
+    def _bounded(cls, v: str) -> str:
+        if parse_duration(v) > MAX_PERIOD_S:
+            raise ValueError(f"period {v!r} is longer than 400d; use e.g. 30d or 90d")
+        return v
+
     @model_validator(mode="after")
     def _objective_fields(self) -> SLO:
         if self.objective is Objective.PERCENTILE and self.percentile is None:
             raise ValueError("objective 'percentile' needs 'percentile' (e.g. 0.9)")
         if self.objective is Objective.ATTAINMENT and self.target is None:
             raise ValueError("objective 'attainment' needs 'target' (e.g. 0.99)")
-        parse_duration(self.window)
-        parse_duration(self.period)
         return self
 
 
@@ -81,19 +169,27 @@ class SLOSet(_Strict):
     pool: Literal["prefill", "decode", "mixed", "*"] = "*"
     objectives: list[SLO] = Field(default_factory=default_slos)
 
+    @field_validator("objectives")
+    @classmethod
+    def _some(cls, v: list[SLO]) -> list[SLO]:
+        if not v:
+            raise ValueError("no objectives: list at least one, or leave 'objectives' out for the seeds' SLAs")
+        return v
+
 
 class Target(_Strict):
     url: str = Field(description="http(s) URL of an engine's /metrics")
     model: str = "default"
     pool: Literal["prefill", "decode", "mixed"] = "mixed"
     name: str | None = None
+    honor_labels: bool = Field(default=False, description="let the page's own model/pool labels win")
+    """Opt-in: let the page's own model/pool labels win over this target's; for sidecars and
+    aggregators that speak for several pools (the store and the scraper implement it)."""
 
     @field_validator("url")
     @classmethod
     def _http(cls, v: str) -> str:
-        if not v.startswith(("http://", "https://")):
-            raise ValueError("must start with http:// or https://")
-        return v
+        return _http_url(v, "http://decode-0:8000/metrics")
 
 
 class ScrapeSource(_Strict):
@@ -101,9 +197,17 @@ class ScrapeSource(_Strict):
     targets: list[Target] = Field(default_factory=list)
     targets_file: Path | None = Field(default=None, description="YAML/JSON list of targets, re-read each tick")
     interval_s: float = Field(default=5.0, gt=0)
-    timeout_s: float = Field(default=3.0, gt=0)
+    timeout_s: float = Field(default=3.0, gt=0, description="per scrape; defaults to min(3, interval_s)")
     concurrency: int = Field(default=64, ge=1)
     max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
+
+    @model_validator(mode="after")
+    def _default_timeout(self) -> ScrapeSource:
+        # As Prometheus does: an unset scrape timeout is capped at the interval; a set one that
+        # is longer is an error (deployment_problems), since scrapes would overlap.
+        if "timeout_s" not in self.model_fields_set and self.timeout_s > self.interval_s:
+            object.__setattr__(self, "timeout_s", self.interval_s)
+        return self
 
 
 class PrometheusSource(_Strict):
@@ -113,9 +217,27 @@ class PrometheusSource(_Strict):
     bearer_token_env: str | None = None
     # Label that carries the model / pool in the Prometheus the guard queries.
     selector: str = Field(default="", description="extra PromQL matchers, e.g. 'namespace=\"llm\"'")
+    concurrency: int = Field(default=8, ge=1, le=64, description="queries in flight at once within a tick")
+
+    @field_validator("url")
+    @classmethod
+    def _http(cls, v: str) -> str:
+        return _http_url(v, "http://prometheus:9090")
 
 
-Source = Annotated[ScrapeSource | PrometheusSource, Field(discriminator="mode")]
+def _source_mode(v: Any) -> str:
+    """``source:`` without ``mode:`` is a scrape source (as documented)."""
+    if isinstance(v, dict):
+        mode = v.get("mode", "scrape")
+        return mode if isinstance(mode, str) else f"<{type(mode).__name__}>"
+    return getattr(v, "mode", "scrape")
+
+
+Source = Annotated[
+    Annotated[ScrapeSource, Tag("scrape")] | Annotated[PrometheusSource, Tag("prometheus")],
+    Discriminator(_source_mode, custom_error_type="source_mode",
+                  custom_error_message="mode must be 'scrape' (the default) or 'prometheus'"),
+]
 
 
 class APISettings(_Strict):
@@ -124,12 +246,31 @@ class APISettings(_Strict):
     token_env: str | None = "SLA_GUARD_TOKEN"
     max_body_bytes: int = Field(default=1024 * 1024, ge=1024)
 
+    @field_validator("listen")
+    @classmethod
+    def _host_port(cls, v: str) -> str:
+        split_listen(v)
+        return v
+
     def token(self) -> str | None:
+        """The bearer token for /v1/*; ConfigError (never OSError/UnicodeDecodeError) if the file
+        cannot be used."""
         if self.token_file is not None:
-            return self.token_file.read_text().strip() or None
+            return _read_token(self.token_file) or None
         if self.token_env:
             return os.environ.get(self.token_env) or None
         return None
+
+
+def _read_token(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8").strip()
+    except OSError as err:
+        raise ConfigError(f"api.token_file: cannot read {path}: {err.strerror or err}; "
+                          f"create it (one line, the token) or use api.token_env") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"api.token_file: {path} is not UTF-8 text; write the token as one line of "
+                          f"plain text") from None
 
 
 class Retention(_Strict):
@@ -143,25 +284,54 @@ class Retention(_Strict):
     slots: int = Field(default=1440, ge=8, le=100_000,
                        description="samples kept per series (ring); window coverage = slots x scrape interval")
 
-    @field_validator("duration", "coarse_step", "coarse_duration")
+    @field_validator("duration")
+    @classmethod
+    def _positive(cls, v: str) -> str:
+        parse_duration(v, positive=True)
+        return v
+
+    @field_validator("coarse_step", "coarse_duration")
     @classmethod
     def _duration(cls, v: str) -> str:
-        if v.strip() in ("0", "0s"):
+        if v.strip() in ("0", "0s"):  # the downsampled tier is off
             return v
-        parse_duration(v)
+        parse_duration(v, positive=True)
         return v
 
 
 class AlertmanagerSettings(_Strict):
     url: str | None = None
     bearer_token_env: str | None = None
-    timeout_s: float = 5.0
+    timeout_s: float = Field(default=5.0, gt=0)
     runbook_base_url: str = "https://github.com/sla-guard/sla-guard/blob/main/docs/runbooks.md"
+
+    @field_validator("url")
+    @classmethod
+    def _http(cls, v: str | None) -> str | None:
+        return None if v is None else _http_url(v, "http://alertmanager:9093")
+
+
+class EngineBuckets(_Strict):
+    """Extra TTFT / TPOT bucket boundaries the engines were started with (``SLA_GUARD_TTFT_SLO_S``,
+    ``SLA_GUARD_TPOT_SLO_S``, see exporters/contract.py ``bucket_override``). An attainment SLO
+    counts requests from the bucket whose upper bound is its threshold, so a threshold must be
+    a contract bucket or one declared here."""
+
+    ttft: list[Annotated[float, Field(gt=0)]] = Field(default_factory=list)
+    tpot: list[Annotated[float, Field(gt=0)]] = Field(default_factory=list)
+
+
+class StateSettings(_Strict):
+    """Crash-safe state (``sla_guard.state``): SLO ledgers, open findings, advisor memory."""
+
+    path: Path | None = Field(default=None, description="SQLite file kept across restarts; unset: state is "
+                                                         "in memory only and a restart forgets it")
+    max_bytes: int = Field(default=256 * 1024 * 1024, ge=1024 * 1024, description="size cap; oldest log records go")
+    synchronous: Literal["normal", "full"] = Field(
+        default="normal", description="normal: survives kill -9 (WAL); full: also power loss, one fsync per tick")
 
 
 class GuardConfig(_Strict):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
     source: Source = Field(default_factory=ScrapeSource)
     slos: list[SLOSet] = Field(default_factory=lambda: [SLOSet()])
     evaluation_interval_s: float = Field(default=15.0, gt=0)
@@ -169,9 +339,18 @@ class GuardConfig(_Strict):
     api: APISettings = Field(default_factory=APISettings)
     retention: Retention = Field(default_factory=Retention)
     alertmanager: AlertmanagerSettings = Field(default_factory=AlertmanagerSettings)
+    state: StateSettings = Field(default_factory=StateSettings)
+    engine_buckets: EngineBuckets = Field(default_factory=EngineBuckets)
     # Sections owned by the detectors and the advisor; validated by their own models.
     detectors: dict[str, Any] = Field(default_factory=dict)
     advisor: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("slos")
+    @classmethod
+    def _some(cls, v: list[SLOSet]) -> list[SLOSet]:
+        if not v:
+            raise ValueError("no SLO sets: list at least one, or leave 'slos' out for the seeds' SLAs")
+        return v
 
     def slos_for(self, model: str, pool: str) -> list[SLO]:
         """Objectives for one (model, pool): the most specific matching SLOSet wins."""
@@ -183,22 +362,6 @@ class GuardConfig(_Strict):
             if best is None or score > best[0]:
                 best = (score, s)
         return list(best[1].objectives) if best else []
-
-
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
-
-
-def parse_duration(text: str) -> float:
-    """Prometheus-style duration ('90s', '5m', '1h30m', '30d') in seconds."""
-    import re
-
-    parts = re.fullmatch(r"((\d+(\.\d+)?)(ms|s|m|h|d|w))+", text.strip())
-    if not parts:
-        raise ValueError(f"bad duration {text!r}; use e.g. 30s, 5m, 6h, 30d")
-    total = 0.0
-    for num, _, unit in re.findall(r"(\d+(\.\d+)?)(ms|s|m|h|d|w)", text):
-        total += float(num) * (0.001 if unit == "ms" else _UNITS[unit])
-    return total
 
 
 def format_validation_error(err: ValidationError, where: str, prefix: str = "") -> str:
@@ -213,6 +376,183 @@ def format_validation_error(err: ValidationError, where: str, prefix: str = "") 
     return "\n".join(lines)
 
 
+Problem = tuple[str, str]  # (field path, what is wrong and how to fix it)
+
+
+def format_problems(problems: list[Problem], where: str) -> str:
+    """The same one-line-per-problem form as ``format_validation_error``."""
+    return "\n".join([f"invalid configuration in {where}:", *(f"  {path}: {msg}" for path, msg in problems)])
+
+
+def config_problems(cfg: GuardConfig) -> list[Problem]:
+    """Rules across fields that no use of the config can be right to break."""
+    out: list[Problem] = []
+    src = cfg.source
+    if isinstance(src, ScrapeSource):
+        seen: dict[str, int] = {}
+        for i, t in enumerate(src.targets):
+            key = t.name or t.url
+            if key in seen:
+                out.append((f"source.scrape.targets.{i}.name",
+                            f"duplicate target name {key!r} (also targets.{seen[key]}; a target's name is its "
+                            f"'name', else its url); give each target a unique name"))
+            seen.setdefault(key, i)
+    else:
+        url = urlsplit(src.url)
+        if (url.username is not None or url.password is not None) and src.bearer_token_env:
+            out.append(("source.prometheus.url",
+                        "has user:password@ credentials and bearer_token_env is set too; only one can be "
+                        "sent: remove the credentials from the URL or drop bearer_token_env"))
+    sets: dict[tuple[str, str], int] = {}
+    for si, s in enumerate(cfg.slos):
+        if (s.model, s.pool) in sets:
+            out.append((f"slos.{si}", f"a second SLO set for model={s.model!r}, pool={s.pool!r} (also "
+                                      f"slos.{sets[(s.model, s.pool)]}); only one would be used: merge their "
+                                      f"objectives into one set"))
+        sets.setdefault((s.model, s.pool), si)
+        names: dict[str, int] = {}
+        for oi, o in enumerate(s.objectives):
+            if o.name in names:
+                out.append((f"slos.{si}.objectives.{oi}.name",
+                            f"duplicate SLO name {o.name!r} (also objectives.{names[o.name]}); names must be "
+                            f"unique within a set: rename one"))
+            names.setdefault(o.name, oi)
+    r = cfg.retention
+    worst = r.max_series * r.slots * 8
+    if worst > STORE_BYTES_CAP:
+        out.append(("retention.max_series",
+                    f"the store could hold {r.max_series} series x {r.slots} slots x 8 B = {worst / 2**30:,.1f} GiB, "
+                    f"over the {STORE_BYTES_CAP // 2**30} GiB cap; lower retention.max_series or retention.slots"))
+    return out
+
+
+def _fmt_s(seconds: float) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{seconds / size:g}{unit}"
+    return f"{seconds:g}s"
+
+
+def _short(path: Path) -> str:
+    text = repr(str(path))
+    return text if len(text) <= 120 else f"{text[:117]}..."
+
+
+def _path_kind(path: Path) -> str:
+    """'file', or what is wrong with ``path`` as a file to read (never raises: a NUL byte or an
+    overlong name is a config error, not an OSError)."""
+    try:
+        if path.is_file():
+            return "file"
+        return "is a directory, not a file" if path.is_dir() else "does not exist"
+    except (OSError, ValueError) as err:
+        return f"cannot be used ({getattr(err, 'strerror', None) or err})"
+
+
+def _targets_file_problems(src: ScrapeSource) -> list[Problem]:
+    from sla_guard.ingest.discovery import DiscoveryError, parse_targets
+
+    path = src.targets_file
+    field = "source.scrape.targets_file"
+    where = "" if path.is_absolute() else f" (relative paths are read from the working directory, {Path.cwd()})"
+    kind = _path_kind(path)
+    if kind != "file":
+        return [(field, f"{_short(path)} {kind}{where}; name an existing YAML/JSON targets file (a list of "
+                        f"targets, may be empty)")]
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        targets = parse_targets(data, str(path))
+    except OSError as err:
+        return [(field, f"cannot read {_short(path)}: {err.strerror or err}; fix its permissions")]
+    except UnicodeDecodeError:
+        return [(field, f"{_short(path)} is not UTF-8 text; write it as YAML or JSON")]
+    except yaml.YAMLError as err:
+        return [(field, f"{_short(path)} is not valid YAML: {' '.join(str(err).split())}")]
+    except DiscoveryError as err:
+        return [(field, f"{err}; fix the entry")]
+    seen = {t.name or t.url for t in src.targets}
+    out: list[Problem] = []
+    for t in targets:
+        key = t.name or t.url
+        if key in seen:
+            out.append((field, f"target name {key!r} appears twice (in the file or also in source.targets); "
+                               f"the second would be ignored: give each target a unique name"))
+        seen.add(key)
+    return out
+
+
+def deployment_problems(cfg: GuardConfig) -> list[Problem]:
+    """What ``serve`` / ``check`` need beyond a well-formed config: checked by ``load_config``
+    (a file is what gets deployed), not by ``parse_config`` (tests, the simulator and the
+    benchmarks build configs whose store and engines are not the file's)."""
+    from exporters.contract import TPOT_BUCKETS, TTFT_BUCKETS
+
+    out: list[Problem] = []
+    src = cfg.source
+    if isinstance(src, ScrapeSource):
+        if not src.targets and src.targets_file is None:
+            out.append(("source.scrape.targets", "no targets: list the engines' /metrics URLs under "
+                                                 "source.targets, name a source.targets_file, or use "
+                                                 "mode: prometheus"))
+        if src.targets_file is not None:
+            out.extend(_targets_file_problems(src))
+        if "timeout_s" in src.model_fields_set and src.timeout_s > src.interval_s:
+            out.append(("source.scrape.timeout_s",
+                        f"{src.timeout_s:g}s is longer than interval_s ({src.interval_s:g}s): scrapes would "
+                        f"overlap (Prometheus requires scrape_timeout <= scrape_interval); lower timeout_s "
+                        f"or raise interval_s"))
+        # mean/percentile and the attainment SLI are read over `window` from the sample ring; the
+        # attainment period and burn windows come from the per-pool ledger (slo.py), which only
+        # needs the ring to span one evaluation interval.
+        r = cfg.retention
+        ring = r.slots * src.interval_s
+        keep = min(ring, parse_duration(r.duration))
+        what = (f"the store keeps {_fmt_s(keep)} (retention.slots {r.slots} x interval_s {src.interval_s:g}s "
+                f"= {_fmt_s(ring)}, retention.duration {r.duration})")
+        for si, s in enumerate(cfg.slos):
+            for oi, o in enumerate(s.objectives):
+                w = parse_duration(o.window)
+                if w > keep:
+                    need = math.ceil(w / src.interval_s)
+                    out.append((f"slos.{si}.objectives.{oi}.window",
+                                f"{o.window} is longer than {what}; shorten the window or raise "
+                                f"retention.slots to at least {need} (and retention.duration to at least "
+                                f"{o.window})"))
+        if cfg.evaluation_interval_s > keep:
+            out.append(("evaluation_interval_s", f"{cfg.evaluation_interval_s:g}s is longer than {what}; "
+                                                 f"evaluate more often or keep more samples"))
+    defaults = {Indicator.TTFT: TTFT_BUCKETS, Indicator.TPOT: TPOT_BUCKETS}
+    env = {Indicator.TTFT: "SLA_GUARD_TTFT_SLO_S", Indicator.TPOT: "SLA_GUARD_TPOT_SLO_S"}
+    for si, s in enumerate(cfg.slos):
+        for oi, o in enumerate(s.objectives):
+            if o.objective is not Objective.ATTAINMENT:
+                continue
+            ind = o.indicator
+            known = [*defaults[ind], *getattr(cfg.engine_buckets, ind.value)]
+            if any(math.isclose(o.threshold_s, b, rel_tol=1e-9) for b in known):
+                continue
+            near = sorted(defaults[ind], key=lambda b: abs(b - o.threshold_s))[:2]
+            out.append((f"slos.{si}.objectives.{oi}.threshold_s",
+                        f"the engines' {ind.value} histograms have no bucket boundary at threshold_s "
+                        f"{o.threshold_s:g} (attainment counts requests from the bucket whose upper bound is "
+                        f"the threshold); start the "
+                        f"engines with {env[ind]}={o.threshold_s:g} and declare it as engine_buckets: "
+                        f"{{{ind.value}: [{o.threshold_s:g}]}}, or use a boundary such as "
+                        f"{' or '.join(f'{b:g}' for b in sorted(near))}"))
+    tf = cfg.api.token_file
+    if tf is not None:
+        if (kind := _path_kind(tf)) != "file":
+            out.append(("api.token_file", f"{_short(tf)} {kind}; create it (one line, the token) or use "
+                                          f"api.token_env"))
+        else:
+            try:
+                if not _read_token(tf):
+                    out.append(("api.token_file", f"{_short(tf)} is empty; write the token into it"))
+            except ConfigError as err:
+                out.append(("api.token_file", str(err).removeprefix("api.token_file: ")))
+    return out
+
+
 # Sections owned by other parts of the guard, validated by their own models at load time so that
 # `validate-config`, `check` and `serve` all reject a bad file the same way (imported lazily:
 # the config layer does not depend on the detectors or the advisor).
@@ -222,7 +562,7 @@ _SECTION_PARSERS = {
 }
 
 
-def _validate_sections(cfg: GuardConfig) -> None:
+def _section_errors(cfg: GuardConfig) -> list[str]:
     import importlib
 
     problems = []
@@ -231,27 +571,49 @@ def _validate_sections(cfg: GuardConfig) -> None:
             getattr(importlib.import_module(module), func)(getattr(cfg, section))
         except ConfigError as err:
             problems.append(str(err))
+    return problems
+
+
+def _validate_sections(cfg: GuardConfig) -> None:
+    problems = _section_errors(cfg)
     if problems:
         raise ConfigError("\n".join(problems))
 
 
 def parse_config(data: dict[str, Any] | None, where: str = "<config>") -> GuardConfig:
+    """A config from parsed YAML: the models, then ``config_problems``, then the detectors' and
+    the advisor's sections; every problem found is reported at once."""
     try:
         cfg = GuardConfig.model_validate(data or {})
     except ValidationError as err:
         raise ConfigError(format_validation_error(err, where)) from None
-    _validate_sections(cfg)
+    errors = [format_problems(p, where)] if (p := config_problems(cfg)) else []
+    errors.extend(_section_errors(cfg))
+    if errors:
+        raise ConfigError("\n".join(errors))
+    return cfg
+
+
+def check_deployment(cfg: GuardConfig, where: str = "<config>") -> GuardConfig:
+    """``cfg`` if it can be served as is, else ConfigError listing ``deployment_problems``."""
+    problems = deployment_problems(cfg)
+    if problems:
+        raise ConfigError(format_problems(problems, where))
     return cfg
 
 
 def load_config(path: str | Path) -> GuardConfig:
+    """The config file ``serve``, ``check`` and ``validate-config`` run: parsed, validated and
+    checked for deployment; any problem is a ConfigError, never another exception."""
     p = Path(path)
     try:
-        data = yaml.safe_load(p.read_text())
+        data = yaml.safe_load(p.read_text(encoding="utf-8"))
     except OSError as err:
-        raise ConfigError(f"cannot read config {p}: {err.strerror}") from None
+        raise ConfigError(f"cannot read config {p}: {err.strerror or err}") from None
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"{p} is not UTF-8 text (byte {err.start}); save it as UTF-8") from None
     except yaml.YAMLError as err:
         raise ConfigError(f"{p} is not valid YAML: {err}") from None
     if data is not None and not isinstance(data, dict):
         raise ConfigError(f"{p}: top level must be a mapping of settings, got {type(data).__name__}")
-    return parse_config(data, str(p))
+    return check_deployment(parse_config(data, str(p)), str(p))

@@ -55,7 +55,8 @@ def test_most_specific_slo_set_wins():
 
 
 @pytest.mark.parametrize(("text", "rc", "needle"), [
-    ("evaluation_interval_s: 10\n", 0, "ok: source=scrape"),
+    ("source: {targets: [{url: 'http://e0:8000/metrics'}]}\nevaluation_interval_s: 10\n", 0, "ok: source=scrape"),
+    ("evaluation_interval_s: 10\n", 2, "source.scrape.targets: no targets"),
     ("advisor: {mode: actve}\n", 2, "advisor.mode"),
     ("- just\n- a list\n", 2, "top level must be a mapping"),
     ("source: {mode: scrape\n", 2, "not valid YAML"),

@@ -131,7 +131,7 @@ def test_serve_command_end_to_end(tmp_path):
     e = Engine()
     srv = Served(e.exposition)
     port = free_port()
-    cfg = {"source": {"mode": "scrape", "interval_s": 0.5, "timeout_s": 1,
+    cfg = {"source": {"mode": "scrape", "interval_s": 0.5, "timeout_s": 0.5,
                       "targets": [{"url": srv.url, "model": "m", "pool": "decode"}]},
            "evaluation_interval_s": 0.5,
            "slos": [{"objectives": [{"name": "ttft_mean", "indicator": "ttft", "objective": "mean",
@@ -176,7 +176,8 @@ def test_serve_refuses_open_api_beyond_loopback(tmp_path):
     import sys
 
     f = tmp_path / "g.yaml"
-    f.write_text("api: {listen: '0.0.0.0:18080', token_env: NO_SUCH_TOKEN_VAR}\n")
+    f.write_text("source: {targets: [{url: 'http://127.0.0.1:9/metrics'}]}\n"
+                 "api: {listen: '0.0.0.0:18080', token_env: NO_SUCH_TOKEN_VAR}\n")
     r = subprocess.run([sys.executable, "-m", "sla_guard.cli", "serve", "--config", str(f)], capture_output=True,
                        text=True, timeout=30)
     assert r.returncode == 2 and "api.listen" in r.stderr and "token" in r.stderr

@@ -18,7 +18,7 @@ import logging
 import signal
 import sys
 
-from sla_guard.config import ConfigError, load_config
+from sla_guard.config import ConfigError, load_config, split_listen
 
 EXTENSIONS = ("sla_guard.detect.plugin", "sla_guard.scale.plugin")
 
@@ -65,12 +65,12 @@ def load_extensions(cfg, guard, token):
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        cfg = load_config(args.config)
-        host, port = _split(args.listen or cfg.api.listen)
+        cfg = load_config(args.config)  # every problem of the file is a ConfigError, never a traceback
         try:
-            token = cfg.api.token()
-        except OSError as err:
-            raise ConfigError(f"api.token_file: cannot read {cfg.api.token_file}: {err.strerror}") from None
+            host, port = split_listen(args.listen or cfg.api.listen)
+        except ValueError as err:  # only --listen can still be wrong: api.listen was validated
+            raise ConfigError(f"{'--listen' if args.listen else 'api.listen'}: {err}") from None
+        token = cfg.api.token()  # ConfigError if the file went away since load_config read it
         if token is None and not _loopback(host):
             raise ConfigError(f"api.listen: {host} is not a loopback address and no API token is set; "
                               f"set api.token_file or ${cfg.api.token_env or 'SLA_GUARD_TOKEN'}")

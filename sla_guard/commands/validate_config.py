@@ -24,6 +24,11 @@ def run(args: argparse.Namespace) -> int:
     n_slo = sum(len(s.objectives) for s in cfg.slos)
     print(f"ok: source={cfg.source.mode}, {n_slo} objectives in {len(cfg.slos)} SLO sets, "
           f"evaluation every {cfg.evaluation_interval_s:g}s")
+    # declared extra buckets only help if the engines really were started with them
+    for ind, env in (("ttft", "SLA_GUARD_TTFT_SLO_S"), ("tpot", "SLA_GUARD_TPOT_SLO_S")):
+        extra = getattr(cfg.engine_buckets, ind)
+        if extra:
+            print(f"engine_buckets.{ind}: start every engine with {env}={','.join(f'{b:g}' for b in extra)}")
     if cfg.source.mode == "scrape":
         r = cfg.retention
         # the value matrix dominates the embedded store: 8 bytes per series per slot
