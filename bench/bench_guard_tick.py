@@ -10,7 +10,11 @@ Printed: time per tick (median, max) against the 100 ms goal, the process RSS ag
 300 MB goal, and side by side the same window math done the obvious way (one
 promql.extrapolated_rate call per series) on the same store, as a ratio.
 
-Usage: .venv/bin/python bench/bench_guard_tick.py [--engines 1000] [--ticks 8]
+With ``--state PATH``: two guards with the same evaluators (SLO, detectors, advisor) tick the
+same store at the same instants, one persisting to a state file (sla_guard.state) after every
+tick; printed side by side: tick time, the save's time, their ratio, and the file's size.
+
+Usage: .venv/bin/python bench/bench_guard_tick.py [--engines 1000] [--ticks 8] [--state /tmp/s.db]
 """
 
 from __future__ import annotations
@@ -113,6 +117,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--engines", type=int, default=1000)
     ap.add_argument("--ticks", type=int, default=8)
+    ap.add_argument("--state", help="also tick a guard persisting to this SQLite file (removed first)")
     ap.add_argument("--coarse-duration", default="26h", help="downsampled tier span (config default 26h; 0s: off)")
     args = ap.parse_args()
     proc = psutil.Process()
@@ -127,7 +132,8 @@ def main() -> None:
     scrape_round, per_engine = build(args.engines, warm, store, t0)
     ingest_s = (time.perf_counter() - t_ing) / warm
     guard = Guard.for_store(cfg, store)
-    times, cpu = [], []
+    pair = with_state(cfg, store, args.state) if args.state else None
+    times, cpu, pair_rows = [], [], []
     t = t0 + (warm - 1) * INTERVAL
     for _ in range(args.ticks):
         t += INTERVAL
@@ -138,6 +144,11 @@ def main() -> None:
         cpu.append(time.process_time() - c0)
         assert not res.errors, res.errors
         times.append(res.duration_s)
+        if pair is not None:
+            plain, saving = pair
+            a = plain.tick(t).duration_s
+            b = saving.tick(t).duration_s
+            pair_rows.append((a, b, saving.last_persist_ms / 1e3))
     rss = proc.memory_info().rss
     slo = guard.evaluator("slo")
     statuses = {k: p.status.value for k, p in slo.pools.items()}
@@ -166,6 +177,39 @@ def main() -> None:
     print(f"increase over {store.series_count() and len(store.range(metric, {}, t - 300, t))} bucket series: "
           f"vectorised {vec_s * 1000:.1f} ms vs per-series loop {naive_s * 1000:.0f} ms -> "
           f"speed-up x{naive_s / vec_s:.0f}")
+    if pair is not None:
+        report_state(pair[1], pair_rows)
+
+
+def with_state(cfg, store, path: str):
+    """Two guards, same evaluators (SLO + detectors + advisor), the second saving its state."""
+    from sla_guard.detect import plugin as detect_plugin
+    from sla_guard.ingest.source import StoreSource
+    from sla_guard.scale import plugin as scale_plugin
+    from sla_guard.slo import SLOEvaluator
+    from sla_guard.state import StateStore
+
+    for suffix in ("", "-wal", "-shm"):
+        if os.path.exists(path + suffix):
+            os.remove(path + suffix)
+    out = []
+    for state in (None, StateStore(path)):
+        g = Guard(cfg, StoreSource(store), [SLOEvaluator(cfg)], state=state)
+        detect_plugin.extend(cfg, g)
+        scale_plugin.extend(cfg, g)
+        out.append(g)
+    return out[0], out[1]
+
+
+def report_state(guard, rows) -> None:
+    evals = statistics.median(a for a, _, _ in rows)
+    with_s = statistics.median(b for _, b, _ in rows)
+    save = statistics.median(p for _, _, p in rows)
+    st = guard.state
+    print(f"state: {len(rows)} ticks, evaluators {evals * 1000:.1f} ms (no state) vs {with_s * 1000:.1f} ms "
+          f"(state) + save {save * 1000:.1f} ms median (max {max(p for _, _, p in rows) * 1000:.1f} ms) -> "
+          f"save/tick ratio {save / evals:.3f}; file {st.file_bytes() / 2**20:.2f} MiB "
+          f"(live {st.live_bytes() / 2**20:.2f} MiB), integrity {st.integrity()}")
 
 
 if __name__ == "__main__":

@@ -29,6 +29,8 @@ class FindingsBook:
         self._metrics = metrics
         self._gauge_keys: set[tuple[str, str, str, str]] = set()
         self.version = 0  # bumps on every open / resolve / severity change
+        self._dumped_version = -1
+        self.restored: set[str] = set()  # keys reopened from the state file at start-up
 
     # --- writes ----------------------------------------------------------------------------
     def raise_(self, detector: str, key: str, severity: str, summary: str, labels: Mapping[str, str],
@@ -77,6 +79,38 @@ class FindingsBook:
         with self._lock:
             stale = [k for k, f in self._open.items() if f.detector == detector and k not in keep]
         return [f for k in stale if (f := self.resolve(k, now)) is not None]
+
+    # --- crash-safe state (sla_guard.state.Stateful) ------------------------------------------
+    def state_dump(self, full: bool) -> dict:
+        """Open findings every save (few, and their details move each tick); the bounded list
+        of resolved ones only when something opened or resolved since the last dump."""
+        from sla_guard.state import encode
+
+        with self._lock:
+            out: dict = {"open": [encode(f) for f in self._open.values()]}
+            if full or self.version != self._dumped_version:
+                out["resolved"] = [encode(f) for f in self._resolved.values()]
+                self._dumped_version = self.version
+        return out
+
+    def state_load(self, parts: dict, records: list[dict]) -> None:
+        """Reopen what was open before the restart. Detectors then judge each one again once
+        they have data (a detector without data resolves nothing; see LeakEvaluator)."""
+        from sla_guard.state import decode
+
+        with self._lock:
+            for d in parts.get("open") or []:
+                f = decode(d, {"Finding": Finding})
+                self._open[f.key] = f
+            for d in parts.get("resolved") or []:
+                f = decode(d, {"Finding": Finding})
+                if f.key not in self._open:
+                    self._resolved[f.key] = f
+            while len(self._resolved) > self._max_resolved:
+                self._resolved.popitem(last=False)
+            self.restored = set(self._open)
+            self.version += 1
+            self._refresh_gauges()
 
     # --- reads -----------------------------------------------------------------------------
     def get(self, key: str) -> Finding | None:

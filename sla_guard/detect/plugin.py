@@ -11,6 +11,8 @@ from sla_guard.detect.findings import FindingsBook
 def extend(config, guard, token=None) -> list:
     cfg = parse_detectors(config.detectors)
     book = FindingsBook(guard.metrics)
+    if hasattr(guard, "add_state"):
+        guard.add_state("findings", book)  # open findings survive a restart (sla_guard.state)
     for ev in build_evaluators(book, cfg):
         guard.add_evaluator(ev)
     publisher = AlertPublisher.from_settings(book, config.alertmanager, guard.metrics)

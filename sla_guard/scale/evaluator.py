@@ -20,8 +20,10 @@ from exporters import contract as c
 from exporters.prometheus import ContractMetrics
 from sla_guard.model import Finding, MetricsView, PoolRecommendation
 from sla_guard.scale.actuators import ActuationError, Actuator, idempotency_key
-from sla_guard.scale.advisor import Advisor, to_recommendation
+from sla_guard.scale.advisor import Advisor, _Learned, to_recommendation
 from sla_guard.scale.config import AdvisorConfig
+from sla_guard.scale.guardrails import PoolMemory
+from sla_guard.scale.learn import PrefillCapacity, StepModel
 
 log = logging.getLogger(__name__)
 
@@ -47,31 +49,77 @@ class DecisionLog:
 
 
 class AdvisorEvaluator:
-    """Evaluator protocol: ``evaluate(view, now)`` and ``snapshot()``."""
+    """Evaluator protocol: ``evaluate(view, now)`` and ``snapshot()``.
+
+    One ``Advisor`` (learned capacities, guardrail memory) per model: with ``advisor.model: '*'``
+    each model the engines report gets its own, bounded by ``max_models``, so three models'
+    pools are sized separately and never summed into one "default" pool."""
 
     name = "advisor"
+    state_tail = 256  # decision records handed back at restore (the /v1/decisions history)
 
     def __init__(self, cfg: AdvisorConfig, *, model: str | None = None, slo_ttft_s: float = 2.5,
                  slo_tpot_s: float = 0.020, metrics: ContractMetrics | None = None,
                  actuator: Actuator | None = None,
-                 findings: Callable[[], Iterable[Finding]] | None = None) -> None:
+                 findings: Callable[[], Iterable[Finding]] | None = None, max_models: int = 64,
+                 forget_after_s: float = 3600.0) -> None:
         self.cfg = cfg
         self.model = model or (cfg.model if cfg.model != "*" else "default")
-        # advisor.model "*" sizes whatever the pools serve; label the advice with the model the
-        # engines report when there is exactly one, so dashboards join it with engine series
+        # advisor.model "*" sizes whatever the pools serve, one advisor per model the engines
+        # report; advice carries that model so dashboards join it with engine series
         self._label_from_data = model is None and cfg.model == "*"
-        self.advisor = Advisor(cfg, model=cfg.model if model is None else model, slo_ttft_s=slo_ttft_s,
-                               slo_tpot_s=slo_tpot_s)
+        self._fixed = cfg.model if model is None else model
+        self.slo_ttft_s, self.slo_tpot_s = slo_ttft_s, slo_tpot_s
+        self.max_models = max_models
+        self.forget_after_s = forget_after_s
+        self.advisors: dict[str, Advisor] = {}
+        self._seen: dict[str, float] = {}
         self.metrics = metrics
         self.actuator = actuator if cfg.mode == "active" else None
         self.findings = findings
         self.log = DecisionLog(cfg.decision_log)
         self.history: deque[dict] = deque(maxlen=256)
+        self._records: deque[dict] = deque(maxlen=4096)  # not yet persisted (sla_guard.state)
         self.actuation_errors = 0
         self._lock = threading.Lock()
         self._recs: list[PoolRecommendation] = []
         self._restarts: list[PoolRecommendation] = []
         self.updated_at: float | None = None
+
+    @property
+    def advisor(self) -> Advisor:
+        """The advisor of the (single) model in view: the one tests and tools inspect."""
+        key = self.model if self.model in self.advisors else next(iter(self.advisors), self._fixed)
+        return self._advisor_for(key)
+
+    def _advisor_for(self, model: str) -> Advisor:
+        adv = self.advisors.get(model)
+        if adv is None:
+            adv = self.advisors[model] = Advisor(self.cfg, model=model, slo_ttft_s=self.slo_ttft_s,
+                                                 slo_tpot_s=self.slo_tpot_s)
+        return adv
+
+    def _models(self, view: MetricsView, now: float) -> list[tuple[str, str]]:
+        """(advisor key, model label) pairs to step this tick."""
+        if not self._label_from_data:
+            return [(self._fixed, self.model)]
+        labs = [*view.instant(c.REQUESTS_RUNNING.name, {}, now), *view.instant(c.REQUESTS_WAITING.name, {}, now)]
+        models = sorted({dict(lab).get("model", "") for lab in labs} - {""})
+        if not models:
+            return [("*", self.model)]
+        for m in models:
+            self._seen[m] = now
+        for m in [m for m, t in self._seen.items() if now - t > self.forget_after_s]:
+            self._seen.pop(m, None)
+            self.advisors.pop(m, None)
+        room = self.max_models - len(self.advisors)
+        kept = [m for m in models if m in self.advisors or (room := room - 1) >= 0]  # bounded
+        if len(kept) < len(models):
+            log.warning("advisor: %d models beyond max_models=%d get no advice", len(models) - len(kept),
+                        self.max_models)
+        if kept:
+            self.model = kept[0] if len(kept) == 1 else "*"
+        return [(m, m) for m in kept]
 
     def bind_metrics(self, metrics: ContractMetrics) -> None:
         """Called once by the Guard: publish on the guard's own /metrics."""
@@ -79,45 +127,75 @@ class AdvisorEvaluator:
 
     # -- Evaluator protocol --------------------------------------------------------------------
     def evaluate(self, view: MetricsView, now: float) -> None:
-        if self._label_from_data:
-            models = {dict(lab).get("model", "") for lab in view.instant(c.REQUESTS_RUNNING.name, {}, now)}
-            if len(models) == 1 and "" not in models:
-                self.model = models.pop()
         try:
             found = tuple(self.findings()) if self.findings else ()
         except Exception:  # a detector's problem must not stop scaling advice
             log.exception("advisor: findings source failed")
             found = ()
-        decisions, restarts = self.advisor.step(view, now, {}, found)
-        recs = []
-        for pool, d in decisions.items():
-            rec = to_recommendation(self.model, d)
-            recs.append(rec)
-            actuated: str | bool = False
-            if self.actuator is not None and d.direction != "none":
-                key = idempotency_key(self.model, pool, d.desired, now)
-                try:
-                    self.actuator.set_replicas(self.model, pool, d.desired, key)
-                    self.advisor.expect(pool, d.desired, now)
-                    actuated = True
-                except ActuationError as err:
-                    actuated = f"error: {err}"
-                    self.actuation_errors += 1
-                    self._inc(c.GUARD_ACTUATION_ERRORS, self.model, pool, self.actuator.name)
-                    log.warning("advisor: %s", err)
-            self._publish(rec, d.direction)
-            record = {"t": now, "model": self.model, "pool": pool, "mode": self.cfg.mode, "current": d.current,
-                      "desired": d.desired, "direction": d.direction, "action": d.action, "reasons": d.reasons,
-                      "confidence": d.confidence, "numbers": d.numbers, "actuated": actuated}
-            self.log.append(record)
-            self.history.append(record)
-        for r in restarts:
+        recs, all_restarts = [], []
+        for key, label in self._models(view, now):
+            adv = self._advisor_for(key)
+            decisions, restarts = adv.step(view, now, {}, found)
+            all_restarts.extend(restarts)
+            for pool, d in decisions.items():
+                rec = to_recommendation(label, d)
+                recs.append(rec)
+                actuated: str | bool = False
+                if self.actuator is not None and d.direction != "none":
+                    ikey = idempotency_key(label, pool, d.desired, now)
+                    try:
+                        self.actuator.set_replicas(label, pool, d.desired, ikey)
+                        adv.expect(pool, d.desired, now)
+                        actuated = True
+                    except ActuationError as err:
+                        actuated = f"error: {err}"
+                        self.actuation_errors += 1
+                        self._inc(c.GUARD_ACTUATION_ERRORS, label, pool, self.actuator.name)
+                        log.warning("advisor: %s", err)
+                self._publish(rec, d.direction)
+                record = {"t": now, "model": label, "pool": pool, "mode": self.cfg.mode, "current": d.current,
+                          "desired": d.desired, "direction": d.direction, "action": d.action,
+                          "reasons": d.reasons, "confidence": d.confidence, "numbers": d.numbers,
+                          "actuated": actuated}
+                self.log.append(record)
+                self.history.append(record)
+                self._records.append(record)
+        for r in all_restarts:
             record = {"t": now, "model": r.model, "pool": r.pool, "mode": self.cfg.mode, "action": r.action,
                       "reasons": r.reasons, "confidence": r.confidence, "numbers": r.numbers}
             self.log.append(record)
             self._inc(c.GUARD_SCALING_DECISIONS, r.model, r.pool or "unknown", "none", "leak_rolling_restart")
         with self._lock:
-            self._recs, self._restarts, self.updated_at = recs, restarts, now
+            self._recs, self._restarts, self.updated_at = recs, all_restarts, now
+
+    # -- crash-safe state (sla_guard.state.Stateful) -------------------------------------------
+    def state_dump(self, full: bool) -> dict:
+        """Each model's learned capacities and guardrail memory (failed sizes, cool-downs, the
+        stabilisation history); the decisions go to the append stream (``state_records``)."""
+        from sla_guard.state import encode
+
+        out: dict = {f"model/{m}": encode({k: getattr(a, k) for k in _ADVISOR_STATE})
+                     for m, a in self.advisors.items()}
+        out["meta"] = {"seen": dict(self._seen)}
+        return out
+
+    def state_records(self) -> list[dict]:
+        out = list(self._records)
+        self._records.clear()
+        return out
+
+    def state_load(self, parts: dict, records: list[dict]) -> None:
+        from sla_guard.state import decode
+
+        for name, value in parts.items():
+            if not name.startswith("model/") or len(self.advisors) >= self.max_models:
+                continue
+            adv = self._advisor_for(name[len("model/"):])
+            for k, v in decode(value, _ADVISOR_CLASSES).items():
+                if k in _ADVISOR_STATE:
+                    setattr(adv, k, v)
+        self._seen.update((parts.get("meta") or {}).get("seen") or {})
+        self.history.extend(records)
 
     def _inc(self, metric, *labels: str) -> None:
         if self.metrics is not None:
@@ -140,6 +218,11 @@ class AdvisorEvaluator:
         return {"mode": self.cfg.mode, "updated_at": at, "actuation_errors": self.actuation_errors,
                 "recommendations": [rec_json(r) for r in recs],
                 "restarts": [rec_json(r) for r in restarts]}
+
+
+# what an Advisor learns (and must not relearn after a restart); the rest is configuration
+_ADVISOR_STATE = ("learned", "memory", "pending", "_accepted_len", "u_target", "_proven")
+_ADVISOR_CLASSES = {k.__name__: k for k in (_Learned, PrefillCapacity, StepModel, PoolMemory)}
 
 
 def rec_json(r: PoolRecommendation) -> dict:

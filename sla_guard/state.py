@@ -1,0 +1,322 @@
+"""Crash-safe state for the guard: one SQLite file in WAL mode, written once per tick.
+
+Why SQLite/WAL: a transaction commits by appending to the write-ahead log, so a ``kill -9`` at any
+moment leaves either the previous tick's state or this tick's, never a torn mix, and opening the
+file after a crash replays the log in milliseconds. ``synchronous=NORMAL`` (the default here):
+in WAL mode a commit is then durable against a *process* crash (kill -9, OOM kill, a pod restart:
+the WAL pages are in the OS page cache), and only a power loss or kernel crash can drop the last
+commits since a checkpoint (the file stays consistent). ``FULL`` adds one fsync per tick, for
+hosts where that matters more than the fsync's cost.
+
+Schema (``PRAGMA user_version`` = 1):
+
+- ``kv(component, part, value, updated_at)``: each stateful component's snapshot, in parts, so a
+  tick rewrites only what changed (an SLO ledger's current bucket chunk, not 30 days of them);
+- ``log(id, stream, t, value)``: append-only records (the advisor's decisions), trimmed by age.
+
+Components implement the ``Stateful`` protocol; the store never looks inside their parts. A file
+that cannot be opened or fails its integrity check is moved aside (``<name>.corrupt-<unix time>``)
+and a fresh one started; ``status()`` says so, and the guard serves that on ``/v1/status``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import logging
+import os
+import sqlite3
+import threading
+import time
+from collections import deque
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+log = logging.getLogger("sla_guard.state")
+
+SCHEMA_VERSION = 1
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS kv (component TEXT NOT NULL, part TEXT NOT NULL, value TEXT NOT NULL,
+                               updated_at REAL NOT NULL, PRIMARY KEY (component, part)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS log (id INTEGER PRIMARY KEY AUTOINCREMENT, stream TEXT NOT NULL, t REAL NOT NULL,
+                                value TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS log_stream_t ON log (stream, t);
+"""
+
+
+@runtime_checkable
+class Stateful(Protocol):
+    """What a component (an evaluator, the findings book) implements to survive a restart.
+
+    ``state_dump(full)`` returns {part: JSON-able value}; with ``full=False`` it may return only
+    the parts changed since its previous dump, and ``None`` as a value deletes a part. With
+    ``full=True`` (the first save, or after the file was replaced) it returns everything.
+    ``state_load(parts, records)`` restores from the saved parts and the tail of the
+    component's append stream (oldest first), before its first evaluation."""
+
+    def state_dump(self, full: bool) -> dict[str, Any]: ...
+
+    def state_load(self, parts: dict[str, Any], records: list[dict]) -> None: ...
+
+
+class StateStore:
+    """One SQLite file; every method is safe to call from the tick thread and the API thread."""
+
+    def __init__(self, path: str | Path, *, max_bytes: int = 256 * 1024 * 1024, retention_s: float = 31 * 86400.0,
+                 synchronous: str = "normal", clock=time.time) -> None:
+        self.path = Path(path)
+        self.max_bytes = int(max_bytes)
+        self.retention_s = float(retention_s)
+        self.synchronous = synchronous.upper()
+        self.clock = clock
+        self._lock = threading.Lock()
+        self.moved_aside: str | None = None  # where an unreadable file went
+        self.problem: str | None = None
+        self.errors = 0
+        self.saves = 0
+        self.last_save_at: float | None = None
+        self.last_save_ms: float | None = None
+        self.trimmed = 0
+        self._conn: sqlite3.Connection | None = None
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self._conn = self._open()
+        except sqlite3.DatabaseError as err:
+            self._move_aside(f"{type(err).__name__}: {err}")
+            self._conn = self._open()
+
+    # -- opening ---------------------------------------------------------------------------------
+    def _open(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(str(self.path), timeout=5.0, isolation_level=None, check_same_thread=False)
+        try:
+            conn.execute("PRAGMA journal_mode=WAL").fetchone()
+            conn.execute(f"PRAGMA synchronous={'FULL' if self.synchronous == 'FULL' else 'NORMAL'}")
+            conn.execute("PRAGMA journal_size_limit=8388608")  # the WAL shrinks back after a checkpoint
+            ok = conn.execute("PRAGMA quick_check").fetchone()
+            if not ok or ok[0] != "ok":
+                raise sqlite3.DatabaseError(f"quick_check: {ok[0] if ok else 'no answer'}")
+            version = conn.execute("PRAGMA user_version").fetchone()[0]
+            if version not in (0, SCHEMA_VERSION):
+                raise sqlite3.DatabaseError(f"schema version {version}, this guard reads {SCHEMA_VERSION}")
+            conn.executescript(_SCHEMA)
+            conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+        except Exception:
+            conn.close()
+            raise
+        return conn
+
+    def _move_aside(self, why: str) -> None:
+        """Keep the bad file for a post-mortem, never crash the guard over it."""
+        dest = self.path.with_name(f"{self.path.name}.corrupt-{int(self.clock())}")
+        for suffix in ("", "-wal", "-shm"):
+            src = Path(str(self.path) + suffix)
+            if src.exists():
+                with contextlib.suppress(OSError):
+                    os.replace(src, str(dest) + suffix)
+        self.moved_aside = str(dest)
+        self.problem = f"state file {self.path} was unreadable ({why}); moved to {dest}, started fresh"
+        log.error("%s", self.problem)
+
+    def reset(self, why: str) -> None:
+        """Replace a file that went bad while running: move it aside, open a fresh one."""
+        with self._lock:
+            if self._conn is not None:
+                with contextlib.suppress(sqlite3.Error):
+                    self._conn.close()
+            self._move_aside(why)
+            self._conn = self._open()
+
+    # -- reading ---------------------------------------------------------------------------------
+    def load(self) -> dict[str, dict[str, Any]]:
+        """{component: {part: value}} as last committed; an unreadable part is skipped."""
+        out: dict[str, dict[str, Any]] = {}
+        with self._lock:
+            rows = self._conn.execute("SELECT component, part, value FROM kv").fetchall()
+        for comp, part, value in rows:
+            try:
+                out.setdefault(comp, {})[part] = json.loads(value)
+            except ValueError:
+                log.warning("state: unreadable part %s/%s skipped", comp, part)
+        return out
+
+    def tail(self, stream: str, limit: int) -> list[dict]:
+        """The newest ``limit`` records of ``stream``, oldest first."""
+        with self._lock:
+            rows = self._conn.execute("SELECT value FROM log WHERE stream = ? ORDER BY id DESC LIMIT ?",
+                                      (stream, int(limit))).fetchall()
+        out = []
+        for (value,) in reversed(rows):
+            with contextlib.suppress(ValueError):
+                out.append(json.loads(value))
+        return out
+
+    # -- writing ---------------------------------------------------------------------------------
+    def save(self, parts: Mapping[str, Mapping[str, Any]], records: Mapping[str, Iterable[dict]] = {},
+             now: float | None = None) -> bool:
+        """One transaction: upsert/delete parts, append records, apply retention. False (logged,
+        counted) when the write failed; the state in the file is then the previous commit's."""
+        now = self.clock() if now is None else now
+        t0 = time.perf_counter()
+        kv_rows, deletes, log_rows = [], [], []
+        for comp, ps in parts.items():
+            for part, value in ps.items():
+                if value is None:
+                    deletes.append((comp, part))
+                else:
+                    kv_rows.append((comp, part, json.dumps(value, separators=(",", ":")), now))
+        for stream, recs in records.items():
+            for r in recs:
+                log_rows.append((stream, float(r.get("t", now)), json.dumps(r, separators=(",", ":"),
+                                                                              default=float)))
+        try:
+            with self._lock:
+                c = self._conn
+                c.execute("BEGIN IMMEDIATE")
+                try:
+                    c.executemany("DELETE FROM kv WHERE component = ? AND part = ?", deletes)
+                    c.executemany("INSERT OR REPLACE INTO kv VALUES (?, ?, ?, ?)", kv_rows)
+                    c.executemany("INSERT INTO log (stream, t, value) VALUES (?, ?, ?)", log_rows)
+                    if self.saves % 64 == 0:
+                        self._retain(c, now)
+                    c.execute("COMMIT")
+                except BaseException:
+                    with contextlib.suppress(sqlite3.Error):
+                        c.execute("ROLLBACK")
+                    raise
+        except sqlite3.OperationalError as err:  # disk full, locked, read-only: keep running
+            self.errors += 1
+            self.problem = f"state save failed: {err}"
+            log.warning("%s", self.problem)
+            return False
+        except sqlite3.DatabaseError as err:  # the file went bad under us
+            self.errors += 1
+            self.reset(f"{type(err).__name__}: {err}")
+            return False
+        self.saves += 1
+        self.last_save_at = now
+        self.last_save_ms = (time.perf_counter() - t0) * 1e3
+        return True
+
+    def _retain(self, c: sqlite3.Connection, now: float) -> None:
+        """Age first (records and parts older than the longest SLO period), then size: oldest
+        records go until the live pages fit ``max_bytes`` (freed pages are reused, so the file
+        stops growing instead of shrinking, with no VACUUM on the tick path)."""
+        cutoff = now - self.retention_s
+        self.trimmed += c.execute("DELETE FROM log WHERE t < ?", (cutoff,)).rowcount
+        self.trimmed += c.execute("DELETE FROM kv WHERE updated_at < ?", (cutoff,)).rowcount
+        for _ in range(8):
+            if self._live_bytes(c) <= self.max_bytes:
+                break
+            n = c.execute("SELECT COUNT(*) FROM log").fetchone()[0]
+            if n == 0:
+                self.problem = f"state exceeds max_bytes={self.max_bytes} without any log records to drop"
+                break
+            self.trimmed += c.execute("DELETE FROM log WHERE id IN (SELECT id FROM log ORDER BY id LIMIT ?)",
+                                      (max(1, n // 4),)).rowcount
+
+    @staticmethod
+    def _live_bytes(c: sqlite3.Connection) -> int:
+        pages = c.execute("PRAGMA page_count").fetchone()[0] - c.execute("PRAGMA freelist_count").fetchone()[0]
+        return pages * c.execute("PRAGMA page_size").fetchone()[0]
+
+    def live_bytes(self) -> int:
+        """Bytes in use (pages not on the free list): what ``max_bytes`` bounds."""
+        with self._lock:
+            return self._live_bytes(self._conn)
+
+    def conn_mode(self) -> str:
+        with self._lock:
+            return self._conn.execute("PRAGMA journal_mode").fetchone()[0]
+
+    def integrity(self) -> str:
+        with self._lock:
+            return self._conn.execute("PRAGMA integrity_check").fetchone()[0]
+
+    def file_bytes(self) -> int:
+        return sum(os.path.getsize(p) for p in (str(self.path), str(self.path) + "-wal") if os.path.exists(p))
+
+    def status(self) -> dict:
+        return {"path": str(self.path), "bytes": self.file_bytes(), "max_bytes": self.max_bytes,
+                "saves": self.saves, "errors": self.errors, "last_save_at": self.last_save_at,
+                "last_save_ms": self.last_save_ms, "trimmed": self.trimmed, "moved_aside": self.moved_aside,
+                "problem": self.problem}
+
+    def close(self) -> None:
+        with self._lock:
+            if self._conn is not None:
+                with contextlib.suppress(sqlite3.Error):
+                    self._conn.close()
+                self._conn = None
+
+
+# -- a small JSON codec for components' dataclass state -----------------------------------------
+
+def encode(obj: Any) -> Any:
+    """JSON-able form of plain data plus dataclasses, tuples, sets, deques and dicts with
+    non-string keys (each tagged so ``decode`` rebuilds the same types)."""
+    if obj is None or isinstance(obj, bool | int | str):
+        return obj
+    if isinstance(obj, float):
+        return obj
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {"__dc__": type(obj).__name__,
+                "f": {f.name: encode(getattr(obj, f.name)) for f in dataclasses.fields(obj)}}
+    if isinstance(obj, tuple):
+        return {"__t__": [encode(x) for x in obj]}
+    if isinstance(obj, set | frozenset):
+        return {"__s__": [encode(x) for x in sorted(obj, key=repr)]}
+    if isinstance(obj, deque):
+        return {"__q__": [encode(x) for x in obj], "max": obj.maxlen}
+    if isinstance(obj, list):
+        return [encode(x) for x in obj]
+    if isinstance(obj, dict):
+        if all(isinstance(k, str) for k in obj) and not any(k.startswith("__") for k in obj):
+            return {k: encode(v) for k, v in obj.items()}
+        return {"__d__": [[encode(k), encode(v)] for k, v in obj.items()]}
+    if hasattr(obj, "item"):  # numpy scalar
+        return obj.item()
+    if hasattr(obj, "tolist"):
+        return obj.tolist()
+    raise TypeError(f"cannot persist {type(obj).__name__}")
+
+
+def decode(obj: Any, classes: Mapping[str, type] = {}, overrides: Mapping[str, Any] = {}) -> Any:
+    """Inverse of ``encode``. Dataclasses are rebuilt only from ``classes`` (by name; an unknown
+    name raises ``ValueError``); ``overrides`` replaces fields by name (e.g. ``params`` from the
+    current configuration rather than the saved one)."""
+    if isinstance(obj, list):
+        return [decode(x, classes, overrides) for x in obj]
+    if not isinstance(obj, dict):
+        return obj
+    if "__dc__" in obj:
+        cls = classes.get(obj["__dc__"])
+        if cls is None:
+            raise ValueError(f"unknown state class {obj['__dc__']!r}")
+        names = {f.name for f in dataclasses.fields(cls)}
+        kw = {k: decode(v, classes, overrides) for k, v in obj["f"].items() if k in names}
+        kw.update({k: v for k, v in overrides.items() if k in names})
+        return cls(**kw)
+    if "__t__" in obj:
+        return tuple(decode(x, classes, overrides) for x in obj["__t__"])
+    if "__s__" in obj:
+        return {decode(x, classes, overrides) for x in obj["__s__"]}
+    if "__q__" in obj:
+        return deque((decode(x, classes, overrides) for x in obj["__q__"]), maxlen=obj.get("max"))
+    if "__d__" in obj:
+        return {decode(k, classes, overrides): decode(v, classes, overrides) for k, v in obj["__d__"]}
+    return {k: decode(v, classes, overrides) for k, v in obj.items()}
+
+
+def open_state(config) -> StateStore | None:
+    """The store ``serve`` uses: ``config.state.path``, retention one day past the longest SLO
+    period (an older ledger bucket or decision can no longer change any verdict)."""
+    settings = getattr(config, "state", None)
+    if settings is None or settings.path is None:
+        return None
+    from sla_guard.config import parse_duration
+
+    periods = [parse_duration(o.period) for s in config.slos for o in s.objectives] or [30 * 86400.0]
+    return StateStore(settings.path, max_bytes=settings.max_bytes, retention_s=max(periods) + 86400.0,
+                      synchronous=settings.synchronous)

@@ -1,0 +1,437 @@
+"""Crash-safe state (sla_guard.state): every component's dump/load round trip goes through a real
+SQLite file; a corrupt file is moved aside; retention bounds the file; the advisor with
+``model: '*'`` keeps one state per model (never sums three models into one pool)."""
+
+from __future__ import annotations
+
+import math
+import sqlite3
+
+import numpy as np
+import pytest
+from guard_support import T0, Engine, drive, scrape_into
+from prometheus_client import CollectorRegistry
+from scale_support import Engine as ScaleEngine
+from scale_support import run as scale_run
+from scale_support import store as scale_store
+
+from exporters import contract as c
+from exporters.contract import Component
+from exporters.prometheus import ContractMetrics, EngineRecorder
+from sla_guard.config import parse_config
+from sla_guard.detect import drift
+from sla_guard.detect.evaluators import LeakConfig, LeakEvaluator, RateConfig, RateDriftEvaluator
+from sla_guard.detect.findings import FindingsBook
+from sla_guard.model import Status
+from sla_guard.scale.config import parse_advisor
+from sla_guard.scale.evaluator import AdvisorEvaluator
+from sla_guard.service import Guard
+from sla_guard.slo import SLOEvaluator
+from sla_guard.state import StateStore, decode, encode
+from sla_guard.store import SeriesStore
+
+ATT = {"slos": [{"objectives": [{"name": "ttft_att", "indicator": "ttft", "objective": "attainment",
+                                 "threshold_s": 2.5, "target": 0.99, "period": "1d", "min_requests": 5}]}],
+       "evaluation_interval_s": 15, "staleness_s": 60}
+
+
+def _roundtrip(tmp_path, name: str, comp, fresh, *, full: bool = True, records=()):
+    """Dump ``comp`` into a real file, reopen the file, load into ``fresh``."""
+    st = StateStore(tmp_path / "state.db")
+    now = max(r["t"] for r in records) if records else None  # records are in the test's clock
+    assert st.save({name: comp.state_dump(full)}, {name: list(records)} if records else {}, now=now)
+    st.close()
+    st2 = StateStore(tmp_path / "state.db")
+    fresh.state_load(st2.load().get(name, {}), st2.tail(name, 256))
+    assert st2.integrity() == "ok"
+    st2.close()
+    return fresh
+
+
+def decode_list(items):
+    from sla_guard.model import Finding
+
+    return [decode(d, {"Finding": Finding}) for d in items]
+
+
+def _slo(ev, key=("m", "decode")):
+    return ev.pools[key].slos[0]
+
+
+# -- the store ------------------------------------------------------------------------------------
+
+def test_store_parts_upsert_delete_and_records_survive_reopen(tmp_path):
+    st = StateStore(tmp_path / "s.db")
+    assert st.save({"a": {"x": 1, "y": [1.5, None, "z"]}, "b": {"k": {"n": 2}}},
+                   {"a": [{"t": 10.0, "v": 1}, {"t": 11.0, "v": 2}]}, now=100.0)
+    assert st.save({"a": {"x": None, "w": True}}, {"a": [{"t": 12.0, "v": 3}]}, now=101.0)
+    st.close()
+    st = StateStore(tmp_path / "s.db")
+    assert st.load() == {"a": {"y": [1.5, None, "z"], "w": True}, "b": {"k": {"n": 2}}}
+    assert [r["v"] for r in st.tail("a", 2)] == [2, 3]
+    assert st.conn_mode() == "wal"
+    assert st.moved_aside is None
+
+
+def test_codec_round_trips_dataclasses_tuples_sets_deques_and_int_keys():
+    from collections import deque
+
+    from sla_guard.scale.guardrails import PoolMemory
+
+    m = PoolMemory(history=[(1.0, 3)], failed={2: (5.0, 0.7)}, start_s=12.0)
+    obj = {"m": m, "s": {"a", "b"}, "q": deque([(1, 2)], maxlen=4), "k": {("x", "y"): 1.0}, "nan": math.inf}
+    back = decode(encode(obj), {"PoolMemory": PoolMemory})
+    assert back["m"] == m and back["s"] == {"a", "b"} and back["q"].maxlen == 4
+    assert back["q"] == deque([(1, 2)]) and back["k"] == {("x", "y"): 1.0} and back["nan"] == math.inf
+    with pytest.raises(ValueError):
+        decode(encode(m), {})  # only named classes are ever rebuilt
+
+
+def test_corrupt_file_is_moved_aside_and_the_guard_says_so(tmp_path):
+    p = tmp_path / "state.db"
+    p.write_bytes(b"this is not a database" * 200)
+    st = StateStore(p)
+    assert st.moved_aside is not None and st.moved_aside.startswith(str(p) + ".corrupt-")
+    with open(st.moved_aside, "rb") as f:
+        assert f.read().startswith(b"this is not a database")
+    assert "unreadable" in st.problem
+    assert st.save({"a": {"x": 1}}) and st.load() == {"a": {"x": 1}}
+    guard = Guard(parse_config(ATT), _NullSource(), [SLOEvaluator(parse_config(ATT))], state=st)
+    assert guard.status()["state"]["moved_aside"] == st.moved_aside
+
+
+def test_corrupted_pages_are_detected_on_open(tmp_path):
+    p = tmp_path / "state.db"
+    st = StateStore(p)
+    st.save({"a": {str(i): "x" * 200 for i in range(200)}})
+    st.close()
+    with sqlite3.connect(p) as conn:  # fold the WAL into the main file, then damage a data page
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    data = bytearray(p.read_bytes())
+    page = 4096
+    for k in range(1, len(data) // page):  # every b-tree page header after the first
+        data[k * page: k * page + 8] = b"\xff" * 8
+    p.write_bytes(bytes(data))
+    st = StateStore(p)
+    assert st.moved_aside is not None
+    assert st.load() == {}
+
+
+def test_retention_bounds_the_file(tmp_path):
+    st = StateStore(tmp_path / "s.db", max_bytes=1024 * 1024, retention_s=1000.0)
+    rec = {"payload": "y" * 900}
+    for i in range(3000):  # ~3 MB of records, over 1 MiB
+        st.save({}, {"advisor": [{"t": 5000.0 + i, **rec}]}, now=5000.0 + i)
+    assert st.live_bytes() <= 1024 * 1024 + 64 * 1024
+    assert st.trimmed > 0
+    newest = st.tail("advisor", 1)[0]["t"]
+    assert newest == 5000.0 + 2999
+    # age: records older than retention_s go at the next retention pass
+    for i in range(64):
+        st.save({"c": {"p": i}}, {}, now=20_000.0 + i)
+    assert st.tail("advisor", 10) == []
+    assert st.load()["c"] == {"p": 63}
+
+
+# -- the SLO ledger -------------------------------------------------------------------------------
+
+def _drive_att(seconds, ev=None, store=None, t0=T0, bad_every=0):
+    cfg = parse_config(ATT)
+    e = Engine()
+    k = [0]
+
+    def per_tick(rng, eng):
+        k[0] += 1
+        return [(3.0 if bad_every and (k[0] * 4 + i) % bad_every == 0 else 0.2, 0.01) for i in range(4)]
+
+    return e, *drive([e], seconds, per_tick, cfg=cfg, ev=ev or SLOEvaluator(cfg), store=store, t0=t0)
+
+
+def test_slo_ledger_round_trip_through_the_file_gives_the_same_verdicts(tmp_path):
+    cfg = parse_config(ATT)
+    _e, store, ev, t = _drive_att(1800, bad_every=40)
+    before = _slo(ev)
+    assert before.period_requests and before.period_requests > 1000
+    fresh = _roundtrip(tmp_path, "slo", ev, SLOEvaluator(cfg))
+    fresh.evaluate(store, t)
+    ev.evaluate(store, t)
+    after = _slo(fresh)
+    assert after.period_requests == _slo(ev).period_requests
+    assert after.budget_remaining == pytest.approx(_slo(ev).budget_remaining)
+    assert after.burn_rates == pytest.approx(_slo(ev).burn_rates, nan_ok=True)
+    assert after.status == _slo(ev).status
+
+
+def test_incremental_dumps_rewrite_only_changed_chunks_and_add_up(tmp_path):
+    cfg = parse_config(ATT)
+    e, store, ev, t = _drive_att(600)
+    st = StateStore(tmp_path / "s.db")
+    st.save({"slo": ev.state_dump(True)})
+    full_parts = len(ev.state_dump(True))
+    for k in range(1, 60):  # 15 min more, saving after every tick
+        for _ in range(4):
+            e.request(0.2, 0.01)
+        scrape_into(store, [e], t + 15 * k)
+        ev.evaluate(store, t + 15 * k)
+        part = ev.state_dump(False)
+        assert len(part) <= 1 + 2 * 2 + 2  # meta + a new and a current chunk per tier (+ drops)
+        st.save({"slo": part})
+    fresh = SLOEvaluator(cfg)
+    fresh.state_load(st.load()["slo"], [])
+    tn = t + 15 * 59
+    fresh.evaluate(store, tn + 15)
+    ev.evaluate(store, tn + 15)
+    assert _slo(fresh).period_requests == _slo(ev).period_requests
+    assert full_parts >= 3
+
+
+def test_restart_resumes_the_ledger_losing_only_the_tick_in_flight(tmp_path):
+    """A restart: the ledger comes back from the file and the new process's store is empty. The
+    first post-restart tick counts from its first scrape on; what the engines served between the
+    last fed sample and that first scrape is the only loss."""
+    cfg = parse_config(ATT)
+    e, _store, ev, t = _drive_att(1800)
+    held = _slo(ev).period_requests
+    fresh = _roundtrip(tmp_path, "slo", ev, SLOEvaluator(cfg))
+    lost = 0
+    for _ in range(4):  # served while the guard was down (after its last fed sample)
+        e.request(0.2, 0.01)
+        lost += 1
+    new_store = SeriesStore(slots=400, lookback_s=cfg.staleness_s)
+    served_after = 0
+    for k in range(1, 13):
+        tk = t + 60 + 5 * k
+        if k > 1:
+            for _ in range(4):
+                e.request(0.2, 0.01)
+                served_after += 1
+        scrape_into(new_store, [e], tk)
+        if k % 3 == 0:
+            fresh.evaluate(new_store, tk)
+    got = _slo(fresh).period_requests
+    assert got == held + served_after  # nothing double-counted, nothing but the gap lost
+    # before the fix (no state): the period restarts from zero
+    nostate = SLOEvaluator(cfg)
+    for k in (3, 6, 9, 12):
+        nostate.evaluate(new_store, t + 60 + 5 * k)
+    assert (_slo(nostate).period_requests or 0) < got - held + 1
+    assert lost == 4
+
+
+def test_prometheus_mode_persists_no_slo_windows():
+    cfg = parse_config({**ATT, "source": {"mode": "prometheus", "url": "http://127.0.0.1:9"}})
+    ev = SLOEvaluator(cfg)
+    assert ev.state_dump(True) == {}
+    ev.state_load({"meta": {"last_feed": 5.0}}, [])
+    assert ev._last_feed is None
+
+
+# -- findings and detectors -----------------------------------------------------------------------
+
+def test_findings_book_round_trip_keeps_open_and_resolved(tmp_path):
+    book = FindingsBook()
+    book.raise_("leak", "leak/a", "critical", "grows", {"model": "m", "pool": "decode"}, {"eta_s": 1680.0}, 100.0)
+    book.raise_("tpot_drift", "tpot_drift/m/decode", "warning", "slow", {"model": "m"}, {"after": 1.3}, 100.0)
+    book.resolve("tpot_drift/m/decode", 150.0)
+    fresh = _roundtrip(tmp_path, "findings", book, FindingsBook())
+    (f,) = fresh.open_findings()
+    assert (f.key, f.severity, f.details["eta_s"], f.opened_at) == ("leak/a", "critical", 1680.0, 100.0)
+    assert [r.key for r in fresh.resolved_findings()] == ["tpot_drift/m/decode"]
+    assert fresh.restored == {"leak/a"}
+    # an unchanged book does not rewrite its resolved list; a change does
+    assert "resolved" in fresh.state_dump(False)
+    assert "resolved" not in fresh.state_dump(False)
+    fresh.resolve("leak/a", 200.0)
+    assert [r.key for r in decode_list(fresh.state_dump(False)["resolved"])] == ["tpot_drift/m/decode", "leak/a"]
+
+
+def _rss_store(t0: float, n: int, step: float = 30.0, value: float = 2e9) -> SeriesStore:
+    st = SeriesStore(slots=2000, lookback_s=120.0)
+    labels = {"model": "m", "pool": "decode", "engine": "0", "process": "engine_core", "instance": "i0"}
+    for k in range(n):
+        st.append(c.PROCESS_RSS.name, labels, t0 + k * step, value, group="i0")
+    return st
+
+
+KEY = "leak/i0/m/decode/0/engine_core"
+
+
+def test_restored_leak_finding_stays_open_until_the_detector_can_judge(tmp_path):
+    """After a restart the detector sees only minutes of RSS (its warm-up is 30 min): it must not
+    take 'my data starts after the finding opened' for a process restart."""
+    book = FindingsBook()
+    book.raise_("leak", KEY, "critical", "grows", {"model": "m", "pool": "decode"}, {"eta_s": 1680.0}, T0)
+    restored = _roundtrip(tmp_path, "findings", book, FindingsBook())
+    ev = LeakEvaluator(restored, LeakConfig())
+    store = _rss_store(T0 + 3600, 20)
+    for k in range(20):
+        ev.evaluate(store, T0 + 3600 + 30 * k)
+    assert [f.key for f in restored.open_findings()] == [KEY]
+    assert ev.verdicts[KEY].status == "unknown"
+    # a real restart (a drop in the data) still resolves it
+    labels = {"model": "m", "pool": "decode", "engine": "0", "process": "engine_core", "instance": "i0"}
+    store.append(c.PROCESS_RSS.name, labels, T0 + 3600 + 30 * 20 + 300, 2e8, group="i0")
+    ev.evaluate(store, T0 + 3600 + 30 * 20 + 300 + 301)
+    assert restored.open_findings() == []
+    assert restored.get(KEY).details["resolution"] == "restart"
+
+
+def test_restored_leak_finding_of_a_process_that_never_returns_is_resolved():
+    book = FindingsBook()
+    book.raise_("leak", "leak/gone/m/decode/0/engine_core", "critical", "grows", {"model": "m"}, {}, T0)
+    book.restored = {"leak/gone/m/decode/0/engine_core"}
+    ev = LeakEvaluator(book, LeakConfig())
+    store = _rss_store(T0 + 100, 80)  # another process reports for 40 min
+    for k in range(80):
+        ev.evaluate(store, T0 + 100 + 30 * k)
+    assert book.open_findings() == []
+    assert book.get("leak/gone/m/decode/0/engine_core").details["resolution"] == "series_gone"
+
+
+def test_drift_cusum_round_trip(tmp_path):
+    book = FindingsBook()
+    cfg = RateConfig(warmup_s=600, interval_s=60)
+    ev = RateDriftEvaluator(book, "acceptance_drift", "acceptance_drift", c.SPEC_DRAFT_TOKENS,
+                            c.SPEC_ACCEPTED_TOKENS, cfg, "both", "acceptance")
+    rng = np.random.default_rng(1)
+    st = SeriesStore(slots=400, lookback_s=120.0)
+    lab = {"model": "m", "pool": "decode", "engine": "0"}
+    n = x = 0.0
+    for k in range(60):
+        t = T0 + 30 * k
+        dn = 1000.0
+        n += dn
+        x += rng.binomial(int(dn), 0.7 if k < 40 else 0.4)
+        st.append(c.SPEC_DRAFT_TOKENS.exposed, lab, t, n, group="e")
+        st.append(c.SPEC_ACCEPTED_TOKENS.exposed, lab, t, x, group="e")
+        ev.evaluate(st, t)
+    assert book.open_findings(), "the drop was found"
+    fresh_book = _roundtrip(tmp_path, "findings", book, FindingsBook())
+    fresh = _roundtrip(tmp_path, "acceptance_drift", ev,
+                       RateDriftEvaluator(fresh_book, "acceptance_drift", "acceptance_drift", c.SPEC_DRAFT_TOKENS,
+                                          c.SPEC_ACCEPTED_TOKENS, cfg, "both", "acceptance"))
+    (k,) = ev.cusums
+    a, b = ev.cusums[k], fresh.cusums[k]
+    assert isinstance(b, drift.RateCusum) and b.params is fresh.params
+    assert (a.p0, a.s_down, a.alarm) == (b.p0, b.s_down, b.alarm)
+    # the restored detector resolves the restored finding once the rate is back
+    for k2 in range(60, 200):
+        t = T0 + 30 * k2
+        n += 1000
+        x += rng.binomial(1000, 0.7)
+        st.append(c.SPEC_DRAFT_TOKENS.exposed, lab, t, n, group="e")
+        st.append(c.SPEC_ACCEPTED_TOKENS.exposed, lab, t, x, group="e")
+        fresh.evaluate(st, t)
+    assert fresh_book.open_findings() == []
+
+
+# -- the advisor ----------------------------------------------------------------------------------
+
+PROFILE = {"profile": {"prefill_tokens_per_s": 10_000, "decode_step_base_s": 0.01,
+                       "decode_step_per_request_s": 0.0002}}
+
+
+def _engine(model: str, pool: str, name: str) -> ScaleEngine:
+    e = ScaleEngine(pool, name, instance=f"{name}:8000")
+    e.registry = CollectorRegistry()
+    e.rec = EngineRecorder(ContractMetrics(e.registry, components=[Component.ENGINE]), model, pool, name)
+    return e
+
+
+def test_wildcard_advisor_sizes_each_model_on_its_own():
+    """Three models' pools in one store (1, 2 and 3 decode replicas): with model '*' the advice
+    is per model with that model's replica count, never 6 decode replicas of 'default'."""
+    reg = CollectorRegistry()
+    ev = AdvisorEvaluator(parse_advisor(PROFILE), metrics=ContractMetrics(reg, components=[Component.GUARD]))
+    store = scale_store()
+    engines, ticks = [], {}
+    for i, model in enumerate(("llama", "qwen", "mistral")):
+        engines.append(_engine(model, "prefill", f"{model}-p0"))
+        ticks[f"{model}-p0"] = {"running": 1, "waiting": 0, "computed": 1000, "prefills": 1, "ttft": 0.2}
+        for j in range(i + 1):
+            engines.append(_engine(model, "decode", f"{model}-d{j}"))
+            ticks[f"{model}-d{j}"] = {"running": 2, "waiting": 0, "steps": 100}
+    scale_run(engines, store, 1000, 1060, **ticks)
+    ev.evaluate(store, 1060)
+    recs, _, _ = ev.recommendations()
+    current = {(r.model, r.pool): r.current for r in recs}
+    assert current == {("llama", "prefill"): 1, ("llama", "decode"): 1, ("qwen", "prefill"): 1,
+                       ("qwen", "decode"): 2, ("mistral", "prefill"): 1, ("mistral", "decode"): 3}
+    assert sorted(ev.advisors) == ["llama", "mistral", "qwen"]
+    for model, n in (("llama", 1), ("qwen", 2), ("mistral", 3)):
+        assert reg.get_sample_value(c.GUARD_CURRENT_REPLICAS.series(), {"model": model, "pool": "decode"}) == n
+    assert reg.get_sample_value(c.GUARD_CURRENT_REPLICAS.series(), {"model": "default", "pool": "decode"}) is None
+    assert {r["model"] for r in ev.history} == {"llama", "qwen", "mistral"}
+    # bounded: a fourth model beyond max_models gets no advisor
+    ev.max_models = 3
+    extra = [_engine("phi", "decode", "phi-d0")]
+    scale_run(engines + extra, store, 1065, 1075, **ticks, **{"phi-d0": {"running": 1, "waiting": 0, "steps": 10}})
+    ev.evaluate(store, 1075)
+    assert "phi" not in ev.advisors
+
+
+def test_advisor_memory_and_decision_tail_round_trip(tmp_path):
+    ev = AdvisorEvaluator(parse_advisor(PROFILE))
+    store = scale_store()
+    engines = [_engine("llama", "prefill", "p0"), _engine("llama", "decode", "d0")]
+    ticks = {"p0": {"running": 1, "waiting": 0, "computed": 1000, "prefills": 1, "ttft": 0.2},
+             "d0": {"running": 4, "waiting": 0, "steps": 200, "tpot": 0.012}}
+    for t in range(1000, 1400, 20):
+        scale_run(engines, store, t, t + 15, **ticks)
+        ev.evaluate(store, t + 15)
+    adv = ev.advisors["llama"]
+    adv.memory["decode"].failed[2] = (1300.0, 0.8)  # a size that proved too small
+    records = ev.state_records()
+    assert len(records) == 2 * 20
+    fresh = _roundtrip(tmp_path, "advisor", ev, AdvisorEvaluator(parse_advisor(PROFILE)), records=records)
+    got = fresh.advisors["llama"]
+    assert got.learned.decode == adv.learned.decode and got.learned.decode.samples > 0
+    assert got.learned.prefill == adv.learned.prefill
+    assert got.memory == adv.memory and got.memory["decode"].failed == {2: (1300.0, 0.8)}
+    assert got.learned.first_seen == adv.learned.first_seen
+    assert list(fresh.history) == records
+    assert ev.state_records() == []
+
+
+# -- the guard ------------------------------------------------------------------------------------
+
+class _NullSource:
+    mode = "scrape"
+    view = None
+
+    def ready(self) -> bool:
+        return True
+
+
+def test_guard_persists_each_tick_and_restores_components_when_added(tmp_path):
+    cfg = parse_config(ATT)
+    _e, store, _ev, t = _drive_att(900)
+    from sla_guard.ingest.source import StoreSource
+
+    st = StateStore(tmp_path / "g.db")
+    g = Guard(cfg, StoreSource(store), [SLOEvaluator(cfg)], state=st)
+    book = FindingsBook()
+    g.add_state("findings", book)
+    book.raise_("leak", KEY, "critical", "grows", {"model": "m"}, {}, t)
+    g.tick(t)
+    assert st.saves == 1 and g.last_persist_ms is not None
+    held = _slo(g.evaluator("slo")).period_requests
+    st.close()
+    st2 = StateStore(tmp_path / "g.db")
+    g2 = Guard(cfg, StoreSource(store), [SLOEvaluator(cfg)], state=st2)
+    book2 = FindingsBook()
+    g2.add_state("findings", book2)
+    assert [f.key for f in book2.open_findings()] == [KEY]
+    g2.tick(t)  # same instant: nothing new to feed
+    assert _slo(g2.evaluator("slo")).period_requests == held
+    assert g2.status()["state"]["components"] == ["findings", "slo"]
+    assert _slo(g2.evaluator("slo")).status in (Status.OK, Status.AT_RISK, Status.UNKNOWN)
+
+
+def test_serve_wiring_opens_the_configured_file(tmp_path):
+    from sla_guard.state import open_state
+
+    assert open_state(parse_config(ATT)) is None
+    st = open_state(parse_config({**ATT, "state": {"path": str(tmp_path / "x.db"), "max_bytes": 2 * 1024 * 1024}}))
+    assert st is not None and st.max_bytes == 2 * 1024 * 1024
+    assert st.retention_s == pytest.approx(86400.0 + 86400.0)  # longest period (1d) + a day
