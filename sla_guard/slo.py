@@ -21,6 +21,7 @@ or no current sample (stale or missing) gives ``unknown`` with the reason.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
@@ -131,6 +132,9 @@ def le_count(buckets: Mapping[float, float], threshold: float) -> float | None:
 
 
 # ---------------------------------------------------------------- ledger
+CHUNK = 64  # buckets per persisted part: a tick rewrites one chunk per tier, not the whole period
+
+
 class _Ring:
     """good/total request counts in fixed time buckets covering ``span_s``."""
 
@@ -141,16 +145,35 @@ class _Ring:
         self.idx = np.full(self.n, -1, dtype=np.int64)
         self.good = np.zeros(self.n)
         self.total = np.zeros(self.n)
+        self.dirty: set[int] = set()  # chunks changed since the last dump (None-valued: dropped)
+        self.dropped: set[int] = set()
 
     def add(self, t: float, good: float, total: float) -> None:
         b = int(t // self.step)
         p = b % self.n
         if self.idx[p] != b:
+            if b // CHUNK not in self.dirty and self.idx[p] >= 0:
+                self.dropped.add(b // CHUNK - self.n // CHUNK - 2)  # wholly out of the span by now
             self.idx[p] = b
             self.good[p] = 0.0
             self.total[p] = 0.0
         self.good[p] += good
         self.total[p] += total
+        self.dirty.add(b // CHUNK)
+
+    # -- persistence (only non-empty buckets, one part per chunk) ------------------------------
+    def chunks(self) -> set[int]:
+        return {int(b) // CHUNK for b in self.idx[self.idx >= 0]}
+
+    def dump_chunk(self, c: int) -> dict:
+        m = (self.idx // CHUNK == c) & (self.idx >= 0) & ((self.total != 0) | (self.good != 0))
+        return {"b": self.idx[m].tolist(), "g": self.good[m].tolist(), "t": self.total[m].tolist()}
+
+    def load_chunk(self, d: dict) -> None:
+        for b, g, tot in zip(d["b"], d["g"], d["t"], strict=True):
+            p = int(b) % self.n
+            if self.idx[p] <= b:
+                self.idx[p], self.good[p], self.total[p] = int(b), float(g), float(tot)
 
     def window(self, now: float, window_s: float) -> tuple[float, float]:
         hi = int(now // self.step)
@@ -205,6 +228,7 @@ class SLOResult:
     budget_remaining: float | None = None
     burn_rates: dict[str, float | None] = field(default_factory=dict)
     alerts: list[BurnAlert] = field(default_factory=list)
+    period_requests: float | None = None  # attainment: requests the period's ledger/query holds
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -331,6 +355,60 @@ class SLOEvaluator:
         if not self.pools:
             return Status.UNKNOWN
         return worst(p.status for p in self.pools.values())
+
+    # -- crash-safe state (sla_guard.state.Stateful) ---------------------------------------------
+    def _persists(self) -> bool:
+        # with a Prometheus source the windows are ``increase`` over the server: nothing to keep
+        return getattr(self.config.source, "mode", "scrape") != "prometheus"
+
+    def state_dump(self, full: bool) -> dict:
+        """Ledger chunks changed since the last dump (all when ``full``) plus a small meta part:
+        ``_last_feed``, each ledger's first sample time, the pools seen and when."""
+        if not self._persists():
+            return {}
+        out: dict = {}
+        firsts = {}
+        for key, led in self._ledgers.items():
+            kj = _json_key(key)
+            firsts[kj] = led.first_t
+            for tier, ring in (("f", led.fine), ("c", led.coarse)):
+                if ring is None:
+                    continue
+                chunks = ring.chunks() if full else ring.dirty
+                for ch in chunks:
+                    out[f"ledger/{tier}/{ch}/{kj}"] = ring.dump_chunk(ch)
+                for ch in ring.dropped - chunks:
+                    out[f"ledger/{tier}/{ch}/{kj}"] = None
+                ring.dirty, ring.dropped = set(), set()
+        out["meta"] = {"last_feed": self._last_feed, "ledgers": firsts,
+                       "last_seen": [[m, p, t] for (m, p), t in self._last_seen.items()]}
+        return out
+
+    def state_load(self, parts: dict, records: list[dict]) -> None:
+        """Resume the ledgers where the last saved tick left them; the next tick feeds the
+        interval from ``_last_feed`` on (see docs/guard.md, 'State and restarts')."""
+        if not self._persists():
+            return
+        meta = parts.get("meta") or {}
+        for kj, first in (meta.get("ledgers") or {}).items():
+            key = _key_from_json(kj)
+            if key is not None and len(self._ledgers) < self.max_pools * 4:
+                led = self._ledgers.setdefault(key, Ledger(key[2], self.ledger_step_s))
+                led.first_t = first
+        for name, value in parts.items():
+            if not name.startswith("ledger/") or not value:
+                continue
+            _, tier, _, kj = name.split("/", 3)
+            led = self._ledgers.get(_key_from_json(kj))
+            ring = None if led is None else (led.fine if tier == "f" else led.coarse)
+            if ring is not None:
+                ring.load_chunk(value)
+        for m, p, t in meta.get("last_seen") or []:
+            if len(self.known) < self.max_pools:
+                self.known.add((m, p))
+                self._last_seen[(m, p)] = float(t)
+        if meta.get("last_feed") is not None:
+            self._last_feed = float(meta["last_feed"])
 
     # -- data gathering ------------------------------------------------------------------------
     @staticmethod
@@ -470,6 +548,7 @@ class SLOEvaluator:
         r.alerts = alerts
         r.burn_rates = {fmt_window(w): _num(burn_rate(e, t, slo.target)) for w, (e, t) in sorted(wins.items())}
         r.budget_remaining = _num(budget_remaining(err_p, tot_p, slo.target))
+        r.period_requests = _num(tot_p)
         good, tot = (le_count(b, slo.threshold_s), b.get(math.inf)) if b else (None, None)
         if tot and good is not None and tot >= slo.min_requests:
             r.value, r.requests = good / tot, tot
@@ -559,6 +638,20 @@ class _Plan:
             ws.add(lw * scale)
             ws.add(sw * scale)
         return sorted(ws)
+
+
+def _json_key(key: tuple) -> str:
+    ind, thr, period, model, pool = key
+    return json.dumps([str(ind.value if isinstance(ind, Indicator) else ind), thr, period, model, pool],
+                      separators=(",", ":"))
+
+
+def _key_from_json(kj: str) -> tuple | None:
+    try:
+        ind, thr, period, model, pool = json.loads(kj)
+        return Indicator(ind), float(thr), float(period), model, pool
+    except (ValueError, TypeError):
+        return None
 
 
 def _mp(lab: Labels) -> tuple[str, str]:
