@@ -30,6 +30,7 @@ from exporters.prometheus import ContractMetrics
 from sla_guard.config import GuardConfig
 from sla_guard.ingest.source import Source, StoreSource
 from sla_guard.model import Evaluator, MetricsView
+from sla_guard.state import Stateful, StateStore
 
 log = logging.getLogger("sla_guard.service")
 
@@ -48,7 +49,8 @@ class Guard:
     pass the parts (``Guard(config, source, evaluators, registry)``) to plug in your own."""
 
     def __init__(self, config: GuardConfig, source: Source, evaluators: Sequence[Evaluator] = (),
-                 registry: CollectorRegistry | None = None, *, clock: Callable[[], float] = time.time) -> None:
+                 registry: CollectorRegistry | None = None, *, clock: Callable[[], float] = time.time,
+                 state: StateStore | None = None) -> None:
         self.config = config
         self.source = source
         self.registry = registry if registry is not None else CollectorRegistry()
@@ -58,21 +60,32 @@ class Guard:
         self.last_tick: TickResult | None = None
         self.ticks = 0
         self.started_at = clock()
+        # crash-safe state (sla_guard.state): restored into each component as it is added,
+        # saved after every tick; None: nothing persists
+        self.state = state
+        self._saved: dict[str, dict] = state.load() if state is not None else {}
+        self._stateful: dict[str, Stateful] = {}
+        self._full_save = True
+        self._unsaved: dict[str, list[dict]] = {}
+        self.last_persist_ms: float | None = None
         for ev in evaluators:
             self.add_evaluator(ev)
 
     # -- construction --------------------------------------------------------------------------
     @classmethod
     def from_config(cls, config: GuardConfig, extra_evaluators: Sequence[Evaluator] = (),
-                    registry: CollectorRegistry | None = None, *, clock: Callable[[], float] = time.time) -> Guard:
+                    registry: CollectorRegistry | None = None, *, clock: Callable[[], float] = time.time,
+                    state: StateStore | None = None) -> Guard:
         """The guard ``serve``/``check`` run: the configured source (embedded scraper or
-        Prometheus) and the SLO evaluator, plus ``extra_evaluators`` (detectors, advisor)."""
+        Prometheus) and the SLO evaluator, plus ``extra_evaluators`` (detectors, advisor).
+        ``state``: the crash-safe state file (``serve`` passes ``open_state(config)``; ``check``
+        none, so a one-shot check never writes over a running guard's state)."""
         from sla_guard.ingest import build_source
         from sla_guard.slo import SLOEvaluator
 
         registry = registry if registry is not None else CollectorRegistry()
         source = build_source(config)
-        guard = cls(config, source, [], registry, clock=clock)
+        guard = cls(config, source, [], registry, clock=clock, state=state)
         if hasattr(source, "bind_metrics"):
             source.bind_metrics(guard.metrics)
         guard.add_evaluator(SLOEvaluator(config))
@@ -90,10 +103,63 @@ class Guard:
         return cls(config, StoreSource(store), [*evs, *evaluators], registry)
 
     def add_evaluator(self, ev: Evaluator) -> None:
+        """Add ``ev``; if it is ``Stateful`` and a state file is open, restore it first."""
         bind = getattr(ev, "bind_metrics", None)
         if callable(bind):
             bind(self.metrics)
+        if isinstance(ev, Stateful):
+            self.add_state(ev.name, ev)
         self.evaluators.append(ev)
+
+    # -- crash-safe state ----------------------------------------------------------------------
+    def add_state(self, name: str, component: Stateful) -> None:
+        """Persist ``component`` under ``name`` (evaluators are added by their name; the findings
+        book, which is not an evaluator, registers itself here) and restore it now from the
+        state file. A component that fails to restore starts empty: logged, never fatal."""
+        self._stateful[name] = component
+        if self.state is None:
+            return
+        parts = self._saved.pop(name, {})
+        records = self.state.tail(name, getattr(component, "state_tail", 0)) \
+            if getattr(component, "state_tail", 0) else []
+        if not parts and not records:
+            return
+        try:
+            component.state_load(parts, records)
+            log.info("state: restored %s (%d parts, %d records)", name, len(parts), len(records))
+        except Exception:
+            log.exception("state: could not restore %s; it starts empty", name)
+
+    def persist(self, now: float) -> bool:
+        """One transaction with every component's changed parts and new records. A failed save
+        makes the next one full (the parts dumped since were never written)."""
+        if self.state is None:
+            return False
+        t0 = time.perf_counter()
+        parts: dict[str, dict] = {}
+        for name, comp in self._stateful.items():
+            try:
+                parts[name] = comp.state_dump(self._full_save)
+            except Exception:
+                log.exception("state: could not dump %s", name)
+            drain = getattr(comp, "state_records", None)
+            if callable(drain):
+                with contextlib.suppress(Exception):
+                    self._unsaved.setdefault(name, []).extend(drain())
+        ok = self.state.save(parts, self._unsaved, now)
+        if ok:
+            self._unsaved = {}
+        else:  # keep the records, bounded, for the next try
+            self._unsaved = {k: v[-4096:] for k, v in self._unsaved.items()}
+        self._full_save = not ok
+        self.last_persist_ms = (time.perf_counter() - t0) * 1e3
+        return ok
+
+    def state_status(self) -> dict | None:
+        """The state file's health for ``/v1/status`` (moved aside, errors, save cost)."""
+        if self.state is None:
+            return None
+        return {**self.state.status(), "persist_ms": self.last_persist_ms, "components": sorted(self._stateful)}
 
     def evaluator(self, name: str) -> Evaluator | None:
         return next((e for e in self.evaluators if e.name == name), None)
@@ -121,6 +187,8 @@ class Guard:
             self.metrics[c.GUARD_STORE_BYTES].set(store.nbytes())
         self.last_tick = TickResult(now, dt, errors)
         self.ticks += 1
+        if self.state is not None:
+            self.persist(now)
         return self.last_tick
 
     async def collect(self, now: float | None = None) -> None:
@@ -193,6 +261,8 @@ class Guard:
         if self.last_tick is not None:
             lt = self.last_tick
             out["last_tick"] = {"at": lt.at, "duration_s": lt.duration_s, "errors": lt.errors}
+        if self.state is not None:
+            out["state"] = self.state_status()
         for ev in self.evaluators:
             try:
                 out["evaluators"][ev.name] = ev.snapshot()
