@@ -82,8 +82,9 @@ def run(args: argparse.Namespace) -> int:
 
     from sla_guard.api import create_app
     from sla_guard.service import Guard
+    from sla_guard.state import open_state
 
-    guard = Guard.from_config(cfg)
+    guard = Guard.from_config(cfg, state=open_state(cfg))
     routers = load_extensions(cfg, guard, token)
     app = create_app(guard, token=token, extra_routers=routers, max_body_bytes=cfg.api.max_body_bytes)
     class _Server(uvicorn.Server):
