@@ -60,6 +60,7 @@ class Guard:
         self.last_tick: TickResult | None = None
         self.ticks = 0
         self.started_at = clock()
+        self.expired_at: float | None = None
         # crash-safe state (sla_guard.state): restored into each component as it is added,
         # saved after every tick; None: nothing persists
         self.state = state
@@ -172,6 +173,9 @@ class Guard:
         t0 = time.perf_counter()
         errors: dict[str, str] = {}
         view = self.source.view if view is None else view
+        begin = getattr(self.source, "begin_tick", None)
+        if callable(begin):  # Prometheus mode: all queries of this tick share one budget
+            begin(self.tick_budget_s, now)
         for ev in self.evaluators:
             try:
                 ev.evaluate(view, now)
@@ -213,8 +217,45 @@ class Guard:
         return self.tick(view=LifetimeView(self.source.store))
 
     # -- the serve loop ------------------------------------------------------------------------
+    @property
+    def tick_budget_s(self) -> float:
+        """Wall time one tick's source queries may take: the evaluation interval, and at most
+        half the staleness bound, so a slow source turns verdicts unknown, never stale."""
+        return max(0.5, min(self.config.evaluation_interval_s, self.config.staleness_s / 2))
+
+    def verdict_age(self, now: float | None = None) -> float:
+        """Seconds since the last *completed* tick began (since start-up if none completed)."""
+        now = self.clock() if now is None else now
+        last = self.last_tick.at if self.last_tick is not None else self.started_at
+        return max(0.0, now - last)
+
+    def stale(self, now: float | None = None) -> bool:
+        return self.verdict_age(now) > self.config.staleness_s
+
+    def expire_if_stale(self, now: float | None = None) -> bool:
+        """Turn every evaluator's verdicts to unknown when the last completed tick is older than
+        ``staleness_s``, whatever froze it (a slow source, a hung evaluator). True if stale."""
+        now = self.clock() if now is None else now
+        if not self.stale(now):
+            self.expired_at = None
+            return False
+        if self.expired_at is None or (self.last_tick is not None and self.expired_at < self.last_tick.at):
+            reason = (f"verdict is stale: last completed evaluation {self.verdict_age(now):.0f}s ago "
+                      f"(staleness bound {self.config.staleness_s:g}s)")
+            for ev in self.evaluators:
+                expire = getattr(ev, "expire", None)
+                if callable(expire):
+                    try:
+                        expire(reason, now)
+                    except Exception:
+                        log.exception("expiring %s", ev.name)
+            self.expired_at = now
+            log.warning("%s", reason)
+        return True
+
     async def run(self, stop: asyncio.Event) -> None:
-        """Collect every scrape interval and tick every evaluation interval until ``stop``."""
+        """Collect every scrape interval and tick every evaluation interval until ``stop``.
+        A watchdog beside the loop expires verdicts once they outlive ``staleness_s``."""
         scrape_every = getattr(self.config.source, "interval_s", self.config.evaluation_interval_s)
         next_scrape = next_tick = self.clock()
         # one dedicated thread for ticks: evaluators are CPU-bound numpy, run off the event loop
@@ -222,11 +263,22 @@ class Guard:
         # malloc arena instead of fragmenting one per pool worker
         loop = asyncio.get_running_loop()
         pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="sla-guard-tick")
+        watchdog = asyncio.create_task(self._watchdog(stop))
         try:
             await self._loop(stop, scrape_every, next_scrape, next_tick, loop, pool)
         finally:
-            pool.shutdown(wait=True)
-            await self.source.aclose()
+            watchdog.cancel()
+            # a tick still running (a hung evaluator) must not hold the process: it is abandoned
+            pool.shutdown(wait=False, cancel_futures=True)
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.source.aclose(), 2.0)
+
+    async def _watchdog(self, stop: asyncio.Event) -> None:
+        period = max(0.1, min(1.0, self.config.staleness_s / 4))
+        while not stop.is_set():
+            self.expire_if_stale()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=period)
 
     async def _loop(self, stop, scrape_every, next_scrape, next_tick, loop, pool) -> None:
         while not stop.is_set():
@@ -239,7 +291,14 @@ class Guard:
                 next_scrape = max(next_scrape + scrape_every, now)
             now = self.clock()
             if now >= next_tick:
-                await loop.run_in_executor(pool, self.tick, now)
+                # the tick runs in its thread while this loop waits on it or on ``stop``,
+                # whichever comes first: SIGTERM is honoured even during a hung tick
+                fut = loop.run_in_executor(pool, self.tick, now)
+                stopper = asyncio.ensure_future(stop.wait())
+                await asyncio.wait({fut, stopper}, return_when=asyncio.FIRST_COMPLETED)
+                stopper.cancel()
+                if stop.is_set():
+                    return
                 next_tick = max(next_tick + self.config.evaluation_interval_s, now)
             delay = max(0.0, min(next_scrape, next_tick) - self.clock())
             with contextlib.suppress(TimeoutError):
@@ -247,7 +306,8 @@ class Guard:
 
     # -- state for the API ---------------------------------------------------------------------
     def ready(self) -> bool:
-        return self.last_tick is not None and self.source.ready()
+        """A tick ran on data and its verdict is not stale."""
+        return self.last_tick is not None and self.source.ready() and not self.stale()
 
     def status(self) -> dict:
         """Everything at a glance: the guard, its source, and each evaluator's snapshot."""
@@ -263,6 +323,8 @@ class Guard:
             out["last_tick"] = {"at": lt.at, "duration_s": lt.duration_s, "errors": lt.errors}
         if self.state is not None:
             out["state"] = self.state_status()
+        out["verdict_age_s"] = self.verdict_age()
+        out["stale"] = self.stale()
         for ev in self.evaluators:
             try:
                 out["evaluators"][ev.name] = ev.snapshot()

@@ -21,6 +21,7 @@ or no current sample (stale or missing) gives ``unknown`` with the reason.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections.abc import Mapping
@@ -355,6 +356,17 @@ class SLOEvaluator:
         if not self.pools:
             return Status.UNKNOWN
         return worst(p.status for p in self.pools.values())
+
+    def expire(self, reason: str, now: float) -> None:
+        """Every verdict becomes unknown with ``reason`` (the guard's staleness watchdog calls
+        this when ticks stop completing): a frozen guard must never keep serving "ok"."""
+        pools = {}
+        for key, pr in self.pools.items():
+            slos = [dataclasses.replace(s, status=Status.UNKNOWN, reason=reason, alerts=[]) for s in pr.slos]
+            pools[key] = dataclasses.replace(pr, status=Status.UNKNOWN, reason=reason, slos=slos,
+                                             goodput_lower_bound=None, goodput_upper_bound=None)
+        self.pools = pools
+        self._export()
 
     # -- crash-safe state (sla_guard.state.Stateful) ---------------------------------------------
     def _persists(self) -> bool:

@@ -22,7 +22,7 @@ def api():
     cfg = parse_config({})
     engines = [Engine(pool="prefill"), Engine(pool="decode")]
     store, _ev, t = drive(engines, 300, lambda rng, e: [(3.5 if e.pool == "prefill" else 0.2, 0.01)] * 2)
-    guard = Guard(cfg, StoreSource(store), [])
+    guard = Guard(cfg, StoreSource(store), [], clock=lambda: t)  # simulated time: verdicts are fresh
     guard.add_evaluator(SLOEvaluator(cfg))
     extra = APIRouter(prefix="/v1")
 

@@ -75,14 +75,21 @@ def run(args: argparse.Namespace) -> int:
 
     guard = Guard.from_config(cfg)
 
+    # the whole check is bounded: two collections, the wait, one tick's query budget, slack
+    src_timeout = getattr(cfg.source, "timeout_s", 10.0)
+    limit = 2 * src_timeout + max(0.0, args.wait) + guard.tick_budget_s + 5.0
+
     async def once():
         try:
-            return await guard.check_once(args.wait)
+            return await asyncio.wait_for(guard.check_once(args.wait), limit)
         finally:
-            await guard.source.aclose()
+            await asyncio.wait_for(guard.source.aclose(), 2.0)
 
     try:
         result = asyncio.run(once())
+    except TimeoutError:
+        print(f"check failed: no verdict within {limit:g}s (source timeouts {src_timeout:g}s)", file=sys.stderr)
+        return 2
     except Exception as err:  # the check itself failed: say why, exit 2
         print(f"check failed: {type(err).__name__}: {err}", file=sys.stderr)
         return 2

@@ -15,14 +15,19 @@ import contextlib
 import importlib
 import ipaddress
 import logging
+import os
 import signal
 import sys
+import threading
 
 from sla_guard.config import ConfigError, load_config, split_listen
 
 EXTENSIONS = ("sla_guard.detect.plugin", "sla_guard.scale.plugin")
 
 log = logging.getLogger("sla_guard.serve")
+
+# after SIGTERM: how long the guard loop may take to finish its round before the process exits
+SHUTDOWN_GRACE_S = 5.0
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -80,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
 
     import uvicorn
 
-    from sla_guard.api import create_app
+    from sla_guard.api import create_app, server_config
     from sla_guard.service import Guard
     from sla_guard.state import open_state
 
@@ -94,8 +99,7 @@ def run(args: argparse.Namespace) -> int:
         def capture_signals(self):
             yield
 
-    server = _Server(uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off",
-                                    access_log=False))
+    server = _Server(server_config(app, host, port))
 
     async def main() -> None:
         stop = asyncio.Event()
@@ -109,8 +113,16 @@ def run(args: argparse.Namespace) -> int:
             await server.serve()
         finally:
             stop.set()
-            await loop_task
+            try:
+                await asyncio.wait_for(loop_task, SHUTDOWN_GRACE_S)
+            except TimeoutError:
+                log.warning("guard loop did not stop within %gs; exiting anyway", SHUTDOWN_GRACE_S)
 
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(main())
+    # a tick or query thread still blocked on a dead peer must not keep the process alive
+    if any(t.is_alive() and not t.daemon for t in threading.enumerate() if t is not threading.main_thread()):
+        log.warning("exiting with a tick still running (abandoned)")
+        logging.shutdown()
+        os._exit(0)
     return 0

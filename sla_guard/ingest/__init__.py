@@ -41,7 +41,7 @@ def build_source(config: GuardConfig) -> Source:
     if config.source.mode == "prometheus":
         from sla_guard.ingest.prometheus import PrometheusSourceImpl
 
-        return PrometheusSourceImpl(config.source)
+        return PrometheusSourceImpl(config.source, stale_after_s=config.staleness_s)
     from sla_guard.ingest.scrape import Scraper
 
     return Scraper(config.source, build_store(config))

@@ -12,9 +12,12 @@ counted in ``guard_scrape_errors{target="prometheus",kind}``, and the next query
 
 from __future__ import annotations
 
+import concurrent.futures
+import json
 import logging
 import math
 import os
+import time
 from collections.abc import Mapping
 
 import httpx
@@ -26,6 +29,7 @@ from sla_guard import promql
 from sla_guard.config import PrometheusSource as PrometheusConfig
 from sla_guard.ingest.source import TargetState
 from sla_guard.model import Labels, Series
+from sla_guard.redact import redact_text, strip_userinfo
 
 log = logging.getLogger("sla_guard.ingest.prometheus")
 
@@ -47,6 +51,10 @@ def duration(seconds: float) -> str:
     return f"{round(seconds * 1000)}ms"
 
 
+# the most distinct queries remembered for the next tick's prefetch (a tick makes ~75)
+MAX_PREFETCH = 2000
+
+
 class PrometheusError(Exception):
     def __init__(self, kind: str, msg: str) -> None:
         super().__init__(msg)
@@ -58,11 +66,39 @@ class PrometheusView:
     evaluators off its event loop)."""
 
     def __init__(self, url: str, *, timeout_s: float = 10.0, token: str | None = None, extra_selector: str = "",
-                 transport: httpx.BaseTransport | None = None) -> None:
+                 transport: httpx.BaseTransport | None = None, concurrency: int = 8) -> None:
+        """Credentials never stay in ``self.url`` (logged with each request, shown in
+        /v1/targets): ``user:pw@`` becomes explicit Basic auth, or is dropped when a bearer
+        ``token`` is given (explicit wins; httpx would otherwise replace the bearer with the
+        URL's Basic auth), and query parameters go to the client (sent, never shown)."""
+        from urllib.parse import parse_qsl, urlsplit, urlunsplit
+
+        url, userinfo = strip_userinfo(url)
+        params: list[tuple[str, str]] = []
+        try:
+            p = urlsplit(url)
+            if p.query:
+                params = parse_qsl(p.query, keep_blank_values=True)
+                url = urlunsplit((p.scheme, p.netloc, p.path, "", ""))
+        except ValueError:
+            pass  # httpx rejects it at the first query, with a redacted error
         headers = {"Authorization": f"Bearer {token}"} if token else {}
+        auth = httpx.BasicAuth(*userinfo) if userinfo is not None and not token else None
+        if userinfo is not None and token:
+            log.warning("Prometheus URL has credentials and a bearer token is configured: using the bearer token")
         self.url = url.rstrip("/")
         self.extra = extra_selector
-        self._client = httpx.Client(timeout=timeout_s, headers=headers, transport=transport)
+        self._client = httpx.Client(timeout=timeout_s, headers=headers, auth=auth, params=params or None,
+                                    transport=transport)
+        self.timeout_s = timeout_s
+        self.deadline: float | None = None
+        self.last_error_at: float | None = None
+        # prefetch: the queries of one tick are the next tick's too (same pools, same windows);
+        # ``prefetch`` runs last tick's set concurrently, the evaluators' calls then hit the cache
+        self.concurrency = concurrency
+        self._used: dict[str, None] = {}
+        self._cache: dict[tuple[str, float], dict | None] = {}
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._metrics: ContractMetrics | None = None
         self.errors: dict[str, int] = {}
         self.last_error: str | None = None
@@ -73,35 +109,88 @@ class PrometheusView:
         self._metrics = metrics
 
     # -- transport -----------------------------------------------------------------------------
-    def query(self, promql: str, at: float) -> dict | None:
-        """``/api/v1/query`` at time ``at``; the ``data`` object, or None after counting why."""
+    def set_deadline(self, deadline: float | None) -> None:
+        """Every query until the next call must finish by ``deadline`` (``time.monotonic``);
+        the guard sets one per tick so a slow server cannot stretch a tick past its budget."""
+        self.deadline = deadline
+
+    def _budget(self, deadline: float | None) -> float:
+        """Seconds this query may take in total: the per-query timeout, cut to the tick's budget."""
+        deadline = self.deadline if deadline is None else deadline
+        if deadline is None:
+            return self.timeout_s
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise PrometheusError("deadline", "the tick's query budget was spent before this query")
+        return min(self.timeout_s, left)
+
+    def _get(self, params: dict[str, str], deadline: float | None) -> tuple[int, bytes]:
+        """GET /api/v1/query with a total deadline over connect, headers and body (httpx's
+        timeout bounds each read only; a server trickling its answer is cut here)."""
+        budget = self._budget(deadline)
+        end = time.monotonic() + budget
+        chunks: list[bytes] = []
+        with self._client.stream("GET", f"{self.url}/api/v1/query", params=params, timeout=budget) as r:
+            for chunk in r.iter_bytes():
+                chunks.append(chunk)
+                if time.monotonic() > end:
+                    raise PrometheusError("timeout", f"Prometheus answer not complete within {budget:.3g}s")
+            return r.status_code, b"".join(chunks)
+
+    def prefetch(self, at: float) -> int:
+        """Run the queries the previous tick asked for, now at time ``at``, ``concurrency`` at a
+        time within the tick's deadline, and keep their answers for this tick's calls: a tick
+        costs about (queries / concurrency) round trips instead of one per query. Returns how many."""
+        queries = list(self._used)
+        self._used = {}
+        self._cache = {}
+        if not queries:
+            return 0
+        if self._pool is None:
+            self._pool = concurrent.futures.ThreadPoolExecutor(self.concurrency, thread_name_prefix="sla-guard-promql")
+        answers = list(self._pool.map(lambda q: self._query_now(q, at, None), queries))
+        self._cache = {(q, at): a for q, a in zip(queries, answers, strict=True)}
+        return len(queries)
+
+    def query(self, promql: str, at: float, *, deadline: float | None = None) -> dict | None:
+        """``/api/v1/query`` at time ``at``; the ``data`` object, or None after counting why.
+        ``deadline`` (``time.monotonic``) overrides the tick's. Served from the prefetched
+        answers when this tick's prefetch already ran it."""
+        if len(self._used) < MAX_PREFETCH:
+            self._used[promql] = None
+        key = (promql, at)
+        if key in self._cache:
+            return self._cache.pop(key)
+        return self._query_now(promql, at, deadline)
+
+    def _query_now(self, promql: str, at: float, deadline: float | None) -> dict | None:
         self.queries += 1
         try:
             try:
-                r = self._client.get(f"{self.url}/api/v1/query", params={"query": promql, "time": f"{at:.3f}"})
+                status, raw = self._get({"query": promql, "time": f"{at:.3f}"}, deadline)
             except httpx.TimeoutException as err:
                 raise PrometheusError("timeout", f"Prometheus did not answer in time: {err}") from err
             except httpx.HTTPError as err:
                 raise PrometheusError("connect", f"Prometheus unreachable: {type(err).__name__}: {err}") from err
-            if r.status_code >= 500:
-                raise PrometheusError("http_status", f"Prometheus answered HTTP {r.status_code}")
+            if status >= 500:
+                raise PrometheusError("http_status", f"Prometheus answered HTTP {status}")
             try:
-                body = r.json()
+                body = json.loads(raw)
             except ValueError as err:
-                raise PrometheusError("bad_response", f"HTTP {r.status_code}, body is not JSON") from err
+                raise PrometheusError("bad_response", f"HTTP {status}, body is not JSON") from err
             if not isinstance(body, dict) or body.get("status") != "success" or not isinstance(body.get("data"), dict):
                 err = body.get("error") if isinstance(body, dict) else None
-                raise PrometheusError("query" if r.status_code in (400, 422) else "bad_response",
-                                      f"HTTP {r.status_code}: {err or 'unexpected answer'} for {promql}")
+                raise PrometheusError("query" if status in (400, 422) else "bad_response",
+                                      f"HTTP {status}: {err or 'unexpected answer'} for {promql}")
         except PrometheusError as err:
             self.errors[err.kind] = self.errors.get(err.kind, 0) + 1
-            self.last_error = f"{err.kind}: {err}"
+            msg = redact_text(str(err))  # httpx's messages can quote the request URL
+            self.last_error = f"{err.kind}: {msg}"
+            self.last_error_at = time.time()
             if self._metrics is not None:
                 self._metrics[c.GUARD_SCRAPE_ERRORS].labels("prometheus", err.kind).inc()
-            log.warning("%s", err)
+            log.warning("%s", msg)
             return None
-        import time
-
         self.last_ok = time.time()
         self.last_error = None
         return body["data"]
@@ -170,6 +259,8 @@ class PrometheusView:
         return promql.split_le(self.increase(name, matchers, window_s, at, ("le", *by)))
 
     def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
         self._client.close()
 
 
@@ -178,20 +269,32 @@ class PrometheusSourceImpl:
 
     mode = "prometheus"
 
-    def __init__(self, cfg: PrometheusConfig, *, transport: httpx.BaseTransport | None = None) -> None:
+    def __init__(self, cfg: PrometheusConfig, *, transport: httpx.BaseTransport | None = None,
+                 stale_after_s: float | None = None) -> None:
         token = os.environ.get(cfg.bearer_token_env) if cfg.bearer_token_env else None
+        if cfg.bearer_token_env and not token:
+            log.warning("source.bearer_token_env: $%s is not set; querying Prometheus without a bearer token",
+                        cfg.bearer_token_env)
         self.cfg = cfg
         self.view = PrometheusView(cfg.url, timeout_s=cfg.timeout_s, token=token, extra_selector=cfg.selector,
-                                   transport=transport)
+                                   transport=transport, concurrency=cfg.concurrency)
         self._checked = False
+        self.stale_after_s = stale_after_s
 
     def bind_metrics(self, metrics: ContractMetrics) -> None:
         self.view.bind_metrics(metrics)
 
+    def begin_tick(self, budget_s: float, at: float) -> None:
+        """Queries of the tick about to run (at time ``at``) share ``budget_s`` seconds in total;
+        last tick's queries are sent at once, concurrently."""
+        self.view.set_deadline(time.monotonic() + budget_s)
+        self.view.prefetch(at)
+
     async def collect(self, now: float) -> None:
         import asyncio
 
-        await asyncio.to_thread(self.view.query, "vector(1)", now)
+        # the server check has its own budget (it runs beside a tick, not inside one)
+        await asyncio.to_thread(self.view.query, "vector(1)", now, deadline=time.monotonic() + self.cfg.timeout_s)
         self._checked = True
 
     def targets(self) -> list[TargetState]:
@@ -200,7 +303,10 @@ class PrometheusSourceImpl:
                             last_scrape=v.last_ok, last_error=v.last_error, errors=dict(v.errors))]
 
     def ready(self) -> bool:
-        return self.view.last_ok is not None
+        """The server answered within the staleness bound (a server that stopped answering
+        makes the guard unready, as a stale verdict does)."""
+        last = self.view.last_ok
+        return last is not None and (self.stale_after_s is None or time.time() - last <= self.stale_after_s)
 
     async def aclose(self) -> None:
         self.view.close()
