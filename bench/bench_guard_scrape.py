@@ -5,7 +5,8 @@ vLLM engine with the sla-guard hooks (tests/fixtures/vllm_server_metrics.txt, ~8
 ~590 samples). First a real Prometheus (Debian package) scrapes them every second and we read
 its own ``scrape_duration_seconds``; then, with Prometheus stopped, the guard scrapes the same
 targets: one target at a time (the same per-target measure: request + parse + store) and all at
-once (round throughput). Printed as ratios guard / Prometheus, plus the parser alone against
+once (round throughput). The page servers run in a child process, so each side's CPU time is its
+own process's only. Printed as ratios guard / Prometheus, plus the parser alone against
 prometheus_client's reference parser.
 
 Usage: .venv/bin/python bench/bench_guard_scrape.py [--targets 20] [--seconds 25]
@@ -18,6 +19,7 @@ import asyncio
 import http.server
 import os
 import statistics
+import subprocess
 import sys
 import threading
 import time
@@ -61,6 +63,14 @@ def serve(n: int, body: bytes) -> list[_Srv]:
     return out
 
 
+def serve_elsewhere(n: int) -> tuple[subprocess.Popen, list[int]]:
+    """The page servers in a child process, so that the guard's CPU time (``process_time``)
+    counts only the guard -- as Prometheus's own process_cpu_seconds_total counts only it."""
+    proc = subprocess.Popen([sys.executable, __file__, "--serve-only", str(n)], stdout=subprocess.PIPE, text=True)
+    ports = [int(p) for p in proc.stdout.readline().split()]
+    return proc, ports
+
+
 def _cpu_seconds(url: str) -> float:
     import httpx
 
@@ -94,7 +104,8 @@ def prometheus_side(ports: list[int], seconds: float) -> tuple[float, float] | N
 
 
 def guard_side(ports: list[int], rounds: int) -> tuple[float, float, float]:
-    targets = [Target(url=f"http://127.0.0.1:{p}/metrics", name=f"t{i}") for i, p in enumerate(ports)]
+    targets = [Target(url=f"http://127.0.0.1:{p}/metrics", name=f"t{i}", model="tiny", pool="mixed")
+               for i, p in enumerate(ports)]
     store = SeriesStore(slots=64)
     scr = Scraper(ScrapeSource(targets=targets, timeout_s=5, concurrency=64), store)
 
@@ -126,21 +137,25 @@ def main() -> None:
     ap.add_argument("--targets", type=int, default=20)
     ap.add_argument("--seconds", type=float, default=25)
     ap.add_argument("--rounds", type=int, default=10)
+    ap.add_argument("--serve-only", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args()
     body = PAGE.read_bytes()
+    if args.serve_only:  # child: serve the page until killed
+        servers = serve(args.serve_only, body)
+        print(" ".join(str(s.server_address[1]) for s in servers), flush=True)
+        threading.Event().wait()
+        return
     text = body.decode()
     samples, _ = parse_exposition(text)
-    servers = serve(args.targets, body)
-    ports = [s.server_address[1] for s in servers]
+    server_proc, ports = serve_elsewhere(args.targets)
     try:
         print(f"page: {len(body) / 1024:.0f} KiB, {len(samples)} samples (without _created), {args.targets} targets; "
               f"load {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
         prom = prometheus_side(ports, args.seconds)
         per, pages_s, cpu_page = guard_side(ports, args.rounds)
     finally:
-        for s in servers:
-            s.shutdown()
-            s.server_close()
+        server_proc.kill()
+        server_proc.wait()
     # the parser alone, fast path vs the reference parser, same page
     a = time.perf_counter()
     for _ in range(20):

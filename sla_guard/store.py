@@ -134,6 +134,10 @@ class SeriesStore:
         # ints keep it ~120 bytes per series (strings and tuples would be ~280); a 64-bit hash
         # collision inside one target is ~n^2/2^64, i.e. never in practice.
         self._gtext: list[dict[int, int]] = []
+        # per group page layout: when a scrape's series texts (by hash) come in the same order as
+        # last time, values are written with one fancy-indexed assignment per family and no
+        # per-sample lookups; (text hashes, [(family, rows, positions in the page)])
+        self._glayout: list[tuple[np.ndarray, list[tuple[_Family, np.ndarray, np.ndarray]], dict[str, int]] | None] = []
         self._flist: list[_Family] = []
         self._gextra: list[tuple] = []
         self._gseries: list[int] = []
@@ -166,7 +170,7 @@ class SeriesStore:
         from sla_guard.ingest.parse import ExpositionError, parse_exposition, parse_raw
 
         try:
-            raw = parse_raw(exposition)
+            raw = parse_raw(exposition, known=self._known_texts(group, extra_labels, honor_labels))
             if raw is not None:
                 return self._ingest_raw(raw, t, extra_labels, group, honor_labels)
             samples, parse_errors = parse_exposition(exposition)
@@ -182,10 +186,21 @@ class SeriesStore:
             self.dropped.update(parse_errors)
         return res
 
+    def _known_texts(self, group: str | None, extra_labels: Mapping[str, str] | None,
+                     honor_labels: bool) -> dict[int, int] | None:
+        """The group's scrape cache (series-text hash -> row) if it applies to these target
+        labels, for ``parse_raw(known=...)``; None for a new group or changed labels."""
+        extra = dict(extra_labels or {})
+        gkey = (group,) if group is not None else tuple(sorted(extra.items()))
+        gid = self._gid.get(gkey)
+        if gid is None or self._gextra[gid] != (*sorted(extra.items()), honor_labels):
+            return None
+        return self._gtext[gid]
+
     def _ingest_raw(self, raw, t: float, extra_labels: Mapping[str, str] | None, group: str | None,
                     honor_labels: bool = True) -> IngestResult:
         """ingest_text's fast path: series found by their raw text in the group's cache."""
-        from sla_guard.ingest.parse import labels_of
+        from sla_guard.ingest.parse import split_series_text
 
         extra = dict(extra_labels or {})
         gkey = (group,) if group is not None else tuple(sorted(extra.items()))
@@ -201,49 +216,92 @@ class SeriesStore:
             cache = self._gtext[gid]
             if self._gextra[gid] != extra_t:
                 cache.clear()
+                self._glayout[gid] = None
                 self._gextra[gid] = extra_t
-            writes: dict[str, tuple[_Family, list[int], list[float]]] = {}
-            seen: set[int] = set()
-            nans: list[tuple[_Family, int]] = []
-            flist = self._flist
-            for text, name, ltext, value in raw:
-                h = hash(text)
-                if h in seen:
-                    res.errors["duplicate"] += 1
-                    continue
-                seen.add(h)
-                packed = cache.get(h)
-                if packed is not None:
-                    loc = (flist[packed >> 32], packed & 0xFFFFFFFF)
-                else:
-                    labels = labels_of(ltext)
-                    key = _series_key(name, labels, extra, honor_labels)
-                    loc = self._index.get(key)
-                    if loc is None:
-                        loc = self._new_series(key, gid, res, text_hash=h)
-                        if loc is None:
-                            continue
-                        cache[h] = (loc[0].fid << 32) | loc[1]
-                    elif loc[0].group[loc[1]] != gid:
-                        res.errors["duplicate"] += 1  # the same series from another target
-                        continue
-                fam, row = loc
-                if value != value:
-                    res.errors["nan"] += 1
-                    nans.append((fam, row))
-                    continue
-                w = writes.get(fam.name)
-                if w is None:
-                    w = writes[fam.name] = (fam, [], [])
-                w[1].append(row)
-                w[2].append(value)
-            self._commit_scrape(gid, slot, t, writes, nans, res)
+            hashes = np.fromiter((hash(x[0]) for x in raw), np.int64, len(raw))
+            if not self._write_same_layout(gid, slot, t, raw, hashes, res):
+                self._write_by_lookup(gid, slot, t, raw, hashes, extra, honor_labels, res)
             if self._coarse is not None and self._coarse_due(gid, t):
                 names = self.coarse_names
-                fwd = [x for x in raw if x[1] in names]
+                fwd = [(x[0], *split_series_text(x[0]), x[3]) if x[1] is None else x for x in raw]
+                fwd = [x for x in fwd if x[1] in names]
                 if fwd:
                     self._coarse._ingest_raw(fwd, t, extra, repr(gkey), honor_labels)
         return res
+
+    def _write_same_layout(self, gid: int, slot: int, t: float, raw, hashes: np.ndarray, res: IngestResult) -> bool:
+        """The fast case: the page lists the same series in the same order as the group's last
+        scrape, whose only drops (if any) depend on the text alone (duplicates, label limit) and
+        are counted again; no NaN value. False when it does not apply."""
+        lay = self._glayout[gid]
+        if lay is None or len(lay[0]) != len(hashes) or not np.array_equal(lay[0], hashes):
+            return False
+        vals = np.fromiter((x[3] for x in raw), np.float64, len(raw))
+        if np.isnan(vals).any():
+            return False
+        k = self._gcount[gid]
+        for fam, rows, pos in lay[1]:
+            fam.values[rows, slot] = vals[pos]
+            fam.last_k[rows] = k
+            res.samples += len(rows)
+        res.errors.update(lay[2])
+        self.dropped.update(lay[2])
+        self._after_write(t)
+        return True
+
+    def _write_by_lookup(self, gid: int, slot: int, t: float, raw, hashes: np.ndarray, extra: dict,
+                         honor_labels: bool, res: IngestResult) -> None:
+        """Each sample found through the scrape cache (or created); remembers the page layout
+        for ``_write_same_layout`` when every sample landed."""
+        from sla_guard.ingest.parse import labels_of, split_series_text
+
+        cache = self._gtext[gid]
+        writes: dict[str, tuple[_Family, list[int], list[float], list[int]]] = {}
+        seen: set[int] = set()
+        nans: list[tuple[_Family, int]] = []
+        flist = self._flist
+        volatile = False
+        for i, (text, name, ltext, value) in enumerate(raw):
+            h = int(hashes[i])
+            if h in seen:
+                res.errors["duplicate"] += 1
+                continue
+            seen.add(h)
+            packed = cache.get(h)
+            if packed is not None:
+                loc = (flist[packed >> 32], packed & 0xFFFFFFFF)
+            else:
+                if name is None:  # parsed as known, evicted since
+                    name, ltext = split_series_text(text)
+                labels = labels_of(ltext)
+                key = _series_key(name, labels, extra, honor_labels)
+                loc = self._index.get(key)
+                if loc is None:
+                    loc = self._new_series(key, gid, res, text_hash=h)
+                    if loc is None:
+                        continue
+                    cache[h] = (loc[0].fid << 32) | loc[1]
+                elif loc[0].group[loc[1]] != gid:
+                    res.errors["duplicate"] += 1  # the same series from another target
+                    volatile = True  # depends on the other target, not on this page
+                    continue
+            fam, row = loc
+            if value != value:
+                res.errors["nan"] += 1
+                nans.append((fam, row))
+                continue
+            w = writes.get(fam.name)
+            if w is None:
+                w = writes[fam.name] = (fam, [], [], [])
+            w[1].append(row)
+            w[2].append(value)
+            w[3].append(i)
+        self._commit_scrape(gid, slot, t, {k: v[:3] for k, v in writes.items()}, nans, res)
+        # drops that the text alone decides recur identically; any other (NaN, series limit) may not
+        replayable = not volatile and all(k in ("duplicate", "label_limit") for k in res.errors)
+        self._glayout[gid] = (hashes, [(fam, np.asarray(rows, np.int64), np.asarray(pos, np.int64))
+                                       for fam, rows, _, pos in writes.values()],
+                              dict(res.errors)) if replayable else None
 
     def _begin_scrape(self, gkey: tuple, t: float, res: IngestResult) -> tuple[int, int | None]:
         """The group of a scrape and the slot its samples go to; None (counted) when ``t`` is
@@ -395,6 +453,7 @@ class SeriesStore:
         self._gkeys.append(gkey)
         self._grows.append({})
         self._gtext.append({})
+        self._glayout.append(None)
         self._gextra.append(())
         self._gseries.append(0)
         return gid
@@ -527,6 +586,7 @@ class SeriesStore:
             self._index.pop((fam.name, self._row_labels(fam, row)), None)
         else:
             self._gtext[gid].pop(int(fam.text_hash[row]), None)
+        self._glayout[gid] = None
         fam.group[row] = -1
         fam.has_text[row] = False
         fam.values[row, :] = np.nan

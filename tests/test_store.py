@@ -188,3 +188,62 @@ def test_coarse_tier_extends_range_for_selected_names():
         st2.append(rss, {"engine": "0"}, 30.0 * i, float(i))
     (s2,) = st2.range(rss, {}, 0, 3000)
     assert len(s2.t) == 50 + 2 and s2.t[-1] == 30.0 * 99
+
+
+def _all_samples(store: SeriesStore, names, start: float, end: float) -> dict:
+    out = {}
+    for n in names:
+        for s in store.range(n, {}, start, end):
+            out[(n, s.labels)] = [(float(t), None if math.isnan(v) else float(v)) for t, v in zip(s.t, s.v, strict=True)]
+    return out
+
+
+def test_steady_state_fast_paths_store_exactly_what_a_full_parse_stores():
+    """The scrape-cache paths (known series texts skip the regex; a page in the same order as
+    the last one is written by layout) must store what the reference path (every line parsed,
+    every series looked up) stores, through reordering, new and vanished series, NaN values,
+    duplicates and a series over the label limit -- with the same drops counted each scrape."""
+    from sla_guard.ingest.parse import parse_exposition
+
+    wide = ",".join(f'l{i}="v"' for i in range(20))  # over max_labels: dropped every scrape
+    rng = np.random.default_rng(7)
+
+    def page(step: int) -> str:
+        lines = ["# HELP a_total a", "# TYPE a_total counter"]
+        lines += [f'a_total{{k="{i}"}} {step * (i + 1)}' for i in range(30)]
+        lines += [f'a_created{{k="{i}"}} 1.7e9' for i in range(5)]
+        lines.append(f"wide{{{wide}}} {step}")
+        lines.append(f'g{{q="1"}} {rng.normal():.6f}')
+        if step % 4 == 1:
+            lines.append(f'g{{q="1"}} {step}')  # duplicate: first wins
+        if step % 5 == 3:
+            lines[3] = 'a_total{k="1"} NaN'
+        if step >= 6:
+            lines.append(f'late{{x="y"}} {step}')  # a new series mid-way
+        if 8 <= step <= 9:
+            lines = [x for x in lines if 'k="7"' not in x]  # a vanished series
+        if step == 10:
+            lines[2:32] = lines[2:32][::-1]  # same series, new order
+        return "\n".join(lines) + "\n"
+
+    fast, ref = SeriesStore(slots=64, max_labels=16), SeriesStore(slots=64, max_labels=16)
+    drops_fast, drops_ref = [], []
+    for step in range(14):
+        text, t = page(step), 1000.0 + 5 * step
+        r1 = fast.ingest_text(text, t, {"instance": "e"}, group="e")
+        samples, _ = parse_exposition(text)
+        r2 = ref.ingest_samples(samples, t, {"instance": "e"}, group="e")
+        drops_fast.append((r1.samples, dict(r1.errors)))
+        drops_ref.append((r2.samples, dict(r2.errors)))
+    assert drops_fast == drops_ref
+    assert all(e.get("label_limit") == 1 for _, e in drops_fast)
+    names = ["a_total", "g", "late", "wide"]
+    got, want = _all_samples(fast, names, 990, 1100), _all_samples(ref, names, 990, 1100)
+    assert got == want and len(got) == 32
+
+
+def test_known_series_with_a_bad_value_fails_the_page():
+    s = SeriesStore(slots=8)
+    assert s.ingest_text('x{a="1"} 1\n', 1.0, {}, group="e").samples == 1
+    r = s.ingest_text('x{a="1"} one\n', 2.0, {}, group="e")
+    assert r.errors["parse"] == 1 and r.samples == 0

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import collections
 import re
+from collections.abc import Container
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -106,15 +107,43 @@ def _reference(text: str, drop_created: bool) -> list[Sample]:
     return out
 
 
-def parse_raw(text: str, *, drop_created: bool = True) -> list[tuple[str, str, str | None, float]] | None:
+def parse_raw(text: str, *, drop_created: bool = True, known: Container[int] | None = None
+              ) -> list[tuple[str, str | None, str | None, float]] | None:
     """Fast path only: ``(series_text, name, label_text, value)`` per sample, where
     ``series_text`` is the line up to the value (``name{labels}``): a key that identifies the
     series within one target without parsing its labels -- the store keeps a per-target cache
-    on it, as Prometheus's scrape cache does. None if the text needs the reference parser."""
-    out: list[tuple[str, str, str | None, float]] = []
+    on it, as Prometheus's scrape cache does. None if the text needs the reference parser.
+
+    ``known``: hashes of series texts this target served before (the store's scrape cache). A
+    line ``<known series text> <number>`` skips the regular expression -- it was validated when
+    first seen -- and comes back as ``(series_text, None, None, value)``, ahead of the other
+    lines; ``split_series_text`` recovers name and label text. After the first scrape nearly
+    every line of a page is known, and the page costs a few comprehensions."""
+    if not known:
+        return _parse_lines(enumerate(text.split("\n"), 1), drop_created)
+    lines = [line for line in text.split("\n") if line and line[0] != "#"]
+    parts = [line.rpartition(" ") for line in lines]
+    hit = [hash(p[0]) in known for p in parts]
+    try:
+        fast = [(p[0], None, None, float(p[2])) for p, h in zip(parts, hit, strict=True) if h]
+    except ValueError:  # a known series with a bad value: the full parse says which line
+        return _parse_lines(enumerate(text.split("\n"), 1), drop_created)
+    if len(fast) == len(lines):
+        return fast
+    rest = [(None, line) for line, p, h in zip(lines, parts, hit, strict=True)
+            if not h and not (drop_created and p[0].partition("{")[0].endswith("_created"))]
+    if not rest:
+        return fast
+    slow = _parse_lines(rest, drop_created)
+    return None if slow is None else fast + slow
+
+
+def _parse_lines(numbered, drop_created: bool) -> list[tuple[str, str | None, str | None, float]] | None:
+    """The regular-expression parse of ``(line number or None, line)`` pairs."""
+    out: list[tuple[str, str | None, str | None, float]] = []
     append = out.append
     match = _LINE.fullmatch
-    for lineno, line in enumerate(text.split("\n"), 1):
+    for lineno, line in numbered:
         if not line or line[0] == "#":
             continue
         m = match(line)
@@ -123,7 +152,7 @@ def parse_raw(text: str, *, drop_created: bool = True) -> list[tuple[str, str, s
                 continue
             if "#" in line:
                 return None
-            raise ExpositionError(f"line {lineno}: cannot parse {line[:120]!r}")
+            raise ExpositionError(f"line {lineno or '?'}: cannot parse {line[:120]!r}")
         name = m.group(1)
         if drop_created and name.endswith("_created"):
             continue
@@ -131,9 +160,15 @@ def parse_raw(text: str, *, drop_created: bool = True) -> list[tuple[str, str, s
         try:
             value = float(vtext)
         except ValueError:
-            raise ExpositionError(f"line {lineno}: value {vtext!r} is not a number") from None
+            raise ExpositionError(f"line {lineno or '?'}: value {vtext!r} is not a number") from None
         append((line[:m.end(2) + 1] if m.group(2) is not None else name, name, m.group(2), value))
     return out
+
+
+def split_series_text(text: str) -> tuple[str, str | None]:
+    """``name{labels}`` -> (name, label text); ``name`` -> (name, None)."""
+    name, brace, rest = text.partition("{")
+    return (name, rest[:-1]) if brace else (name, None)
 
 
 def labels_of(text: str | None) -> dict[str, str]:
