@@ -19,7 +19,7 @@ from pathlib import Path
 from exporters import contract as c
 from exporters.prometheus import ContractMetrics
 from sla_guard.model import Finding, MetricsView, PoolRecommendation
-from sla_guard.scale.actuators import ActuationError, Actuator, idempotency_key
+from sla_guard.scale.actuators import ActuationError, Actuator, StandbyError, idempotency_key
 from sla_guard.scale.advisor import Advisor, _Learned, to_recommendation
 from sla_guard.scale.config import AdvisorConfig
 from sla_guard.scale.guardrails import PoolMemory
@@ -147,6 +147,8 @@ class AdvisorEvaluator:
                         self.actuator.set_replicas(label, pool, d.desired, ikey)
                         adv.expect(pool, d.desired, now)
                         actuated = True
+                    except StandbyError as err:  # a second guard: not an error, nothing ordered
+                        actuated = str(err)
                     except ActuationError as err:
                         actuated = f"error: {err}"
                         self.actuation_errors += 1
