@@ -312,13 +312,20 @@ class SLOEvaluator:
             if key in self.known or len(self.known) < self.max_pools:
                 self.known.add(key)
                 self._last_seen[key] = now
+        # where the source reports target health per pool, a pool with no target left (removed
+        # from discovery) is forgotten once its data is stale, not after forget_after_s: its
+        # "unknown" would otherwise hold the overall verdict for an hour
+        targetless = {k for k in self.known if health and k not in health}
         for key in list(self.known - self.configured):
-            if now - self._last_seen.get(key, now) > self.forget_after_s:
+            limit = min(self.forget_after_s, 2 * self.config.staleness_s) if key in targetless \
+                else self.forget_after_s
+            if now - self._last_seen.get(key, now) > limit:
                 self.known.discard(key)
                 self._last_seen.pop(key, None)
                 for lk in [k for k in self._ledgers if k[3:] == key]:
                     del self._ledgers[lk]
         fresh = {i: {(dict(k).get("model"), dict(k).get("pool")) for k in current[i]} for i in HIST}
+        source_error = getattr(view, "last_error", None)
 
         self.window_label = getattr(view, "window_label", None)
         plan = _Plan(self.config, self.known)
@@ -333,11 +340,16 @@ class SLOEvaluator:
             gate = ""
             if total_t and up is not None and up < total_t:
                 gate = f"{total_t - up} of {total_t} targets down"
+            elif key in targetless:
+                gate = "no target left for this pool (removed from discovery); forgotten once its data is stale"
             for slo in self.config.slos_for(model, pool):
-                pr.slos.append(self._one(slo, key, gate, fresh, windowed, longwin))
+                pr.slos.append(self._one(slo, key, gate, fresh, windowed, longwin, source_error))
             self._goodput(pr, windowed)
             pr.status = worst(s.status for s in pr.slos) if pr.slos else Status.UNKNOWN
-            pr.reason = gate or ("" if pr.slos else "no objectives configured for this pool")
+            # the pool says why it is not ok: its gate, else its worst objective's reason
+            worst_reason = next((s.reason for s in sorted(pr.slos, key=lambda s: -SEVERITY_ORDER[s.status])
+                                 if s.status is not Status.OK and s.reason), "")
+            pr.reason = gate or worst_reason or ("" if pr.slos else "no objectives configured for this pool")
             results[key] = pr
         self.pools = results
         self.evaluated_at = now
@@ -514,7 +526,7 @@ class SLOEvaluator:
         self._last_feed = now
 
     # -- one objective -------------------------------------------------------------------------
-    def _one(self, slo: SLO, key, gate: str, fresh, windowed, longwin) -> SLOResult:
+    def _one(self, slo: SLO, key, gate: str, fresh, windowed, longwin, source_error: str | None = None) -> SLOResult:
         w = parse_duration(slo.window)
         r = SLOResult(key[0], key[1], slo.name, slo.indicator.value, slo.objective.value, slo.threshold_s,
                       Status.UNKNOWN, window=self.window_label or slo.window, percentile=slo.percentile,
@@ -527,6 +539,8 @@ class SLOEvaluator:
             return r
         if key not in fresh[slo.indicator]:
             r.reason = f"no current {slo.indicator.value} data (stale or missing)"
+            if source_error:  # say why: a failing Prometheus is not an idle pool
+                r.reason += f"; source failing: {source_error}"
             return r
         if slo.objective is Objective.ATTAINMENT:
             return self._attainment(slo, key, r, data, longwin)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import os
 
 import httpx
 import pytest
@@ -280,3 +281,71 @@ def test_httpx_is_real_loopback():
         assert httpx.get(s.url).text == "x 1\n"
     finally:
         s.stop()
+
+
+def test_pool_whose_targets_were_removed_says_so_then_is_forgotten(tmp_path):
+    """A pool removed from discovery stayed "unknown" with an empty reason for an hour, holding
+    the overall verdict; now it says why and is forgotten once its data is stale."""
+    import time
+
+    engines = [Engine(model="keep"), Engine(model="gone")]
+    servers = [Served(e.exposition) for e in engines]
+    f = tmp_path / "targets.yaml"
+    f.write_text("".join(f"- url: {s.url}\n  model: {e.model}\n  pool: decode\n  name: {e.model}\n"
+                         for e, s in zip(engines, servers, strict=True)))
+    cfg = parse_config({"source": {"mode": "scrape", "targets_file": str(f), "interval_s": 0.25, "timeout_s": 0.25},
+                        "staleness_s": 1, "evaluation_interval_s": 0.25,
+                        "slos": [{"objectives": [{"name": "ttft_mean", "indicator": "ttft", "objective": "mean",
+                                                  "threshold_s": 2.5, "window": "3s", "min_requests": 3}]}]})
+    guard = Guard.from_config(cfg)
+    slo = guard.evaluator("slo")
+    loop = asyncio.new_event_loop()
+
+    def step():
+        for e in engines:
+            for _ in range(4):
+                e.request(0.2, 0.01)
+        loop.run_until_complete(guard.collect())
+        time.sleep(0.25)
+        guard.tick()
+
+    try:
+        for _ in range(8):
+            step()
+        assert slo.overall() is Status.OK
+        f.write_text(f"- url: {servers[0].url}\n  model: keep\n  pool: decode\n  name: keep\n")
+        os.utime(f, (time.time() + 5, time.time() + 5))
+        reasons = []
+        for _ in range(20):
+            step()
+            gone = slo.pools.get(("gone", "decode"))
+            if gone is None:
+                break
+            if gone.status is not Status.OK:
+                reasons.append(gone.reason)
+        assert ("gone", "decode") not in slo.pools, "a targetless pool must be forgotten once stale"
+        assert reasons and all(reasons), f"every unknown verdict gives its reason: {reasons}"
+        assert slo.overall() is Status.OK
+    finally:
+        loop.run_until_complete(guard.source.aclose())
+        loop.close()
+        for s in servers:
+            s.stop()
+
+
+def test_failing_prometheus_is_named_in_the_reason():
+    """Prometheus answering 500 was reported as "no current data"; the reason names the failure."""
+    bad = Served(lambda: b"")
+    bad.mode = "error"
+    try:
+        cfg = parse_config({"source": {"mode": "prometheus", "url": f"http://127.0.0.1:{bad.port}", "timeout_s": 1},
+                            "slos": [{"model": "m", "pool": "decode", "objectives": [
+                                {"name": "ttft_mean", "indicator": "ttft", "objective": "mean", "threshold_s": 2.5}]}]})
+        guard = Guard.from_config(cfg)
+        guard.evaluator("slo").known.add(("m", "decode"))
+        guard.tick()
+        pool = guard.evaluator("slo").pools[("m", "decode")]
+        assert pool.status is Status.UNKNOWN
+        assert "source failing" in pool.reason and "HTTP 500" in pool.reason, pool.reason
+    finally:
+        bad.stop()
