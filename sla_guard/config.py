@@ -39,6 +39,8 @@ from pydantic import (
     model_validator,
 )
 
+from sla_guard.redact import redact_text
+
 # The embedded store's value matrices are 8 bytes per series per slot: a bound above this is a
 # typo (or a guard that would be OOM-killed), not a sizing decision.
 STORE_BYTES_CAP = 16 * 2**30
@@ -370,9 +372,9 @@ def format_validation_error(err: ValidationError, where: str, prefix: str = "") 
     for e in err.errors():
         path = ".".join([*([prefix] if prefix else []), *(str(p) for p in e["loc"])]) or "(top level)"
         value = e.get("input")
-        shown = repr(value) if not isinstance(value, dict) else "{...}"
+        shown = redact_text(repr(value)) if not isinstance(value, dict) else "{...}"
         msg = "unknown field; remove it or check its spelling" if e["type"] == "extra_forbidden" else e["msg"]
-        lines.append(f"  {path}: {msg} (got {shown[:80]})")
+        lines.append(f"  {path}: {redact_text(msg)} (got {shown[:80]})")
     return "\n".join(lines)
 
 
@@ -394,8 +396,8 @@ def config_problems(cfg: GuardConfig) -> list[Problem]:
             key = t.name or t.url
             if key in seen:
                 out.append((f"source.scrape.targets.{i}.name",
-                            f"duplicate target name {key!r} (also targets.{seen[key]}; a target's name is its "
-                            f"'name', else its url); give each target a unique name"))
+                            f"duplicate target name {redact_text(repr(key))} (also targets.{seen[key]}; a target's "
+                            f"name is its 'name', else its url); give each target a unique name"))
             seen.setdefault(key, i)
     else:
         url = urlsplit(src.url)

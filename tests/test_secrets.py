@@ -374,3 +374,20 @@ def test_unnamed_targets_differing_only_in_secrets_keep_distinct_names():
     assert [t.name for t in scraper.targets()] == [base, f"{base}#2", f"{base}#3"]
     assert all(t.up for t in scraper.targets()) and srv.hits == 3
     assert len(store.range("x_total", {}, 0, 1e12)) == 3  # three series, one per target
+
+
+def test_config_errors_never_echo_a_secret(tmp_path):
+    """A config error shows the bad value; a password or token in a URL must not be in it."""
+    import subprocess
+    import sys
+
+    bad_url = "source:\n  targets:\n    - {url: 'ftp://u:PLANTEDPW7@h:1/metrics?token=PLANTEDTOK8'}\n"
+    dup = ("source:\n  targets:\n    - {url: 'http://u:PLANTEDPW7@h:1/metrics'}\n"
+           "    - {url: 'http://u:PLANTEDPW7@h:1/metrics'}\n")
+    for text, field in ((bad_url, "targets.0.url"), (dup, "targets.1.name")):
+        f = tmp_path / "g.yaml"
+        f.write_text(text)
+        r = subprocess.run([sys.executable, "-m", "sla_guard.cli", "validate-config", str(f)],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 2 and field in r.stderr, r.stderr
+        assert "PLANTED" not in r.stdout + r.stderr and "***" in r.stderr
