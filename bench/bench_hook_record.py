@@ -108,8 +108,8 @@ def main() -> int:
     import vllm_support
     from vllm.v1.metrics.loggers import PrometheusStatLogger
 
-    from engine_hooks.process_sampler import DEFAULT_INTERVAL_S, take_snapshot, write_snapshot
     from engine_hooks.stat_logger import SlaGuardStatLogger
+    from exporters.process_sampler import DEFAULT_INTERVAL_S, take_snapshot, write_snapshot
 
     with tempfile.TemporaryDirectory() as tmp:  # the per-process sampler (measured before any thread runs)
         n = 200

@@ -21,7 +21,7 @@ import tempfile
 import threading
 from pathlib import Path
 
-from engine_hooks.process_sampler import ENV_RUN_DIR, ProcessSampler, interval_from_env
+from exporters.process_sampler import ENV_RUN_DIR, ProcessSampler, interval_from_env
 
 log = logging.getLogger("sla_guard.process_plugin")
 

@@ -24,10 +24,10 @@ from prometheus_client import REGISTRY
 
 from engine_hooks import process_plugin
 from engine_hooks.batch import StepBatch, apply
-from engine_hooks.process_collector import MultiprocessMirror, SnapshotCollector
-from engine_hooks.process_sampler import interval_from_env, mark_api_server
 from exporters import contract as c
 from exporters.contract import Component
+from exporters.process_collector import MultiprocessMirror, SnapshotCollector
+from exporters.process_sampler import interval_from_env, mark_api_server
 from exporters.prometheus import ContractMetrics, EngineRecorder, FinishedRequest
 
 try:  # vLLM is optional for the package; the plugin only loads where it is installed.

@@ -38,6 +38,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
 from exporters import contract as c
+from exporters.process_collector import families, snapshot_rows
+from exporters.process_sampler import take_snapshot
 
 log = logging.getLogger("sla_guard.sidecar")
 
@@ -190,9 +192,6 @@ class SidecarCollector(Collector):
         yield errors
 
     def _processes(self, dp_size: int) -> Iterable[Metric]:
-        from engine_hooks.process_collector import families, snapshot_rows
-        from engine_hooks.process_sampler import take_snapshot
-
         snaps = []
         for pid in process_tree(self.pid):
             try:

@@ -14,9 +14,9 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from engine_hooks.process_collector import MultiprocessMirror, SnapshotCollector, read_snapshots
-from engine_hooks.process_sampler import classify_title, parse_proc_status, take_snapshot, write_snapshot
 from exporters import contract as c
+from exporters.process_collector import MultiprocessMirror, SnapshotCollector, read_snapshots
+from exporters.process_sampler import classify_title, parse_proc_status, take_snapshot, write_snapshot
 from exporters.prometheus import ContractMetrics
 
 

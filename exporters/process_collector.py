@@ -13,6 +13,8 @@ Two ways to reach vLLM's /metrics, chosen by how vLLM serves it (docs/hooks.md):
 Labels: model and pool come from the API server's vLLM config; engine from the DP rank in the
 process title (a worker without one inherits its parent EngineCore's); role and process from
 the title; PID and start time in slaguard_process_info.
+
+Shared by the vLLM plugin (``engine_hooks.stat_logger``) and ``exporters.sidecar``, hence here.
 """
 
 from __future__ import annotations
@@ -30,8 +32,8 @@ import psutil
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from engine_hooks.process_sampler import SNAPSHOT_PREFIX, Snapshot
 from exporters import contract as c
+from exporters.process_sampler import SNAPSHOT_PREFIX, Snapshot
 from exporters.prometheus import ContractMetrics
 
 log = logging.getLogger("sla_guard.process_collector")

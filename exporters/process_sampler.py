@@ -11,6 +11,9 @@ docs/hooks.md for why files and not prometheus_client's multiprocess mode.
 
 Cost: one psutil call, one /proc read and one small file write per interval; nothing on vLLM's
 hot path. Never raises: a failing sample is logged once and skipped.
+
+It lives in ``exporters`` (below ``engine_hooks``) because the vLLM plugin and the sidecar both
+sample processes with it: neither imports the other.
 """
 
 from __future__ import annotations
