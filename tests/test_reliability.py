@@ -156,6 +156,7 @@ def test_nan_and_inf_samples_never_give_ok(rig):
     assert rig.errors("e0")["nan"] >= 3
     s = rig.pool(0).slos[0]
     assert s.status is Status.UNKNOWN, s
+    assert s.reason and rig.pool(0).reason == s.reason  # the pool says why, not ""
     now = rig.guard.last_tick.at
     assert math.isinf(next(iter(rig.guard.source.store.instant("odd_gauge", {}, now).values())))  # +Inf stored
     rig.servers[0].body = rig.engines[0].exposition
