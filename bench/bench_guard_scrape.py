@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 from sla_guard.config import ScrapeSource, Target
-from sla_guard.ingest.parse import _reference, parse_exposition
+from sla_guard.exposition import _reference, parse_exposition
 from sla_guard.ingest.scrape import Scraper
 from sla_guard.store import SeriesStore
 

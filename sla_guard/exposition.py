@@ -6,6 +6,9 @@ path here handles the lines every real exporter writes (``name{l="v",...} value 
 escapes) in one regular expression per line, and hands the whole text to
 ``prometheus_client.parser`` when it sees anything else, so odd-but-valid input still parses.
 A malformed exposition fails as a whole (as a Prometheus scrape does): ``ExpositionError``.
+
+A top-level module (not in ``sla_guard.ingest``): the store parses what it stores, and the
+ingest package builds stores, so the parser sits below both.
 """
 
 from __future__ import annotations

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from sla_guard import promql
+from sla_guard.exposition import ExpositionError, labels_of, parse_exposition, parse_raw, split_series_text
 from sla_guard.model import Labels, Series
 
 # Label names that identify a group when ``append`` is called without one.
@@ -167,8 +168,6 @@ class SeriesStore:
         sample's is kept as ``exported_<name>`` (``honor_labels: false``: an engine cannot speak
         for another target's model or pool). The group defaults to the sorted ``extra_labels``.
         A parse failure stores nothing and is reported as ``errors['parse']``."""
-        from sla_guard.ingest.parse import ExpositionError, parse_exposition, parse_raw
-
         try:
             raw = parse_raw(exposition, known=self._known_texts(group, extra_labels, honor_labels))
             if raw is not None:
@@ -200,8 +199,6 @@ class SeriesStore:
     def _ingest_raw(self, raw, t: float, extra_labels: Mapping[str, str] | None, group: str | None,
                     honor_labels: bool = True) -> IngestResult:
         """ingest_text's fast path: series found by their raw text in the group's cache."""
-        from sla_guard.ingest.parse import split_series_text
-
         extra = dict(extra_labels or {})
         gkey = (group,) if group is not None else tuple(sorted(extra.items()))
         res = IngestResult()
@@ -253,8 +250,6 @@ class SeriesStore:
                          honor_labels: bool, res: IngestResult) -> None:
         """Each sample found through the scrape cache (or created); remembers the page layout
         for ``_write_same_layout`` when every sample landed."""
-        from sla_guard.ingest.parse import labels_of, split_series_text
-
         cache = self._gtext[gid]
         writes: dict[str, tuple[_Family, list[int], list[float], list[int]]] = {}
         seen: set[int] = set()

@@ -138,7 +138,7 @@ def test_store_exported_labels_rules():
     }
     fast = SeriesStore()
     assert fast.ingest_text(page, 1.0, extra, group="t", honor_labels=False).samples == 5
-    from sla_guard.ingest.parse import parse_exposition
+    from sla_guard.exposition import parse_exposition
 
     slow = SeriesStore()
     samples, _ = parse_exposition(page)

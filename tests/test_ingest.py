@@ -14,8 +14,8 @@ from guard_support import Engine, Served, free_port
 
 from exporters import contract as c
 from sla_guard.config import ScrapeSource, Target
+from sla_guard.exposition import ExpositionError, _reference, parse_exposition
 from sla_guard.ingest.discovery import DiscoveryError, parse_targets
-from sla_guard.ingest.parse import ExpositionError, _reference, parse_exposition
 from sla_guard.ingest.scrape import Scraper
 from sla_guard.ingest.source import UP
 from sla_guard.store import SeriesStore

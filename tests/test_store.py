@@ -194,7 +194,8 @@ def _all_samples(store: SeriesStore, names, start: float, end: float) -> dict:
     out = {}
     for n in names:
         for s in store.range(n, {}, start, end):
-            out[(n, s.labels)] = [(float(t), None if math.isnan(v) else float(v)) for t, v in zip(s.t, s.v, strict=True)]
+            out[(n, s.labels)] = [(float(t), None if math.isnan(v) else float(v))
+                                  for t, v in zip(s.t, s.v, strict=True)]
     return out
 
 
@@ -203,7 +204,7 @@ def test_steady_state_fast_paths_store_exactly_what_a_full_parse_stores():
     the last one is written by layout) must store what the reference path (every line parsed,
     every series looked up) stores, through reordering, new and vanished series, NaN values,
     duplicates and a series over the label limit -- with the same drops counted each scrape."""
-    from sla_guard.ingest.parse import parse_exposition
+    from sla_guard.exposition import parse_exposition
 
     wide = ",".join(f'l{i}="v"' for i in range(20))  # over max_labels: dropped every scrape
     rng = np.random.default_rng(7)
