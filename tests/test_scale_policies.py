@@ -15,8 +15,16 @@ from scale_support import store as _store
 
 from sla_guard.scale.core import PrefillKnobs, PrefillObs, size_prefill
 from sla_guard.scale.learn import PrefillCapacity
-from sla_guard.scale.policies import PlannerPolicy, QueuePolicy, decode_batch_at_itl, prefill_tokens_per_s
-from sla_guard.sim.policy import Observation, PoolState, get_policy, policy_names
+from sla_guard.sim.policy import (
+    Observation,
+    PlannerPolicy,
+    PoolState,
+    QueuePolicy,
+    decode_batch_at_itl,
+    get_policy,
+    policy_names,
+    prefill_tokens_per_s,
+)
 from sla_guard.sim.profile import load_profile
 from sla_guard.sim.traces import BUNDLED_MOONCAKE
 
@@ -98,7 +106,7 @@ def test_replay_policy_guard_prints_one_json_line():
 
 def test_guard_policy_turns_a_leak_finding_into_one_rolling_restart():
     from sla_guard.model import Finding
-    from sla_guard.scale.policies import GuardPolicy
+    from sla_guard.sim.policy import GuardPolicy
 
     store = _store()
     engines = [Engine("prefill", "p0"), Engine("decode", "d0")]

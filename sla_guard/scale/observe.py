@@ -18,8 +18,9 @@ from sla_guard import promql
 from sla_guard.model import Labels, MetricsView, Series
 
 
-def _sample(m: Metric, suffix: str = "") -> str:
-    """The sample name a view is queried with (``_total`` for counters, ``_sum``/``_count`` parts)."""
+def sample_name(m: Metric, suffix: str = "") -> str:
+    """The sample name a view is queried with (``_total`` for counters, ``_sum``/``_count`` parts);
+    public because the simulator's replay baselines query the same view the same way."""
     return m.series(suffix) if m.kind is Kind.HISTOGRAM else m.series()
 
 
@@ -134,9 +135,9 @@ class Reader:
         w = self.window_s
         mt: Mapping[str, str] = {"pool": pool} if model in ("", "*") else {"model": model, "pool": pool}
         r = PoolReading(pool)
-        running = view.instant(_sample(c.REQUESTS_RUNNING), mt, now)
-        waiting = view.instant(_sample(c.REQUESTS_WAITING), mt, now)
-        kv = view.instant(_sample(c.KV_CACHE_USAGE), mt, now)
+        running = view.instant(sample_name(c.REQUESTS_RUNNING), mt, now)
+        waiting = view.instant(sample_name(c.REQUESTS_WAITING), mt, now)
+        kv = view.instant(sample_name(c.KV_CACHE_USAGE), mt, now)
         r.engines = sorted({replica_of(k) for k in running} | {replica_of(k) for k in waiting})
         t = r.totals
         t["running"] = sum(running.values()) if running else None
@@ -146,28 +147,28 @@ class Reader:
 
         by_e = ("instance", "engine")
         comp_mt = {**mt, "source": "computed"}
-        computed = counter_rates(view.range(_sample(c.PROMPT_TOKENS), comp_mt, now - w, now))
+        computed = counter_rates(view.range(sample_name(c.PROMPT_TOKENS), comp_mt, now - w, now))
         t["uncached_tps"] = sum(computed.values()) if computed else (0.0 if r.engines else None)
-        prompt_all = view.increase(_sample(c.PROMPT_TOKENS), mt, w, now, ())
-        comp_inc = view.increase(_sample(c.PROMPT_TOKENS), comp_mt, w, now, ())
+        prompt_all = view.increase(sample_name(c.PROMPT_TOKENS), mt, w, now, ())
+        comp_inc = view.increase(sample_name(c.PROMPT_TOKENS), comp_mt, w, now, ())
         if prompt_all and comp_inc:
             tot = sum(prompt_all.values())
             t["prefix_hit_ratio"] = 1.0 - (sum(comp_inc.values()) / tot) if tot > 0 else None
-        prefills = counter_rates(view.range(_sample(c.REQUEST_PREFILL, "_count"), mt, now - w, now))
+        prefills = counter_rates(view.range(sample_name(c.REQUEST_PREFILL, "_count"), mt, now - w, now))
         t["requests_per_s"] = sum(prefills.values()) if prefills else None
-        by_le = promql.split_le(view.increase(_sample(c.REQUEST_PREFILL, "_bucket"), mt, w, now, ("le",)))
+        by_le = promql.split_le(view.increase(sample_name(c.REQUEST_PREFILL, "_bucket"), mt, w, now, ("le",)))
         long_s = long_prefill_seconds(by_le.get((), {}), self.long_prefill_s)
         if long_s is not None and r.engines:
             t["long_busy_share"] = min(1.0, long_s / (w * len(r.engines)))
-        pre = view.increase(_sample(c.PREEMPTIONS), mt, w, now, ())
+        pre = view.increase(sample_name(c.PREEMPTIONS), mt, w, now, ())
         t["preemptions_per_s"] = sum(pre.values()) / w if pre else 0.0
-        drafts = _by_replica(view.increase(_sample(c.SPEC_DRAFTS), mt, w, now, by_e))
-        acc = _by_replica(view.increase(_sample(c.SPEC_ACCEPTED_TOKENS), mt, w, now, by_e))
+        drafts = _by_replica(view.increase(sample_name(c.SPEC_DRAFTS), mt, w, now, by_e))
+        acc = _by_replica(view.increase(sample_name(c.SPEC_ACCEPTED_TOKENS), mt, w, now, by_e))
         d_tot = sum(drafts.values()) if drafts else 0.0
         t["accepted_len"] = 1.0 + sum(acc.values()) / d_tot if d_tot > 0 and acc else 1.0
         t["accepted_len_seen"] = 1.0 if d_tot > 0 else 0.0
         for ind, metric in (("ttft", c.REQUEST_TTFT), ("tpot", c.REQUEST_TPOT)):
-            counted = view.increase(_sample(metric, "_count"), mt, w, now, ())
+            counted = view.increase(sample_name(metric, "_count"), mt, w, now, ())
             n = sum(counted.values()) if counted else 0.0
             t[f"{ind}_requests"] = n
             for qname, qv in (("tail", self.tail_quantile), ("learn", self.learn_quantile), ("p99", 0.99)):
@@ -179,17 +180,17 @@ class Reader:
                 t[f"{ind}_{qname}_s"] = max(vals) if vals else None
 
         # step time of a replica = mean over its data-parallel engines (each steps on its own)
-        step_rates = counter_rates(view.range(_sample(c.ENGINE_STEPS), mt, now - w, now), by="engine")
-        eng_rep = {s.label("engine"): replica_of(s.labels) for s in view.range(_sample(c.ENGINE_STEPS), mt,
+        step_rates = counter_rates(view.range(sample_name(c.ENGINE_STEPS), mt, now - w, now), by="engine")
+        eng_rep = {s.label("engine"): replica_of(s.labels) for s in view.range(sample_name(c.ENGINE_STEPS), mt,
                                                                                  now - w, now)}
         step_times: dict[str, list[float]] = {}
         for eng, rate in step_rates.items():
             if rate > 0:
                 step_times.setdefault(eng_rep.get(eng, eng), []).append(1.0 / rate)
-        tpot_sum = _by_replica(view.increase(_sample(c.REQUEST_TPOT, "_sum"), mt, w, now, by_e))
-        tpot_cnt = _by_replica(view.increase(_sample(c.REQUEST_TPOT, "_count"), mt, w, now, by_e))
-        run_series = _sum_series(view.range(_sample(c.REQUESTS_RUNNING), mt, now - w, now))
-        wait_series = _sum_series(view.range(_sample(c.REQUESTS_WAITING), mt, now - w, now))
+        tpot_sum = _by_replica(view.increase(sample_name(c.REQUEST_TPOT, "_sum"), mt, w, now, by_e))
+        tpot_cnt = _by_replica(view.increase(sample_name(c.REQUEST_TPOT, "_count"), mt, w, now, by_e))
+        run_series = _sum_series(view.range(sample_name(c.REQUESTS_RUNNING), mt, now - w, now))
+        wait_series = _sum_series(view.range(sample_name(c.REQUESTS_WAITING), mt, now - w, now))
         for e in r.engines:
             s = EngineSample(engine=e, pool=pool)
             if e in computed:

@@ -74,7 +74,7 @@ def build_elector(le: LeaderElection, kubeconfig: str | None = None) -> Elector:
 
 def extend(config, guard, token=None) -> list:
     cfg = parse_advisor(config.advisor, "advisor")
-    model = cfg.model if cfg.model != "*" else "*"
+    model = cfg.model
     ttft, tpot = slo_thresholds(config, model)
     book = getattr(guard, "findings", None)
     findings = book.open_findings if book is not None and hasattr(book, "open_findings") else None

@@ -6,19 +6,35 @@ simulated time) and the replica counts a controller knows (ready, starting, drai
 answers with the desired replica count per pool. The simulator applies the answer with real
 dynamics: new replicas cold-start before serving, removed ones drain before they stop.
 
-Policies are looked up by name: ``static`` lives here; others are registered by the scaling
-advisor (``sla_guard.scale``) through :func:`register_policy` or found as
-``sla_guard.scale.policies.get_policy(name, **kw)``.
+Policies are looked up by name (:func:`get_policy`), all defined here so that imports point one
+way (the simulator uses the scaling library, never the reverse):
+
+- ``static``: never changes the replica counts (the baseline every other policy beats);
+- ``queue``: what vLLM production-stack's KEDA tutorial deploys: per pool, desired =
+  ceil(waiting requests / 5), scale up at once, scale down only after a 360 s cooldown;
+- ``planner``: a re-implementation of NVIDIA Dynamo planner's published rules (not its code): a
+  throughput loop every 180 s sizing pools from profiled per-engine capacity at the TTFT / ITL
+  targets with observed/expected correction factors, and a 5 s load loop that adds one replica
+  when every engine misses its target and removes one only if N-1 engines would meet it at
+  load x N/(N-1); nothing new while a scaling is in progress;
+- ``guard``: the advisor (``sla_guard.scale.advisor``) with profile priors and online learning.
+
+All see the same ``Observation`` on the same simulated deployment, so the closed-loop comparison
+is like for like.
 """
 
 from __future__ import annotations
 
-import importlib
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
+from exporters import contract as c
 from sla_guard.model import Finding, MetricsView
+from sla_guard.scale.advisor import Advisor
+from sla_guard.scale.config import AdvisorConfig, PoolLimits, ProfilePrior
+from sla_guard.scale.observe import sample_name
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,35 +107,245 @@ class StaticPolicy:
         return {}
 
 
-_REGISTRY: dict[str, Callable[..., Policy]] = {"static": StaticPolicy}
+# ---------------------------------------------------------------------------------------------
+# Profile-derived capacities (what Dynamo gets from its pre-deployment profiling sweep)
 
 
-def register_policy(name: str, factory: Callable[..., Policy]) -> None:
-    """Make ``factory(**kw)`` available as ``--policy name``."""
-    _REGISTRY[name] = factory
+def prefill_tokens_per_s(profile, isl: float) -> float:
+    """Uncached prompt tokens/s of one prefill engine running full chunks of prompts of ``isl``."""
+    pm = profile.prefill
+    per_tok = pm.per_token_s + pm.per_token_per_kctx_s * max(isl, 1.0) / 2 / 1000
+    return pm.chunk_tokens / (pm.step_base_s + pm.chunk_tokens * per_tok)
+
+
+def prefill_ttft_s(profile, isl: float) -> float:
+    """TTFT of one prompt of ``isl`` uncached tokens on an idle prefill engine."""
+    pm = profile.prefill
+    chunks = max(1, math.ceil(isl / pm.chunk_tokens))
+    return chunks * pm.step_base_s + isl * (pm.per_token_s + pm.per_token_per_kctx_s * isl / 2 / 1000)
+
+
+def accepted_len(profile) -> float:
+    """Expected tokens per decode step: 1 + sum of per-position acceptance (unconditional rates)."""
+    return 1.0 + float(sum(profile.spec.acceptance_per_pos)) if profile.spec.num_spec_tokens else 1.0
+
+
+def decode_step_s(profile, batch: float, ctx: float) -> float:
+    dm = profile.decode
+    return dm.step_base_s + dm.per_seq_s * batch + dm.per_kctx_s * batch * ctx / 1000
+
+
+def decode_batch_at_itl(profile, itl_s: float, ctx: float) -> float:
+    """Largest per-engine batch whose ITL (step / accepted length) meets ``itl_s``, within KV."""
+    dm = profile.decode
+    alen = accepted_len(profile)
+    slope = dm.per_seq_s + dm.per_kctx_s * ctx / 1000
+    b = (itl_s * alen - dm.step_base_s) / slope if slope > 0 else dm.max_num_seqs
+    kv_b = profile.kv.decode_capacity_tokens / max(ctx, 1.0)
+    return max(0.0, min(b, kv_b, dm.max_num_seqs))
+
+
+def guard_prior(profile, isl: float = 8000.0, ctx: float = 12000.0) -> ProfilePrior:
+    """Profile numbers the guard starts from (it keeps learning online)."""
+    dm = profile.decode
+    return ProfilePrior(prefill_tokens_per_s=prefill_tokens_per_s(profile, isl),
+                        decode_step_base_s=dm.step_base_s,
+                        decode_step_per_request_s=dm.per_seq_s + dm.per_kctx_s * ctx / 1000)
+
+
+def _total(view, metric, matchers, window, now, suffix: str = "") -> float | None:
+    r = view.increase(sample_name(metric, suffix), matchers, window, now, ())
+    return sum(r.values()) if r else None
+
+
+def _inst(view, metric, matchers, now) -> float | None:
+    r = view.instant(sample_name(metric), matchers, now)
+    return sum(r.values()) if r else None
+
+
+def _mean(view, metric, matchers, window, now) -> float | None:
+    s = _total(view, metric, matchers, window, now, "_sum")
+    n = _total(view, metric, matchers, window, now, "_count")
+    return s / n if s is not None and n else None
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+class QueuePolicy:
+    """KEDA threshold on waiting requests (vLLM production-stack tutorial: threshold 5, cooldown 360 s)."""
+
+    name = "queue"
+
+    def __init__(self, interval_s: float = 15.0, threshold: float = 5.0, cooldown_s: float = 360.0,
+                 **_: object) -> None:
+        self.interval_s = interval_s
+        self.threshold = threshold
+        self.cooldown_s = cooldown_s
+        self._last: dict[str, float] = {}
+
+    def decide(self, now: float, obs: Observation) -> Mapping[str, int]:
+        out: dict[str, int] = {}
+        if obs.view is None:
+            return out
+        for pool, st in obs.pools.items():
+            waiting = _inst(obs.view, c.REQUESTS_WAITING, {"pool": pool}, now)
+            if waiting is None:
+                continue  # no metric, no scaling (HPA semantics)
+            desired = max(st.min_replicas, math.ceil(waiting / self.threshold))
+            cooled = now - self._last.get(pool, -math.inf) >= self.cooldown_s
+            if desired > st.current or (desired < st.current and cooled):
+                out[pool] = desired
+                self._last[pool] = now
+        return out
+
+
+class PlannerPolicy:
+    """Dynamo-planner-style baseline (see module docstring). Reads capacities from the profile."""
+
+    name = "planner"
+
+    def __init__(self, interval_s: float = 5.0, throughput_interval_s: float = 180.0, sensitivity: float = 0.9,
+                 **_: object) -> None:
+        self.interval_s = interval_s
+        self.throughput_interval_s = throughput_interval_s
+        self.sensitivity = sensitivity
+        self._next_throughput = -math.inf
+        self._targets: dict[str, int] = {}
+
+    def _throughput(self, now: float, obs: Observation) -> None:
+        view, prof, w = obs.view, obs.profile, self.throughput_interval_s
+        pre = {"pool": "prefill"}
+        dec = {"pool": "decode"}
+        n_req = _total(view, c.REQUEST_PREFILL, pre, w, now, "_count")
+        prompt = _total(view, c.PROMPT_TOKENS, pre, w, now)
+        computed = _total(view, c.PROMPT_TOKENS, {**pre, "source": "computed"}, w, now)
+        gen = _total(view, c.GENERATION_TOKENS, dec, w, now)
+        n_dec = _total(view, c.REQUEST_DECODE, dec, w, now, "_count")
+        if not n_req or not prompt:
+            return
+        isl = prompt / n_req
+        hit = 1.0 - (computed or 0.0) / prompt
+        osl = gen / n_dec if gen and n_dec else 300.0
+        # prefill: correction = observed / expected TTFT, applied as min(1, corr) like Dynamo
+        ttft = _mean(view, c.REQUEST_TTFT, pre, w, now) or _mean(view, c.REQUEST_TTFT, {}, w, now)
+        p_corr = (ttft / prefill_ttft_s(prof, isl * (1 - hit))) if ttft else 1.0
+        demand = n_req / w * isl * (1 - hit) * min(1.0, p_corr)
+        num_p = math.ceil(demand / prefill_tokens_per_s(prof, isl))
+        # decode: correction = observed / expected ITL at the observed batch and context
+        ctx = isl + osl / 2
+        running = _inst(view, c.REQUESTS_RUNNING, dec, now) or 0.0
+        n_d_now = max(obs.pools["decode"].ready, 1)
+        tpot = _mean(view, c.REQUEST_TPOT, dec, w, now)
+        expected_itl = decode_step_s(prof, running / n_d_now, ctx) / accepted_len(prof)
+        d_corr = (tpot / expected_itl) if tpot and expected_itl > 0 else 1.0
+        itl_target = obs.slo_tpot_s / max(d_corr, 1e-3)
+        b = decode_batch_at_itl(prof, itl_target, ctx)
+        per_engine_tps = b / itl_target if b > 0 else 0.0
+        dec_demand = (n_dec or n_req) / w * osl
+        num_d = math.ceil(dec_demand / per_engine_tps) if per_engine_tps > 0 else obs.pools["decode"].current + 1
+        self._targets = {"prefill": max(1, num_p), "decode": max(1, num_d)}
+
+    def decide(self, now: float, obs: Observation) -> Mapping[str, int]:
+        if obs.view is None or obs.profile is None:
+            return {}
+        if any(st.starting or st.draining for st in obs.pools.values()):
+            return {}  # nothing new while a scaling is in progress
+        out: dict[str, int] = {}
+        if now >= self._next_throughput:
+            self._next_throughput = now + self.throughput_interval_s
+            self._throughput(now, obs)
+            for pool, n in self._targets.items():
+                if pool in obs.pools and n != obs.pools[pool].current:
+                    out[pool] = n
+            if out:
+                return out
+        out.update(self._load_loop(now, obs))
+        return out
+
+    def _load_loop(self, now: float, obs: Observation) -> dict[str, int]:
+        """Live per-engine state: up by one when every engine misses its target, down by one when
+        N-1 engines would still meet it at load x N/(N-1) (with the sensitivity margin)."""
+        view, prof, out = obs.view, obs.profile, {}
+        w, by = 60.0, ("engine",)
+        st = obs.pools.get("prefill")
+        if st is not None and st.ready:
+            s = view.increase(sample_name(c.REQUEST_TTFT, "_sum"), {"pool": "prefill"}, w, now, by)
+            n = view.increase(sample_name(c.REQUEST_TTFT, "_count"), {"pool": "prefill"}, w, now, by)
+            ttft = [s[k] / n[k] for k in n if n[k] > 0 and k in s]
+            if ttft and len(ttft) >= st.ready and all(x > obs.slo_ttft_s for x in ttft):
+                out["prefill"] = st.current + 1
+            elif ttft and st.ready > 1 and max(ttft) * st.ready / (st.ready - 1) < obs.slo_ttft_s * self.sensitivity:
+                # TTFT taken as growing linearly with the load per engine
+                out["prefill"] = st.current - 1
+        st = obs.pools.get("decode")
+        if st is not None and st.ready:
+            s = view.increase(sample_name(c.REQUEST_TPOT, "_sum"), {"pool": "decode"}, w, now, by)
+            n = view.increase(sample_name(c.REQUEST_TPOT, "_count"), {"pool": "decode"}, w, now, by)
+            itl = [s[k] / n[k] for k in n if n[k] > 0 and k in s]
+            running = view.instant(sample_name(c.REQUESTS_RUNNING), {"pool": "decode"}, now)
+            if itl and len(itl) >= st.ready and all(x > obs.slo_tpot_s for x in itl):
+                out["decode"] = st.current + 1
+            elif itl and running and st.ready > 1:
+                b = sum(running.values()) / st.ready
+                ctx = 12000.0
+                grow = decode_step_s(prof, b * st.ready / (st.ready - 1), ctx) / decode_step_s(prof, b, ctx)
+                if max(itl) * grow < obs.slo_tpot_s * self.sensitivity:
+                    out["decode"] = st.current - 1
+        return out
+
+
+class GuardPolicy:
+    """The advisor, driven by the simulator: same code as the guard service's evaluator."""
+
+    name = "guard"
+
+    def __init__(self, interval_s: float = 15.0, config: dict | None = None, **_: object) -> None:
+        self.interval_s = interval_s
+        self._cfg_overrides = dict(config or {})
+        self.advisor: Advisor | None = None
+        self.restarted: set[str] = set()
+        self._pending_restarts: list[str] = []
+
+    def _build(self, obs: Observation) -> Advisor:
+        pools = {p: PoolLimits(min_replicas=st.min_replicas, max_replicas=st.max_replicas,
+                               gpus_per_replica=st.gpus_per_replica) for p, st in obs.pools.items()}
+        data = {"interval_s": self.interval_s, "gpu_budget": obs.gpu_budget, "pools": pools}
+        if obs.profile is not None:
+            data["profile"] = guard_prior(obs.profile)
+            data["warmup_s"] = 120.0
+        data.update(self._cfg_overrides)
+        cfg = AdvisorConfig.model_validate(data)
+        return Advisor(cfg, model=obs.model, slo_ttft_s=obs.slo_ttft_s, slo_tpot_s=obs.slo_tpot_s)
+
+    def decide(self, now: float, obs: Observation) -> Mapping[str, int]:
+        if self.advisor is None:
+            self.advisor = self._build(obs)
+        counts = {p: (st.ready, st.starting) for p, st in obs.pools.items()}
+        decs, restarts = self.advisor.step(obs.view, now, counts, obs.findings)
+        for r in restarts:
+            replica = next((x.split("=", 1)[1] for x in r.reasons if x.startswith("replica=")), "")
+            if replica and replica not in self.restarted:
+                self.restarted.add(replica)
+                self._pending_restarts.append(replica)
+        return {p: d.desired for p, d in decs.items() if d.direction != "none"}
+
+    def restarts(self) -> list[str]:
+        out, self._pending_restarts = self._pending_restarts, []
+        return out
+
+
+POLICIES: dict[str, Callable[..., Policy]] = {"static": StaticPolicy, "queue": QueuePolicy,
+                                              "planner": PlannerPolicy, "guard": GuardPolicy}
 
 
 def policy_names() -> list[str]:
-    _load_advisor()
-    return sorted(_REGISTRY)
+    """The names ``--policy`` accepts (for help texts and errors)."""
+    return sorted(POLICIES)
 
 
 def get_policy(name: str, **kw: object) -> Policy:
     """The policy called ``name``; a clear error lists the known names otherwise."""
-    _load_advisor()
-    if name in _REGISTRY:
-        return _REGISTRY[name](**kw)
-    raise ValueError(f"unknown policy {name!r}; choose one of: {', '.join(sorted(_REGISTRY))}")
-
-
-def _load_advisor() -> None:
-    """Import the scaling advisor's policies if that package exists (it registers itself, or
-    exposes ``POLICIES: dict[name, factory]``)."""
-    try:
-        mod = importlib.import_module("sla_guard.scale.policies")
-    except ModuleNotFoundError as err:
-        if err.name and err.name.startswith("sla_guard.scale"):
-            return
-        raise
-    for name, factory in getattr(mod, "POLICIES", {}).items():
-        _REGISTRY.setdefault(name, factory)
+    if name in POLICIES:
+        return POLICIES[name](**kw)
+    raise ValueError(f"unknown policy {name!r}; choose one of: {', '.join(sorted(POLICIES))}")
