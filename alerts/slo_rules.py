@@ -9,45 +9,24 @@ Per SLO and (model, pool) the rules record, over every window an alert needs:
 
 Every ratio is request-weighted: sums of rates over all engines of a pool, divided once, over the
 whole window (never an average of shorter-window ratios). Attainment SLOs get the SRE-workbook
-multi-window multi-burn-rate alerts, with burn factors derived from the SLO's own period.
+multi-window multi-burn-rate alerts from the table the guard evaluates too
+(``sla_guard.burn_windows.burn_rules``): fixed windows, factors scaled by the SLO's own period.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from alerts import promql as q
 from alerts.params import RuleParams, fmt_duration
 from exporters import contract as c
 from exporters.contract import Metric
+from sla_guard.burn_windows import burn_rules
 from sla_guard.config import SLO, GuardConfig, Indicator, Objective, SLOSet, parse_duration
 
 LABELS = ("model", "pool")
 SLO_LABELS = ("model", "pool", "slo")
 INDICATOR_METRIC: dict[Indicator, Metric] = {Indicator.TTFT: c.REQUEST_TTFT, Indicator.TPOT: c.REQUEST_TPOT}
-
-
-@dataclass(frozen=True)
-class BurnRow:
-    """One row of the multi-window table: alert when both windows burn faster than the factor
-    that would consume ``budget_fraction`` of the budget within ``long`` (SRE workbook)."""
-
-    budget_fraction: float
-    long: str
-    short: str
-    severity: str
-
-    def factor(self, period: str) -> float:
-        return round(self.budget_fraction * parse_duration(period) / parse_duration(self.long), 6)
-
-
-BURN_ROWS = (
-    BurnRow(0.02, "1h", "5m", "critical"),
-    BurnRow(0.05, "6h", "30m", "critical"),
-    BurnRow(0.10, "1d", "2h", "warning"),
-    BurnRow(0.10, "3d", "6h", "warning"),
-)
 
 
 class GenerationError(ValueError):
@@ -96,7 +75,7 @@ def set_matchers(sets: Sequence[SLOSet], i: int) -> list[str]:
 def _windows(slo: SLO) -> list[str]:
     if slo.objective is Objective.ATTAINMENT:
         out: list[str] = []
-        for row in BURN_ROWS:
+        for row in burn_rules(parse_duration(slo.period)):
             out += [row.long, row.short]
         return sorted(set(out), key=parse_duration)
     return [slo.window]
@@ -143,8 +122,8 @@ def slo_alert_rules(slo: SLO, matchers: list[str], p: RuleParams) -> list[dict]:
     if slo.objective is Objective.ATTAINMENT:
         budget = round(1 - (slo.target or 0), 10)
         out = []
-        for row in BURN_ROWS:
-            factor = row.factor(slo.period)
+        for row in burn_rules(parse_duration(slo.period)):
+            factor = row.factor
             limit = f"{round(factor * budget, 10):g}"
             expr = "\n".join([
                 f"{_sel(f'model_pool_slo:sli_error:ratio_rate{row.long}', slo, matchers)} > {limit}",
@@ -219,4 +198,4 @@ def slo_groups(config: GuardConfig, p: RuleParams) -> list[dict]:
     return groups
 
 
-__all__ = ["BURN_ROWS", "GenerationError", "fmt_duration", "set_matchers", "slo_groups"]
+__all__ = ["GenerationError", "fmt_duration", "set_matchers", "slo_groups"]

@@ -6,9 +6,10 @@ Objectives come from the config's SLO spec (``sla_guard.config.SLO``):
 - ``percentile``: ``histogram_quantile(p, sum by (le) (rate(x_bucket[w])))``;
 - ``attainment``: share of requests at or under the threshold (counted from the bucket whose
   upper bound *is* the threshold, so the threshold must be a bucket boundary), with an error
-  budget over the period and the multi-window multi-burn-rate verdicts of the SRE workbook for
-  a 30-day SLO: 1h & 5m at 14.4 and 6h & 30m at 6 (page), 1d & 2h at 3 and 3d & 6h at 1
-  (ticket); windows scale with the period.
+  budget over the period and the SRE workbook's multi-window multi-burn-rate verdicts, from the
+  table the generated alert rules use too (``sla_guard.burn_windows``): fixed windows 1h & 5m,
+  6h & 30m (critical), 1d & 2h, 3d & 6h (warning), factors scaled by the period (30d: 14.4, 6,
+  3, 1; 7d: 3.36, 1.4, 0.7, 0.233333), rows longer than the period dropped.
 
 Long windows are request-weighted: errors and requests are summed separately and divided once,
 never averaged ratios. With a Prometheus source they are PromQL ``increase`` over the window;
@@ -32,21 +33,14 @@ import numpy as np
 from exporters import contract as c
 from exporters.prometheus import ContractMetrics
 from sla_guard import promql
+from sla_guard.burn_windows import PAGE, burn_rules
+from sla_guard.burn_windows import burn_windows as _burn_windows
 from sla_guard.config import SLO, GuardConfig, Indicator, Objective, parse_duration
 from sla_guard.ingest.source import UP
 from sla_guard.model import Labels, MetricsView, Status
 
 HIST = {Indicator.TTFT: c.REQUEST_TTFT, Indicator.TPOT: c.REQUEST_TPOT}
 BY = ("model", "pool")
-THIRTY_DAYS = 30 * 86400.0
-
-# (long window, short window, burn-rate factor, severity) for a 30-day SLO
-BURN_ALERTS: tuple[tuple[float, float, float, str], ...] = (
-    (3600.0, 300.0, 14.4, "page"),
-    (6 * 3600.0, 1800.0, 6.0, "page"),
-    (86400.0, 7200.0, 3.0, "ticket"),
-    (3 * 86400.0, 6 * 3600.0, 1.0, "ticket"),
-)
 SEVERITY_ORDER = {Status.VIOLATED: 3, Status.UNKNOWN: 2, Status.AT_RISK: 1, Status.OK: 0}
 
 
@@ -86,16 +80,16 @@ def burn_rate(errors: float, total: float, target: float) -> float | None:
     return max(0.0, errors / total) / (1.0 - target)
 
 
-def burn_alerts(windows: Mapping[float, tuple[float, float]], target: float, scale: float = 1.0) -> list[BurnAlert]:
-    """The four multi-window verdicts from {window_s: (errors, total)}; an alert fires only
-    when both its long and its short window burn faster than its factor."""
+def burn_alerts(windows: Mapping[float, tuple[float, float]], target: float, period_s: float) -> list[BurnAlert]:
+    """The period's multi-window verdicts (``burn_rules``, shared with the generated alert rules)
+    from {window_s: (errors, total)}; an alert fires only when both its long and its short window
+    burn faster than its factor."""
     out = []
-    for lw, sw, factor, sev in BURN_ALERTS:
-        lw, sw = lw * scale, sw * scale
-        bl = burn_rate(*windows.get(lw, (math.nan, math.nan)), target)
-        bs = burn_rate(*windows.get(sw, (math.nan, math.nan)), target)
-        firing = bl is not None and bs is not None and bl > factor and bs > factor
-        out.append(BurnAlert(fmt_window(lw), fmt_window(sw), factor, sev, bl, bs, firing))
+    for row in burn_rules(period_s):
+        bl = burn_rate(*windows.get(row.long_s, (math.nan, math.nan)), target)
+        bs = burn_rate(*windows.get(row.short_s, (math.nan, math.nan)), target)
+        firing = bl is not None and bs is not None and bl > row.factor and bs > row.factor
+        out.append(BurnAlert(row.long, row.short, row.factor, row.severity, bl, bs, firing))
     return out
 
 
@@ -117,7 +111,7 @@ def threshold_status(value: float, threshold: float, at_risk_ratio: float) -> St
 def attainment_status(budget: float | None, alerts: list[BurnAlert], at_risk_budget: float) -> Status:
     if budget is not None and budget <= 0:
         return Status.VIOLATED
-    if any(a.firing and a.severity == "page" for a in alerts):
+    if any(a.firing and a.severity == PAGE for a in alerts):
         return Status.VIOLATED
     if any(a.firing for a in alerts) or (budget is not None and budget < at_risk_budget):
         return Status.AT_RISK
@@ -569,8 +563,7 @@ class SLOEvaluator:
             return r
         wins = longwin.get((slo.indicator, slo.threshold_s, period), {}).get(key, {})
         err_p, tot_p = wins.get(period, (math.nan, math.nan))
-        scale = period / THIRTY_DAYS
-        alerts = burn_alerts(wins, slo.target, scale)
+        alerts = burn_alerts(wins, slo.target, period)
         r.alerts = alerts
         r.burn_rates = {fmt_window(w): _num(burn_rate(e, t, slo.target)) for w, (e, t) in sorted(wins.items())}
         r.budget_remaining = _num(budget_remaining(err_p, tot_p, slo.target))
@@ -658,12 +651,9 @@ class _Plan:
 
     @staticmethod
     def burn_windows(period: float) -> list[float]:
-        scale = period / THIRTY_DAYS
-        ws = {period}
-        for lw, sw, _, _ in BURN_ALERTS:
-            ws.add(lw * scale)
-            ws.add(sw * scale)
-        return sorted(ws)
+        """The burn rows' windows (never longer than the period, so the ledger holds them) and the
+        period itself (the error budget)."""
+        return sorted({period, *_burn_windows(period)})
 
 
 def _json_key(key: tuple) -> str:

@@ -104,6 +104,57 @@ def test_promtool_unit_tests_fail_when_a_rule_is_broken(tmp_path):
     assert r.returncode != 0 and "SlaGuardTTFTMeanHigh" in r.stdout + r.stderr
 
 
+# A 7-day 99% TTFT attainment SLO: the shared table's rows for it (sla_guard/burn_windows.py).
+SEVEN_DAYS = GuardConfig(slos=[SLOSet(objectives=[SLO(name="ttft_attainment", indicator="ttft", objective="attainment",
+                                                      threshold_s=2.5, target=0.99, period="7d")])])
+SEVEN_DAY_ROWS = (("1h", "5m", "critical", "3.36", "2%"), ("6h", "30m", "critical", "1.4", "5%"),
+                  ("1d", "2h", "warning", "0.7", "10%"), ("3d", "6h", "warning", "0.233333", "10%"))
+
+
+def _seven_day_burn_test(rules: str) -> str:
+    """promtool unit test: pool 'hot' misses the TTFT threshold on 3.4% of its requests (burn 3.4),
+    'warm' on 3.3% (burn 3.3), constant for 90 min. The 1h&5m page (3.36x) fires for hot only;
+    the slower rows (1.4x, 0.7x, 0.233333x) fire for both."""
+    series = []
+    for pool, bad in (("hot", 34), ("warm", 33)):
+        lab = f'model="m",pool="{pool}",engine="0",instance="{pool}0",job="vllm"'
+        series += [{"series": f"{c.REQUEST_TTFT.series('_count')}{{{lab}}}", "values": "0+1000x90"},
+                   {"series": f'{c.REQUEST_TTFT.series("_bucket")}{{{lab},le="2.5"}}', "values": f"0+{1000 - bad}x90"}]
+    alerts = []
+    for pool, pct in (("hot", "3.4%"), ("warm", "3.3%")):
+        for long_w, short_w, sev, factor, share in SEVEN_DAY_ROWS:
+            if pool == "warm" and long_w == "1h":
+                continue  # burn 3.3 < 3.36: no page
+            alerts.append({
+                "exp_labels": {"severity": sev, "model": "m", "pool": pool, "slo": "ttft_attainment",
+                               "long_window": long_w, "short_window": short_w},
+                "exp_annotations": {
+                    "summary": f"m/{pool}: TTFT error budget of SLO ttft_attainment burning {factor}x too fast",
+                    "description": f"{pct} of TTFT requests exceeded 2.5s over the last {long_w} (and the last "
+                                   f"{short_w}); target 0.99 over 7d. At this rate {share} of the 7d error budget "
+                                   f"is gone in {long_w}.",
+                    "runbook_url": f"{GuardConfig().alertmanager.runbook_base_url}#slaguarderrorbudgetburn"}})
+    return yaml.safe_dump({"rule_files": [rules], "evaluation_interval": "1m", "tests": [{
+        "interval": "1m", "input_series": series,
+        "alert_rule_test": [{"eval_time": "80m", "alertname": "SlaGuardErrorBudgetBurn", "exp_alerts": alerts}]}]},
+        sort_keys=False)
+
+
+@needs_promtool
+def test_promtool_7d_slo_pages_over_1h_and_5m_above_3_36_and_not_below(tmp_path):
+    """Generated rules for a 7-day SLO, through promtool: the factors the guard uses too (issue 12)."""
+    rules = render_rules(SEVEN_DAYS)["slo.yaml"]
+    assert rules.count("> 0.0336\n") == 2  # 3.36 x the 1% budget, on the 1h and the 5m ratio
+    (tmp_path / "slo.yaml").write_text(rules)
+    (tmp_path / "burn_test.yaml").write_text(_seven_day_burn_test("slo.yaml"))
+    r = subprocess.run(["promtool", "test", "rules", "burn_test.yaml"], capture_output=True, text=True, cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    # the test discriminates: the guard's old 7-day page factor (14.4) keeps 'hot' quiet
+    (tmp_path / "slo.yaml").write_text(rules.replace("> 0.0336", "> 0.144"))
+    r = subprocess.run(["promtool", "test", "rules", "burn_test.yaml"], capture_output=True, text=True, cwd=tmp_path)
+    assert r.returncode != 0 and "long_window=\"1h\"" in r.stdout + r.stderr
+
+
 def test_every_alert_has_a_fire_and_a_no_fire_case():
     names = {r["alert"] for r in alert_rules()}
     fire: set[str] = set()

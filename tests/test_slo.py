@@ -21,6 +21,7 @@ from sla_guard.slo import (
 )
 
 T0 = 1_700_000_000.0
+THIRTY_DAYS = 30 * 86400.0
 
 
 def _cfg(**over):
@@ -61,7 +62,7 @@ def test_slow_ttft_violates_and_burns_budget():
     assert att.status is Status.VIOLATED and att.value == 0.0
     assert att.budget_remaining < 0
     assert att.burn_rates["5m"] == pytest.approx(100.0)  # every request bad, 1% allowed
-    assert any(a.firing and a.severity == "page" for a in att.alerts)
+    assert any(a.firing and a.severity == "critical" for a in att.alerts)
     assert _slo(pr, "tpot_mean").status is Status.OK
 
 
@@ -149,16 +150,16 @@ def test_pure_burn_rate_verdicts():
     target = 0.99
     # 2% errors everywhere: burn 2 -> only the 3d&6h>1 ticket fires
     wins = {w: (2.0, 100.0) for w in (300, 1800, 3600, 7200, 21600, 86400, 259200)}
-    alerts = burn_alerts(wins, target)
+    alerts = burn_alerts(wins, target, THIRTY_DAYS)
     assert [a.firing for a in alerts] == [False, False, False, True]
     assert attainment_status(0.5, alerts, 0.25) is Status.AT_RISK
     # 20% errors in the last hour only: 1h&5m page fires
     wins.update({300: (20.0, 100.0), 3600: (20.0, 100.0)})
-    assert burn_alerts(wins, target)[0].firing
-    assert attainment_status(0.5, burn_alerts(wins, target), 0.25) is Status.VIOLATED
+    assert burn_alerts(wins, target, THIRTY_DAYS)[0].firing
+    assert attainment_status(0.5, burn_alerts(wins, target, THIRTY_DAYS), 0.25) is Status.VIOLATED
     # short window alone is not enough
     wins[3600] = (1.0, 100.0)
-    assert not burn_alerts(wins, target)[0].firing
+    assert not burn_alerts(wins, target, THIRTY_DAYS)[0].firing
     assert burn_rate(0, 0, target) is None
     assert budget_remaining(1.0, 100.0, target) == pytest.approx(0.0)
     assert math.isclose(budget_remaining(0.5, 100.0, target), 0.5)
