@@ -29,7 +29,6 @@ from urllib.parse import urlsplit
 
 import yaml
 from pydantic import (
-    BaseModel,
     ConfigDict,
     Discriminator,
     Field,
@@ -40,6 +39,7 @@ from pydantic import (
 )
 
 from sla_guard.redact import redact_text
+from sla_guard.spec_base import Strict
 
 # The embedded store's value matrices are 8 bytes per series per slot: a bound above this is a
 # typo (or a guard that would be OOM-killed), not a sizing decision.
@@ -52,10 +52,11 @@ class ConfigError(ValueError):
     """A configuration that cannot be used; the message says where and how to fix it."""
 
 
-class _Strict(BaseModel):
+class _Strict(Strict):
     # allow_inf_nan=False: `.inf` / `.nan` in YAML are floats, and no setting of the guard means
     # anything with them (an infinite interval never scrapes, a NaN threshold never compares).
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+    # (extra="forbid" and frozen come from Strict; pydantic merges the configs.)
+    model_config = ConfigDict(allow_inf_nan=False)
 
 
 class Indicator(StrEnum):
@@ -192,6 +193,41 @@ class Target(_Strict):
     @classmethod
     def _http(cls, v: str) -> str:
         return _http_url(v, "http://decode-0:8000/metrics")
+
+
+class DiscoveryError(ValueError):
+    """A targets file entry that is not a target; the message names the entry and field."""
+
+
+def parse_targets(data: object, where: str = "<targets>") -> list[Target]:
+    """Targets from a parsed targets file; ``DiscoveryError`` names the entry and field. Here, next
+    to ``Target``, because config validation checks the file too (``deployment_problems``) and
+    the ingest package that re-reads it sits above the config."""
+    if data is None:
+        return []
+    if not isinstance(data, list):
+        raise DiscoveryError(f"{where}: expected a list of targets, got {type(data).__name__}")
+    out: list[Target] = []
+    for i, entry in enumerate(data):
+        if not isinstance(entry, dict):
+            raise DiscoveryError(f"{where}[{i}]: expected a mapping, got {type(entry).__name__}")
+        try:
+            if "targets" in entry:  # Prometheus file_sd group
+                labels = dict(entry.get("labels") or {})
+                path = labels.pop("__metrics_path__", "/metrics")
+                scheme = labels.pop("__scheme__", "http")
+                for hostport in entry["targets"]:
+                    out.append(Target(url=f"{scheme}://{hostport}{path}", model=labels.get("model", "default"),
+                                      pool=labels.get("pool", "mixed"), name=labels.get("name")))
+            else:
+                out.append(Target.model_validate(entry))
+        except ValidationError as err:
+            e = err.errors()[0]
+            field = ".".join(str(p) for p in e["loc"])
+            raise DiscoveryError(f"{where}[{i}].{field}: {e['msg']} (got {e.get('input')!r})") from None
+        except (TypeError, KeyError) as err:
+            raise DiscoveryError(f"{where}[{i}]: {err}") from None
+    return out
 
 
 class ScrapeSource(_Strict):
@@ -452,8 +488,6 @@ def _path_kind(path: Path) -> str:
 
 
 def _targets_file_problems(src: ScrapeSource) -> list[Problem]:
-    from sla_guard.ingest.discovery import DiscoveryError, parse_targets
-
     path = src.targets_file
     field = "source.scrape.targets_file"
     where = "" if path.is_absolute() else f" (relative paths are read from the working directory, {Path.cwd()})"

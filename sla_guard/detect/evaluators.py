@@ -15,22 +15,19 @@ from typing import Literal
 
 import numpy as np
 from fastapi import APIRouter, HTTPException
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field, ValidationError
 
 from exporters import contract as c
 from sla_guard.config import ConfigError, format_validation_error
 from sla_guard.detect import drift, leak
 from sla_guard.detect.findings import FindingsBook, finding_json
 from sla_guard.model import MetricsView
+from sla_guard.spec_base import Strict
 
 HOUR = 3600.0
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class LeakConfig(_Strict):
+class LeakConfig(Strict):
     enabled: bool = True
     limit_bytes: float | None = Field(default=None, gt=0, description="memory limit when no cgroup limit is known")
     time_scale: float = Field(default=1.0, gt=0, description="compress time constants (tests only)")
@@ -41,7 +38,7 @@ class LeakConfig(_Strict):
 _RATE = drift.RateDriftParams()  # the detector's own defaults: config, guard and `analyze drift` agree
 
 
-class RateConfig(_Strict):
+class RateConfig(Strict):
     enabled: bool = True
     arl0_days: float = Field(default=_RATE.arl0_s / drift.DAY, gt=0, description="mean time between false alarms")
     shift: float = Field(default=_RATE.shift, gt=0, lt=1)
@@ -60,7 +57,7 @@ class RateConfig(_Strict):
                                         "long after the start (0: from warm-up only)")
 
 
-class TpotConfig(_Strict):
+class TpotConfig(Strict):
     enabled: bool = True
     arl0_days: float = Field(default=30.0, gt=0)
     rel_shift: float = Field(default=0.15, gt=0)
@@ -68,7 +65,7 @@ class TpotConfig(_Strict):
     interval_s: float = Field(default=60.0, gt=0)
 
 
-class DetectorsConfig(_Strict):
+class DetectorsConfig(Strict):
     leak: LeakConfig = Field(default_factory=LeakConfig)
     acceptance: RateConfig = Field(default_factory=RateConfig)
     prefix_hit: RateConfig = Field(default_factory=lambda: RateConfig(per_position=False))

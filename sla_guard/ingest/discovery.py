@@ -13,45 +13,11 @@ import logging
 from pathlib import Path
 
 import yaml
-from pydantic import ValidationError
 
-from sla_guard.config import Target
+from sla_guard.config import DiscoveryError, Target, parse_targets
 from sla_guard.redact import redact_url
 
 log = logging.getLogger("sla_guard.ingest.discovery")
-
-
-class DiscoveryError(ValueError):
-    pass
-
-
-def parse_targets(data: object, where: str = "<targets>") -> list[Target]:
-    """Targets from a parsed targets file; ``DiscoveryError`` names the entry and field."""
-    if data is None:
-        return []
-    if not isinstance(data, list):
-        raise DiscoveryError(f"{where}: expected a list of targets, got {type(data).__name__}")
-    out: list[Target] = []
-    for i, entry in enumerate(data):
-        if not isinstance(entry, dict):
-            raise DiscoveryError(f"{where}[{i}]: expected a mapping, got {type(entry).__name__}")
-        try:
-            if "targets" in entry:  # Prometheus file_sd group
-                labels = dict(entry.get("labels") or {})
-                path = labels.pop("__metrics_path__", "/metrics")
-                scheme = labels.pop("__scheme__", "http")
-                for hostport in entry["targets"]:
-                    out.append(Target(url=f"{scheme}://{hostport}{path}", model=labels.get("model", "default"),
-                                      pool=labels.get("pool", "mixed"), name=labels.get("name")))
-            else:
-                out.append(Target.model_validate(entry))
-        except ValidationError as err:
-            e = err.errors()[0]
-            field = ".".join(str(p) for p in e["loc"])
-            raise DiscoveryError(f"{where}[{i}].{field}: {e['msg']} (got {e.get('input')!r})") from None
-        except (TypeError, KeyError) as err:
-            raise DiscoveryError(f"{where}[{i}]: {err}") from None
-    return out
 
 
 class TargetDiscovery:

@@ -7,16 +7,13 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, model_validator
 
 from sla_guard.config import ConfigError, format_validation_error
+from sla_guard.spec_base import Strict
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class PoolLimits(_Strict):
+class PoolLimits(Strict):
     """Bounds and cost of one pool."""
 
     min_replicas: int = Field(default=1, ge=0)
@@ -32,7 +29,7 @@ class PoolLimits(_Strict):
         return self
 
 
-class ProfilePrior(_Strict):
+class ProfilePrior(Strict):
     """Optional profile numbers; the advisor starts from them and keeps learning online."""
 
     prefill_tokens_per_s: float | None = Field(default=None, gt=0,
@@ -42,7 +39,7 @@ class ProfilePrior(_Strict):
                                                     description="added step time per running request")
 
 
-class Webhook(_Strict):
+class Webhook(Strict):
     url: str
     timeout_s: float = Field(default=5.0, gt=0)
     retries: int = Field(default=4, ge=0)
@@ -50,13 +47,13 @@ class Webhook(_Strict):
     bearer_token_env: str | None = None
 
 
-class KubernetesTarget(_Strict):
+class KubernetesTarget(Strict):
     kind: Literal["Deployment", "LeaderWorkerSet"] = "Deployment"
     name: str
     namespace: str = "default"
 
 
-class LeaderElection(_Strict):
+class LeaderElection(Strict):
     """High availability: which of several guards may actuate (``sla_guard.leader``).
 
     ``none`` (the default): this guard actuates alone. ``file``: the holder of an flock on
@@ -88,7 +85,7 @@ class LeaderElection(_Strict):
         return self
 
 
-class Actuation(_Strict):
+class Actuation(Strict):
     """Where an active-mode decision goes. Advisory mode ignores this."""
 
     webhook: Webhook | None = None
@@ -98,7 +95,7 @@ class Actuation(_Strict):
     leader_election: LeaderElection = Field(default_factory=LeaderElection)
 
 
-class AdvisorConfig(_Strict):
+class AdvisorConfig(Strict):
     mode: Literal["advisory", "active"] = Field(default="advisory",
                                                 description="advisory only reports; active also actuates")
     model: str = "*"

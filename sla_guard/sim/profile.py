@@ -11,16 +11,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, model_validator
+
+from sla_guard.spec_base import Strict
 
 PROFILE_DIR = Path(__file__).parent / "profiles"
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class PrefillModel(_Strict):
+class PrefillModel(Strict):
     """step time = step_base_s + sum over scheduled chunks of n * (per_token_s + per_token_per_kctx_s * ctx/1000)."""
 
     step_base_s: float = Field(ge=0)
@@ -31,7 +29,7 @@ class PrefillModel(_Strict):
     jitter: float = Field(default=0.03, ge=0, lt=1, description="relative std-dev of each step time")
 
 
-class DecodeModel(_Strict):
+class DecodeModel(Strict):
     """step time = step_base_s + per_seq_s * batch + per_kctx_s * total_context/1000 (spec decode on)."""
 
     step_base_s: float = Field(gt=0)
@@ -42,7 +40,7 @@ class DecodeModel(_Strict):
     jitter: float = Field(default=0.03, ge=0, lt=1)
 
 
-class KVModel(_Strict):
+class KVModel(Strict):
     block_tokens: int = Field(ge=1, description="KV block size (tokens)")
     prefill_capacity_tokens: int = Field(ge=1)
     decode_capacity_tokens: int = Field(ge=1)
@@ -51,7 +49,7 @@ class KVModel(_Strict):
     restore_s_per_gb: float = Field(default=0.026, ge=0)
 
 
-class TransferModel(_Strict):
+class TransferModel(Strict):
     bandwidth_bytes_s: float = Field(gt=0)
     latency_s: float = Field(ge=0)
     post_s: float = Field(default=0.0005, ge=0)
@@ -60,7 +58,7 @@ class TransferModel(_Strict):
     bytes_per_descriptor: float = Field(default=4 * 1024 * 1024, gt=0)
 
 
-class SpecModel(_Strict):
+class SpecModel(Strict):
     method: str = "mtp"
     num_spec_tokens: int = Field(default=0, ge=0, le=16)
     acceptance_per_pos: list[float] = Field(default_factory=list, description="unconditional rate at each position")
@@ -77,7 +75,7 @@ class SpecModel(_Strict):
         return self
 
 
-class ProcessModel(_Strict):
+class ProcessModel(Strict):
     role: str  # api_server | engine_core | worker
     name: str  # process label, e.g. EngineCore_DP0
     rss_bytes: float = Field(gt=0)
@@ -93,7 +91,7 @@ class ProcessModel(_Strict):
     frozen_objects: int = 0
 
 
-class Profile(_Strict):
+class Profile(Strict):
     name: str
     model: str
     gpus_per_replica: int = Field(ge=1)
