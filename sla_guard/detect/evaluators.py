@@ -29,7 +29,8 @@ HOUR = 3600.0
 
 class LeakConfig(Strict):
     enabled: bool = True
-    limit_bytes: float | None = Field(default=None, gt=0, description="memory limit when no cgroup limit is known")
+    limit_bytes: float | None = Field(default=None, gt=0,
+                                      description="memory limit of the engine processes (else the host's memory)")
     time_scale: float = Field(default=1.0, gt=0, description="compress time constants (tests only)")
     warmup_s: float | None = Field(default=None, gt=0, description="ignore this long after a start (default 30 min)")
     critical_eta_h: float = Field(default=24.0, gt=0, description="ETA to the limit under this -> critical")
@@ -116,12 +117,9 @@ class LeakEvaluator:
     def bind_metrics(self, metrics) -> None:
         self.metrics = metrics
 
-    def _limit(self, view: MetricsView, matchers: dict, now: float) -> tuple[float | None, str]:
-        lim_metric = getattr(c, "PROCESS_MEMORY_LIMIT", None)
-        if lim_metric is not None:
-            vals = [v for v in view.instant(lim_metric.name, matchers, now).values() if v > 0 and math.isfinite(v)]
-            if vals:
-                return min(vals), "cgroup"
+    def _limit(self) -> tuple[float | None, str]:
+        """The memory limit a leak runs into: configured, else the guard host's memory (the
+        contract exports no per-process limit, so a cgroup limit must be configured)."""
         if self.cfg.limit_bytes:
             return self.cfg.limit_bytes, "configured"
         host = host_memory_bytes()
@@ -150,7 +148,7 @@ class LeakEvaluator:
             for labels in view.instant(c.PROCESS_INFO.name, {**ident, "process": lab.get("process", "")}, now):
                 with contextlib.suppress(ValueError):
                     start = float(_lab(labels, "start_time"))
-            limit, source = self._limit(view, {**ident, "process": lab.get("process", "")}, now)
+            limit, source = self._limit()
             v = leak.assess(s.t, s.v, self.params, limit_bytes=limit, load=load, start_time=start)
             self.verdicts[key] = v
             # a restart is evidence only when seen: a drop inside our data or a process start

@@ -31,9 +31,8 @@ def long_range_names() -> frozenset[str]:
     against. ~20 series per engine: 26 h at 5 min is ~50 KB per engine."""
     from exporters import contract as c
 
-    wanted = [c.PROCESS_RSS, c.PROCESS_MEMORY, getattr(c, "PROCESS_MEMORY_LIMIT", None), c.REQUESTS_RUNNING,
-              c.REQUESTS_WAITING, c.KV_CACHE_USAGE]
-    return frozenset(m.series() for m in wanted if m is not None)
+    wanted = [c.PROCESS_RSS, c.PROCESS_MEMORY, c.REQUESTS_RUNNING, c.REQUESTS_WAITING, c.KV_CACHE_USAGE]
+    return frozenset(m.series() for m in wanted)
 
 
 def build_source(config: GuardConfig) -> Source:
