@@ -45,8 +45,9 @@ ENGINE_LABELS: Final = ("model", "pool", "engine")
 PROCESS_LABELS: Final = (*ENGINE_LABELS, "role", "process")
 GUARD_SLO_LABELS: Final = ("model", "pool", "slo")
 
-# SLA thresholds that must be bucket boundaries (defaults from the seeds: mean TTFT <= 2.5 s,
-# mean TPOT <= 20 ms). Overridable at engine start through the environment, see bucket_override().
+# SLA thresholds that must be bucket boundaries (defaults: mean TTFT <= 2.5 s, mean TPOT <= 20 ms,
+# the production SLAs of "From Day 0 to Production SLAs", DaoCloud). Overridable at engine start
+# through the environment, see bucket_override().
 DEFAULT_TTFT_SLO_S: Final = 2.5
 DEFAULT_TPOT_SLO_S: Final = 0.020
 

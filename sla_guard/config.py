@@ -151,8 +151,8 @@ class SLO(_Strict):
 
 
 def default_slos() -> list[SLO]:
-    """The seeds' production SLAs: mean TTFT <= 2.5 s, mean TPOT <= 20 ms, plus p90 TTFT and a
-    30-day 99% attainment objective on each."""
+    """Production SLAs from "From Day 0 to Production SLAs" (DaoCloud): mean TTFT <= 2.5 s, mean
+    TPOT <= 20 ms; plus p90 TTFT and a 30-day 99% attainment objective on each."""
     return [
         SLO(name="ttft_mean", indicator=Indicator.TTFT, objective=Objective.MEAN, threshold_s=2.5),
         SLO(name="tpot_mean", indicator=Indicator.TPOT, objective=Objective.MEAN, threshold_s=0.020),
@@ -176,7 +176,7 @@ class SLOSet(_Strict):
     @classmethod
     def _some(cls, v: list[SLO]) -> list[SLO]:
         if not v:
-            raise ValueError("no objectives: list at least one, or leave 'objectives' out for the seeds' SLAs")
+            raise ValueError("no objectives: list at least one, or leave 'objectives' out for the default SLAs")
         return v
 
 
@@ -387,7 +387,7 @@ class GuardConfig(_Strict):
     @classmethod
     def _some(cls, v: list[SLOSet]) -> list[SLOSet]:
         if not v:
-            raise ValueError("no SLO sets: list at least one, or leave 'slos' out for the seeds' SLAs")
+            raise ValueError("no SLO sets: list at least one, or leave 'slos' out for the default SLAs")
         return v
 
     def slos_for(self, model: str, pool: str) -> list[SLO]:

@@ -1,21 +1,15 @@
 """`sla-guard demo`: a simulated 2P2D deployment replaying a real trace at accelerated speed, with
 a host-RSS leak and a speculative-decoding acceptance drift injected, guarded live; ends with a
-report directory (Markdown + PNG plots)."""
+report directory (Markdown + PNG plots; the plots need matplotlib: pip install 'sla-guard[report]')."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import math
-import os
 import sys
 import time
 from pathlib import Path
-
-DEFAULT_TRACE_CANDIDATES = (
-    "../shared/traces/mooncake_conversation_trace.jsonl",
-    "/work/shared/traces/mooncake_conversation_trace.jsonl",
-)
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -26,12 +20,13 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help="simulated seconds per wall second (default 120: three simulated hours in 90 s)")
     p.add_argument("--out", type=Path, default=Path("out/demo"), help="report directory (default ./out/demo)")
     p.add_argument("--trace", default=None,
-                   help="trace file (default: the Mooncake conversation trace, shared copy or the bundled one)")
+                   help="trace file (default: the Mooncake FAST'25 conversation trace bundled with sla-guard)")
     p.add_argument("--profile", default="default", help="simulator profile (default: GLM-5.2 on H200, DEP16)")
     p.add_argument("--policy", default="static", help="scaling policy acting on the deployment (default static)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--leak-mib-per-hour", type=float, default=200.0,
-                   help="RSS leak injected into d0's EngineCore (default 200; the seeds' leak was ~48)")
+                   help="RSS leak injected into d0's EngineCore (default 200; the leak in 'From Day 0 "
+                        "to Production SLAs' (DaoCloud) was ~48)")
     p.add_argument("--drift-to", type=float, default=0.4,
                    help="acceptance falls to this fraction of its profile value (default 0.4)")
     p.add_argument("--scrape-interval", type=float, default=30.0, help="simulated seconds between scrapes")
@@ -41,12 +36,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 
 def default_trace() -> str:
-    env = os.environ.get("SLA_GUARD_DEMO_TRACE")
-    if env:
-        return env
-    for cand in DEFAULT_TRACE_CANDIDATES:
-        if Path(cand).exists():
-            return cand
+    """The trace shipped inside the package, so the demo behaves the same from any directory."""
     from sla_guard.sim.traces import BUNDLED_MOONCAKE
 
     return str(BUNDLED_MOONCAKE)
@@ -74,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
     from sla_guard.sim.live import LiveEndpoints, Pacer
     from sla_guard.sim.policy import get_policy
     from sla_guard.sim.profile import ProfileError, load_profile
-    from sla_guard.sim.report import write_report
+    from sla_guard.sim.report import plots_unavailable, write_report
     from sla_guard.sim.run import build_guard
     from sla_guard.sim.run import detectors as replay_detectors
     from sla_guard.sim.traces import TraceError, load_trace
@@ -152,6 +142,8 @@ def run(args: argparse.Namespace) -> int:
                           faults=faults, actions=loop.actions,
                           meta={"topology": "2P2D", "trace": Path(trace_path).name, "speed": args.speed,
                                 "wall_s": wall, "http": live is not None, "policy": args.policy})
+    if (no_plots := plots_unavailable()) is not None:
+        print(f"sla-guard demo: {no_plots}", file=sys.stderr)
     print(f"guard verdict: {slo.overall().value if slo is not None else 'n/a'}; SLO attainment "
           f"{summary.slo_attainment:.2%} over {summary.requests} requests; report: {report}")
     return 0

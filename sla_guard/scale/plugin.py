@@ -20,7 +20,7 @@ from sla_guard.scale.evaluator import AdvisorEvaluator
 
 def slo_thresholds(config, model: str) -> tuple[float, float]:
     """TTFT and TPOT thresholds the advisor sizes for: the tightest objective of each indicator
-    in the guard's SLO spec (for this model's prefill and decode pools), else the seeds' 2.5 s / 20 ms."""
+    in the guard's SLO spec (for this model's prefill and decode pools), else the default 2.5 s / 20 ms."""
     ttft, tpot = [], []
     for pool in ("prefill", "decode"):
         for slo in config.slos_for(model, pool):

@@ -1,7 +1,7 @@
 """Discrete-event simulation of a P/D deployment: prefill pool -> KV transfer -> decode pool.
 
 One heap of events, one seeded RNG: the same inputs give the same outputs. A request follows the
-P/D proxy path of vLLM (docs: /work/shared/notes/vllm-internals.md): prefill replica with
+P/D proxy path of vLLM (docs.vllm.ai, "NixlConnector Usage Guide"): prefill replica with
 max_tokens=1 (prefix-cache lookup, chunked prefill, one generated token), then a decode replica that
 allocates KV, pulls it from the prefill replica (transfer), and decodes with speculative drafts.
 Client TTFT = prefill queue + prefill + transfer + first decode step.

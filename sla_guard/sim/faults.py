@@ -15,7 +15,8 @@ MIB = 1024 * 1024
 
 @dataclass(frozen=True, slots=True)
 class Leak:
-    """Host-RSS growth of one process of one replica (e.g. 48 MiB/h on EngineCore, [001])."""
+    """Host-RSS growth of one process of one replica (e.g. 48 MiB/h on EngineCore, as reported in
+    "From Day 0 to Production SLAs")."""
 
     replica: str
     role: str = "engine_core"

@@ -2,7 +2,8 @@
 
 A block is reusable only as part of a prefix: a lookup counts leading blocks present. Evicted GPU
 blocks go to the CPU tier (when configured), from which a later hit is restored at a cost instead
-of being recomputed ([000]: "restoring saved context is faster than recomputing it").
+of being recomputed ("Serving GLM-5.2 for Agentic Workloads on llm-d": "restoring saved context is faster
+than recomputing it").
 """
 
 from __future__ import annotations

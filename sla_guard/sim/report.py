@@ -3,10 +3,14 @@
 Plots come from what the guard saw (its store), not from the simulator's internals, so the
 report shows the contract doing its job: TTFT and TPOT per pool against the SLA, spec-decode
 acceptance, RSS per process, replicas per pool.
+
+matplotlib is an optional dependency (the ``report`` extra: it is heavy and the guard itself never
+draws). Without it the report is still written, with a note saying how to get the plots.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Iterable
 from pathlib import Path
@@ -16,6 +20,7 @@ from sla_guard.sim.deployment import Deployment, Summary
 from sla_guard.sim.harness import HistoryPoint
 
 GIB = 1024**3
+PLOTS_HINT = "pip install 'sla-guard[report]'"
 
 
 def _plt():
@@ -25,6 +30,19 @@ def _plt():
     import matplotlib.pyplot as plt
 
     return plt
+
+
+@functools.cache
+def plots_unavailable() -> str | None:
+    """Why plots cannot be drawn here (one line, with the fix), or None when matplotlib imports.
+
+    Checked once, before drawing, so a missing optional dependency never costs the report."""
+    try:
+        _plt()
+    except ImportError as err:
+        missing = getattr(err, "name", None) or "matplotlib"
+        return f"plots skipped: {missing} is not installed; {PLOTS_HINT} adds them"
+    return None
 
 
 def _series(history: list[HistoryPoint], key: str) -> tuple[list[float], list[float]]:
@@ -120,11 +138,14 @@ def plot_replicas(dep: Deployment, out: Path) -> Path:
 def write_report(out: Path, *, dep: Deployment, summary: Summary, history: list[HistoryPoint], store,
                  guard_status: dict | None, findings: list[dict], faults: list[dict], actions: list[dict],
                  meta: dict) -> Path:
-    """Write plots and report.md into ``out``; returns the Markdown path."""
+    """Write report.md (and the plots when matplotlib is installed) into ``out``; returns the Markdown
+    path. Without matplotlib the Plots section carries ``plots_unavailable()``'s note instead."""
     out.mkdir(parents=True, exist_ok=True)
-    plots = [plot_latency(history, out, "ttft", dep.slo_ttft_s, ("prefill", "decode")),
-             plot_latency(history, out, "tpot", dep.slo_tpot_s, ("decode",)),
-             plot_acceptance(history, out), plot_rss(store, dep, out), plot_replicas(dep, out)]
+    no_plots = plots_unavailable()
+    plots = [] if no_plots else [
+        plot_latency(history, out, "ttft", dep.slo_ttft_s, ("prefill", "decode")),
+        plot_latency(history, out, "tpot", dep.slo_tpot_s, ("decode",)),
+        plot_acceptance(history, out), plot_rss(store, dep, out), plot_replicas(dep, out)]
     s = summary
     lines = [
         "# sla-guard demo report", "",
@@ -153,7 +174,7 @@ def write_report(out: Path, *, dep: Deployment, summary: Summary, history: list[
                 why = f": {slo['reason']}" if slo.get("reason") and slo.get("status") != "ok" else ""
                 lines.append(f"  - {slo.get('slo')}: {slo.get('status')} (value {shown}{extra}){why}")
     else:
-        lines.append("- guard not available in this checkout")
+        lines.append("- guard not available")
     lines += ["", "## Findings (detectors)", ""]
     lines += [f"- {f.get('detector')} ({f.get('severity', '')}, opened at {f.get('opened_min', '?')} min"
               f"{'' if f.get('open', True) else ', resolved'}): {f.get('summary', '')}" for f in findings] or [
@@ -162,7 +183,10 @@ def write_report(out: Path, *, dep: Deployment, summary: Summary, history: list[
     lines += [f"- t={a['t'] / 60:.1f} min: {json.dumps({k: v for k, v in a.items() if k != 't'})}"
               for a in actions] or ["- none"]
     lines += ["", "## Plots", ""]
-    lines += [f"![{p.stem}]({p.name})" for p in plots]
+    if no_plots:
+        lines.append(f"{no_plots[0].upper()}{no_plots[1:]}.".replace(PLOTS_HINT, f"`{PLOTS_HINT}`"))
+    else:
+        lines += [f"![{p.stem}]({p.name})" for p in plots]
     path = out / "report.md"
     path.write_text("\n".join(lines) + "\n")
     (out / "summary.json").write_text(json.dumps({**meta, "summary": {k: v for k, v in vars_of(s).items()}},

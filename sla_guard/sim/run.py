@@ -104,9 +104,9 @@ def replay(spec: ReplaySpec) -> ReplayResult:
 
 
 def guard_config(slo_ttft_s: float = 2.5, slo_tpot_s: float = 0.020, eval_interval_s: float = 15.0):
-    """The guard's config for a simulated run: the seeds' SLAs per pool (TTFT is the prefill pool's
-    objective, TPOT the decode pool's: [001] "TTFT is determined mostly by the Prefill pool, TPOT by
-    the Decode pool"), with the run's thresholds."""
+    """The guard's config for a simulated run: the default SLAs per pool (TTFT is the prefill pool's
+    objective, TPOT the decode pool's; "From Day 0 to Production SLAs": "TTFT is determined mostly by
+    the Prefill pool, TPOT by the Decode pool"), with the run's thresholds."""
     from sla_guard.config import SLO, Indicator, Objective, SLOSet, parse_config
 
     ttft = [

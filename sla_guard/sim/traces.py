@@ -165,9 +165,10 @@ def _sorted(name: str, reqs: list[TraceRequest], block: int) -> Trace:
 def agentic_sessions(n_sessions: int = 40, duration_s: float = 3600.0, seed: int = 0,
                      base_context: int = 40_000, growth_per_turn: int = 600, output_mean: int = 300,
                      block_tokens: int = 512, subagent_prob: float = 0.08) -> Trace:
-    """Coding-agent sessions shaped like the seeds' corpus ([000]): a long shared context that grows
+    """Coding-agent sessions shaped like the corpus of "Serving GLM-5.2 for Agentic Workloads on llm-d"
+    (production Claude Code sessions): a long shared context that grows
     ~600 tokens per turn, ~300-token outputs, pauses of seconds to minutes between turns (tool
-    runs; median ~2 s, p90 ~26 s as measured in [000]), and bursts of concurrent sub-agents that
+    runs; median ~2 s, p90 ~26 s as measured there), and bursts of concurrent sub-agents that
     share the session's system prefix but grow their own contexts."""
     rng = random.Random(seed)
     reqs: list[TraceRequest] = []
