@@ -238,6 +238,12 @@ def weighted_ratio(numerators: Sequence[float], denominators: Sequence[float]) -
 LabelKey = tuple[tuple[str, str], ...]
 
 
+def bucket_series(metric: str) -> str:
+    """The ``_bucket`` sample name of a histogram named with or without the suffix: every view's
+    ``bucket_increase`` / ``histogram_quantile`` accepts both, through this one spelling."""
+    return metric if metric.endswith("_bucket") else metric + "_bucket"
+
+
 def split_le(by_le: Mapping[LabelKey, float]) -> dict[LabelKey, dict[float, float]]:
     """Regroup ``sum by (le, ...)`` results into {labels without le: {upper bound: value}};
     series without a numeric ``le`` are ignored, as histogram_quantile ignores them, and

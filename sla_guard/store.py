@@ -791,7 +791,7 @@ class SeriesStore:
                         by: tuple[str, ...] = ()) -> dict[Labels, dict[float, float]]:
         """``sum by (le, by) (increase(metric_bucket[window]))`` as {group: {le: count}}. A
         group with a NaN sample in the window gets +Inf counts (quantiles become meaningless)."""
-        name = metric if metric.endswith("_bucket") else metric + "_bucket"
+        name = promql.bucket_series(metric)
         with self._lock:
             fam = self._families.get(name)
             if fam is None or "le" not in fam.codes:

@@ -12,6 +12,7 @@ import pytest
 from sla_guard.promql import (
     bucket_error_bound,
     bucket_quantile,
+    bucket_series,
     counter_delta,
     extrapolated_rate,
     extrapolated_rate_matrix,
@@ -120,3 +121,8 @@ def test_bucket_error_bound_and_ratios():
     # request-weighted: (1 + 0) / (16 + 1000) not mean(1/16, 0/1000)
     assert weighted_ratio([1, 0], [16, 1000]) == pytest.approx(1 / 1016)
     assert math.isnan(weighted_ratio([0], [0]))
+
+
+def test_bucket_series_accepts_both_spellings():
+    assert bucket_series("x_seconds") == "x_seconds_bucket"
+    assert bucket_series("x_seconds_bucket") == "x_seconds_bucket"

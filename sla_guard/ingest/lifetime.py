@@ -39,7 +39,7 @@ class LifetimeView:
 
     def bucket_increase(self, metric: str, matchers: Mapping[str, str], window_s: float, at: float,
                         by: tuple[str, ...] = ()) -> dict[Labels, dict[float, float]]:
-        name = metric if metric.endswith("_bucket") else metric + "_bucket"
+        name = promql.bucket_series(metric)
         return promql.split_le(self.increase(name, matchers, window_s, at, ("le", *by)))
 
     def histogram_quantile(self, q: float, metric: str, matchers: Mapping[str, str], window_s: float,

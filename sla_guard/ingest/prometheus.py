@@ -247,7 +247,7 @@ class PrometheusView:
     def histogram_quantile(self, q: float, metric: str, matchers: Mapping[str, str], window_s: float,
                            at: float, by: tuple[str, ...] = ()) -> dict[Labels, float]:
         """``histogram_quantile(q, sum by (le, by) (rate(metric_bucket{matchers}[window])))``."""
-        name = metric if metric.endswith("_bucket") else metric + "_bucket"
+        name = promql.bucket_series(metric)
         sel = selector(name, matchers, self.extra)
         return self._vector(f"histogram_quantile({q!r}, sum by ({','.join(('le', *by))}) "
                             f"(rate({sel}[{duration(window_s)}])))", at)
@@ -255,7 +255,7 @@ class PrometheusView:
     def bucket_increase(self, metric: str, matchers: Mapping[str, str], window_s: float, at: float,
                         by: tuple[str, ...] = ()) -> dict[Labels, dict[float, float]]:
         """``sum by (le, by) (increase(metric_bucket[window]))`` as {group: {le: count}}."""
-        name = metric if metric.endswith("_bucket") else metric + "_bucket"
+        name = promql.bucket_series(metric)
         return promql.split_le(self.increase(name, matchers, window_s, at, ("le", *by)))
 
     def close(self) -> None:
