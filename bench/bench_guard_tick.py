@@ -35,8 +35,8 @@ from exporters.contract import Component
 from exporters.prometheus import ContractMetrics, EngineRecorder, FinishedRequest
 from sla_guard import promql
 from sla_guard.config import parse_config
+from sla_guard.exposition import parse_exposition
 from sla_guard.ingest import build_store
-from sla_guard.ingest.parse import parse_exposition
 from sla_guard.service import Guard
 from sla_guard.store import SeriesStore
 

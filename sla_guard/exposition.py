@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import collections
 import re
-from collections.abc import Container
+from typing import Protocol
 
+import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
 _LINE = re.compile(r"([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?[ \t]+(\S+)(?:[ \t]+(-?[0-9][0-9.eE+-]*))?[ \t]*")
@@ -110,7 +111,17 @@ def _reference(text: str, drop_created: bool) -> list[Sample]:
     return out
 
 
-def parse_raw(text: str, *, drop_created: bool = True, known: Container[int] | None = None
+class KnownTexts(Protocol):
+    """Hashes of series texts a target served before (the store's scrape cache)."""
+
+    def __len__(self) -> int: ...
+
+    def hits(self, hashes: np.ndarray) -> np.ndarray:
+        """Boolean array: which of ``hashes`` are known."""
+        ...
+
+
+def parse_raw(text: str, *, drop_created: bool = True, known: KnownTexts | None = None
               ) -> list[tuple[str, str | None, str | None, float]] | None:
     """Fast path only: ``(series_text, name, label_text, value)`` per sample, where
     ``series_text`` is the line up to the value (``name{labels}``): a key that identifies the
@@ -126,7 +137,7 @@ def parse_raw(text: str, *, drop_created: bool = True, known: Container[int] | N
         return _parse_lines(enumerate(text.split("\n"), 1), drop_created)
     lines = [line for line in text.split("\n") if line and line[0] != "#"]
     parts = [line.rpartition(" ") for line in lines]
-    hit = [hash(p[0]) in known for p in parts]
+    hit = known.hits(np.fromiter((hash(p[0]) for p in parts), np.int64, len(parts))).tolist()
     try:
         fast = [(p[0], None, None, float(p[2])) for p, h in zip(parts, hit, strict=True) if h]
     except ValueError:  # a known series with a bad value: the full parse says which line

@@ -35,6 +35,85 @@ from sla_guard.model import Labels, Series
 _GROUP_LABELS = ("instance", "model", "pool", "engine")
 
 
+class _TextIndex:
+    """One group's scrape cache: hash(series text) -> family id << 32 | row. Two sorted int64
+    arrays (16 bytes a series; a dict of Python ints costs ~100, i.e. ~25 MiB at 1,000 engines)
+    plus a dict of recent additions merged in at the end of each scrape. Page lookups are
+    batched (``hits``); single lookups (``get``) happen only for new or changed pages."""
+
+    __slots__ = ("keys", "recent", "vals")
+
+    def __init__(self) -> None:
+        self.keys = np.empty(0, np.int64)
+        self.vals = np.empty(0, np.int64)  # -1: removed
+        self.recent: dict[int, int] = {}
+
+    def __len__(self) -> int:
+        return len(self.keys) + len(self.recent)
+
+    def _find(self, h: int) -> int:
+        i = int(np.searchsorted(self.keys, h))
+        return i if i < len(self.keys) and self.keys[i] == h and self.vals[i] >= 0 else -1
+
+    def get(self, h: int) -> int | None:
+        v = self.recent.get(h)
+        if v is not None:
+            return v
+        i = self._find(h)
+        return int(self.vals[i]) if i >= 0 else None
+
+    def __setitem__(self, h: int, packed: int) -> None:
+        self.recent[h] = packed
+
+    def pop(self, h: int) -> None:
+        if self.recent.pop(h, None) is None and (i := self._find(h)) >= 0:
+            self.vals[i] = -1
+
+    def clear(self) -> None:
+        self.__init__()
+
+    def hits(self, hashes: np.ndarray) -> np.ndarray:
+        n = len(self.keys)
+        if n:
+            idx = np.minimum(np.searchsorted(self.keys, hashes), n - 1)
+            out = (self.keys[idx] == hashes) & (self.vals[idx] >= 0)
+        else:
+            out = np.zeros(len(hashes), bool)
+        if self.recent:
+            out |= np.fromiter((h in self.recent for h in hashes.tolist()), bool, len(hashes))
+        return out
+
+    def merge(self) -> None:
+        """Fold recent additions into the sorted arrays and drop removed entries."""
+        live = self.vals >= 0
+        keys = np.concatenate([self.keys[live], np.fromiter(self.recent, np.int64, len(self.recent))])
+        vals = np.concatenate([self.vals[live], np.fromiter(self.recent.values(), np.int64, len(self.recent))])
+        order = np.argsort(keys, kind="stable")
+        self.keys, self.vals, self.recent = keys[order], vals[order], {}
+
+
+@dataclass(slots=True)
+class _Layout:
+    """A group's page layout for ``_write_same_layout``, in a few flat arrays (per-family
+    arrays would cost ~100 bytes of object header each, more than their data): the page's
+    series-text hashes in order, then per family (``fids``, run ending at ``ends``) the rows
+    written and the page positions they take their values from."""
+
+    hashes: np.ndarray
+    fids: np.ndarray
+    ends: np.ndarray
+    rows: np.ndarray
+    pos: np.ndarray
+    drops: dict[str, int]
+
+    @classmethod
+    def of(cls, hashes: np.ndarray, runs: list[tuple[int, list[int], list[int]]], drops: dict[str, int]) -> _Layout:
+        return cls(hashes, np.array([f for f, _, _ in runs], np.int32),
+                   np.cumsum([len(r) for _, r, _ in runs]).astype(np.int32),
+                   np.concatenate([np.asarray(r, np.int32) for _, r, _ in runs]),
+                   np.concatenate([np.asarray(p, np.int32) for _, _, p in runs]), drops)
+
+
 @dataclass(slots=True)
 class IngestResult:
     """What one ingest stored and what it dropped, by error kind (``parse``, ``nan``,
@@ -134,11 +213,11 @@ class SeriesStore:
         # per group scrape cache: hash(series text) -> family id << 32 | row. Hash keys and packed
         # ints keep it ~120 bytes per series (strings and tuples would be ~280); a 64-bit hash
         # collision inside one target is ~n^2/2^64, i.e. never in practice.
-        self._gtext: list[dict[int, int]] = []
+        self._gtext: list[_TextIndex] = []
         # per group page layout: when a scrape's series texts (by hash) come in the same order as
         # last time, values are written with one fancy-indexed assignment per family and no
         # per-sample lookups; (text hashes, [(family, rows, positions in the page)])
-        self._glayout: list[tuple[np.ndarray, list[tuple[_Family, np.ndarray, np.ndarray]], dict[str, int]] | None] = []
+        self._glayout: list[_Layout | None] = []
         self._flist: list[_Family] = []
         self._gextra: list[tuple] = []
         self._gseries: list[int] = []
@@ -186,7 +265,7 @@ class SeriesStore:
         return res
 
     def _known_texts(self, group: str | None, extra_labels: Mapping[str, str] | None,
-                     honor_labels: bool) -> dict[int, int] | None:
+                     honor_labels: bool) -> _TextIndex | None:
         """The group's scrape cache (series-text hash -> row) if it applies to these target
         labels, for ``parse_raw(known=...)``; None for a new group or changed labels."""
         extra = dict(extra_labels or {})
@@ -231,18 +310,29 @@ class SeriesStore:
         scrape, whose only drops (if any) depend on the text alone (duplicates, label limit) and
         are counted again; no NaN value. False when it does not apply."""
         lay = self._glayout[gid]
-        if lay is None or len(lay[0]) != len(hashes) or not np.array_equal(lay[0], hashes):
+        if lay is None or len(lay.hashes) != len(hashes) or not np.array_equal(lay.hashes, hashes):
             return False
         vals = np.fromiter((x[3] for x in raw), np.float64, len(raw))
         if np.isnan(vals).any():
             return False
         k = self._gcount[gid]
-        for fam, rows, pos in lay[1]:
-            fam.values[rows, slot] = vals[pos]
-            fam.last_k[rows] = k
-            res.samples += len(rows)
-        res.errors.update(lay[2])
-        self.dropped.update(lay[2])
+        flist = self._flist
+        ends = lay.ends.tolist()
+        page = vals[lay.pos]  # one gather, in family order
+        all_rows = lay.rows
+        for fid, a, b in zip(lay.fids.tolist(), [0, *ends[:-1]], ends, strict=True):
+            fam = flist[fid]
+            if b - a == 1:  # most families have one series per target: scalar writes are 3x cheaper
+                row = int(all_rows[a])
+                fam.values[row, slot] = page[a]
+                fam.last_k[row] = k
+            else:
+                rows = all_rows[a:b]
+                fam.values[rows, slot] = page[a:b]
+                fam.last_k[rows] = k
+        res.samples += len(lay.rows)
+        res.errors.update(lay.drops)
+        self.dropped.update(lay.drops)
         self._after_write(t)
         return True
 
@@ -292,11 +382,12 @@ class SeriesStore:
             w[2].append(value)
             w[3].append(i)
         self._commit_scrape(gid, slot, t, {k: v[:3] for k, v in writes.items()}, nans, res)
+        if cache.recent or (cache.vals < 0).any():
+            cache.merge()
         # drops that the text alone decides recur identically; any other (NaN, series limit) may not
         replayable = not volatile and all(k in ("duplicate", "label_limit") for k in res.errors)
-        self._glayout[gid] = (hashes, [(fam, np.asarray(rows, np.int64), np.asarray(pos, np.int64))
-                                       for fam, rows, _, pos in writes.values()],
-                              dict(res.errors)) if replayable else None
+        self._glayout[gid] = _Layout.of(hashes, [(fam.fid, rows, pos) for fam, rows, _, pos in writes.values()],
+                                        dict(res.errors)) if replayable and writes else None
 
     def _begin_scrape(self, gkey: tuple, t: float, res: IngestResult) -> tuple[int, int | None]:
         """The group of a scrape and the slot its samples go to; None (counted) when ``t`` is
@@ -447,7 +538,7 @@ class SeriesStore:
         self._gid[gkey] = gid
         self._gkeys.append(gkey)
         self._grows.append({})
-        self._gtext.append({})
+        self._gtext.append(_TextIndex())
         self._glayout.append(None)
         self._gextra.append(())
         self._gseries.append(0)
@@ -580,7 +671,7 @@ class SeriesStore:
         if not fam.has_text[row]:
             self._index.pop((fam.name, self._row_labels(fam, row)), None)
         else:
-            self._gtext[gid].pop(int(fam.text_hash[row]), None)
+            self._gtext[gid].pop(int(fam.text_hash[row]))
         self._glayout[gid] = None
         fam.group[row] = -1
         fam.has_text[row] = False
