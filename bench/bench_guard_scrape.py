@@ -37,6 +37,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 class _Handler(http.server.BaseHTTPRequestHandler):
     body = b""
+    protocol_version = "HTTP/1.0"  # --keep-alive switches to HTTP/1.1, as vLLM's uvicorn serves
 
     def do_GET(self):
         self.send_response(200)
@@ -66,7 +67,9 @@ def serve(n: int, body: bytes) -> list[_Srv]:
 def serve_elsewhere(n: int) -> tuple[subprocess.Popen, list[int]]:
     """The page servers in a child process, so that the guard's CPU time (``process_time``)
     counts only the guard -- as Prometheus's own process_cpu_seconds_total counts only it."""
-    proc = subprocess.Popen([sys.executable, __file__, "--serve-only", str(n)], stdout=subprocess.PIPE, text=True)
+    keep = ["--keep-alive"] if _Handler.protocol_version == "HTTP/1.1" else []
+    proc = subprocess.Popen([sys.executable, __file__, "--serve-only", str(n), *keep], stdout=subprocess.PIPE,
+                            text=True)
     ports = [int(p) for p in proc.stdout.readline().split()]
     return proc, ports
 
@@ -137,9 +140,13 @@ def main() -> None:
     ap.add_argument("--targets", type=int, default=20)
     ap.add_argument("--seconds", type=float, default=25)
     ap.add_argument("--rounds", type=int, default=10)
+    ap.add_argument("--keep-alive", action="store_true", help="serve HTTP/1.1 keep-alive (default HTTP/1.0: a "
+                    "connection per scrape, as the figures in docs/guard.md were measured)")
     ap.add_argument("--serve-only", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args()
     body = PAGE.read_bytes()
+    if args.keep_alive:
+        _Handler.protocol_version = "HTTP/1.1"
     if args.serve_only:  # child: serve the page until killed
         servers = serve(args.serve_only, body)
         print(" ".join(str(s.server_address[1]) for s in servers), flush=True)
