@@ -26,8 +26,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from exporters.contract import Component
 from exporters.prometheus import ContractMetrics, EngineRecorder, FinishedRequest
+from sla_guard.compose import compose
 from sla_guard.config import parse_config
-from sla_guard.service import Guard
 
 
 class Engines:
@@ -109,7 +109,7 @@ def main() -> None:
         "evaluation_interval_s": 15,
         "retention": {"slots": 360},
     })
-    guard = Guard.from_config(cfg)
+    guard = compose(cfg, detectors=False, advisor=False).guard
     proc = psutil.Process()
     samples: list[tuple[float, float]] = []
     duration = args.minutes * 60

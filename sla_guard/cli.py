@@ -4,23 +4,19 @@
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
+from types import ModuleType
+
+from sla_guard.commands import analyze, check, demo, generate, replay, serve, validate_config
 
 # Order is the order of `sla-guard --help`.
-COMMANDS = ("demo", "serve", "check", "validate_config", "replay", "analyze", "generate")
+COMMANDS: tuple[ModuleType, ...] = (demo, serve, check, validate_config, replay, analyze, generate)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="sla-guard", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    for name in COMMANDS:
-        try:
-            module = importlib.import_module(f"sla_guard.commands.{name}")
-        except ModuleNotFoundError as err:
-            if err.name != f"sla_guard.commands.{name}":
-                raise
-            continue  # command not built yet in this checkout
+    for module in COMMANDS:
         p = module.add_parser(sub)
         p.set_defaults(_run=module.run)
     return parser

@@ -38,7 +38,10 @@ from pydantic import (
     model_validator,
 )
 
+from sla_guard import defaults
 from sla_guard.redact import redact_text
+from sla_guard.settings.advisor import AdvisorConfig
+from sla_guard.settings.detectors import DetectorsConfig
 from sla_guard.spec_base import Strict
 
 # The embedded store's value matrices are 8 bytes per series per slot: a bound above this is a
@@ -153,15 +156,16 @@ class SLO(_Strict):
 def default_slos() -> list[SLO]:
     """Production SLAs from "From Day 0 to Production SLAs" (DaoCloud): mean TTFT <= 2.5 s, mean
     TPOT <= 20 ms; plus p90 TTFT and a 30-day 99% attainment objective on each."""
+    ttft, tpot = defaults.TTFT_SLO_S, defaults.TPOT_SLO_S
     return [
-        SLO(name="ttft_mean", indicator=Indicator.TTFT, objective=Objective.MEAN, threshold_s=2.5),
-        SLO(name="tpot_mean", indicator=Indicator.TPOT, objective=Objective.MEAN, threshold_s=0.020),
+        SLO(name="ttft_mean", indicator=Indicator.TTFT, objective=Objective.MEAN, threshold_s=ttft),
+        SLO(name="tpot_mean", indicator=Indicator.TPOT, objective=Objective.MEAN, threshold_s=tpot),
         SLO(name="ttft_p90", indicator=Indicator.TTFT, objective=Objective.PERCENTILE, threshold_s=5.0,
             percentile=0.9),
         SLO(name="ttft_attainment", indicator=Indicator.TTFT, objective=Objective.ATTAINMENT,
-            threshold_s=2.5, target=0.99),
+            threshold_s=ttft, target=0.99),
         SLO(name="tpot_attainment", indicator=Indicator.TPOT, objective=Objective.ATTAINMENT,
-            threshold_s=0.020, target=0.99),
+            threshold_s=tpot, target=0.99),
     ]
 
 
@@ -379,9 +383,9 @@ class GuardConfig(_Strict):
     alertmanager: AlertmanagerSettings = Field(default_factory=AlertmanagerSettings)
     state: StateSettings = Field(default_factory=StateSettings)
     engine_buckets: EngineBuckets = Field(default_factory=EngineBuckets)
-    # Sections owned by the detectors and the advisor; validated by their own models.
-    detectors: dict[str, Any] = Field(default_factory=dict)
-    advisor: dict[str, Any] = Field(default_factory=dict)
+    # The detectors' and the advisor's settings (models in sla_guard.settings, below the config)
+    detectors: DetectorsConfig = Field(default_factory=DetectorsConfig)
+    advisor: AdvisorConfig = Field(default_factory=AdvisorConfig)
 
     @field_validator("slos")
     @classmethod
@@ -589,44 +593,15 @@ def deployment_problems(cfg: GuardConfig) -> list[Problem]:
     return out
 
 
-# Sections owned by other parts of the guard, validated by their own models at load time so that
-# `validate-config`, `check` and `serve` all reject a bad file the same way (imported lazily:
-# the config layer does not depend on the detectors or the advisor).
-_SECTION_PARSERS = {
-    "detectors": ("sla_guard.detect.evaluators", "parse_detectors"),
-    "advisor": ("sla_guard.scale.config", "parse_advisor"),
-}
-
-
-def _section_errors(cfg: GuardConfig) -> list[str]:
-    import importlib
-
-    problems = []
-    for section, (module, func) in _SECTION_PARSERS.items():
-        try:
-            getattr(importlib.import_module(module), func)(getattr(cfg, section))
-        except ConfigError as err:
-            problems.append(str(err))
-    return problems
-
-
-def _validate_sections(cfg: GuardConfig) -> None:
-    problems = _section_errors(cfg)
-    if problems:
-        raise ConfigError("\n".join(problems))
-
-
 def parse_config(data: dict[str, Any] | None, where: str = "<config>") -> GuardConfig:
-    """A config from parsed YAML: the models, then ``config_problems``, then the detectors' and
-    the advisor's sections; every problem found is reported at once."""
+    """A config from parsed YAML: the models (the detectors' and the advisor's sections
+    included), then ``config_problems``; every problem of a stage is reported at once."""
     try:
         cfg = GuardConfig.model_validate(data or {})
     except ValidationError as err:
         raise ConfigError(format_validation_error(err, where)) from None
-    errors = [format_problems(p, where)] if (p := config_problems(cfg)) else []
-    errors.extend(_section_errors(cfg))
-    if errors:
-        raise ConfigError("\n".join(errors))
+    if problems := config_problems(cfg):
+        raise ConfigError(format_problems(problems, where))
     return cfg
 
 

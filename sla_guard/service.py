@@ -45,8 +45,9 @@ class TickResult:
 
 
 class Guard:
-    """Runs evaluators over a source. Build with ``Guard.from_config`` for the usual set-up, or
-    pass the parts (``Guard(config, source, evaluators, registry)``) to plug in your own."""
+    """Runs evaluators over a source. ``sla_guard.compose.compose`` builds the configured one
+    (source, SLOs, detectors, advisor); or pass the parts (``Guard(config, source, evaluators,
+    registry)``) to plug in your own."""
 
     def __init__(self, config: GuardConfig, source: Source, evaluators: Sequence[Evaluator] = (),
                  registry: CollectorRegistry | None = None, *, clock: Callable[[], float] = time.time,
@@ -73,27 +74,6 @@ class Guard:
             self.add_evaluator(ev)
 
     # -- construction --------------------------------------------------------------------------
-    @classmethod
-    def from_config(cls, config: GuardConfig, extra_evaluators: Sequence[Evaluator] = (),
-                    registry: CollectorRegistry | None = None, *, clock: Callable[[], float] = time.time,
-                    state: StateStore | None = None) -> Guard:
-        """The guard ``serve``/``check`` run: the configured source (embedded scraper or
-        Prometheus) and the SLO evaluator, plus ``extra_evaluators`` (detectors, advisor).
-        ``state``: the crash-safe state file (``serve`` passes ``open_state(config)``; ``check``
-        none, so a one-shot check never writes over a running guard's state)."""
-        from sla_guard.ingest import build_source
-        from sla_guard.slo import SLOEvaluator
-
-        registry = registry if registry is not None else CollectorRegistry()
-        source = build_source(config)
-        guard = cls(config, source, [], registry, clock=clock, state=state)
-        if hasattr(source, "bind_metrics"):
-            source.bind_metrics(guard.metrics)
-        guard.add_evaluator(SLOEvaluator(config))
-        for ev in extra_evaluators:
-            guard.add_evaluator(ev)
-        return guard
-
     @classmethod
     def for_store(cls, config: GuardConfig, store, evaluators: Sequence[Evaluator] = (),
                   registry: CollectorRegistry | None = None, *, with_slo: bool = True) -> Guard:

@@ -31,8 +31,8 @@ from sla_guard.scale.actuators import (
     WebhookActuator,
     idempotency_key,
 )
-from sla_guard.scale.config import KubernetesTarget, Webhook, parse_advisor
 from sla_guard.scale.evaluator import AdvisorEvaluator
+from sla_guard.settings.advisor import AdvisorConfig, KubernetesTarget, Webhook
 
 
 @contextmanager
@@ -102,7 +102,7 @@ def test_active_mode_failure_is_counted_not_fatal():
     handler, seen = receiver(fail_first=100, status=502)
     with serve(handler) as (url, _):
         reg = CollectorRegistry()
-        cfg = parse_advisor({"mode": "active", "actuation": {"webhook": {"url": url, "retries": 1,
+        cfg = AdvisorConfig.model_validate({"mode": "active", "actuation": {"webhook": {"url": url, "retries": 1,
                                                                          "backoff_s": 0.01}},
                              "profile": {"prefill_tokens_per_s": 10_000, "decode_step_base_s": 0.01,
                                          "decode_step_per_request_s": 0.0002}})

@@ -20,12 +20,12 @@ from exporters.contract import Component
 from exporters.prometheus import ContractMetrics
 from sla_guard.model import Finding
 from sla_guard.scale.advisor import Advisor
-from sla_guard.scale.config import parse_advisor
 from sla_guard.scale.evaluator import AdvisorEvaluator
+from sla_guard.settings.advisor import AdvisorConfig
 
 
 def test_prefill_queue_scales_prefill_up_with_reason_and_numbers():
-    cfg = parse_advisor({"profile": {"prefill_tokens_per_s": 10_000, "decode_step_base_s": 0.01,
+    cfg = AdvisorConfig.model_validate({"profile": {"prefill_tokens_per_s": 10_000, "decode_step_base_s": 0.01,
                                      "decode_step_per_request_s": 0.0002}, "window_s": 60})
     adv = Advisor(cfg, model=MODEL)
     store = _store()
@@ -44,7 +44,7 @@ def test_prefill_queue_scales_prefill_up_with_reason_and_numbers():
 
 
 def test_stale_data_holds_never_scales():
-    cfg = parse_advisor({"profile": {"prefill_tokens_per_s": 10_000, "decode_step_base_s": 0.01,
+    cfg = AdvisorConfig.model_validate({"profile": {"prefill_tokens_per_s": 10_000, "decode_step_base_s": 0.01,
                                      "decode_step_per_request_s": 0.0002}})
     adv = Advisor(cfg, model=MODEL)
     store = _store()
@@ -59,7 +59,7 @@ def test_stale_data_holds_never_scales():
 
 
 def test_decode_learns_step_time_and_cold_replicas_are_excluded():
-    cfg = parse_advisor({"warmup_s": 300, "window_s": 30})
+    cfg = AdvisorConfig.model_validate({"warmup_s": 300, "window_s": 30})
     adv = Advisor(cfg, model=MODEL, slo_tpot_s=0.020)
     store = _store()
     d0, p0 = Engine("decode", "d0"), Engine("prefill", "p0")
@@ -87,7 +87,7 @@ def test_leak_finding_recommends_rolling_restart_not_scaling(tmp_path):
     leak = Finding(detector="leak", key="k", severity="critical", summary="RSS grows 48 MiB/h",
                    labels={"model": MODEL, "pool": "decode", "engine": "d0", "process": "EngineCore_DP0"},
                    details={"slope_bytes_per_s": 13981.0})
-    cfg = parse_advisor({"decision_log": str(log), "profile": {"prefill_tokens_per_s": 10_000,
+    cfg = AdvisorConfig.model_validate({"decision_log": str(log), "profile": {"prefill_tokens_per_s": 10_000,
                                                                 "decode_step_base_s": 0.01,
                                                                 "decode_step_per_request_s": 0.0002}})
     ev = AdvisorEvaluator(cfg, model=MODEL, findings=lambda: [leak])
@@ -110,7 +110,7 @@ def test_leak_finding_recommends_rolling_restart_not_scaling(tmp_path):
 def test_evaluator_sets_contract_gauges_and_counts_decisions():
     reg = CollectorRegistry()
     metrics = ContractMetrics(reg, components=[Component.GUARD])
-    cfg = parse_advisor({"profile": {"prefill_tokens_per_s": 10_000, "decode_step_base_s": 0.01,
+    cfg = AdvisorConfig.model_validate({"profile": {"prefill_tokens_per_s": 10_000, "decode_step_base_s": 0.01,
                                      "decode_step_per_request_s": 0.0002}})
     ev = AdvisorEvaluator(cfg, model=MODEL, metrics=metrics)
     store = _store()
@@ -130,7 +130,7 @@ def test_evaluator_sets_contract_gauges_and_counts_decisions():
 def test_data_parallel_engines_of_one_server_count_as_one_replica():
     """A DEP replica is one vLLM server (scrape ``instance``) with several DP engines: the advisor
     counts replicas by instance and sums the engines' batches."""
-    adv = Advisor(parse_advisor({"window_s": 30}), model=MODEL)
+    adv = Advisor(AdvisorConfig.model_validate({"window_s": 30}), model=MODEL)
     store = _store()
     engines = [Engine("decode", "0", instance="dec-a:8000"), Engine("decode", "1", instance="dec-a:8000"),
                Engine("decode", "0", instance="dec-b:8000"), Engine("prefill", "0", instance="pre-a:8000")]
@@ -155,7 +155,7 @@ def test_wildcard_model_labels_advice_with_the_served_model():
     dashboards' desired-vs-current panel joins them with the engine series."""
     reg = CollectorRegistry()
     metrics = ContractMetrics(reg, components=[Component.GUARD])
-    cfg = parse_advisor({"profile": {"prefill_tokens_per_s": 10_000, "decode_step_base_s": 0.01,
+    cfg = AdvisorConfig.model_validate({"profile": {"prefill_tokens_per_s": 10_000, "decode_step_base_s": 0.01,
                                      "decode_step_per_request_s": 0.0002}})
     assert cfg.model == "*"
     ev = AdvisorEvaluator(cfg, metrics=metrics)
@@ -177,7 +177,7 @@ def test_a_tail_from_a_handful_of_requests_is_not_a_breach():
 
     assert tail_sample_floor(0.9) == pytest.approx(100.0)
     for n_engines, expect_tail in ((1, False), (4, True)):
-        adv = Advisor(parse_advisor({"window_s": 60}), model=MODEL)
+        adv = Advisor(AdvisorConfig.model_validate({"window_s": 60}), model=MODEL)
         store = _store()
         engines = [Engine("prefill", str(i), instance=f"pre-{i}:8000") for i in range(n_engines)]
         t = 0.0
@@ -198,7 +198,7 @@ def test_reader_measures_time_spent_on_long_prefills():
     reader's long-busy share is their time over the window and the replicas."""
     from exporters.prometheus import FinishedRequest
 
-    adv = Advisor(parse_advisor({"window_s": 60}), model=MODEL, slo_ttft_s=2.5)
+    adv = Advisor(AdvisorConfig.model_validate({"window_s": 60}), model=MODEL, slo_ttft_s=2.5)
     store = _store()
     engines = [Engine("prefill", str(i), instance=f"pre-{i}:8000") for i in range(2)]
     t = 0.0

@@ -23,9 +23,9 @@ from guard_support import Engine, Served, UvicornThread, free_port
 from prometheus_support import PrometheusProcess, prometheus_binary
 
 from sla_guard.api import create_app, server_config
+from sla_guard.compose import compose
 from sla_guard.config import parse_config
 from sla_guard.model import Status
-from sla_guard.service import Guard
 
 SLO = [{"objectives": [{"name": "ttft_mean", "indicator": "ttft", "objective": "mean", "threshold_s": 2.5,
                         "window": "3s", "min_requests": 3}]}]
@@ -88,7 +88,8 @@ def test_trickling_target_fails_within_its_deadline_and_others_go_on(what):
         ok.request(0.2, 0.01)
     srv = Served(ok.exposition)
     slow = Trickle(Engine(model="slow").exposition(), what=what)
-    guard = Guard.from_config(parse_config(_scrape_cfg([("good", "good", srv.url), ("slow", "slow", slow.url)])))
+    cfg = parse_config(_scrape_cfg([("good", "good", srv.url), ("slow", "slow", slow.url)]))
+    guard = compose(cfg, detectors=False, advisor=False).guard
     loop = asyncio.new_event_loop()
     try:
         t0 = time.monotonic()
@@ -231,7 +232,7 @@ def test_slow_prometheus_turns_verdicts_unknown_within_the_staleness_bound():
         proxy = _DelayProxy(prom.url)
         cfg = parse_config({"source": {"mode": "prometheus", "url": proxy.url, "timeout_s": 2},
                             "staleness_s": 6, "evaluation_interval_s": 1, "slos": SLO})
-        guard = Guard.from_config(cfg)
+        guard = compose(cfg, detectors=False, advisor=False).guard
         app = UvicornThread(create_app(guard))
         stop = asyncio.Event()
         loop = asyncio.new_event_loop()
@@ -305,7 +306,7 @@ def test_watchdog_expires_verdicts_when_ticks_stop_completing():
     cfg = parse_config(_scrape_cfg([("e", "m", srv.url)], staleness_s=2.0, eval_s=0.25, interval_s=0.25,
                                    timeout_s=0.25))
     hang = _Hang()
-    guard = Guard.from_config(cfg, extra_evaluators=[hang])
+    guard = compose(cfg, extra_evaluators=[hang], detectors=False, advisor=False).guard
     stop = asyncio.Event()
     loop = asyncio.new_event_loop()
     runner = threading.Thread(target=loop.run_until_complete, args=(guard.run(stop),), daemon=True)
@@ -345,7 +346,8 @@ def test_api_closes_half_open_connections():
     its request within the request timeout or be closed."""
     import uvicorn
 
-    guard = Guard.from_config(parse_config(_scrape_cfg([("e", "m", "http://127.0.0.1:9/metrics")])))
+    cfg = parse_config(_scrape_cfg([("e", "m", "http://127.0.0.1:9/metrics")]))
+    guard = compose(cfg, detectors=False, advisor=False).guard
     port = free_port()
     server = uvicorn.Server(server_config(create_app(guard), "127.0.0.1", port, request_timeout_s=1.0))
     th = threading.Thread(target=server.run, daemon=True)
@@ -407,8 +409,9 @@ def test_prometheus_queries_run_concurrently_and_agree_with_sequential():
                 eng.request(0.3, 0.01)
             time.sleep(0.5)
         base = {"staleness_s": 30, "evaluation_interval_s": 5, "slos": SLO}
-        guards = {n: Guard.from_config(parse_config({**base, "source": {
-            "mode": "prometheus", "url": proxy.url, "timeout_s": 5, "concurrency": n}})) for n in (1, 8)}
+        guards = {n: compose(parse_config({**base, "source": {
+            "mode": "prometheus", "url": proxy.url, "timeout_s": 5, "concurrency": n}}),
+            detectors=False, advisor=False).guard for n in (1, 8)}
         at = round(time.time() - 1, 3)
         snaps = {}
         for n, g in guards.items():

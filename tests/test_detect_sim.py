@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import pytest
 
-from sla_guard.detect.evaluators import build_evaluators, parse_detectors
+from sla_guard.detect.evaluators import build_evaluators
 from sla_guard.detect.findings import FindingsBook
+from sla_guard.settings.detectors import DetectorsConfig
 from sla_guard.sim.deployment import Deployment
 from sla_guard.sim.faults import FaultSchedule
 from sla_guard.sim.harness import ClosedLoop, make_store
@@ -39,7 +40,7 @@ def test_sim_leak_and_acceptance_drop_become_findings():
     dep.submit(load_trace(BUNDLED_MOONCAKE).scaled(duration_s=3600))
     store = make_store(interval_s=15)
     book = FindingsBook()
-    cfg = parse_detectors({"leak": {"time_scale": SCALE, "limit_bytes": 96 * 2**30, "warmup_s": 7200},
+    cfg = DetectorsConfig.model_validate({"leak": {"time_scale": SCALE, "limit_bytes": 96 * 2**30, "warmup_s": 7200},
                            "acceptance": {"warmup_s": 600}})
     guard = build_guard(store, evaluators=build_evaluators(book, cfg))
     opened: dict[str, float] = {}

@@ -13,17 +13,16 @@ from exporters import contract as c
 from exporters.contract import Component
 from exporters.prometheus import ContractMetrics
 from sla_guard.api import create_app
-from sla_guard.config import ConfigError, GuardConfig
+from sla_guard.config import ConfigError, GuardConfig, parse_config
 from sla_guard.detect.evaluators import (
-    DetectorsConfig,
     LeakEvaluator,
     RateDriftEvaluator,
     build_evaluators,
-    parse_detectors,
     router,
 )
 from sla_guard.detect.findings import FindingsBook
 from sla_guard.service import Guard
+from sla_guard.settings.detectors import DetectorsConfig
 from sla_guard.store import SeriesStore
 
 MIB, HOUR = 1024.0 * 1024.0, 3600.0
@@ -53,20 +52,20 @@ def test_book_dedups_and_resolves_with_metrics():
 
 
 def test_detectors_config_errors_name_the_field():
-    assert parse_detectors({}).acceptance.arl0_days == 30
+    assert DetectorsConfig.model_validate({}).acceptance.arl0_days == 30
     with pytest.raises(ConfigError, match=r"detectors\.acceptance\.arl0_days"):
-        parse_detectors({"acceptance": {"arl0_days": -1}})
+        parse_config({"detectors": {"acceptance": {"arl0_days": -1}}})
     with pytest.raises(ConfigError, match=r"detectors\.leak\.bogus"):
-        parse_detectors({"leak": {"bogus": 1}})
+        parse_config({"detectors": {"leak": {"bogus": 1}}})
     with pytest.raises(ConfigError, match=r"detectors\.acceptance\.arl_rule"):
-        parse_detectors({"acceptance": {"arl_rule": "siegmund"}})
+        parse_config({"detectors": {"acceptance": {"arl_rule": "siegmund"}}})
     with pytest.raises(ConfigError, match=r"detectors\.prefix_hit\.refine_s"):
-        parse_detectors({"prefix_hit": {"refine_s": -1}})
+        parse_config({"detectors": {"prefix_hit": {"refine_s": -1}}})
     # the threshold rule, jitter re-estimation and baseline refinement reach the CUSUM's parameters
-    cfg = parse_detectors({"acceptance": {"arl_rule": "lorden", "jitter_blocks": 0, "refine_s": 0}})
+    cfg = DetectorsConfig.model_validate({"acceptance": {"arl_rule": "lorden", "jitter_blocks": 0, "refine_s": 0}})
     ev = next(e for e in build_evaluators(FindingsBook(), cfg) if getattr(e, "name", "") == "acceptance_drift")
     assert (ev.params.arl_rule, ev.params.jitter_blocks, ev.params.refine_s) == ("lorden", 0, 0)
-    ev = next(e for e in build_evaluators(FindingsBook(), parse_detectors({}))
+    ev = next(e for e in build_evaluators(FindingsBook(), DetectorsConfig.model_validate({}))
               if getattr(e, "name", "") == "acceptance_drift")
     assert (ev.params.arl_rule, ev.params.jitter_blocks, ev.params.refine_s) == ("gaussian", 24, 86400)
 
@@ -170,13 +169,19 @@ def test_tpot_drift_evaluator_ignores_load_change_but_flags_slowdown():
     assert f.detector == "tpot_drift" and f.details["after"] == pytest.approx(1.3, abs=0.08)
 
 
-def test_serve_extension_adds_detectors_and_findings_router():
-    from sla_guard.detect.plugin import extend
+def test_composition_root_adds_detectors_findings_router_and_feeds_the_advisor():
+    from sla_guard.compose import compose
+    from sla_guard.ingest.source import StoreSource
 
-    guard = _guard([], SeriesStore())
-    routers = extend(GuardConfig(), guard, None)
-    names = {e.name for e in guard.evaluators}
-    assert {"leak", "acceptance_drift", "acceptance_drift_per_position", "prefix_hit_drift", "tpot_drift"} <= names
-    assert any(getattr(r, "path", "") == "/v1/findings" for r in routers[0].routes)
+    root = compose(GuardConfig(), source=StoreSource(SeriesStore()), slo=False)
+    guard = root.guard
+    names = [e.name for e in guard.evaluators]
+    assert {"leak", "acceptance_drift", "acceptance_drift_per_position", "prefix_hit_drift", "tpot_drift"} <= set(names)
+    assert names[-1] == "advisor"  # after the detectors, so it reads this tick's findings
+    paths = {getattr(r, "path", "") for router in root.routers for r in router.routes}
+    assert {"/v1/findings", "/v1/recommendations"} <= paths
+    # the advisor reads the very book the detectors write, handed over by the root
+    assert root.advisor is not None and root.findings is not None
+    assert root.advisor.findings == root.findings.open_findings
     guard.tick(T0)  # an empty store: nothing found, nothing raised
-    assert guard.last_tick.errors == {} and guard.findings.all() == []
+    assert guard.last_tick.errors == {} and root.findings.all() == []

@@ -10,6 +10,7 @@ from guard_support import Engine, Served
 from prometheus_client import generate_latest
 
 from exporters import contract as c
+from sla_guard.compose import compose
 from sla_guard.config import parse_config
 from sla_guard.model import Status
 from sla_guard.service import Guard
@@ -78,7 +79,7 @@ def test_serve_loop_scrapes_and_evaluates_real_targets():
             "slos": [{"objectives": [{"name": "ttft_mean", "indicator": "ttft", "objective": "mean",
                                       "threshold_s": 2.5, "window": "2s", "min_requests": 5}]}],
         })
-        guard = Guard.from_config(cfg)
+        guard = compose(cfg, detectors=False, advisor=False).guard
 
         async def go():
             stop = asyncio.Event()

@@ -5,9 +5,8 @@ Every ``.py`` under the five packages is parsed with ``ast``; every import count
 inside functions (a late import is still a dependency, it only hides it) and under
 ``TYPE_CHECKING`` (a type named from an upper layer is knowledge of that layer, and becomes a
 runtime import the day someone needs ``isinstance``), as does ``importlib.import_module`` /
-``__import__`` with a literal name. Module names kept as data for late binding (plugin tables
-such as ``sla_guard.config._SECTION_PARSERS`` and ``commands.serve.EXTENSIONS``) are not
-imports here: they are looked up only when present, the way an entry point is.
+``__import__`` with a literal name. (The guard keeps no plugin tables of module names: its
+parts are wired statically in ``sla_guard.compose``.)
 
 Rules:
 
@@ -53,20 +52,23 @@ RANK: dict[str, int] = {
     "sla_guard.promql": 0,
     "sla_guard.exposition": 0,  # text-exposition parser: below the store that stores what it parses
     "sla_guard.spec_base": 0,
-    "sla_guard.config": 1,
-    "sla_guard.leader": 1,
-    "sla_guard.burn_windows": 2,  # burn-rate table of the SLO spec
-    "sla_guard.store": 2,
-    "sla_guard.state": 2,
-    "sla_guard.ingest": 3,  # writes into the store
-    "sla_guard.slo": 4,  # evaluators read the store (through MetricsView)
-    "sla_guard.detect": 4,
-    "sla_guard.scale": 4,  # a library: knows nothing of the simulator
-    "sla_guard.service": 5,  # the guard loop: ingest + evaluators
-    "sla_guard.api": 6,
-    "sla_guard.sim": 7,  # simulator and replay: drives the guard and the advisor offline
-    "sla_guard.commands": 8,
-    "sla_guard.cli": 9,
+    "sla_guard.defaults": 0,  # shared default values (SLA thresholds from the contract, advisor, drift)
+    "sla_guard.settings": 1,  # detectors' and advisor's settings models: below the config that types them
+    "sla_guard.config": 2,
+    "sla_guard.leader": 2,
+    "sla_guard.burn_windows": 3,  # burn-rate table of the SLO spec
+    "sla_guard.store": 3,
+    "sla_guard.state": 3,
+    "sla_guard.ingest": 4,  # writes into the store
+    "sla_guard.slo": 5,  # evaluators read the store (through MetricsView)
+    "sla_guard.detect": 5,
+    "sla_guard.scale": 5,  # a library: knows nothing of the simulator
+    "sla_guard.service": 6,  # the guard loop: ingest + evaluators
+    "sla_guard.api": 7,
+    "sla_guard.compose": 7,  # the composition root: config -> source, evaluators, routers, Guard
+    "sla_guard.sim": 8,  # simulator and replay: drives the guard and the advisor offline
+    "sla_guard.commands": 9,
+    "sla_guard.cli": 10,
 }
 # Besides lower-ranked sla_guard parts and exporters.
 SLA_GUARD_EXTRA: dict[str, frozenset[str]] = {"sla_guard.commands": frozenset({"alerts", "dashboards"})}

@@ -24,9 +24,9 @@ from scale_support import store as _store
 
 from exporters import contract as c
 from sla_guard.api import create_app
+from sla_guard.compose import compose
 from sla_guard.config import parse_config
-from sla_guard.scale import plugin
-from sla_guard.service import Guard
+from sla_guard.ingest.source import StoreSource
 
 TOKEN = "t0ken"
 
@@ -67,9 +67,9 @@ def served():
     config = parse_config({"advisor": {"model": MODEL, "profile": {
         "prefill_tokens_per_s": 10_000, "decode_step_base_s": 0.01, "decode_step_per_request_s": 0.0002}}})
     store = _store()
-    guard = Guard.for_store(config, store, with_slo=False)
-    routers = plugin.extend(config, guard)
-    app = create_app(guard, token=TOKEN, extra_routers=routers)
+    root = compose(config, source=StoreSource(store), slo=False, detectors=False)
+    guard = root.guard
+    app = create_app(guard, token=TOKEN, extra_routers=root.routers)
     with uvicorn_server(app) as url:
         yield Served(url, guard, store)
 

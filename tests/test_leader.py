@@ -37,11 +37,11 @@ from guard_support import Served, free_port
 from prometheus_client import generate_latest
 from scale_support import Engine
 
-from sla_guard.config import ConfigError
+from sla_guard.compose import build_actuator
+from sla_guard.config import ConfigError, parse_config
 from sla_guard.leader import FileLockElector, LeaseElector
 from sla_guard.scale.actuators import LeaderGatedActuator, StandbyError, WebhookActuator
-from sla_guard.scale.config import Webhook, parse_advisor
-from sla_guard.scale.plugin import build_actuator
+from sla_guard.settings.advisor import AdvisorConfig, Webhook
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -340,8 +340,8 @@ def test_standby_does_not_call_the_webhook_and_says_who_leads(tmp_path):
 def test_leader_election_config_names_fields_and_wires_the_gate(tmp_path):
     def err(le: dict) -> str:
         with pytest.raises(ConfigError) as e:
-            parse_advisor({"mode": "active", "actuation": {"webhook": {"url": "http://127.0.0.1:9/x"},
-                                                           "leader_election": le}})
+            parse_config({"advisor": {"mode": "active", "actuation": {"webhook": {"url": "http://127.0.0.1:9/x"},
+                                                                      "leader_election": le}}})
         return str(e.value)
 
     assert "advisor.actuation.leader_election" in err({"mode": "file"}) and "lock_file" in err({"mode": "file"})
@@ -350,9 +350,9 @@ def test_leader_election_config_names_fields_and_wires_the_gate(tmp_path):
     assert "advisor.actuation.leader_election.mode" in err({"mode": "etcd"})
     assert "advisor.actuation.leader_election.retry_s" in err({"mode": "file", "lock_file": "x", "retry_s": 0})
 
-    plain = build_actuator(parse_advisor({"mode": "active", "actuation": {"webhook": {"url": "http://127.0.0.1:9"}}}))
+    plain = build_actuator(AdvisorConfig.model_validate({"mode": "active", "actuation": {"webhook": {"url": "http://127.0.0.1:9"}}}))
     assert isinstance(plain, WebhookActuator)  # mode none: today's behaviour
-    cfg = parse_advisor({"mode": "active", "actuation": {
+    cfg = AdvisorConfig.model_validate({"mode": "active", "actuation": {
         "webhook": {"url": "http://127.0.0.1:9"},
         "leader_election": {"mode": "file", "lock_file": str(tmp_path / "l"), "identity": "me", "retry_s": 0.05}}})
     gated = build_actuator(cfg)
@@ -639,8 +639,8 @@ def test_lease_elector_built_from_config_and_kubeconfig(tmp_path):
     """The production path: ``advisor.actuation.leader_election`` + ``kubeconfig`` build the
     elector (the client it builds itself, no urllib3 retries); it acquires the Lease with the
     configured identity and duration, and a clean stop releases it. The API server is the FAKE."""
-    from sla_guard.scale.config import LeaderElection
-    from sla_guard.scale.plugin import build_elector
+    from sla_guard.compose import build_elector
+    from sla_guard.settings.advisor import LeaderElection
 
     with lease_api() as (url, api):
         kube = tmp_path / "kubeconfig"

@@ -13,10 +13,10 @@ from guard_support import Engine, Served, UvicornThread, free_port
 from prometheus_client import generate_latest
 
 from exporters import contract as c
+from sla_guard.compose import compose
 from sla_guard.config import parse_config
 from sla_guard.ingest.prometheus import PrometheusSourceImpl
 from sla_guard.model import Status
-from sla_guard.service import Guard
 
 WINDOW = "3s"
 
@@ -39,7 +39,7 @@ class Rig:
     def __init__(self, n=2, **source):
         self.engines = [Engine(model=f"m{i}") for i in range(n)]
         self.servers = [Served(e.exposition) for e in self.engines]
-        self.guard = Guard.from_config(_cfg(self.servers, **source))
+        self.guard = compose(_cfg(self.servers, **source), detectors=False, advisor=False).guard
         self.loop = asyncio.new_event_loop()
 
     def step(self, n=4, ttft=0.2, pause=0.25):
@@ -194,7 +194,7 @@ def test_label_cardinality_bomb_is_bounded(rig):
 def test_prometheus_unreachable_or_failing_is_unknown_and_counted():
     cfg = parse_config({"source": {"mode": "prometheus", "url": f"http://127.0.0.1:{free_port()}",
                                    "timeout_s": 0.5}})
-    guard = Guard.from_config(cfg)
+    guard = compose(cfg, detectors=False, advisor=False).guard
     src = guard.source
     assert isinstance(src, PrometheusSourceImpl)
     asyncio.run(guard.collect())
@@ -226,7 +226,7 @@ def test_targets_file_discovery_reloads(tmp_path):
     f = tmp_path / "targets.yaml"
     f.write_text(f"- url: {servers[0].url}\n  model: m\n  pool: prefill\n  name: e0\n")
     cfg = parse_config({"source": {"mode": "scrape", "targets_file": str(f), "timeout_s": 0.5}})
-    guard = Guard.from_config(cfg)
+    guard = compose(cfg, detectors=False, advisor=False).guard
     loop = asyncio.new_event_loop()
     try:
         loop.run_until_complete(guard.collect())
@@ -298,7 +298,7 @@ def test_pool_whose_targets_were_removed_says_so_then_is_forgotten(tmp_path):
                         "staleness_s": 1, "evaluation_interval_s": 0.25,
                         "slos": [{"objectives": [{"name": "ttft_mean", "indicator": "ttft", "objective": "mean",
                                                   "threshold_s": 2.5, "window": "3s", "min_requests": 3}]}]})
-    guard = Guard.from_config(cfg)
+    guard = compose(cfg, detectors=False, advisor=False).guard
     slo = guard.evaluator("slo")
     loop = asyncio.new_event_loop()
 
@@ -342,7 +342,7 @@ def test_failing_prometheus_is_named_in_the_reason():
         cfg = parse_config({"source": {"mode": "prometheus", "url": f"http://127.0.0.1:{bad.port}", "timeout_s": 1},
                             "slos": [{"model": "m", "pool": "decode", "objectives": [
                                 {"name": "ttft_mean", "indicator": "ttft", "objective": "mean", "threshold_s": 2.5}]}]})
-        guard = Guard.from_config(cfg)
+        guard = compose(cfg, detectors=False, advisor=False).guard
         guard.evaluator("slo").known.add(("m", "decode"))
         guard.tick()
         pool = guard.evaluator("slo").pools[("m", "decode")]

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sla_guard.config import ConfigError
-from sla_guard.scale.config import parse_advisor
+from sla_guard.config import ConfigError, parse_config
 from sla_guard.scale.core import DecodeKnobs, DecodeObs, PrefillKnobs, PrefillObs, Sizing, size_decode, size_prefill
 from sla_guard.scale.guardrails import Decision, PoolMemory, Rails, apply_budget, decide
 from sla_guard.scale.learn import (
@@ -15,6 +14,7 @@ from sla_guard.scale.learn import (
     update_prefill_capacity,
     update_step_model,
 )
+from sla_guard.settings.advisor import AdvisorConfig
 
 CAP = PrefillCapacity(tokens_per_s=10_000.0, samples=10)
 
@@ -180,15 +180,15 @@ def test_gpu_budget_goes_to_pool_under_pressure():
 
 def test_advisor_config_errors_name_field_path():
     with pytest.raises(ConfigError) as e:
-        parse_advisor({"pools": {"decode": {"min_replicas": 5, "max_replicas": 2}}})
+        parse_config({"advisor": {"pools": {"decode": {"min_replicas": 5, "max_replicas": 2}}}})
     assert "advisor.pools.decode" in str(e.value)
     with pytest.raises(ConfigError) as e:
-        parse_advisor({"cooldown": 5})
+        parse_config({"advisor": {"cooldown": 5}})
     assert "advisor.cooldown" in str(e.value) and "unknown field" in str(e.value)
     with pytest.raises(ConfigError) as e:
-        parse_advisor({"mode": "active"})
+        parse_config({"advisor": {"mode": "active"}})
     assert "actuation" in str(e.value)
-    assert parse_advisor({}).mode == "advisory"
+    assert parse_config({}).advisor.mode == AdvisorConfig().mode == "advisory"
 
 
 def test_window_runs_from_when_started_replicas_serve():
@@ -255,8 +255,8 @@ def test_trend_ignores_a_fill_from_zero_and_needs_a_whole_span():
     from collections import deque
 
     from sla_guard.scale.advisor import Advisor
-    from sla_guard.scale.config import AdvisorConfig
     from sla_guard.scale.learn import slope
+    from sla_guard.settings.advisor import AdvisorConfig
 
     assert slope([0, 15, 30], [0, 139, 136]) is None  # too few points for a trend
     ts = [0, 15, 30, 45, 60, 75, 90, 105, 120]
@@ -329,7 +329,7 @@ def test_scale_down_window_stretches_to_the_observed_start_time():
     """Capacity given back on a dip shorter than a cold start is bought back with a cold start of
     misses: once the advisor has seen replicas take 615 s to serve, it waits that long."""
     from sla_guard.scale.advisor import Advisor
-    from sla_guard.scale.config import AdvisorConfig
+    from sla_guard.settings.advisor import AdvisorConfig
 
     adv = Advisor(AdvisorConfig(stabilization_down_s=300), model="*")
     assert adv._rails("prefill").stabilization_down_s == 300

@@ -23,9 +23,9 @@ from sla_guard.detect import drift
 from sla_guard.detect.evaluators import LeakConfig, LeakEvaluator, RateConfig, RateDriftEvaluator
 from sla_guard.detect.findings import FindingsBook
 from sla_guard.model import Status
-from sla_guard.scale.config import parse_advisor
 from sla_guard.scale.evaluator import AdvisorEvaluator
 from sla_guard.service import Guard
+from sla_guard.settings.advisor import AdvisorConfig
 from sla_guard.slo import SLOEvaluator
 from sla_guard.state import StateStore, decode, encode
 from sla_guard.store import SeriesStore
@@ -342,7 +342,8 @@ def test_wildcard_advisor_sizes_each_model_on_its_own():
     """Three models' pools in one store (1, 2 and 3 decode replicas): with model '*' the advice
     is per model with that model's replica count, never 6 decode replicas of 'default'."""
     reg = CollectorRegistry()
-    ev = AdvisorEvaluator(parse_advisor(PROFILE), metrics=ContractMetrics(reg, components=[Component.GUARD]))
+    ev = AdvisorEvaluator(AdvisorConfig.model_validate(PROFILE),
+                          metrics=ContractMetrics(reg, components=[Component.GUARD]))
     store = scale_store()
     engines, ticks = [], {}
     for i, model in enumerate(("llama", "qwen", "mistral")):
@@ -371,7 +372,7 @@ def test_wildcard_advisor_sizes_each_model_on_its_own():
 
 
 def test_advisor_memory_and_decision_tail_round_trip(tmp_path):
-    ev = AdvisorEvaluator(parse_advisor(PROFILE))
+    ev = AdvisorEvaluator(AdvisorConfig.model_validate(PROFILE))
     store = scale_store()
     engines = [_engine("llama", "prefill", "p0"), _engine("llama", "decode", "d0")]
     ticks = {"p0": {"running": 1, "waiting": 0, "computed": 1000, "prefills": 1, "ttft": 0.2},
@@ -383,7 +384,8 @@ def test_advisor_memory_and_decision_tail_round_trip(tmp_path):
     adv.memory["decode"].failed[2] = (1300.0, 0.8)  # a size that proved too small
     records = ev.state_records()
     assert len(records) == 2 * 20
-    fresh = _roundtrip(tmp_path, "advisor", ev, AdvisorEvaluator(parse_advisor(PROFILE)), records=records)
+    fresh = _roundtrip(tmp_path, "advisor", ev, AdvisorEvaluator(AdvisorConfig.model_validate(PROFILE)),
+                       records=records)
     got = fresh.advisors["llama"]
     assert got.learned.decode == adv.learned.decode and got.learned.decode.samples > 0
     assert got.learned.prefill == adv.learned.prefill

@@ -71,9 +71,11 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as err:
         print(err, file=sys.stderr)
         return 2
-    from sla_guard.service import Guard
+    from sla_guard.compose import compose
 
-    guard = Guard.from_config(cfg)
+    # the source and the SLOs only: the detectors need history, and the advisor must not
+    # actuate from a one-shot check
+    guard = compose(cfg, detectors=False, advisor=False).guard
 
     # the whole check is bounded: two collections, the wait, one tick's query budget, slack
     src_timeout = getattr(cfg.source, "timeout_s", 10.0)

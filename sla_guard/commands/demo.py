@@ -53,10 +53,6 @@ def demo_faults(sim_s: float, leak_mib_h: float, drift_to: float) -> list[dict]:
     ]
 
 
-def _open_findings(book) -> list:
-    return list(book.open_findings()) if book is not None else []
-
-
 def run(args: argparse.Namespace) -> int:
     from sla_guard.sim.deployment import Deployment
     from sla_guard.sim.faults import FaultSchedule
@@ -95,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
     live = None if args.no_http else LiveEndpoints(dep)
     loop = ClosedLoop(dep, store=store, policy=policy, guard=guard, fetch=live.fetch if live else None,
                       scrape_interval_s=args.scrape_interval, eval_interval_s=args.scrape_interval,
-                      findings=lambda: _open_findings(book))
+                      findings=book.open_findings)
     tty = sys.stdout.isatty()
     if not args.quiet:
         where = f"{len(live.servers)} engines on http://127.0.0.1 ports " + ", ".join(
@@ -118,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
                 f"| P {dep.pool_counts('prefill')['ready']} D {dep.pool_counts('decode')['ready']} "
                 f"| TTFT p {f('prefill_ttft_mean')}s d {f('decode_ttft_mean')}s "
                 f"| TPOT {f('decode_tpot_mean', 1000, '{:.1f}')}ms | accept {f('acceptance')} "
-                f"| done {len(dep.done)} | guard {verdict} | findings {len(_open_findings(book))}")
+                f"| done {len(dep.done)} | guard {verdict} | findings {len(book.open_findings())}")
         print(("\r" + line + "   ") if tty else line, end="" if tty else "\n", flush=True)
 
     t0 = time.monotonic()

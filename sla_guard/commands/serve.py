@@ -1,10 +1,9 @@
 """`sla-guard serve --config FILE`: the guard as a service: the evaluation loop and the HTTP API
 (uvicorn) in one asyncio process, until SIGINT/SIGTERM.
 
-Extensions: every module named in ``EXTENSIONS`` that exists is imported and its
-``extend(config, guard, token) -> list[APIRouter]`` called once; it adds evaluators with
-``guard.add_evaluator`` (detectors, the scaling advisor) and returns routers to mount under
-the API's bearer auth (``/v1/findings``, ``/v1/recommendations``).
+The guard and its parts (SLOs, detectors, the scaling advisor) come from the composition root,
+``sla_guard.compose.compose``, with the routers of those parts (``/v1/findings``,
+``/v1/recommendations``, ...), mounted here behind the API's bearer auth.
 """
 
 from __future__ import annotations
@@ -12,7 +11,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import importlib
 import ipaddress
 import logging
 import os
@@ -21,8 +19,6 @@ import sys
 import threading
 
 from sla_guard.config import ConfigError, load_config, split_listen
-
-EXTENSIONS = ("sla_guard.detect.plugin", "sla_guard.scale.plugin")
 
 log = logging.getLogger("sla_guard.serve")
 
@@ -54,19 +50,6 @@ def _loopback(host: str) -> bool:
         return False
 
 
-def load_extensions(cfg, guard, token):
-    routers = []
-    for name in EXTENSIONS:
-        try:
-            mod = importlib.import_module(name)
-        except ModuleNotFoundError as err:
-            if err.name != name:
-                raise
-            continue
-        routers.extend(mod.extend(cfg, guard, token) or [])
-    return routers
-
-
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
@@ -86,12 +69,12 @@ def run(args: argparse.Namespace) -> int:
     import uvicorn
 
     from sla_guard.api import create_app, server_config
-    from sla_guard.service import Guard
+    from sla_guard.compose import compose
     from sla_guard.state import open_state
 
-    guard = Guard.from_config(cfg, state=open_state(cfg))
-    routers = load_extensions(cfg, guard, token)
-    app = create_app(guard, token=token, extra_routers=routers, max_body_bytes=cfg.api.max_body_bytes)
+    root = compose(cfg, state=open_state(cfg))
+    guard = root.guard
+    app = create_app(guard, token=token, extra_routers=root.routers, max_body_bytes=cfg.api.max_body_bytes)
     class _Server(uvicorn.Server):
         # uvicorn re-raises SIGTERM/SIGINT after its shutdown; we stop the guard loop first and
         # exit 0, so the signals are ours

@@ -27,7 +27,9 @@ from functools import lru_cache
 
 import numpy as np
 
-DAY = 86400.0
+from sla_guard import defaults as d
+
+DAY = d.DAY
 
 
 def threshold_for_arl(arl0_s: float, interval_s: float, sides: int = 1, family: int = 1) -> float:
@@ -146,25 +148,25 @@ def max_interval_information(p0: float, q0: float, p1: float, tau2: float) -> fl
 
 @dataclass(frozen=True, slots=True)
 class RateDriftParams:
-    interval_s: float = 60.0  # one CUSUM step
-    warmup_s: float = 3600.0  # baseline learned over this span
+    # the defaults the config's detectors.acceptance / prefix_hit share live in sla_guard.defaults
+    interval_s: float = d.RATE_INTERVAL_S  # one CUSUM step
+    warmup_s: float = d.RATE_WARMUP_S  # baseline learned over this span
     min_warmup_trials: int = 2000  # and at least this many trials (tokens) in it
-    shift: float = 0.05  # design shift (absolute rate) beyond the tolerance band: p1 = p0 - 0.07,
-    # a 0.10 drop less the wander a baseline can be off by
-    tolerance: float = 0.02  # indifference band: slow wander within +-tolerance is not drift
+    shift: float = d.RATE_SHIFT  # design shift (absolute rate) beyond the tolerance band
+    tolerance: float = d.RATE_TOLERANCE  # indifference band: slow wander within +-tolerance is not drift
     sides: str = "both"  # "down" | "up" | "both"
-    arl0_s: float = 30 * DAY  # mean time between false alarms, per detector family
+    arl0_s: float = d.RATE_ARL0_S  # mean time between false alarms, per detector family
     family: int = 1  # detectors sharing the ARL0 budget (e.g. overall + per position)
     min_tau: float = 0.005  # floor on the between-interval jitter of the rate
     lr_lags: int = 10  # autocovariance lags of the long-run jitter variance (Bartlett weights):
     # the request mix outlives one interval, so adjacent intervals' excesses add up in the CUSUM
     resolve_s: float = 1800.0  # recent window whose rate must be back near baseline to resolve
-    arl_rule: str = "gaussian"  # "gaussian": the exact run length of a Gaussian-LLR CUSUM at the worst
+    arl_rule: str = d.RATE_ARL_RULE  # "gaussian": the exact run length of a Gaussian-LLR CUSUM at the worst
     # per-interval information; "lorden": h = ln(steps), Lorden's bound ARL0 >= e^h (1.58 nats higher:
     # slack for a mis-learned baseline and jitter, which refine_s and jitter_blocks now shrink)
-    jitter_blocks: int = 24  # > 0: keep re-estimating tau after warm-up, as the mean of the long-run
+    jitter_blocks: int = d.RATE_JITTER_BLOCKS  # > 0: keep re-estimating tau after warm-up, as the mean of the long-run
     # estimates of this many recent alarm-free blocks of warmup_s, each around its own mean (0: warm-up only)
-    refine_s: float = DAY  # > 0: p0 keeps learning (expanding mean) from intervals up to this long after
+    refine_s: float = d.RATE_REFINE_S  # > 0: p0 keeps learning (expanding mean) from intervals up to this long after
     # the start, each once refine_hold_s passed with no alarm (a 1 h mean is off by most of the wander)
     refine_hold_s: float = 1800.0
 

@@ -2,7 +2,8 @@
 ``MetricsView``, feed the pure detectors, keep findings in a ``FindingsBook`` and export the
 guard's detector metrics. ``router(book)`` serves ``GET /v1/findings``.
 
-Configuration lives under ``detectors:`` in the guard's YAML (validated by ``DetectorsConfig``).
+Configuration lives under ``detectors:`` in the guard's YAML (``GuardConfig.detectors``, a
+``sla_guard.settings.detectors.DetectorsConfig``).
 """
 
 from __future__ import annotations
@@ -11,73 +12,17 @@ import contextlib
 import dataclasses
 import math
 from collections import defaultdict
-from typing import Literal
 
 import numpy as np
 from fastapi import APIRouter, HTTPException
-from pydantic import Field, ValidationError
 
 from exporters import contract as c
-from sla_guard.config import ConfigError, format_validation_error
 from sla_guard.detect import drift, leak
 from sla_guard.detect.findings import FindingsBook, finding_json
 from sla_guard.model import MetricsView
-from sla_guard.spec_base import Strict
+from sla_guard.settings.detectors import DetectorsConfig, LeakConfig, RateConfig, TpotConfig
 
 HOUR = 3600.0
-
-
-class LeakConfig(Strict):
-    enabled: bool = True
-    limit_bytes: float | None = Field(default=None, gt=0,
-                                      description="memory limit of the engine processes (else the host's memory)")
-    time_scale: float = Field(default=1.0, gt=0, description="compress time constants (tests only)")
-    warmup_s: float | None = Field(default=None, gt=0, description="ignore this long after a start (default 30 min)")
-    critical_eta_h: float = Field(default=24.0, gt=0, description="ETA to the limit under this -> critical")
-
-
-_RATE = drift.RateDriftParams()  # the detector's own defaults: config, guard and `analyze drift` agree
-
-
-class RateConfig(Strict):
-    enabled: bool = True
-    arl0_days: float = Field(default=_RATE.arl0_s / drift.DAY, gt=0, description="mean time between false alarms")
-    shift: float = Field(default=_RATE.shift, gt=0, lt=1)
-    tolerance: float = Field(default=_RATE.tolerance, ge=0, lt=1)
-    warmup_s: float = Field(default=_RATE.warmup_s, gt=0)
-    interval_s: float = Field(default=_RATE.interval_s, gt=0)
-    per_position: bool = True
-    arl_rule: Literal["lorden", "gaussian"] = Field(
-        default=_RATE.arl_rule, description="threshold from Lorden's bound (slack for a mis-learned jitter) "
-                                            "or the exact Gaussian-CUSUM run length (docs/detectors.md)")
-    jitter_blocks: int = Field(default=_RATE.jitter_blocks, ge=0,
-                               description="> 0: keep re-estimating the rate's jitter after warm-up over this "
-                                           "many recent blocks (0: from warm-up only)")
-    refine_s: float = Field(default=_RATE.refine_s, ge=0,
-                            description="the baseline keeps learning from alarm-free intervals until this "
-                                        "long after the start (0: from warm-up only)")
-
-
-class TpotConfig(Strict):
-    enabled: bool = True
-    arl0_days: float = Field(default=30.0, gt=0)
-    rel_shift: float = Field(default=0.15, gt=0)
-    warmup_s: float = Field(default=3600.0, gt=0)
-    interval_s: float = Field(default=60.0, gt=0)
-
-
-class DetectorsConfig(Strict):
-    leak: LeakConfig = Field(default_factory=LeakConfig)
-    acceptance: RateConfig = Field(default_factory=RateConfig)
-    prefix_hit: RateConfig = Field(default_factory=lambda: RateConfig(per_position=False))
-    tpot: TpotConfig = Field(default_factory=TpotConfig)
-
-
-def parse_detectors(data: dict | None) -> DetectorsConfig:
-    try:
-        return DetectorsConfig.model_validate(data or {})
-    except ValidationError as err:
-        raise ConfigError(format_validation_error(err, "detectors", "detectors")) from None
 
 
 def host_memory_bytes() -> float | None:

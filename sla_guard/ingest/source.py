@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from exporters.prometheus import ContractMetrics
 from sla_guard.model import MetricsView
 from sla_guard.store import SeriesStore
 
@@ -39,6 +40,10 @@ class Source(Protocol):
     view: MetricsView
     mode: str
 
+    def bind_metrics(self, metrics: ContractMetrics) -> None:
+        """Called once by whoever builds the guard: export source health on the guard's metrics."""
+        ...
+
     async def collect(self, now: float) -> None:
         """Refresh the view for time ``now`` (scrape all targets once); never raises for a
         target's failure (it is counted and shown in ``targets()``)."""
@@ -61,6 +66,9 @@ class StoreSource:
     def __init__(self, store: SeriesStore) -> None:
         self.store = store
         self.view = store
+
+    def bind_metrics(self, metrics: ContractMetrics) -> None:
+        return None  # nothing of its own to report: the store is filled from outside
 
     async def collect(self, now: float) -> None:
         return None

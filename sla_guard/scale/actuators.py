@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import httpx
 
-from sla_guard.scale.config import KubernetesTarget, Webhook
+from sla_guard.settings.advisor import KubernetesTarget, Webhook
 
 if TYPE_CHECKING:
     from sla_guard.leader import Elector

@@ -15,7 +15,6 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from sla_guard.model import Finding, MetricsView, PoolRecommendation
-from sla_guard.scale.config import AdvisorConfig
 from sla_guard.scale.core import (
     DecodeKnobs,
     DecodeObs,
@@ -36,6 +35,7 @@ from sla_guard.scale.learn import (
     update_step_model,
 )
 from sla_guard.scale.observe import PoolReading, Reader
+from sla_guard.settings.advisor import AdvisorConfig
 
 POOLS = ("prefill", "decode")
 

@@ -21,9 +21,9 @@ from exporters.prometheus import ContractMetrics
 from sla_guard.model import Finding, MetricsView, PoolRecommendation
 from sla_guard.scale.actuators import ActuationError, Actuator, StandbyError, idempotency_key
 from sla_guard.scale.advisor import Advisor, _Learned, to_recommendation
-from sla_guard.scale.config import AdvisorConfig
 from sla_guard.scale.guardrails import PoolMemory
 from sla_guard.scale.learn import PrefillCapacity, StepModel
+from sla_guard.settings.advisor import AdvisorConfig
 
 log = logging.getLogger(__name__)
 

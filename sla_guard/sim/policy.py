@@ -33,8 +33,8 @@ from typing import Protocol, runtime_checkable
 from exporters import contract as c
 from sla_guard.model import Finding, MetricsView
 from sla_guard.scale.advisor import Advisor
-from sla_guard.scale.config import AdvisorConfig, PoolLimits, ProfilePrior
 from sla_guard.scale.observe import sample_name
+from sla_guard.settings.advisor import AdvisorConfig, PoolLimits, ProfilePrior
 
 
 @dataclass(frozen=True, slots=True)

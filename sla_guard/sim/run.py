@@ -8,6 +8,10 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sla_guard.defaults import TPOT_SLO_S, TTFT_SLO_S
+from sla_guard.detect.evaluators import build_evaluators
+from sla_guard.detect.findings import FindingsBook
+from sla_guard.settings.detectors import DetectorsConfig
 from sla_guard.sim.deployment import Deployment, Summary
 from sla_guard.sim.faults import FaultSchedule
 from sla_guard.sim.harness import ClosedLoop, PoolLimits, make_store
@@ -28,8 +32,8 @@ class ReplaySpec:
     min_replicas: int = 1
     max_replicas: int = 16
     gpu_budget: int | None = None
-    slo_ttft_s: float = 2.5
-    slo_tpot_s: float = 0.020
+    slo_ttft_s: float = TTFT_SLO_S
+    slo_tpot_s: float = TPOT_SLO_S
     scrape_interval_s: float = 5.0
     eval_interval_s: float = 15.0
     drain_s: float = 600.0
@@ -79,7 +83,7 @@ def replay(spec: ReplaySpec) -> ReplayResult:
     if store is not None and spec.with_detectors:
         dets, book = detectors()
         evaluators += dets
-        findings = book.open_findings if book is not None else None
+        findings = book.open_findings
     guard = None
     if store is not None and spec.with_guard:
         guard = build_guard(store, spec.slo_ttft_s, spec.slo_tpot_s, spec.eval_interval_s, evaluators)
@@ -103,7 +107,7 @@ def replay(spec: ReplaySpec) -> ReplayResult:
     return ReplayResult(s, dep, loop, store, guard)
 
 
-def guard_config(slo_ttft_s: float = 2.5, slo_tpot_s: float = 0.020, eval_interval_s: float = 15.0):
+def guard_config(slo_ttft_s: float = TTFT_SLO_S, slo_tpot_s: float = TPOT_SLO_S, eval_interval_s: float = 15.0):
     """The guard's config for a simulated run: the default SLAs per pool (TTFT is the prefill pool's
     objective, TPOT the decode pool's; "From Day 0 to Production SLAs": "TTFT is determined mostly by
     the Prefill pool, TPOT by the Decode pool"), with the run's thresholds."""
@@ -125,7 +129,7 @@ def guard_config(slo_ttft_s: float = 2.5, slo_tpot_s: float = 0.020, eval_interv
     return parse_config({"evaluation_interval_s": eval_interval_s, "slos": [x.model_dump() for x in sets]})
 
 
-def build_guard(store, slo_ttft_s: float = 2.5, slo_tpot_s: float = 0.020, eval_interval_s: float = 15.0,
+def build_guard(store, slo_ttft_s: float = TTFT_SLO_S, slo_tpot_s: float = TPOT_SLO_S, eval_interval_s: float = 15.0,
                 evaluators=()):
     """``sla_guard.service.Guard`` over the replay's store, with the SLO evaluator and ``evaluators``."""
     from sla_guard.service import Guard
@@ -133,13 +137,9 @@ def build_guard(store, slo_ttft_s: float = 2.5, slo_tpot_s: float = 0.020, eval_
     return Guard.for_store(guard_config(slo_ttft_s, slo_tpot_s, eval_interval_s), store, list(evaluators))
 
 
-def detectors(warmup_s: float | None = None):
-    """The detectors' evaluators and their findings book, when that part is installed."""
-    try:
-        from sla_guard.detect.evaluators import build_evaluators, parse_detectors
-        from sla_guard.detect.findings import FindingsBook
-    except ImportError:
-        return [], None
+def detectors(warmup_s: float | None = None) -> tuple[list, FindingsBook]:
+    """The detectors' evaluators and their findings book (``warmup_s``: a shorter warm-up of the
+    drift detectors, for runs shorter than the default hour)."""
     cfg = {} if warmup_s is None else {k: {"warmup_s": warmup_s} for k in ("acceptance", "prefix_hit", "tpot")}
     book = FindingsBook()
-    return build_evaluators(book, parse_detectors(cfg)), book
+    return build_evaluators(book, DetectorsConfig.model_validate(cfg)), book

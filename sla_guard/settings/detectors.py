@@ -1,0 +1,58 @@
+"""The ``detectors:`` section of the guard's config (``GuardConfig.detectors``): the leak and
+drift detectors' settings, here below the config so the config types the section and names the
+full field path in errors (``detectors.acceptance.arl0_days: ...``). The rate detector's
+defaults are ``sla_guard.defaults``'s, which ``detect.drift.RateDriftParams`` uses too: config,
+guard and ``analyze drift`` agree.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from sla_guard import defaults as d
+from sla_guard.spec_base import Strict
+
+
+class LeakConfig(Strict):
+    enabled: bool = True
+    limit_bytes: float | None = Field(default=None, gt=0,
+                                      description="memory limit of the engine processes (else the host's memory)")
+    time_scale: float = Field(default=1.0, gt=0, description="compress time constants (tests only)")
+    warmup_s: float | None = Field(default=None, gt=0, description="ignore this long after a start (default 30 min)")
+    critical_eta_h: float = Field(default=24.0, gt=0, description="ETA to the limit under this -> critical")
+
+
+class RateConfig(Strict):
+    enabled: bool = True
+    arl0_days: float = Field(default=d.RATE_ARL0_S / d.DAY, gt=0, description="mean time between false alarms")
+    shift: float = Field(default=d.RATE_SHIFT, gt=0, lt=1)
+    tolerance: float = Field(default=d.RATE_TOLERANCE, ge=0, lt=1)
+    warmup_s: float = Field(default=d.RATE_WARMUP_S, gt=0)
+    interval_s: float = Field(default=d.RATE_INTERVAL_S, gt=0)
+    per_position: bool = True
+    arl_rule: Literal["lorden", "gaussian"] = Field(
+        default=d.RATE_ARL_RULE, description="threshold from Lorden's bound (slack for a mis-learned jitter) "
+                                             "or the exact Gaussian-CUSUM run length (docs/detectors.md)")
+    jitter_blocks: int = Field(default=d.RATE_JITTER_BLOCKS, ge=0,
+                               description="> 0: keep re-estimating the rate's jitter after warm-up over this "
+                                           "many recent blocks (0: from warm-up only)")
+    refine_s: float = Field(default=d.RATE_REFINE_S, ge=0,
+                            description="the baseline keeps learning from alarm-free intervals until this "
+                                        "long after the start (0: from warm-up only)")
+
+
+class TpotConfig(Strict):
+    enabled: bool = True
+    arl0_days: float = Field(default=30.0, gt=0)
+    rel_shift: float = Field(default=0.15, gt=0)
+    warmup_s: float = Field(default=3600.0, gt=0)
+    interval_s: float = Field(default=60.0, gt=0)
+
+
+class DetectorsConfig(Strict):
+    leak: LeakConfig = Field(default_factory=LeakConfig)
+    acceptance: RateConfig = Field(default_factory=RateConfig)
+    prefix_hit: RateConfig = Field(default_factory=lambda: RateConfig(per_position=False))
+    tpot: TpotConfig = Field(default_factory=TpotConfig)
