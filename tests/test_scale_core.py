@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from sla_guard.config import ConfigError, parse_config
@@ -17,6 +19,9 @@ from sla_guard.scale.learn import (
 from sla_guard.settings.advisor import AdvisorConfig
 
 CAP = PrefillCapacity(tokens_per_s=10_000.0, samples=10)
+# the knobs production runs: built from the advisor's default config (prefill target utilisation 0.5)
+PK = PrefillKnobs.from_config(AdvisorConfig())
+DK = DecodeKnobs.from_config(AdvisorConfig())
 
 
 def _p(**kw) -> PrefillObs:
@@ -26,7 +31,7 @@ def _p(**kw) -> PrefillObs:
 
 
 def test_prefill_sizing_uses_uncached_tokens_and_target_utilization():
-    s = size_prefill(_p(uncached_tps=30_000.0, requests_per_s=3.0), CAP, PrefillKnobs(target_utilization=0.75))
+    s = size_prefill(_p(uncached_tps=30_000.0, requests_per_s=3.0), CAP, replace(PK, target_utilization=0.75))
     # 30k / (10k * 0.75) = 4 replicas
     assert s.desired == 4
     assert "prefill_demand_over_capacity" in s.reasons
@@ -34,33 +39,33 @@ def test_prefill_sizing_uses_uncached_tokens_and_target_utilization():
 
 
 def test_prefill_backlog_and_queue_growth_add_demand():
-    calm = size_prefill(_p(uncached_tps=7_000.0, requests_per_s=1.0), CAP, PrefillKnobs())
-    queued = size_prefill(_p(uncached_tps=7_000.0, requests_per_s=1.0, waiting=20.0, waiting_slope=0.2), CAP,
-                          PrefillKnobs())
+    calm = size_prefill(_p(uncached_tps=4_000.0, requests_per_s=1.0), CAP, PK)
+    queued = size_prefill(_p(uncached_tps=4_000.0, requests_per_s=1.0, waiting=20.0, waiting_slope=0.2), CAP, PK)
     assert calm.desired == 1
     assert queued.desired > calm.desired
     assert queued.numbers["backlog_tokens_per_s"] > 0
 
 
 def test_prefill_scale_down_only_if_n_minus_1_fits():
-    # 3 replicas, 14k tokens/s: at N-1=2 utilisation 0.7 > 0.75*0.9 -> does not fit
-    s = size_prefill(_p(ready=3, uncached_tps=14_000.0), CAP, PrefillKnobs())
+    # 3 replicas, 9k tokens/s: 1.8 replicas needed, but at N-1=2 utilisation 0.45 > 0.5 x (1 - 0.2)
+    assert PK.target_utilization == 0.5 and PK.scale_down_margin == 0.2
+    s = size_prefill(_p(ready=3, uncached_tps=9_000.0), CAP, PK)
     assert s.desired == 2
     assert not s.fits_at_n_minus_1
     assert "prefill_n_minus_1_would_not_fit" in s.reasons
-    s2 = size_prefill(_p(ready=3, uncached_tps=9_000.0), CAP, PrefillKnobs())
+    s2 = size_prefill(_p(ready=3, uncached_tps=6_000.0), CAP, PK)  # 0.3 at N-1: fits
     assert s2.fits_at_n_minus_1
 
 
 def test_ttft_tail_over_sla_adds_one_and_blocks_scale_down():
-    s = size_prefill(_p(ready=2, uncached_tps=10_000.0, waiting=1.0, ttft_tail_s=4.0), CAP, PrefillKnobs())
+    s = size_prefill(_p(ready=2, uncached_tps=10_000.0, waiting=1.0, ttft_tail_s=4.0), CAP, PK)
     # proportional to the tail: ceil(2 x 4.0 / 2.5) = 4
     assert s.desired == 4 and "ttft_over_sla" in s.reasons
     assert not s.fits_at_n_minus_1
 
 
 def test_missing_data_holds():
-    assert size_prefill(_p(uncached_tps=None), CAP, PrefillKnobs()).desired is None
+    assert size_prefill(_p(uncached_tps=None), CAP, PK).desired is None
     d = decide("prefill", 100.0, 2, 0, Sizing(None, ["hold_missing_data"]), PoolMemory(), Rails())
     assert d.action == "hold" and d.desired == 2 and d.confidence == 0.0
 
@@ -79,16 +84,16 @@ def test_step_model_learns_linear_step_time():
 def test_spec_decode_acceptance_raises_decode_capacity():
     m = StepModel(a=0.008, b=0.0004, samples=50)
     obs = DecodeObs(ready=2, starting=0, running=100.0, accepted_len=1.0)
-    no_spec = size_decode(obs, m, DecodeKnobs())
-    with_spec = size_decode(DecodeObs(ready=2, starting=0, running=100.0, accepted_len=2.5), m, DecodeKnobs())
+    no_spec = size_decode(obs, m, DK)
+    with_spec = size_decode(DecodeObs(ready=2, starting=0, running=100.0, accepted_len=2.5), m, DK)
     assert with_spec.desired < no_spec.desired
 
 
 def test_kv_usage_caps_decode_batch_and_preemptions_force_growth():
     m = StepModel(a=0.001, b=0.00001, samples=50)  # TPOT never binds
-    s = size_decode(DecodeObs(ready=2, starting=0, running=100.0, kv_usage=0.95), m, DecodeKnobs(kv_target_usage=0.85))
+    s = size_decode(DecodeObs(ready=2, starting=0, running=100.0, kv_usage=0.95), m, DK)
     assert s.desired == 3 and "decode_concurrency_over_kv_limit" in s.reasons
-    p = size_decode(DecodeObs(ready=2, starting=0, running=20.0, kv_usage=0.3, preemptions_per_s=0.5), m, DecodeKnobs())
+    p = size_decode(DecodeObs(ready=2, starting=0, running=20.0, kv_usage=0.3, preemptions_per_s=0.5), m, DK)
     assert p.desired == 3 and "kv_preemptions" in p.reasons
 
 
@@ -285,7 +290,7 @@ def test_head_of_line_risk_keeps_a_second_replica_for_heavy_tailed_prompts():
     calm = _p(uncached_tps=16_000.0, ttft_tail_s=0.8)
     heavy = _p(uncached_tps=16_000.0, ttft_tail_s=0.8, long_busy_share=0.2)
     light = _p(uncached_tps=16_000.0, ttft_tail_s=0.8, long_busy_share=0.01)
-    knobs = PrefillKnobs(target_utilization=0.5, hol_budget=0.05)
+    knobs = PK  # target utilisation 0.5, head-of-line budget 1 - learn_quantile = 5%
     assert size_prefill(calm, cap, knobs).fits_at_n_minus_1
     s = size_prefill(heavy, cap, knobs)
     assert not s.fits_at_n_minus_1 and "prefill_n_minus_1_would_not_fit" in s.reasons
@@ -313,14 +318,14 @@ def test_decode_does_not_chase_a_tpot_that_no_replica_count_reaches():
     def obs(alen: float, tail: float) -> DecodeObs:
         return DecodeObs(ready=2, starting=0, running=200.0, accepted_len=alen, tpot_tail_s=tail)
 
-    healthy = size_decode(obs(2.97, 0.015), m, DecodeKnobs())  # floor 12 ms
+    healthy = size_decode(obs(2.97, 0.015), m, DK)  # floor 12 ms
     assert "decode_tpot_unreachable_by_scaling" not in healthy.reasons
     assert healthy.numbers["batch_limit_tpot"] == pytest.approx((0.017 * 2.97 - 0.036) / 0.0001, rel=0.01)
     # floor 17.1 ms: above the 17 ms headroom target, below the SLA: the headroom goes first
-    between = size_decode(obs(2.1, 0.018), m, DecodeKnobs())
+    between = size_decode(obs(2.1, 0.018), m, DK)
     assert between.numbers["batch_limit_tpot"] == pytest.approx(60.0, rel=0.01) and between.desired == 4
     # floor 20 ms: no batch meets 20 ms; the tail over the SLA adds nothing
-    collapsed = size_decode(obs(1.8, 0.024), m, DecodeKnobs())
+    collapsed = size_decode(obs(1.8, 0.024), m, DK)
     assert "decode_tpot_unreachable_by_scaling" in collapsed.reasons and "tpot_over_sla" not in collapsed.reasons
     assert collapsed.desired == 1 and collapsed.numbers["tpot_at_empty_batch_s"] == pytest.approx(0.02)
 

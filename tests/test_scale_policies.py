@@ -15,6 +15,7 @@ from scale_support import store as _store
 
 from sla_guard.scale.core import PrefillKnobs, PrefillObs, size_prefill
 from sla_guard.scale.learn import PrefillCapacity
+from sla_guard.settings.advisor import AdvisorConfig
 from sla_guard.sim.policy import (
     Observation,
     PlannerPolicy,
@@ -79,10 +80,10 @@ def test_proven_utilization_blocks_shrinking_into_unseen_load():
     obs = PrefillObs(ready=4, starting=0, uncached_tps=30_000.0, requests_per_s=3.0, waiting=0.0,
                      ttft_tail_s=1.0, peak_uncached_tps=40_000.0)
     cap = PrefillCapacity(35_000.0, 10)
-    free = size_prefill(obs, cap, PrefillKnobs(target_utilization=0.5, scale_down_margin=0.2))
+    knobs = PrefillKnobs.from_config(AdvisorConfig())  # production: target 0.5, margin 0.2
+    free = size_prefill(obs, cap, knobs)
     assert free.fits_at_n_minus_1  # 40k / (3 x 35k) = 0.38 <= 0.4
-    held = size_prefill(obs, cap, PrefillKnobs(target_utilization=0.5, scale_down_margin=0.2,
-                                               proven_utilization=0.25))
+    held = size_prefill(obs, cap, PrefillKnobs.from_config(AdvisorConfig(), proven_utilization=0.25))
     assert not held.fits_at_n_minus_1
     assert held.numbers["proven_utilization"] == 0.25
 

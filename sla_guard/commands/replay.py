@@ -11,6 +11,8 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
+from sla_guard.defaults import TPOT_SLO_S, TTFT_SLO_S
+
 
 def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("replay", help="replay a trace on the simulated P/D deployment; print one JSON line",
@@ -31,8 +33,10 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--fault", action="append", default=[], metavar="JSON",
                    help='fault to inject, e.g. \'{"kind":"leak","replica":"d0","mib_per_hour":48}\' (repeatable)')
-    p.add_argument("--slo-ttft", type=float, default=2.5, help="TTFT target in seconds (default 2.5)")
-    p.add_argument("--slo-tpot", type=float, default=0.020, help="TPOT target in seconds (default 0.020)")
+    p.add_argument("--slo-ttft", type=float, default=TTFT_SLO_S,
+                   help=f"TTFT target in seconds (default {TTFT_SLO_S:g})")
+    p.add_argument("--slo-tpot", type=float, default=TPOT_SLO_S,
+                   help=f"TPOT target in seconds (default {TPOT_SLO_S:.3f})")
     p.add_argument("--scrape-interval", type=float, default=15.0, help="simulated seconds between scrapes")
     p.add_argument("--eval-interval", type=float, default=15.0)
     p.add_argument("--drain-s", type=float, default=600.0, help="simulated time after the last arrival")

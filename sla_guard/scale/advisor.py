@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
+from sla_guard.defaults import TPOT_SLO_S, TTFT_SLO_S
 from sla_guard.model import Finding, MetricsView, PoolRecommendation
 from sla_guard.scale.core import (
     DecodeKnobs,
@@ -72,8 +73,8 @@ def leak_restarts(findings: list[Finding] | tuple[Finding, ...], model: str) -> 
 class Advisor:
     """Stateful advisor for one model. ``step`` is called once per tick."""
 
-    def __init__(self, cfg: AdvisorConfig | None = None, model: str = "*", slo_ttft_s: float = 2.5,
-                 slo_tpot_s: float = 0.020) -> None:
+    def __init__(self, cfg: AdvisorConfig | None = None, model: str = "*", slo_ttft_s: float = TTFT_SLO_S,
+                 slo_tpot_s: float = TPOT_SLO_S) -> None:
         self.cfg = cfg or AdvisorConfig()
         self.model = model
         self.slo_ttft_s = slo_ttft_s
@@ -229,10 +230,7 @@ class Advisor:
                 self._proven.append((now, u_obs))
         recent = [u for ts, u in self._proven if ts >= now - 3600.0]
         proven = max(recent) if recent else None
-        knobs = PrefillKnobs(target_utilization=self.u_target, proven_utilization=proven,
-                             drain_horizon_s=cfg.drain_horizon_s,
-                             forecast_horizon_s=cfg.forecast_horizon_s, scale_down_margin=cfg.scale_down_margin,
-                             hol_budget=1.0 - cfg.learn_quantile)
+        knobs = PrefillKnobs.from_config(cfg, target_utilization=self.u_target, proven_utilization=proven)
         s = size_prefill(obs, cap, knobs)
         if t.get("prefix_hit_ratio") is not None:
             s.numbers["prefix_hit_ratio"] = round(float(t["prefix_hit_ratio"]), 4)
@@ -249,9 +247,7 @@ class Advisor:
                         preemptions_per_s=t.get("preemptions_per_s"), accepted_len=self._accepted_len or 1.0,
                         tpot_tail_s=t.get("tpot_tail_s"), tpot_slo_s=self.slo_tpot_s,
                         peak_running=self._peak("decode_running", now, t.get("running")), settled=settled)
-        knobs = DecodeKnobs(tpot_headroom=cfg.decode_tpot_headroom, kv_target_usage=cfg.kv_target_usage,
-                            forecast_horizon_s=cfg.forecast_horizon_s, scale_down_margin=cfg.scale_down_margin)
-        return size_decode(obs, self.learned.decode, knobs)
+        return size_decode(obs, self.learned.decode, DecodeKnobs.from_config(cfg))
 
 
 def to_recommendation(model: str, d: Decision) -> PoolRecommendation:

@@ -16,7 +16,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from sla_guard.defaults import TPOT_SLO_S, TTFT_SLO_S
 from sla_guard.scale.learn import PrefillCapacity, StepModel
+from sla_guard.settings.advisor import AdvisorConfig
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,7 +30,7 @@ class PrefillObs:
     waiting: float | None  # requests waiting, whole pool
     waiting_slope: float | None = None  # requests/s trend of ``waiting``
     ttft_tail_s: float | None = None  # TTFT at the control quantile (p90 default)
-    ttft_slo_s: float = 2.5
+    ttft_slo_s: float = TTFT_SLO_S
     peak_uncached_tps: float | None = None  # highest demand over the stabilisation window
     settled: bool = True  # no replica started within the observation window (its tails are current)
     # share of a ready replica's time spent on prefills that alone take over half the TTFT SLA
@@ -46,7 +48,7 @@ class DecodeObs:
     preemptions_per_s: float | None = None
     accepted_len: float = 1.0  # tokens per decode step (1 + accepted/drafts); 1 without spec decode
     tpot_tail_s: float | None = None  # TPOT at the control quantile
-    tpot_slo_s: float = 0.020
+    tpot_slo_s: float = TPOT_SLO_S
     peak_running: float | None = None  # highest concurrency over the stabilisation window
     settled: bool = True
 
@@ -66,16 +68,28 @@ class Sizing:
 
 @dataclass(frozen=True, slots=True)
 class PrefillKnobs:
-    target_utilization: float = 0.75
+    """Prefill sizing settings: built from the advisor's config (``from_config``), so the core
+    never runs values production does not use."""
+
+    target_utilization: float
+    drain_horizon_s: float
+    forecast_horizon_s: float
+    scale_down_margin: float
+    # share of arrivals N-1 replicas may leave stuck behind long prefills (the learn quantile's
+    # miss budget)
+    hol_budget: float
     # highest utilisation at which the SLA was recently seen to hold (None = no evidence yet): N-1
     # may not be asked to run hotter than that or than half the target, whichever is higher
     proven_utilization: float | None = None
-    drain_horizon_s: float = 30.0
-    forecast_horizon_s: float = 120.0
-    scale_down_margin: float = 0.2
-    # share of arrivals N-1 replicas may leave stuck behind long prefills (the learn quantile's
-    # miss budget)
-    hol_budget: float = 0.05
+
+    @classmethod
+    def from_config(cls, cfg: AdvisorConfig, *, target_utilization: float | None = None,
+                    proven_utilization: float | None = None) -> PrefillKnobs:
+        """The knobs of ``cfg``; ``target_utilization``: the learned one, else the configured start."""
+        return cls(target_utilization=cfg.prefill_target_utilization if target_utilization is None
+                   else target_utilization, proven_utilization=proven_utilization,
+                   drain_horizon_s=cfg.drain_horizon_s, forecast_horizon_s=cfg.forecast_horizon_s,
+                   scale_down_margin=cfg.scale_down_margin, hol_budget=1.0 - cfg.learn_quantile)
 
 
 def head_of_line_risk(long_busy_share: float, ready: int, replicas: int) -> float:
@@ -94,12 +108,20 @@ def head_of_line_risk(long_busy_share: float, ready: int, replicas: int) -> floa
 
 @dataclass(frozen=True, slots=True)
 class DecodeKnobs:
-    tpot_headroom: float = 0.85
-    kv_target_usage: float = 0.85
-    forecast_horizon_s: float = 120.0
-    scale_down_margin: float = 0.2
+    """Decode sizing settings: built from the advisor's config (``from_config``); the last two
+    are the core's own constants, not settings."""
+
+    tpot_headroom: float
+    kv_target_usage: float
+    forecast_horizon_s: float
+    scale_down_margin: float
     max_batch: float = 1024.0
     tpot_floor_margin: float = 0.05  # TPOT within this of the empty-batch floor: unreachable by scaling
+
+    @classmethod
+    def from_config(cls, cfg: AdvisorConfig) -> DecodeKnobs:
+        return cls(tpot_headroom=cfg.decode_tpot_headroom, kv_target_usage=cfg.kv_target_usage,
+                   forecast_horizon_s=cfg.forecast_horizon_s, scale_down_margin=cfg.scale_down_margin)
 
 
 def _conf(samples: int, need: int) -> float:

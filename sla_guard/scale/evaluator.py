@@ -18,6 +18,7 @@ from pathlib import Path
 
 from exporters import contract as c
 from exporters.prometheus import ContractMetrics
+from sla_guard.defaults import TPOT_SLO_S, TTFT_SLO_S
 from sla_guard.model import Finding, MetricsView, PoolRecommendation
 from sla_guard.scale.actuators import ActuationError, Actuator, StandbyError, idempotency_key
 from sla_guard.scale.advisor import Advisor, _Learned, to_recommendation
@@ -58,8 +59,8 @@ class AdvisorEvaluator:
     name = "advisor"
     state_tail = 256  # decision records handed back at restore (the /v1/decisions history)
 
-    def __init__(self, cfg: AdvisorConfig, *, model: str | None = None, slo_ttft_s: float = 2.5,
-                 slo_tpot_s: float = 0.020, metrics: ContractMetrics | None = None,
+    def __init__(self, cfg: AdvisorConfig, *, model: str | None = None, slo_ttft_s: float = TTFT_SLO_S,
+                 slo_tpot_s: float = TPOT_SLO_S, metrics: ContractMetrics | None = None,
                  actuator: Actuator | None = None,
                  findings: Callable[[], Iterable[Finding]] | None = None, max_models: int = 64,
                  forget_after_s: float = 3600.0) -> None:

@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from exporters.prometheus import FinishedRequest
+from sla_guard.defaults import TPOT_SLO_S, TTFT_SLO_S
 from sla_guard.sim.exposition import EngineMetrics
 from sla_guard.sim.faults import FaultSchedule
 from sla_guard.sim.kvcache import PrefixCache
@@ -540,7 +541,7 @@ class Deployment:
 
     def __init__(self, profile: Profile, prefill: int = 2, decode: int = 2, *, seed: int = 0,
                  faults: FaultSchedule | None = None, record: bool = True, epoch: float = DEFAULT_EPOCH,
-                 trace_block_tokens: int = 512, slo_ttft_s: float = 2.5, slo_tpot_s: float = 0.020,
+                 trace_block_tokens: int = 512, slo_ttft_s: float = TTFT_SLO_S, slo_tpot_s: float = TPOT_SLO_S,
                  metrics_env: dict[str, str] | None = None, warm: bool = True) -> None:
         self.profile = profile
         self.model = profile.model

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 from exporters import contract as c
+from sla_guard.defaults import TPOT_SLO_S, TTFT_SLO_S
 from sla_guard.model import Finding, MetricsView
 from sla_guard.scale.advisor import Advisor
 from sla_guard.scale.observe import sample_name
@@ -74,8 +75,8 @@ class Observation:
     gpu_budget: int | None = None  # total GPUs both pools may use, None = unlimited
     findings: tuple[Finding, ...] = ()
     profile: object | None = None
-    slo_ttft_s: float = 2.5
-    slo_tpot_s: float = 0.020
+    slo_ttft_s: float = TTFT_SLO_S
+    slo_tpot_s: float = TPOT_SLO_S
     extra: Mapping[str, float] = field(default_factory=dict)
 
 
