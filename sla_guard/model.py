@@ -91,6 +91,8 @@ class PoolRecommendation:
     confidence: float
     numbers: dict[str, float] = field(default_factory=dict)
     action: str = "scale"  # "scale" | "hold" | "rolling_restart"
+    # the replica (engine, else instance, else process) a rolling_restart is for; None otherwise
+    replica: str | None = None
 
 
 class Evaluator(Protocol):

@@ -98,7 +98,8 @@ def test_leak_finding_recommends_rolling_restart_not_scaling(tmp_path):
     ev.evaluate(store, 1060)
     snap = ev.snapshot()
     assert [r["action"] for r in snap["restarts"]] == ["rolling_restart"]
-    assert "replica=d0" in snap["restarts"][0]["reasons"]
+    assert snap["restarts"][0]["replica"] == "d0" and snap["restarts"][0]["reasons"] == ["leak_rolling_restart"]
+    assert ev.recommendations()[1][0].replica == "d0"  # typed, not parsed out of the reasons
     # the leak does not make the decode pool grow
     dec = next(r for r in snap["recommendations"] if r["pool"] == "decode")
     assert dec["desired"] <= dec["current"]

@@ -85,14 +85,14 @@ def test_leak_under_an_allocator_step_is_found_a_staircase_is_not():
     leaky = x * 48 * MIB / HOUR + step + noise
     p = leak.LeakParams()
     plain = leak.window_test(x, leaky, p, 2 * HOUR, hinge=True)
-    assert not plain["leak"] and plain["reason"] == "step_not_trend"
+    assert not plain.leak and plain.reason == "step_not_trend"
     found = leak.window_test(x, leaky, p, 2 * HOUR, hinge=True, steps=True)
-    assert found["leak"] and found["reason"] == "trend_with_step"
-    assert found["slope_bps"] * HOUR / MIB == pytest.approx(48, rel=0.2)  # the step is not counted
+    assert found.leak and found.reason == "trend_with_step" and found.window_s == 2 * HOUR
+    assert found.slope_bps * HOUR / MIB == pytest.approx(48, rel=0.2)  # the step is not counted
     stairs = step + np.where(x >= 5400, 192 * MIB, 0.0) + noise
-    assert not leak.window_test(x, stairs, p, 2 * HOUR, hinge=True, steps=True)["leak"]
+    assert not leak.window_test(x, stairs, p, 2 * HOUR, hinge=True, steps=True).leak
     ramps = np.clip((x - 1800) / 1200, 0, 1) * 128 * MIB + np.clip((x - 4800) / 900, 0, 1) * 128 * MIB + noise
-    assert not leak.window_test(x, ramps, p, 2 * HOUR, hinge=True, steps=True)["leak"]
+    assert not leak.window_test(x, ramps, p, 2 * HOUR, hinge=True, steps=True).leak
 
 
 def test_diff_load_coef_ignores_trend_step_and_warmup():

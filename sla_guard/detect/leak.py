@@ -90,6 +90,19 @@ class LeakParams:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class WindowResult:
+    """The leak test on one window of floor points (``window_test``); JSON-able through
+    ``dataclasses.asdict`` (``LeakVerdict.as_dict`` keeps one per window)."""
+
+    slope_bps: float  # Theil-Sen slope of the floor, bytes/s
+    z: float  # Mann-Kendall statistic
+    n: int  # floor points in the window
+    leak: bool
+    reason: str  # "trend" / "trend_with_step" when a leak, else why not
+    window_s: float | None = None  # the window's length (None: the span of the points)
+
+
 @dataclass(slots=True)
 class LeakVerdict:
     """The state of one process series at its last sample. ``status`` is "leak", "ok" or
@@ -108,7 +121,7 @@ class LeakVerdict:
     eta_s: float | None = None
     bytes_per_work: float | None = None
     segment_start: float | None = None
-    windows: list[dict] = field(default_factory=list)
+    windows: list[WindowResult] = field(default_factory=list)
 
     @property
     def detected(self) -> bool:
@@ -404,10 +417,10 @@ def work_rate(t_work: np.ndarray, work: np.ndarray, start: float, end: float) ->
 # --- the test on one window -----------------------------------------------------------------
 
 def window_test(x: np.ndarray, y: np.ndarray, p: LeakParams, window_s: float | None = None,
-                min_rise: float | None = None, hinge: bool = False, steps: bool = False) -> dict:
-    """Leak test of one window of floor points; returns a JSON-able dict with ``leak`` and
-    ``reason``. ``hinge``: the shape tests also consider a flat-then-rising fit. ``steps``: a
-    window the step test rejects is tested again with its upward steps removed."""
+                min_rise: float | None = None, hinge: bool = False, steps: bool = False) -> WindowResult:
+    """Leak test of one window of floor points: a ``WindowResult`` with ``leak`` and ``reason``.
+    ``hinge``: the shape tests also consider a flat-then-rising fit. ``steps``: a window the step
+    test rejects is tested again with its upward steps removed."""
     slope, icpt = theil_sen(x, y)
     resid = y - (icpt + slope * x)
     line = float(np.dot(resid, resid))
@@ -417,22 +430,22 @@ def window_test(x: np.ndarray, y: np.ndarray, p: LeakParams, window_s: float | N
         _, z = mann_kendall(x, y, fitted=hinge_f[1])
     else:
         _, z = mann_kendall(x, y, slope)
-    out = {"slope_bps": slope, "z": z, "n": len(x), "leak": False, "reason": "ok"}
     span = window_s if window_s is not None else float(x[-1] - x[0])
     rise = p.min_rise_bytes if min_rise is None else min_rise
+    leak, reason = False, "ok"
     if z < p.z_crit:
-        out["reason"] = "not_significant"
+        reason = "not_significant"
     elif slope < p.min_slope_bps or slope * span < rise:
-        out["reason"] = "slope_below_min"
+        reason = "slope_below_min"
     elif step_sse(y) < p.step_ratio * line:
-        out["reason"] = "step_not_trend"
+        out = WindowResult(slope, z, len(x), False, "step_not_trend", window_s)
         # an allocator step may hide a leak: the trend with the steps removed
-        return (_trend_beyond_steps(x, y, p, span, rise) if steps else None) or out
+        return (_trend_beyond_steps(x, y, p, span, rise, window_s) if steps else None) or out
     elif not _persists(x, y, slope, p):
-        out["reason"] = "growth_stopped"
+        reason = "growth_stopped"
     else:
-        out["leak"], out["reason"] = True, "trend"
-    return out
+        leak, reason = True, "trend"
+    return WindowResult(slope, z, len(x), leak, reason, window_s)
 
 
 def _persists(x: np.ndarray, y: np.ndarray, slope: float, p: LeakParams) -> bool:
@@ -446,7 +459,8 @@ def _persists(x: np.ndarray, y: np.ndarray, slope: float, p: LeakParams) -> bool
     return recent >= p.persistence * max(slope, early)
 
 
-def _trend_beyond_steps(x: np.ndarray, y: np.ndarray, p: LeakParams, span: float, rise: float) -> dict | None:
+def _trend_beyond_steps(x: np.ndarray, y: np.ndarray, p: LeakParams, span: float, rise: float,
+                        window_s: float | None = None) -> WindowResult | None:
     """The window's trend once up to two upward steps are removed (steps_line_fit): a leak
     under an allocator step. The steps themselves are not counted in the rise; a window with
     a downward level change (memory returned) is not judged this way."""
@@ -465,7 +479,7 @@ def _trend_beyond_steps(x: np.ndarray, y: np.ndarray, p: LeakParams, span: float
     for a, b in itertools.pairwise(fit[3]):
         if b - a >= 2 * p.min_step_segment and theil_sen(x[a:b], y[a:b])[0] < p.persistence * slope:
             return None
-    return {"slope_bps": slope, "z": z, "n": len(x), "leak": True, "reason": "trend_with_step"}
+    return WindowResult(slope, z, len(x), True, "trend_with_step", window_s)
 
 
 # --- whole-series verdicts ------------------------------------------------------------------
@@ -531,7 +545,7 @@ def _assess_floor(tf, yf, now, seg_start, p, limit_bytes, load, work) -> LeakVer
             c = None if lf is None else diff_load_coef(yf[fit], lf[fit], lag=lag)
             short_load = None if c is None else c * lf
     verdict.floor_bytes = float(yf[-1])
-    best: dict | None = None
+    best: WindowResult | None = None
     tested = False
     shortest = min(p.windows_s)
     for w in p.windows_s:
@@ -553,18 +567,17 @@ def _assess_floor(tf, yf, now, seg_start, p, limit_bytes, load, work) -> LeakVer
         # change too, and not an allocator's
         res = window_test(x, yw, p, w, rise, hinge=p.hinge and w == shortest,
                           steps=p.step_trend and w == shortest and load is not None)
-        res["window_s"] = w
         verdict.windows.append(res)
-        if res["leak"] and (best is None or res["z"] > best["z"]):
+        if res.leak and (best is None or res.z > best.z):
             best = res
     if not tested:
         return verdict
     if best is None:
         last = verdict.windows[0]
-        verdict.status, verdict.reason = "ok", last["reason"]
-        verdict.slope_bps, verdict.z = last["slope_bps"], last["z"]
-        verdict.p_value = one_sided_p(last["z"])
-        verdict.window_s = last["window_s"]
+        verdict.status, verdict.reason = "ok", last.reason
+        verdict.slope_bps, verdict.z = last.slope_bps, last.z
+        verdict.p_value = one_sided_p(last.z)
+        verdict.window_s = last.window_s or 0.0
         return verdict
     if p.confirm > 1 and len(tf) > 1:
         # pure function of the same arrays: the verdict one bucket earlier must agree
@@ -572,17 +585,17 @@ def _assess_floor(tf, yf, now, seg_start, p, limit_bytes, load, work) -> LeakVer
                              None, load, None)
         if not prev.detected:
             verdict.status, verdict.reason = "ok", "unconfirmed"
-            verdict.slope_bps, verdict.z, verdict.window_s = best["slope_bps"], best["z"], best["window_s"]
-            verdict.p_value = one_sided_p(best["z"])
+            verdict.slope_bps, verdict.z, verdict.window_s = best.slope_bps, best.z, best.window_s or 0.0
+            verdict.p_value = one_sided_p(best.z)
             return verdict
-    verdict.status, verdict.reason = "leak", best["reason"]
-    verdict.slope_bps, verdict.z, verdict.window_s = best["slope_bps"], best["z"], best["window_s"]
-    verdict.p_value = one_sided_p(best["z"])
+    verdict.status, verdict.reason = "leak", best.reason
+    verdict.slope_bps, verdict.z, verdict.window_s = best.slope_bps, best.z, best.window_s or 0.0
+    verdict.p_value = one_sided_p(best.z)
     verdict.onset = hinge_onset(tf, yf)
     if limit_bytes and verdict.slope_bps > 0:
         verdict.eta_s = max(0.0, (limit_bytes - verdict.floor_bytes) / verdict.slope_bps)
     if work is not None:
-        rate = work_rate(np.asarray(work[0], float), np.asarray(work[1], float), now - best["window_s"], now)
+        rate = work_rate(np.asarray(work[0], float), np.asarray(work[1], float), now - verdict.window_s, now)
         if rate:
             verdict.bytes_per_work = verdict.slope_bps / rate
     return verdict

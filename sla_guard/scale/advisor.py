@@ -64,9 +64,9 @@ def leak_restarts(findings: list[Finding] | tuple[Finding, ...], model: str) -> 
         replica = f.labels.get("engine") or f.labels.get("instance") or f.labels.get("process", "")
         numbers = {k: float(v) for k, v in f.details.items() if isinstance(v, int | float)}
         out.append(PoolRecommendation(model=f.labels.get("model", model), pool=pool, current=0, desired=0,
-                                      reasons=["leak_rolling_restart", f"replica={replica}"],
+                                      reasons=["leak_rolling_restart"],
                                       confidence=1.0 if f.severity == "critical" else 0.7,
-                                      numbers=numbers, action="rolling_restart"))
+                                      numbers=numbers, action="rolling_restart", replica=replica))
     return out
 
 

@@ -165,7 +165,7 @@ class AdvisorEvaluator:
                 self._records.append(record)
         for r in all_restarts:
             record = {"t": now, "model": r.model, "pool": r.pool, "mode": self.cfg.mode, "action": r.action,
-                      "reasons": r.reasons, "confidence": r.confidence, "numbers": r.numbers}
+                      "replica": r.replica, "reasons": r.reasons, "confidence": r.confidence, "numbers": r.numbers}
             self.log.append(record)
             self._inc(c.GUARD_SCALING_DECISIONS, r.model, r.pool or "unknown", "none", "leak_rolling_restart")
         with self._lock:
@@ -229,5 +229,8 @@ _ADVISOR_CLASSES = {k.__name__: k for k in (_Learned, PrefillCapacity, StepModel
 
 
 def rec_json(r: PoolRecommendation) -> dict:
-    return {"model": r.model, "pool": r.pool, "current": r.current, "desired": r.desired, "action": r.action,
-            "reasons": list(r.reasons), "confidence": r.confidence, "numbers": dict(r.numbers)}
+    out = {"model": r.model, "pool": r.pool, "current": r.current, "desired": r.desired, "action": r.action,
+           "reasons": list(r.reasons), "confidence": r.confidence, "numbers": dict(r.numbers)}
+    if r.replica is not None:  # a rolling restart names its replica
+        out["replica"] = r.replica
+    return out

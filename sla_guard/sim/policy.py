@@ -325,7 +325,7 @@ class GuardPolicy:
         counts = {p: (st.ready, st.starting) for p, st in obs.pools.items()}
         decs, restarts = self.advisor.step(obs.view, now, counts, obs.findings)
         for r in restarts:
-            replica = next((x.split("=", 1)[1] for x in r.reasons if x.startswith("replica=")), "")
+            replica = r.replica
             if replica and replica not in self.restarted:
                 self.restarted.add(replica)
                 self._pending_restarts.append(replica)
