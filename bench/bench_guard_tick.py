@@ -183,10 +183,8 @@ def main() -> None:
 
 def with_state(cfg, store, path: str):
     """Two guards, same evaluators (SLO + detectors + advisor), the second saving its state."""
-    from sla_guard.detect import plugin as detect_plugin
+    from sla_guard.compose import compose
     from sla_guard.ingest.source import StoreSource
-    from sla_guard.scale import plugin as scale_plugin
-    from sla_guard.slo import SLOEvaluator
     from sla_guard.state import StateStore
 
     for suffix in ("", "-wal", "-shm"):
@@ -194,10 +192,7 @@ def with_state(cfg, store, path: str):
             os.remove(path + suffix)
     out = []
     for state in (None, StateStore(path)):
-        g = Guard(cfg, StoreSource(store), [SLOEvaluator(cfg)], state=state)
-        detect_plugin.extend(cfg, g)
-        scale_plugin.extend(cfg, g)
-        out.append(g)
+        out.append(compose(cfg, source=StoreSource(store), state=state).guard)
     return out[0], out[1]
 
 

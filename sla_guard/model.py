@@ -41,7 +41,19 @@ class Series:
 class MetricsView(Protocol):
     """PromQL-equivalent queries. ``matchers`` are exact label matches; ``by`` groups
     (sum by) the result. Every method returns an empty mapping when there is no data, never
-    zero-filled values; evaluators turn absence into Status.UNKNOWN."""
+    zero-filled values; evaluators turn absence into Status.UNKNOWN.
+
+    Implemented by ``SeriesStore`` (the embedded store), ``PrometheusView`` and ``LifetimeView``
+    (one-shot ``check``); evaluators read nothing else and probe nothing."""
+
+    # True when ``increase`` answers any window up to an SLO period itself (Prometheus's
+    # retention; a lifetime view's "since start"); False for the bounded embedded store, whose
+    # long windows the SLO evaluator keeps in its own ledger fed by ``counter_delta``
+    serves_long_windows: bool
+    # what a window means when it is not the configured one (e.g. "since engine start"), else None
+    window_label: str | None
+    # the source's last failure, said in reasons when data is missing; None when it answers
+    last_error: str | None
 
     def instant(self, metric: str, matchers: Mapping[str, str], at: float) -> dict[Labels, float]:
         """Latest sample of each series within the staleness window before ``at``."""
@@ -59,6 +71,17 @@ class MetricsView(Protocol):
     def histogram_quantile(self, q: float, metric: str, matchers: Mapping[str, str], window_s: float,
                            at: float, by: tuple[str, ...]) -> dict[Labels, float]:
         """histogram_quantile(q, sum by (le, by) (rate(metric_bucket[window])))."""
+        ...
+
+    def bucket_increase(self, metric: str, matchers: Mapping[str, str], window_s: float, at: float,
+                        by: tuple[str, ...]) -> dict[Labels, dict[float, float]]:
+        """sum by (le, by) (increase(metric_bucket[window])) as {group: {le: count}}."""
+        ...
+
+    def counter_delta(self, metric: str, matchers: Mapping[str, str], t0: float, t1: float,
+                      by: tuple[str, ...]) -> dict[Labels, float]:
+        """Summed growth between t0 and t1; exact (consecutive intervals add up, no
+        extrapolation) where ``serves_long_windows`` is False, else ``increase`` over t1 - t0."""
         ...
 
 

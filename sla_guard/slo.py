@@ -319,9 +319,9 @@ class SLOEvaluator:
                 for lk in [k for k in self._ledgers if k[3:] == key]:
                     del self._ledgers[lk]
         fresh = {i: {(dict(k).get("model"), dict(k).get("pool")) for k in current[i]} for i in HIST}
-        source_error = getattr(view, "last_error", None)
+        source_error = view.last_error
 
-        self.window_label = getattr(view, "window_label", None)
+        self.window_label = view.window_label
         plan = _Plan(self.config, self.known)
         windowed = self._windowed(view, now, plan)
         longwin = self._long_windows(view, now, plan)
@@ -463,7 +463,7 @@ class SLOEvaluator:
     def _long_windows(self, view: MetricsView, now: float, plan: _Plan) -> dict:
         """{(indicator, threshold, period): {(model,pool): {window_s: (errors, total)}}}."""
         out: dict = {}
-        native = not hasattr(view, "counter_delta")
+        native = view.serves_long_windows
         if not native:
             self._feed_ledgers(view, now, plan)
         for ind, thr, period in plan.attainments:
@@ -676,9 +676,5 @@ def _mp(lab: Labels) -> tuple[str, str]:
 
 
 def _bucket_increase(view: MetricsView, hist: str, w: float, now: float) -> dict[Labels, dict[float, float]]:
-    """sum by (le, model, pool) (increase(hist_bucket[w])) through the view's fast path if it
-    has one, else through ``increase`` by le."""
-    fn = getattr(view, "bucket_increase", None)
-    if fn is not None:
-        return fn(hist, {}, w, now, BY)
-    return promql.split_le(view.increase(hist + "_bucket", {}, w, now, ("le", *BY)))
+    """sum by (le, model, pool) (increase(hist_bucket[w]))."""
+    return view.bucket_increase(hist, {}, w, now, BY)

@@ -176,6 +176,10 @@ class SeriesStore:
     API handlers may read).
     """
 
+    serves_long_windows = False  # bounded retention: the SLO evaluator keeps long windows in its ledger
+    window_label = None
+    last_error = None  # nothing between the store and its data to fail
+
     def __init__(self, *, retention_s: float = 26 * 3600, slots: int = 720, max_series: int = 200_000,
                  max_series_per_group: int | None = None, max_labels: int = 16, max_label_value_len: int = 2048,
                  lookback_s: float = 300.0, coarse_names: Iterable[str] = (), coarse_step_s: float = 60.0,

@@ -126,3 +126,27 @@ def test_bucket_error_bound_and_ratios():
 def test_bucket_series_accepts_both_spellings():
     assert bucket_series("x_seconds") == "x_seconds_bucket"
     assert bucket_series("x_seconds_bucket") == "x_seconds_bucket"
+
+
+def test_every_view_implements_the_whole_metrics_view_protocol():
+    """Evaluators read views only through ``MetricsView`` (no hasattr probing): each view class
+    defines every method and attribute the protocol declares."""
+    import inspect
+
+    from sla_guard.ingest.lifetime import LifetimeView
+    from sla_guard.ingest.prometheus import PrometheusView
+    from sla_guard.model import MetricsView
+    from sla_guard.store import SeriesStore
+
+    methods = {n for n, v in vars(MetricsView).items() if inspect.isfunction(v) and not n.startswith("_")}
+    attrs = set(MetricsView.__annotations__)
+    assert {"bucket_increase", "counter_delta", "instant"} <= methods
+    assert attrs == {"serves_long_windows", "window_label", "last_error"}
+    store = SeriesStore(slots=8)
+    views = [store, LifetimeView(store), PrometheusView("http://127.0.0.1:9")]
+    for view in views:
+        for name in methods:
+            assert callable(getattr(view, name, None)), (type(view).__name__, name)
+        for name in attrs:
+            assert hasattr(view, name), (type(view).__name__, name)
+    assert [v.serves_long_windows for v in views] == [False, True, True]

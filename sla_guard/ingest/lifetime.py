@@ -16,7 +16,11 @@ from sla_guard.store import SeriesStore
 
 
 class LifetimeView:
+    """``MetricsView`` over one scrape: every window is the engine's lifetime."""
+
+    serves_long_windows = True
     window_label = "since engine start"
+    last_error = None
 
     def __init__(self, store: SeriesStore) -> None:
         self.store = store
@@ -36,6 +40,10 @@ class LifetimeView:
             key = tuple(sorted((k, d[k]) for k in by if d.get(k)))
             out[key] = out.get(key, 0.0) + v
         return out
+
+    def counter_delta(self, metric: str, matchers: Mapping[str, str], t0: float, t1: float,
+                      by: tuple[str, ...] = ()) -> dict[Labels, float]:
+        return self.increase(metric, matchers, t1 - t0, t1, by)
 
     def bucket_increase(self, metric: str, matchers: Mapping[str, str], window_s: float, at: float,
                         by: tuple[str, ...] = ()) -> dict[Labels, dict[float, float]]:

@@ -65,6 +65,9 @@ class PrometheusView:
     """MetricsView over one Prometheus-compatible server (synchronous httpx; the guard runs
     evaluators off its event loop)."""
 
+    serves_long_windows = True  # the server's retention answers 3d and 30d windows
+    window_label = None
+
     def __init__(self, url: str, *, timeout_s: float = 10.0, token: str | None = None, extra_selector: str = "",
                  transport: httpx.BaseTransport | None = None, concurrency: int = 8) -> None:
         """Credentials never stay in ``self.url`` (logged with each request, shown in
@@ -251,6 +254,11 @@ class PrometheusView:
         sel = selector(name, matchers, self.extra)
         return self._vector(f"histogram_quantile({q!r}, sum by ({','.join(('le', *by))}) "
                             f"(rate({sel}[{duration(window_s)}])))", at)
+
+    def counter_delta(self, metric: str, matchers: Mapping[str, str], t0: float, t1: float,
+                      by: tuple[str, ...] = ()) -> dict[Labels, float]:
+        """``increase`` over t1 - t0 at t1 (Prometheus holds the history: no ledger needed)."""
+        return self.increase(metric, matchers, t1 - t0, t1, by)
 
     def bucket_increase(self, metric: str, matchers: Mapping[str, str], window_s: float, at: float,
                         by: tuple[str, ...] = ()) -> dict[Labels, dict[float, float]]:
