@@ -13,7 +13,7 @@ Fixture API (session-scoped; other test modules reuse these, do not start engine
 
 ``vllm_server_factory`` -> callable ``(extra_args=(), env=None, wait=True, cli=False) -> VllmServer``
     Starts ``python -m vllm.entrypoints.openai.api_server`` on a free 127.0.0.1 port with the
-    CPU settings from /work/shared/notes/vllm-cpu.md and waits for /health. The returned object
+    CPU settings of tests/vllm_support.py and waits for /health. The returned object
     has ``.base_url``, ``.metrics_url``, ``.pid`` (API-server PID, leader of its own process
     group), ``.proc`` (Popen), ``.log_tail()`` and ``.stop()`` (kills the whole process group).
     ``cli=True`` launches via ``vllm serve`` instead (needed for ``--api-server-count`` > 1).

@@ -6,7 +6,9 @@ The tiny model (Llama, 2 layers, random weights via ``--load-format dummy``) and
 BPE tokenizer are built at test time; building the tokenizer needs the ``tokenizers`` package,
 which lives in .venv-vllm, so ``build_tiny_model`` runs this file as a script there.
 
-Facts used (see /work/shared/notes/vllm-cpu.md): float32 (bf16 crashes with SIGILL here),
+Facts used (vLLM's CPU installation guide,
+https://docs.vllm.ai/en/latest/getting_started/installation/cpu.html, and trials here): float32 (bf16
+crashes with SIGILL here),
 head_dim 32, ``--enforce-eager``, ready after ~30 s, ~1.7 GB RSS per engine.
 """
 
