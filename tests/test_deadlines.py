@@ -239,14 +239,16 @@ def test_slow_prometheus_turns_verdicts_unknown_within_the_staleness_bound():
         runner = threading.Thread(target=loop.run_until_complete, args=(guard.run(stop),), daemon=True)
         runner.start()
         try:
-            status = None
-            deadline = time.time() + 60
-            while time.time() < deadline and status != "ok":
-                for _ in range(5):
-                    eng.request(0.2, 0.01)
-                time.sleep(0.5)
-                status = httpx.get(f"{app.url}/v1/slo", timeout=5).json()["status"]
-            assert status == "ok", "guard never saw the healthy pool through Prometheus"
+            def status_under_traffic(want: str) -> str:
+                status, deadline = None, time.time() + 60
+                while time.time() < deadline and status != want:
+                    for _ in range(5):
+                        eng.request(0.2, 0.01)
+                    time.sleep(0.5)
+                    status = httpx.get(f"{app.url}/v1/slo", timeout=5).json()["status"]
+                return status
+
+            assert status_under_traffic("ok") == "ok", "guard never saw the healthy pool through Prometheus"
             proxy.delay_s = 5.0  # every answer now takes longer than timeout_s
             t0 = time.monotonic()
             while time.monotonic() - t0 < 60:
@@ -265,13 +267,7 @@ def test_slow_prometheus_turns_verdicts_unknown_within_the_staleness_bound():
             print(f"slow Prometheus: /readyz 503 after {to_unready:.1f}s")
             assert to_unready < 6 + 5, to_unready
             proxy.delay_s = 0.0
-            deadline = time.time() + 60
-            while time.time() < deadline and status != "ok":
-                for _ in range(5):
-                    eng.request(0.2, 0.01)
-                time.sleep(0.5)
-                status = httpx.get(f"{app.url}/v1/slo", timeout=5).json()["status"]
-            assert status == "ok", "guard did not recover once Prometheus answered again"
+            assert status_under_traffic("ok") == "ok", "guard did not recover once Prometheus answered again"
         finally:
             loop.call_soon_threadsafe(stop.set)
             runner.join(15)
