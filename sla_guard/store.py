@@ -287,19 +287,25 @@ class SeriesStore:
         res = IngestResult()
         t = round(float(t), 3)
         with self._lock:
-            gid, slot = self._begin_scrape(gkey, t, res)
-            if slot is None:
-                return res
+            gid = self._group(gkey)
             # the cache maps raw series text to a row, so it holds only while the target labels
             # and the way they merge stay the same
             extra_t = (*sorted(extra.items()), honor_labels)
-            cache = self._gtext[gid]
             if self._gextra[gid] != extra_t:
-                cache.clear()
+                self._gtext[gid].clear()
                 self._glayout[gid] = None
                 self._gextra[gid] = extra_t
             hashes = np.fromiter((hash(x[0]) for x in raw), np.int64, len(raw))
-            if not self._write_same_layout(gid, slot, t, raw, hashes, res):
+            vals = self._layout_values(gid, raw, hashes)
+            # a layout covering every series of the group overwrites the whole new slot: no need
+            # to blank it first (the blanking costs one assignment per family)
+            whole = vals is not None and len(self._glayout[gid].rows) == self._gseries[gid]
+            gid, slot = self._begin_scrape(gkey, t, res, blank=not whole)
+            if slot is None:
+                return res
+            if vals is not None:
+                self._write_same_layout(gid, slot, t, vals, res)
+            else:
                 self._write_by_lookup(gid, slot, t, raw, hashes, extra, honor_labels, res)
             if self._coarse is not None and self._coarse_due(gid, t):
                 names = self.coarse_names
@@ -309,16 +315,19 @@ class SeriesStore:
                     self._coarse._ingest_raw(fwd, t, extra, repr(gkey), honor_labels)
         return res
 
-    def _write_same_layout(self, gid: int, slot: int, t: float, raw, hashes: np.ndarray, res: IngestResult) -> bool:
-        """The fast case: the page lists the same series in the same order as the group's last
-        scrape, whose only drops (if any) depend on the text alone (duplicates, label limit) and
-        are counted again; no NaN value. False when it does not apply."""
+    def _layout_values(self, gid: int, raw, hashes: np.ndarray) -> np.ndarray | None:
+        """The page's values when the fast case applies: the page lists the same series in the
+        same order as the group's last scrape, whose only drops (if any) depend on the text alone
+        (duplicates, label limit) and are counted again; no NaN value. None otherwise."""
         lay = self._glayout[gid]
         if lay is None or len(lay.hashes) != len(hashes) or not np.array_equal(lay.hashes, hashes):
-            return False
+            return None
         vals = np.fromiter((x[3] for x in raw), np.float64, len(raw))
-        if np.isnan(vals).any():
-            return False
+        return None if np.isnan(vals).any() else vals
+
+    def _write_same_layout(self, gid: int, slot: int, t: float, vals: np.ndarray, res: IngestResult) -> None:
+        """Write a page by its group's layout (``_layout_values`` said it applies)."""
+        lay = self._glayout[gid]
         k = self._gcount[gid]
         flist = self._flist
         ends = lay.ends.tolist()
@@ -338,7 +347,6 @@ class SeriesStore:
         res.errors.update(lay.drops)
         self.dropped.update(lay.drops)
         self._after_write(t)
-        return True
 
     def _write_by_lookup(self, gid: int, slot: int, t: float, raw, hashes: np.ndarray, extra: dict,
                          honor_labels: bool, res: IngestResult) -> None:
@@ -393,11 +401,12 @@ class SeriesStore:
         self._glayout[gid] = _Layout.of(hashes, [(fam.fid, rows, pos) for fam, rows, _, pos in writes.values()],
                                         dict(res.errors)) if replayable and writes else None
 
-    def _begin_scrape(self, gkey: tuple, t: float, res: IngestResult) -> tuple[int, int | None]:
+    def _begin_scrape(self, gkey: tuple, t: float, res: IngestResult, *, blank: bool = True
+                      ) -> tuple[int, int | None]:
         """The group of a scrape and the slot its samples go to; None (counted) when ``t`` is
-        older than the group's newest scrape. Caller holds the lock."""
+        older than the group's newest scrape. Caller holds the lock. ``blank``: see _open_slot."""
         gid = self._group(gkey)
-        slot = self._open_slot(gid, t, stale=False)
+        slot = self._open_slot(gid, t, stale=False, blank=blank)
         if slot is None:
             res.errors["out_of_order"] += 1
             self.dropped["out_of_order"] += 1
@@ -548,7 +557,10 @@ class SeriesStore:
         self._gseries.append(0)
         return gid
 
-    def _open_slot(self, gid: int, t: float, *, stale: bool) -> int | None:
+    def _open_slot(self, gid: int, t: float, *, stale: bool, blank: bool = True) -> int | None:
+        """The group's slot for time ``t`` (a new one unless ``t`` repeats the last scrape); a new
+        slot is blanked for every row of the group unless the caller (``blank=False``) is about
+        to write every one of them."""
         last = self._glast[gid]
         if t == last and not stale:
             slot = (self._gcount[gid] - 1) % self.slots
@@ -562,6 +574,8 @@ class SeriesStore:
         self._gstale[gid, slot] = stale
         self._gcount[gid] = k + 1
         self._glast[gid] = t
+        if not blank:
+            return slot
         for name, rows in self._grows[gid].items():  # a series absent from this scrape has no sample
             if rows:
                 self._families[name].values[rows, slot] = np.nan
