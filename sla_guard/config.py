@@ -184,6 +184,14 @@ class SLOSet(_Strict):
         return v
 
 
+def default_slo_sets() -> list[SLOSet]:
+    """The default SLAs on every pool, except that a prefill pool -- whose engines emit one
+    token per request, so no TPOT -- gets the TTFT objectives only: otherwise its TPOT
+    objectives wait for requests forever and a P/D deployment never gets a verdict."""
+    ttft_only = [o for o in default_slos() if o.indicator is Indicator.TTFT]
+    return [SLOSet(), SLOSet(pool="prefill", objectives=ttft_only)]
+
+
 class Target(_Strict):
     url: str = Field(description="http(s) URL of an engine's /metrics")
     model: str = "default"
@@ -375,7 +383,7 @@ class StateSettings(_Strict):
 
 class GuardConfig(_Strict):
     source: Source = Field(default_factory=ScrapeSource)
-    slos: list[SLOSet] = Field(default_factory=lambda: [SLOSet()])
+    slos: list[SLOSet] = Field(default_factory=default_slo_sets)
     evaluation_interval_s: float = Field(default=15.0, gt=0)
     staleness_s: float = Field(default=60.0, gt=0, description="older data is unknown, never ok")
     api: APISettings = Field(default_factory=APISettings)

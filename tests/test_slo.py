@@ -198,3 +198,29 @@ def test_vanished_pool_is_unknown_then_forgotten():
     # ... and forgotten after forget_after_s
     drive([Engine(pool="decode")], 700, lambda rng, e: [(0.2, 0.01)] * 3, store=store, ev=ev, cfg=cfg, t0=t + 5)
     assert set(ev.pools) == {("m", "decode")}
+
+
+def test_default_slos_reach_a_verdict_on_a_pd_pair():
+    """A prefill engine emits one token per request, so no TPOT: with the default SLOs its pool
+    used to wait for TPOT requests forever and the overall verdict stayed "unknown" (issue 14).
+    The default prefill set now holds the TTFT objectives only."""
+    from guard_support import T0, Engine, scrape_into
+
+    from sla_guard.store import SeriesStore
+
+    cfg = parse_config({})
+    prefill, decode = Engine(pool="prefill"), Engine(pool="decode")
+    store, ev = SeriesStore(slots=400, lookback_s=cfg.staleness_s), SLOEvaluator(cfg)
+    for step in range(61):  # 5 minutes at 5 s: enough requests for every default objective
+        t = T0 + 5 * step
+        for _ in range(3):
+            prefill.request(0.4, 0.0, tokens=1)
+            decode.request(0.05, 0.012, tokens=40)
+        scrape_into(store, [prefill, decode], t)
+        if step % 3 == 0:
+            ev.evaluate(store, t)
+    pools = ev.pools
+    assert {s.slo for s in pools[("m", "prefill")].slos} == {"ttft_mean", "ttft_p90", "ttft_attainment"}
+    assert {s.indicator for s in pools[("m", "decode")].slos} == {"ttft", "tpot"}
+    assert pools[("m", "prefill")].status is Status.OK, pools[("m", "prefill")]
+    assert ev.overall() is Status.OK
