@@ -7,8 +7,10 @@ from __future__ import annotations
 import math
 import sqlite3
 
+import httpx
 import numpy as np
 import pytest
+from fastapi import FastAPI
 from guard_support import T0, Engine, drive, scrape_into
 from prometheus_client import CollectorRegistry
 from scale_support import Engine as ScaleEngine
@@ -363,6 +365,23 @@ def test_wildcard_advisor_sizes_each_model_on_its_own():
         assert reg.get_sample_value(c.GUARD_CURRENT_REPLICAS.series(), {"model": model, "pool": "decode"}) == n
     assert reg.get_sample_value(c.GUARD_CURRENT_REPLICAS.series(), {"model": "default", "pool": "decode"}) is None
     assert {r["model"] for r in ev.history} == {"llama", "qwen", "mistral"}
+    # KEDA reads one model's pools through the real API, never a mix of three
+    from guard_support import UvicornThread
+
+    from sla_guard.scale.api import advisor_router
+
+    app = FastAPI()
+    app.include_router(advisor_router(ev))
+    srv = UvicornThread(app)
+    try:
+        for model, n in (("llama", 1), ("qwen", 2), ("mistral", 3)):
+            body = httpx.get(f"{srv.url}/v1/scale/keda", params={"model": model}, timeout=5).json()
+            assert body["model"] == model and body["pools"]["decode"]["current"] == n, body
+            flat = httpx.get(f"{srv.url}/v1/scale/keda/decode", params={"model": model}, timeout=5).json()
+            assert flat["current"] == n
+        assert httpx.get(f"{srv.url}/v1/scale/keda", timeout=5).status_code == 400  # which model?
+    finally:
+        srv.stop()
     # bounded: a fourth model beyond max_models gets no advisor
     ev.max_models = 3
     extra = [_engine("phi", "decode", "phi-d0")]

@@ -52,6 +52,9 @@ def advisor_router(evaluators: Sequence[AdvisorEvaluator] | AdvisorEvaluator,
         for e in evs:
             if e.model == model:
                 return e
+        for e in evs:  # an advisor for every model ('*') advises this one too
+            if e.model == "*":
+                return e
         raise HTTPException(404, detail=f"unknown model {model!r}; known: {[e.model for e in evs]}")
 
     @router.get("/recommendations")
@@ -63,25 +66,34 @@ def advisor_router(evaluators: Sequence[AdvisorEvaluator] | AdvisorEvaluator,
             out.append({"model": e.model, **snap})
         return {"models": out}
 
-    def _pools(e: AdvisorEvaluator) -> dict:
+    def _pools(e: AdvisorEvaluator, model: str | None) -> dict:
+        """One model's pools: a wildcard advisor holds several models, whose pools must never be
+        merged into one answer (KEDA would size one model's pool on another's number)."""
         recs, _restarts, at = e.recommendations()
         if at is None:
             raise HTTPException(503, detail="no recommendation yet (first evaluation pending or no data)")
+        if model is not None:
+            recs = [r for r in recs if r.model == model]
+            if not recs:
+                raise HTTPException(503, detail=f"no recommendation for model {model!r} yet")
+        models = sorted({r.model for r in recs})
+        if len(models) > 1:
+            raise HTTPException(400, detail=f"several models; pass ?model= one of {models}")
         return {r.pool: {"desired": r.desired, "current": r.current, "action": r.action,
                          "confidence": r.confidence, "reason": r.reasons[0] if r.reasons else ""} for r in recs}
 
     @router.get("/scale/keda")
     def keda(model: str | None = None) -> dict:
         e = pick(model)
-        return {"model": e.model, "mode": e.cfg.mode, "pools": _pools(e)}
+        return {"model": model or e.model, "mode": e.cfg.mode, "pools": _pools(e, model)}
 
     @router.get("/scale/keda/{pool}")
     def keda_pool(pool: str, model: str | None = None) -> dict:
         e = pick(model)
-        pools = _pools(e)
+        pools = _pools(e, model)
         if pool not in pools:
             raise HTTPException(404, detail=f"unknown pool {pool!r}; known: {sorted(pools)}")
-        return {"model": e.model, "pool": pool, **pools[pool]}
+        return {"model": model or e.model, "pool": pool, **pools[pool]}
 
     @router.get("/decisions")
     def decisions(model: str | None = None, limit: int = 50) -> dict:
