@@ -73,29 +73,13 @@ def _cached_labels(text: str) -> dict[str, str]:
 
 
 def _fast(text: str, drop_created: bool) -> list[Sample]:
-    out: list[Sample] = []
-    append = out.append
-    match = _LINE.fullmatch
-    labels_of = _cached_labels
-    for lineno, line in enumerate(text.split("\n"), 1):
-        if not line or line[0] == "#":
-            continue
-        m = match(line)
-        if m is None:
-            if not line.strip():
-                continue
-            if "#" in line:  # OpenMetrics exemplar: the reference parser knows those
-                raise _Fallback
-            raise ExpositionError(f"line {lineno}: cannot parse {line[:120]!r}")
-        name, ltext, vtext = m.group(1), m.group(2), m.group(3)
-        if drop_created and name.endswith("_created"):
-            continue
-        try:
-            value = float(vtext)
-        except ValueError:
-            raise ExpositionError(f"line {lineno}: value {vtext!r} is not a number") from None
-        append((name, labels_of(ltext) if ltext else {}, value))
-    return out
+    """The regular-expression parse (``_parse_lines``) with labels parsed, each distinct label
+    text once; _Fallback for anything the reference parser must read (OpenMetrics exemplars,
+    odd label text)."""
+    raw = _parse_lines(enumerate(text.split("\n"), 1), drop_created)
+    if raw is None:
+        raise _Fallback
+    return [(name, _cached_labels(ltext) if ltext else {}, value) for _, name, ltext, value in raw]
 
 
 def _reference(text: str, drop_created: bool) -> list[Sample]:
