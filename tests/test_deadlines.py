@@ -219,17 +219,31 @@ class _DelayProxy:
         self.server.server_close()
 
 
-@pytest.mark.skipif(prometheus_binary() is None, reason="needs the Debian prometheus package (scripts/setup.sh --full)")
-def test_slow_prometheus_turns_verdicts_unknown_within_the_staleness_bound():
-    """The probe: answers took 15 s with timeout_s 10; ~75 queries ran one after another, so no
-    tick completed for 83 s and the pre-incident "ok" was served (~12 min to "unknown")."""
+@contextlib.contextmanager
+def _prometheus_behind_proxy(wait_up: bool = False):
+    """An engine scraped by a real Prometheus, reached through a ``_DelayProxy``: (engine, proxy)."""
     eng = Engine(model="m")
     srv = Served(eng.exposition)
     prom = PrometheusProcess([f"127.0.0.1:{srv.port}"], interval_s=0.5)
     proxy = None
     try:
         prom.wait_ready()
+        if wait_up:
+            prom.wait_up(1, samples=2)
         proxy = _DelayProxy(prom.url)
+        yield eng, proxy
+    finally:
+        if proxy is not None:
+            proxy.stop()
+        prom.stop()
+        srv.stop()
+
+
+@pytest.mark.skipif(prometheus_binary() is None, reason="needs the Debian prometheus package (scripts/setup.sh --full)")
+def test_slow_prometheus_turns_verdicts_unknown_within_the_staleness_bound():
+    """The probe: answers took 15 s with timeout_s 10; ~75 queries ran one after another, so no
+    tick completed for 83 s and the pre-incident "ok" was served (~12 min to "unknown")."""
+    with _prometheus_behind_proxy() as (eng, proxy):
         cfg = parse_config({"source": {"mode": "prometheus", "url": proxy.url, "timeout_s": 2},
                             "staleness_s": 6, "evaluation_interval_s": 1, "slos": SLO})
         guard = compose(cfg, detectors=False, advisor=False).guard
@@ -272,11 +286,6 @@ def test_slow_prometheus_turns_verdicts_unknown_within_the_staleness_bound():
             loop.call_soon_threadsafe(stop.set)
             runner.join(15)
             app.stop()
-    finally:
-        if proxy is not None:
-            proxy.stop()
-        prom.stop()
-        srv.stop()
 
 
 class _Hang:
@@ -392,14 +401,7 @@ def test_check_honours_its_timeouts(tmp_path):
 def test_prometheus_queries_run_concurrently_and_agree_with_sequential():
     """A tick's ~dozens of queries go out ``concurrency`` at a time (last tick's set, prefetched);
     the verdicts are the same as one query at a time, at the same evaluation instant."""
-    eng = Engine(model="m")
-    srv = Served(eng.exposition)
-    prom = PrometheusProcess([f"127.0.0.1:{srv.port}"], interval_s=0.5)
-    proxy = None
-    try:
-        prom.wait_ready()
-        prom.wait_up(1, samples=2)
-        proxy = _DelayProxy(prom.url)
+    with _prometheus_behind_proxy(wait_up=True) as (eng, proxy):
         for _ in range(8):
             for _ in range(5):
                 eng.request(0.3, 0.01)
@@ -419,8 +421,3 @@ def test_prometheus_queries_run_concurrently_and_agree_with_sequential():
         assert inflight1 == 1 and inflight8 >= 2, (inflight1, inflight8)
         assert s1["pools"] == s8["pools"] and s8["status"] == "ok"
         print(f"prefetch: {q8} queries over two ticks, up to {inflight8} in flight")
-    finally:
-        if proxy is not None:
-            proxy.stop()
-        prom.stop()
-        srv.stop()
