@@ -92,6 +92,23 @@ class _TextIndex:
         self.keys, self.vals, self.recent = keys[order], vals[order], {}
 
 
+def _stage(writes: dict, nans: list, fam: _Family, row: int, value: float, pos: int, res: IngestResult) -> None:
+    """Stage one sample of a scrape for ``_commit_scrape``: grouped by family (one column write
+    each) with its position in the page. A NaN cannot be stored (NaN cells mean "no sample"):
+    it is remembered instead, so windows containing it give NaN as in PromQL, never a value
+    from fewer samples."""
+    if value != value:
+        res.errors["nan"] += 1
+        nans.append((fam, row))
+        return
+    w = writes.get(fam.name)
+    if w is None:
+        w = writes[fam.name] = (fam, [], [], [])
+    w[1].append(row)
+    w[2].append(value)
+    w[3].append(pos)
+
+
 @dataclass(slots=True)
 class _Layout:
     """A group's page layout for ``_write_same_layout``, in a few flat arrays (per-family
@@ -382,18 +399,8 @@ class SeriesStore:
                     res.errors["duplicate"] += 1  # the same series from another target
                     volatile = True  # depends on the other target, not on this page
                     continue
-            fam, row = loc
-            if value != value:
-                res.errors["nan"] += 1
-                nans.append((fam, row))
-                continue
-            w = writes.get(fam.name)
-            if w is None:
-                w = writes[fam.name] = (fam, [], [], [])
-            w[1].append(row)
-            w[2].append(value)
-            w[3].append(i)
-        self._commit_scrape(gid, slot, t, {k: v[:3] for k, v in writes.items()}, nans, res)
+            _stage(writes, nans, *loc, value, i, res)
+        self._commit_scrape(gid, slot, t, writes, nans, res)
         if cache.recent or (cache.vals < 0).any():
             cache.merge()
         # drops that the text alone decides recur identically; any other (NaN, series limit) may not
@@ -417,7 +424,7 @@ class SeriesStore:
         k = self._gcount[gid]
         for fam, row in nans:
             fam.nan_t[row] = t
-        for fam, rows, vals in writes.values():
+        for fam, rows, vals, _ in writes.values():
             fam.values[rows, slot] = vals
             fam.last_k[rows] = k
             res.samples += len(rows)
@@ -438,7 +445,7 @@ class SeriesStore:
             gid, slot = self._begin_scrape(gkey, t, res)
             if slot is None:
                 return res
-            writes: dict[str, tuple[_Family, list[int], list[float]]] = {}
+            writes: dict[str, tuple[_Family, list[int], list[float], list[int]]] = {}
             seen: set[tuple[str, Labels]] = set()
             nans: list[tuple[_Family, int]] = []
             samples_l = samples if isinstance(samples, list) else list(samples)
@@ -453,18 +460,7 @@ class SeriesStore:
                     loc = self._new_series(key, gid, res)
                     if loc is None:
                         continue
-                fam, row = loc
-                if value != value:
-                    # NaN cannot be stored (NaN cells mean "no sample"); remember it instead, so
-                    # windows containing it give NaN as in PromQL, never a value from fewer samples
-                    res.errors["nan"] += 1
-                    nans.append((fam, row))
-                    continue
-                w = writes.get(fam.name)
-                if w is None:
-                    w = writes[fam.name] = (fam, [], [])
-                w[1].append(row)
-                w[2].append(value)
+                _stage(writes, nans, *loc, value, 0, res)
             self._commit_scrape(gid, slot, t, writes, nans, res)
             if self._coarse is not None and self._coarse_due(gid, t):
                 fwd = [x for x in samples_l if x[0] in self.coarse_names]
