@@ -28,6 +28,13 @@ class Pool(StrEnum):
     PREFILL = "prefill"
     DECODE = "decode"
     MIXED = "mixed"
+    # Not a pool of engines: what the client sees at the P/D router or proxy, end to end across
+    # prefill, KV hand-off and decode. A pool-like scope value so that SLO sets, dashboards and
+    # alerts address it the way they address the engine pools.
+    CLIENT = "client"
+
+
+ENGINE_POOLS: Final = (Pool.PREFILL, Pool.DECODE, Pool.MIXED)
 
 
 class Component(StrEnum):
@@ -37,13 +44,41 @@ class Component(StrEnum):
     PROCESS = "process"  # the per-process sampler in every vLLM process
     KV_TRANSFER = "kv_transfer"  # kv_connector_stats (NIXL)
     HOOKS = "hooks"  # the hooks' own health
+    ROUTER = "router"  # the client scope: sla-guard-proxy, or a router adapter (Dynamo, llm-d, ...)
     GUARD = "guard"  # the guard service itself
+
+
+class Route(StrEnum):
+    """How the router served a request."""
+
+    PD = "pd"  # prefill on one engine, KV hand-off, decode on another
+    AGGREGATED = "aggregated"  # one engine did both
+
+
+class Outcome(StrEnum):
+    """How a request ended, as the client saw it."""
+
+    OK = "ok"
+    ERROR = "error"  # an engine or the router answered with an error status, or a leg failed
+    ABORTED = "aborted"  # the client went away before the answer was complete
+
+
+class Stage(StrEnum):
+    """Where a P/D request's TTFT goes, in the order it is spent. The router measures the legs
+    and its own time (``CLIENT_STAGE``); the engine stages come from the engine histograms."""
+
+    PROXY = "proxy"  # the router's own work before, between and after the legs
+    PREFILL_LEG = "prefill_leg"  # request sent to prefill -> prefill answer received
+    DECODE_FIRST_LEG = "decode_first_leg"  # request sent to decode -> first token received
 
 
 # Label sets. ENGINE_LABELS identify one vLLM engine (DP rank) of one pool of one model.
 ENGINE_LABELS: Final = ("model", "pool", "engine")
 PROCESS_LABELS: Final = (*ENGINE_LABELS, "role", "process")
 GUARD_SLO_LABELS: Final = ("model", "pool", "slo")
+# The client scope: pool is always "client"; route is "pd" (prefill then decode) or "aggregated"
+# (one engine did both); router names the proxy / router instance that measured it.
+CLIENT_LABELS: Final = ("model", "pool", "route", "router")
 
 # SLA thresholds that must be bucket boundaries (defaults: mean TTFT <= 2.5 s, mean TPOT <= 20 ms,
 # the production SLAs of "From Day 0 to Production SLAs", DaoCloud). Overridable at engine start
@@ -131,6 +166,25 @@ PROMPT_TOKENS = _m("prompt_tokens", C,
                    "1", (*EL, "source"), E)
 GENERATION_TOKENS = _m("generation_tokens", C, "Generated (output) tokens.", "1", EL, E,
                        otel_name="gen_ai.client.token.usage")
+
+# --- the client scope (one observation per finished client request, at the router) ----------
+CL, R = CLIENT_LABELS, Component.ROUTER
+CLIENT_TTFT = _m("client_ttft_seconds", Hi,
+                 "Time to first token as the client sees it: router arrival to first streamed token.",
+                 "s", CL, R, buckets=TTFT_BUCKETS, slo_threshold_env="SLA_GUARD_TTFT_SLO_S")
+CLIENT_TPOT = _m("client_tpot_seconds", Hi,
+                 "Mean time per output token after the first, per streamed client request with >1 token.",
+                 "s", CL, R, buckets=TPOT_BUCKETS, slo_threshold_env="SLA_GUARD_TPOT_SLO_S")
+CLIENT_E2E = _m("client_e2e_seconds", Hi, "Client request duration: router arrival to last byte sent.",
+                "s", CL, R, buckets=LATENCY_BUCKETS)
+CLIENT_REQUESTS = _m("client_requests", C, "Client requests by outcome=ok|error|aborted.", "1",
+                     (*CL, "outcome"), R)
+CLIENT_IN_FLIGHT = _m("client_requests_in_flight", Ga, "Client requests the router is serving now.", "1", CL, R,
+                      multiprocess_mode="livesum")
+CLIENT_STAGE = _m("client_ttft_stage_seconds", Hi,
+                  "The router-measured parts of a P/D request's TTFT, by stage=proxy|prefill_leg|decode_first_leg.",
+                  "s", (*CL, "stage"), R, buckets=TTFT_BUCKETS)
+del CL, R
 
 # --- scheduler state -------------------------------------------------------------------------
 REQUESTS_RUNNING = _m("requests_running", Ga, "Requests in the running batch.", "1", EL, E)
@@ -273,3 +327,15 @@ def pool_from_kv_role(kv_role: str | None, env: dict[str, str] | None = None) ->
     if override in Pool.__members__.values():
         return Pool(override)
     return {"kv_producer": Pool.PREFILL, "kv_consumer": Pool.DECODE}.get(kv_role or "", Pool.MIXED)
+
+
+_LATENCY_BY_SCOPE: Final = {
+    "ttft": (REQUEST_TTFT, CLIENT_TTFT), "tpot": (REQUEST_TPOT, CLIENT_TPOT), "e2e": (REQUEST_E2E, CLIENT_E2E),
+}
+
+
+def latency_metric(indicator: str, pool: str | None) -> Metric:
+    """The histogram behind ``indicator`` (ttft | tpot | e2e) for a scope: the client families for
+    ``pool == "client"``, the engine families otherwise. The one place that choice is made."""
+    engine, client = _LATENCY_BY_SCOPE[indicator]
+    return client if pool == Pool.CLIENT else engine

@@ -14,6 +14,7 @@ _TITLES = {
     c.Component.KV_TRANSFER: "KV transfer (kv_connector_stats, NIXL format)",
     c.Component.PROCESS: "Host memory and runtime of every vLLM process",
     c.Component.HOOKS: "Hook health",
+    c.Component.ROUTER: "Client scope (sla-guard-proxy or a router adapter)",
     c.Component.GUARD: "The guard service",
 }
 
@@ -25,7 +26,10 @@ def render() -> str:
         "Generated from `exporters/contract.py` by `python -m exporters.docs`; do not edit by hand.",
         "",
         f"Prefix `{c.PREFIX}`. Engine labels: `{', '.join(c.ENGINE_LABELS)}`; `pool` is one of "
-        f"{', '.join(p.value for p in c.Pool)} (from `kv_transfer_config.kv_role`, or `SLA_GUARD_POOL`).",
+        f"{', '.join(p.value for p in c.ENGINE_POOLS)} (from `kv_transfer_config.kv_role`, or `SLA_GUARD_POOL`).",
+        f"Client-scope labels: `{', '.join(c.CLIENT_LABELS)}`; `pool` is always `{c.Pool.CLIENT.value}`, "
+        f"`route` is {' or '.join(r.value for r in c.Route)}, and `stage` of `{c.CLIENT_STAGE.name}` is "
+        f"{', '.join(s.value for s in c.Stage)}.",
         "Histogram buckets contain the SLA thresholds; add more at engine start with "
         "`SLA_GUARD_TTFT_SLO_S` / `SLA_GUARD_TPOT_SLO_S` (comma-separated seconds).",
         "",

@@ -207,7 +207,7 @@ class SidecarCollector(Collector):
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="sla-guard-sidecar", description=__doc__.splitlines()[0])
     ap.add_argument("--metrics-url", required=True, help="vLLM /metrics URL, e.g. http://127.0.0.1:8000/metrics")
-    ap.add_argument("--pool", required=True, choices=[p.value for p in c.Pool], help="pool this vLLM serves")
+    ap.add_argument("--pool", required=True, choices=[p.value for p in c.ENGINE_POOLS], help="pool this vLLM serves")
     ap.add_argument("--model", required=True, help="model label (vLLM's served model name)")
     ap.add_argument("--pid", type=int, default=None, help="PID of the vLLM server; its process tree is sampled")
     ap.add_argument("--listen", default="127.0.0.1:9400", help="HOST:PORT for the sidecar's /metrics")
