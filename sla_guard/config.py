@@ -173,7 +173,7 @@ class SLOSet(_Strict):
     """SLOs for one model's pool. ``pool: '*'`` / ``model: '*'`` apply to all."""
 
     model: str = "*"
-    pool: Literal["prefill", "decode", "mixed", "*"] = "*"
+    pool: Literal["prefill", "decode", "mixed", "client", "*"] = "*"
     objectives: list[SLO] = Field(default_factory=default_slos)
 
     @field_validator("objectives")
@@ -193,10 +193,13 @@ def default_slo_sets() -> list[SLOSet]:
 
 
 class Target(_Strict):
-    url: str = Field(description="http(s) URL of an engine's /metrics")
+    url: str = Field(description="http(s) URL of an engine's /metrics, or of a P/D router's")
     model: str = "default"
-    pool: Literal["prefill", "decode", "mixed"] = "mixed"
+    pool: Literal["prefill", "decode", "mixed", "client"] = Field(
+        default="mixed", description="'client' for a router or proxy: what clients see end to end")
     name: str | None = None
+    adapter: Literal["dynamo", "llm-d", "production-stack"] | None = Field(
+        default=None, description="the router whose own metrics this page carries; mapped onto the client scope")
     honor_labels: bool = Field(default=False, description="let the page's own model/pool labels win")
     """Opt-in: let the page's own model/pool labels win over this target's; for sidecars and
     aggregators that speak for several pools (the store and the scraper implement it)."""
@@ -205,6 +208,13 @@ class Target(_Strict):
     @classmethod
     def _http(cls, v: str) -> str:
         return _http_url(v, "http://decode-0:8000/metrics")
+
+    @model_validator(mode="after")
+    def _adapter_is_client(self) -> Target:
+        if self.adapter is not None and self.pool != "client":
+            raise ValueError(f"adapter {self.adapter!r} maps a router's metrics onto the client scope: "
+                             "set pool: client on this target")
+        return self
 
 
 class DiscoveryError(ValueError):
