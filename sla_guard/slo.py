@@ -25,8 +25,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
+from typing import TypeVar
 
 import numpy as np
 
@@ -39,8 +40,21 @@ from sla_guard.config import SLO, GuardConfig, Indicator, Objective, parse_durat
 from sla_guard.ingest.source import UP
 from sla_guard.model import Labels, MetricsView, Status
 
-HIST = {Indicator.TTFT: c.REQUEST_TTFT, Indicator.TPOT: c.REQUEST_TPOT}
+# Each indicator's histogram in the engine pools and in the client scope (pool="client"):
+# the SLO sets address both the same way, by (model, pool).
+HIST = {i: (c.latency_metric(i.value, None), c.latency_metric(i.value, c.Pool.CLIENT)) for i in Indicator}
 BY = ("model", "pool")
+T = TypeVar("T")
+
+
+def _scoped(ind: Indicator, query: Callable[[c.Metric], dict[Labels, T]]) -> dict[Labels, T]:
+    """``query`` on the engine family (every pool but client) and on the client family (pool
+    client only), merged: a page scraped as ``pool: client`` that carries engine histograms must
+    not count twice."""
+    engine, client = HIST[ind]
+    out = {lab: v for lab, v in query(engine).items() if dict(lab).get("pool") != c.Pool.CLIENT}
+    out.update((lab, v) for lab, v in query(client).items() if dict(lab).get("pool") == c.Pool.CLIENT)
+    return out
 SEVERITY_ORDER = {Status.VIOLATED: 3, Status.UNKNOWN: 2, Status.AT_RISK: 1, Status.OK: 0}
 
 
@@ -290,10 +304,9 @@ class SLOEvaluator:
 
     # -- Evaluator -----------------------------------------------------------------------------
     def evaluate(self, view: MetricsView, now: float) -> None:
-        count_name = {i: h.series("_count") for i, h in HIST.items()}
         # pools seen now (any indicator's count series) plus pools seen before or configured
         current: dict[Indicator, dict[Labels, float]] = {
-            i: view.instant(count_name[i], {}, now) for i in HIST}
+            i: _scoped(i, lambda h: view.instant(h.series("_count"), {}, now)) for i in HIST}
         seen: set[tuple[str, str]] = set()
         for i in HIST:
             for lab in current[i]:
@@ -446,10 +459,9 @@ class SLOEvaluator:
         and the attainment SLI window."""
         out: dict = {}
         for ind, w in plan.windows:
-            h = HIST[ind]
-            sums = view.increase(h.series("_sum"), {}, w, now, BY)
-            counts = view.increase(h.series("_count"), {}, w, now, BY)
-            buckets = _bucket_increase(view, h.series(), w, now)
+            sums = _scoped(ind, lambda h, w=w: view.increase(h.series("_sum"), {}, w, now, BY))
+            counts = _scoped(ind, lambda h, w=w: view.increase(h.series("_count"), {}, w, now, BY))
+            buckets = _scoped(ind, lambda h, w=w: _bucket_increase(view, h.series(), w, now))
             per: dict = {}
             for lab, v in counts.items():
                 per.setdefault(_mp(lab), {})["count"] = v
@@ -471,8 +483,7 @@ class SLOEvaluator:
             per: dict = {}
             if native:
                 for w in wins:
-                    h = HIST[ind]
-                    buckets = _bucket_increase(view, h.series(), w, now)
+                    buckets = _scoped(ind, lambda h, w=w: _bucket_increase(view, h.series(), w, now))
                     for lab, b in buckets.items():
                         good = le_count(b, thr)
                         tot = b.get(math.inf)
@@ -492,8 +503,7 @@ class SLOEvaluator:
         if now <= t0:
             return
         for ind, thr, period in plan.attainments:
-            h = HIST[ind]
-            deltas = view.counter_delta(h.series("_bucket"), {}, t0, now, (*BY, "le"))
+            deltas = _scoped(ind, lambda h: view.counter_delta(h.series("_bucket"), {}, t0, now, (*BY, "le")))
             good: dict[tuple[str, str], float] = {}
             total: dict[tuple[str, str], float] = {}
             for lab, v in deltas.items():
@@ -558,8 +568,10 @@ class SLOEvaluator:
         period = parse_duration(slo.period)
         b = data.get("buckets") or {}
         if b and le_count(b, slo.threshold_s) is None:
-            r.reason = (f"threshold {slo.threshold_s:g}s is not a bucket boundary of {HIST[slo.indicator].name}; "
-                        f"add it at engine start ({HIST[slo.indicator].slo_threshold_env}={slo.threshold_s:g})")
+            h = c.latency_metric(slo.indicator.value, key[1])
+            where = "the proxy's start" if key[1] == c.Pool.CLIENT else "engine start"
+            r.reason = (f"threshold {slo.threshold_s:g}s is not a bucket boundary of {h.name}; "
+                        f"add it at {where} ({h.slo_threshold_env}={slo.threshold_s:g})")
             return r
         wins = longwin.get((slo.indicator, slo.threshold_s, period), {}).get(key, {})
         err_p, tot_p = wins.get(period, (math.nan, math.nan))

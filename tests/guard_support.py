@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import numpy as np
 import uvicorn
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
 from exporters.contract import Component
 from exporters.prometheus import ContractMetrics, EngineRecorder, FinishedRequest
@@ -57,6 +57,33 @@ class Engine:
     def exposition(self) -> str:
         with self.lock:
             return generate_latest(self.registry).decode()
+
+
+class Router:
+    """A P/D router's client scope, emitted with prometheus_client from the contract's client
+    families (what sla-guard-proxy exposes): the guard addresses it as pool="client"."""
+
+    def __init__(self, model: str = "m", router: str = "proxy-0") -> None:
+        from exporters import contract as c
+
+        self.registry = CollectorRegistry()
+        labels = {"model": model, "pool": c.Pool.CLIENT.value, "route": c.Route.PD.value, "router": router}
+        self.model, self.pool, self.engine = model, c.Pool.CLIENT.value, router
+
+        def hist(m):
+            return Histogram(m.name, m.help, list(m.labels), registry=self.registry, buckets=m.buckets)
+
+        self._ttft = hist(c.CLIENT_TTFT).labels(**labels)
+        self._tpot = hist(c.CLIENT_TPOT).labels(**labels)
+        self.sent_ttft: list[float] = []
+
+    def request(self, ttft: float, tpot: float) -> None:
+        self._ttft.observe(ttft)
+        self._tpot.observe(tpot)
+        self.sent_ttft.append(ttft)
+
+    def exposition(self) -> str:
+        return generate_latest(self.registry).decode()
 
 
 def free_port() -> int:

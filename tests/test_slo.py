@@ -224,3 +224,38 @@ def test_default_slos_reach_a_verdict_on_a_pd_pair():
     assert {s.indicator for s in pools[("m", "decode")].slos} == {"ttft", "tpot"}
     assert pools[("m", "prefill")].status is Status.OK, pools[("m", "prefill")]
     assert ev.overall() is Status.OK
+
+
+def test_client_scope_is_judged_like_a_pool_and_can_fail_while_the_pools_pass():
+    """The SLA users sign is on what the client sees (issue 14): a router's client-scope
+    histograms are evaluated as pool "client" with the default SLAs, from the client families
+    only, and a slow hand-off the engines never see violates there while both pools are ok."""
+    from guard_support import T0, Engine, Router, scrape_into
+
+    from sla_guard.store import SeriesStore
+
+    cfg = parse_config({})
+    prefill, decode, router = Engine(pool="prefill"), Engine(pool="decode"), Router()
+    store, ev = SeriesStore(slots=400, lookback_s=cfg.staleness_s), SLOEvaluator(cfg)
+    rng = np.random.default_rng(3)
+    for step in range(61):
+        t = T0 + 5 * step
+        for _ in range(3):
+            prefill.request(0.4, 0.0, tokens=1)
+            decode.request(0.05, 0.012, tokens=40)
+            router.request(float(rng.uniform(2.0, 4.0)), 0.013)  # 0.45 s in engines, the rest outside
+        scrape_into(store, [prefill, decode, router], t)
+        if step % 3 == 0:
+            ev.evaluate(store, t)
+    pools = ev.pools
+    client = pools[("m", "client")]
+    assert {s.indicator for s in client.slos} == {"ttft", "tpot"}
+    mean = _slo(client, "ttft_mean")
+    sent = router.sent_ttft[-3 * 60:]  # the 5 m window: the last 60 scrapes' requests
+    assert mean.value == pytest.approx(float(np.mean(sent)), rel=0.02)
+    assert mean.status is Status.VIOLATED
+    assert _slo(client, "tpot_mean").status is Status.OK
+    assert pools[("m", "prefill")].status is Status.OK and pools[("m", "decode")].status is Status.OK
+    assert ev.overall() is Status.VIOLATED
+    # the engines' own TTFT is not mixed into the client scope, nor the client's into a pool
+    assert _slo(pools[("m", "decode")], "ttft_mean").value == pytest.approx(0.05)
