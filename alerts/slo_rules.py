@@ -15,18 +15,31 @@ multi-window multi-burn-rate alerts from the table the guard evaluates too
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from alerts import promql as q
 from alerts.params import RuleParams, fmt_duration
 from exporters import contract as c
 from exporters.contract import Metric
 from sla_guard.burn_windows import burn_rules
-from sla_guard.config import SLO, GuardConfig, Indicator, Objective, SLOSet, parse_duration
+from sla_guard.config import SLO, GuardConfig, Objective, SLOSet, parse_duration
 
 LABELS = ("model", "pool")
 SLO_LABELS = ("model", "pool", "slo")
-INDICATOR_METRIC: dict[Indicator, Metric] = {Indicator.TTFT: c.REQUEST_TTFT, Indicator.TPOT: c.REQUEST_TPOT}
+CLIENT = c.Pool.CLIENT.value
+
+
+def scoped(slo: SLO, pool: str, matchers: list[str], build: Callable[[Metric, list[str]], str]) -> str:
+    """``build(metric, matchers)`` over the families an SLO set of ``pool`` reads: the engine
+    histograms for an engine pool, the client histograms for ``client``, and for ``*`` both,
+    joined with ``or`` (each family held to its own pools, so nothing counts twice)."""
+    engine, client = c.latency_metric(slo.indicator.value, None), c.latency_metric(slo.indicator.value, CLIENT)
+    if pool == CLIENT:
+        return build(client, matchers)
+    if pool != "*":
+        return build(engine, matchers)
+    not_client, only_client = [*matchers, f'pool!="{CLIENT}"'], [*matchers, f'pool="{CLIENT}"']
+    return f"({build(engine, not_client)})\nor ({build(client, only_client)})"
 
 
 class GenerationError(ValueError):
@@ -85,22 +98,22 @@ def _rec(name: str, expr: str, slo: SLO) -> dict:
     return {"record": name, "expr": expr, "labels": {"slo": slo.name}}
 
 
-def slo_recording_rules(slo: SLO, matchers: list[str], p: RuleParams) -> list[dict]:
-    metric = INDICATOR_METRIC[slo.indicator]
+def slo_recording_rules(slo: SLO, matchers: list[str], p: RuleParams, pool: str = "*") -> list[dict]:
     rules = []
     for w in _windows(slo):
         sw = p.window(w)
-        rules.append(_rec(f"model_pool_slo:sli_requests:rate{w}",
-                          q.sum_by(LABELS, q.rate(metric, sw, "_count", matchers)), slo))
+        rules.append(_rec(f"model_pool_slo:sli_requests:rate{w}", scoped(
+            slo, pool, matchers, lambda m, ms, sw=sw: q.sum_by(LABELS, q.rate(m, sw, "_count", ms))), slo))
         if slo.objective is Objective.ATTAINMENT:
-            good = q.share_at_or_below(metric, slo.threshold_s, sw, LABELS, matchers)
+            good = scoped(slo, pool, matchers,
+                          lambda m, ms, sw=sw: q.share_at_or_below(m, slo.threshold_s, sw, LABELS, ms))
             rules.append(_rec(f"model_pool_slo:sli_error:ratio_rate{w}", f"1 - ({good})", slo))
         elif slo.objective is Objective.MEAN:
-            rules.append(_rec(f"model_pool_slo:sli_latency_seconds:mean{w}",
-                              q.mean(metric, sw, LABELS, matchers), slo))
+            rules.append(_rec(f"model_pool_slo:sli_latency_seconds:mean{w}", scoped(
+                slo, pool, matchers, lambda m, ms, sw=sw: q.mean(m, sw, LABELS, ms)), slo))
         else:
-            rules.append(_rec(f"model_pool_slo:sli_latency_seconds:quantile{w}",
-                              q.quantile(slo.percentile or 0.5, metric, sw, LABELS, matchers), slo))
+            rules.append(_rec(f"model_pool_slo:sli_latency_seconds:quantile{w}", scoped(
+                slo, pool, matchers, lambda m, ms, sw=sw: q.quantile(slo.percentile or 0.5, m, sw, LABELS, ms)), slo))
     return rules
 
 
@@ -157,13 +170,13 @@ def slo_alert_rules(slo: SLO, matchers: list[str], p: RuleParams) -> list[dict]:
         runbook=name.lower())]
 
 
-def data_stale_alert(slo: SLO, matchers: list[str], p: RuleParams) -> dict:
+def data_stale_alert(slo: SLO, matchers: list[str], p: RuleParams, pool: str = "*") -> dict:
     """The guard reads an SLO as unknown although Prometheus sees the engines serve enough requests
     for it: the guard, not the pool, lacks data. A pool that serves nothing for an indicator (TPOT
     on prefill engines) is unknown by design and stays quiet."""
-    metric = INDICATOR_METRIC[slo.indicator]
     status = q.series(c.GUARD_SLO_STATUS, matchers=[f'slo="{slo.name}"', 'status="unknown"', *matchers])
-    served = q.sum_by(LABELS, q.increase(metric, p.window(slo.window), "_count", matchers))
+    served = scoped(slo, pool, matchers,
+                    lambda m, ms: q.sum_by(LABELS, q.increase(m, p.window(slo.window), "_count", ms)))
     return p.alert(
         "SlaGuardDataStale", f"{status} == 1\nand on (model, pool) {served} >= {slo.min_requests}", "warning",
         for_="15m", labels={"slo": slo.name},
@@ -185,15 +198,15 @@ def slo_groups(config: GuardConfig, p: RuleParams) -> list[dict]:
         suffix = "" if (sset.model, sset.pool) == ("*", "*") else f"-{sset.model}-{sset.pool}".replace("*", "all")
         records, alerts = [], []
         for slo in sset.objectives:
-            metric = INDICATOR_METRIC[slo.indicator]
+            metric = c.latency_metric(slo.indicator.value, sset.pool)
             if slo.objective is Objective.ATTAINMENT and not q.has_bucket(metric, slo.threshold_s):
                 raise GenerationError(
                     f"slos[{i}] objective {slo.name!r}: threshold_s {slo.threshold_s} is not a bucket of "
                     f"{metric.name}; start the engines with {metric.slo_threshold_env}={slo.threshold_s} and add it "
                     "to the contract buckets, or pick one of " + ", ".join(f"{b:g}" for b in metric.buckets))
-            records += slo_recording_rules(slo, matchers, p)
+            records += slo_recording_rules(slo, matchers, p, sset.pool)
             alerts += slo_alert_rules(slo, matchers, p)
-            alerts.append(data_stale_alert(slo, matchers, p))
+            alerts.append(data_stale_alert(slo, matchers, p, sset.pool))
         groups.append({"name": f"sla-guard-slo{suffix}", "rules": records + alerts})
     return groups
 

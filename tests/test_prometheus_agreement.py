@@ -22,7 +22,7 @@ import time
 
 import numpy as np
 import pytest
-from guard_support import Engine, Served
+from guard_support import Engine, Router, Served
 from prometheus_support import PrometheusProcess, prometheus_binary
 
 from exporters import contract as c
@@ -59,6 +59,7 @@ def _store_by(d: dict, label: str) -> dict[str, float]:
 def world():
     rng = np.random.default_rng(20261129)
     engines = [Engine(pool=p, engine=str(i)) for i, p in enumerate(("prefill", "decode", "decode"))]
+    engines.append(Router())  # the client scope (pool="client") a P/D proxy serves
     servers = [Served(e.exposition) for e in engines]
     instances = [f"127.0.0.1:{s.port}" for s in servers]
     prom = PrometheusProcess(instances, interval_s=1.0)
@@ -70,7 +71,7 @@ def world():
                                    timeout_s=0.8), store)
     try:
         prom.wait_ready()
-        prom.wait_up(3, samples=2)
+        prom.wait_up(len(engines), samples=2)
         # each target's scrape phase within the second, from Prometheus's sample timestamps
         phase = {r["metric"]["instance"]: float(r["values"][-1][0]) % 1.0
                  for r in prom.query("up[5s]", time.time())}
@@ -93,7 +94,8 @@ def world():
                     restarted = True
                 for _ in range(int(local.integers(0, 6))):
                     e.request(float(local.lognormal(-0.5, 0.8)), float(local.uniform(0.004, 0.03)))
-                e.rec.scheduler(running=int(local.integers(0, 9)), waiting=0, kv_usage=float(local.uniform()))
+                if isinstance(e, Engine):
+                    e.rec.scheduler(running=int(local.integers(0, 9)), waiting=0, kv_usage=float(local.uniform()))
 
         for i, e in enumerate(engines):
             th = threading.Thread(target=drive, args=(i, e), daemon=True)
@@ -292,7 +294,7 @@ def test_slo_evaluator_same_on_store_and_on_prometheus(world):
     finally:
         view.close()
     assert view.errors == {}
-    assert on_store.pools.keys() == on_prom.pools.keys() == {("m", "prefill"), ("m", "decode")}
+    assert on_store.pools.keys() == on_prom.pools.keys() == {("m", "prefill"), ("m", "decode"), ("m", "client")}
     for key, pr in on_store.pools.items():
         other = {s.slo: s for s in on_prom.pools[key].slos}
         for s in pr.slos:
