@@ -4,12 +4,19 @@ One heap of events, one seeded RNG: the same inputs give the same outputs. A req
 P/D proxy path of vLLM (docs.vllm.ai, "NixlConnector Usage Guide"): prefill replica with
 max_tokens=1 (prefix-cache lookup, chunked prefill, one generated token), then a decode replica that
 allocates KV, pulls it from the prefill replica (transfer), and decodes with speculative drafts.
-Client TTFT = prefill queue + prefill + transfer + first decode step.
+Client TTFT = prefill queue + prefill + transfer + decode queue + first decode step, plus the
+profile's ``frontend_s`` per hop (four: to prefill, back, to decode, back) and ``router_overhead_s``
+(the proxy's own work, in three equal passes: before the prefill leg, between the legs, after).
 
 Engines record the contract through ``EngineRecorder`` exactly as the hooks would from vLLM's
 SchedulerStats / IterationStats: the prefill engine sees TTFT at its side and one generated token,
 the decode engine sees external KV hits, the kv-fetch stage gauge, TPOT, ITL, spec-decode counters
 and the KV-transfer stats (pulling side).
+
+The P/D proxy (:class:`Proxy`, ``sim-proxy``) records the client scope as sla-guard-proxy does:
+per finished request client TTFT, TPOT, e2e and the TTFT stages (``prefill_leg`` = prefill
+request sent -> answer received, ``decode_first_leg`` = decode request sent -> first token
+received, ``proxy`` = the rest), the outcome counter and the in-flight gauge.
 """
 
 from __future__ import annotations
@@ -21,9 +28,10 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from exporters.contract import Outcome, Pool
 from exporters.prometheus import FinishedRequest
 from sla_guard.defaults import TPOT_SLO_S, TTFT_SLO_S
-from sla_guard.sim.exposition import EngineMetrics
+from sla_guard.sim.exposition import ClientMetrics, EngineMetrics
 from sla_guard.sim.faults import FaultSchedule
 from sla_guard.sim.kvcache import PrefixCache
 from sla_guard.sim.processes import ProcessSampler
@@ -32,6 +40,7 @@ from sla_guard.sim.traces import Trace, TraceRequest
 
 STARTING, READY, DRAINING, DOWN, STOPPED = "starting", "ready", "draining", "down", "stopped"
 DEFAULT_EPOCH = 1_767_225_600.0  # 2026-01-01T00:00:00Z: simulated time 0 in metric timestamps
+PROXY_NAME = "sim-proxy"  # the client scope's router label and the proxy's scrape instance
 
 _tb_counter = 0
 
@@ -289,8 +298,8 @@ class PrefillReplica(Replica):
                 limit = max(0, (self.capacity - self.active_tokens) // self.block_tokens)
                 self.cache.insert(r.hashes, limit)
             self.held.add(r.rid)
-            if self.dep.frontend_s:  # response back through the API server, proxy, decode's API server
-                self.dep.at(now + 2 * self.dep.frontend_s, self.dep._to_decode_now, r)
+            if self.dep.between_legs_s:  # answer back through the API server and proxy, on to decode's
+                self.dep.at(now + self.dep.between_legs_s, self.dep._to_decode_now, r)
             else:
                 self.dep.to_decode(r, now)
         self._step(now)
@@ -491,6 +500,7 @@ class DecodeReplica(Replica):
                 if r.hashes:
                     self.cache.insert(r.hashes, max(0, (self.capacity - self.active_tokens) // self.block_tokens))
                 dep._finished(r)
+            dep._client_finished(finished)
         # Preemption when the batch outgrew the KV cache: newest first, as vLLM does.
         preempted = 0
         while self.active_tokens > self.capacity and len(self.running) > 1:
@@ -535,6 +545,22 @@ class DecodeReplica(Replica):
             self.dep._stop(self, now)
 
 
+class Proxy:
+    """The P/D proxy in front of both pools: a scrape target like a replica (``name``, ``pool``,
+    ``state``, ``metrics``) serving the client scope. It does not crash or scale."""
+
+    pool = Pool.CLIENT.value
+    state = READY
+    was_ready = True
+
+    def __init__(self, dep: Deployment, name: str = PROXY_NAME) -> None:
+        self.name = name
+        self.stale_marked = True
+        self.metrics: ClientMetrics | None = None
+        if dep.record:
+            self.metrics = ClientMetrics(dep.model, name, in_flight=lambda: dep.in_flight, env=dep.metrics_env)
+
+
 class Deployment:
     """A simulated P/D deployment. Drive it with ``submit`` + ``run_until``; scale it with
     ``set_replicas``; read ``summary()``."""
@@ -553,6 +579,11 @@ class Deployment:
         self.slo_ttft_s, self.slo_tpot_s = slo_ttft_s, slo_tpot_s
         self.metrics_env = metrics_env or {}
         self.frontend_s = profile.frontend_s
+        self.router_pass_s = profile.router_overhead_s / 3  # the proxy's own time per pass (three per request)
+        self.to_prefill_s = self.frontend_s + self.router_pass_s  # proxy arrival -> prefill engine arrival
+        self.between_legs_s = 2 * self.frontend_s + self.router_pass_s  # prefill done -> decode engine arrival
+        self.to_client_s = self.frontend_s + self.router_pass_s  # a token at decode -> at the client
+        self.in_flight = 0  # requests the proxy is serving (arrived, not ended)
         self.restore_s_per_token = profile.kv.restore_s_per_gb * profile.kv.bytes_per_token / 1e9
         self.now = 0.0
         self._heap: list = []
@@ -566,6 +597,7 @@ class Deployment:
         self.timeline: list[tuple[float, int, int, int, int]] = []  # t, P ready, D ready, P total, D total
         self.listeners: list[Callable[[Deployment], None]] = []
         self._rr = 0
+        self.proxy = Proxy(self)
         for _ in range(prefill):
             self._add("prefill", warm)
         for _ in range(decode):
@@ -614,19 +646,32 @@ class Deployment:
             for i in range(copies):
                 r = Req(len(self.requests), tr, t + (self.rng.uniform(0, 1.0) if i else 0.0))
                 self.requests.append(r)
-                r.p_arrival = r.arrival + self.frontend_s
+                r.p_arrival = r.arrival + self.to_prefill_s
                 self.at(r.p_arrival, self._arrive, r)
                 n += 1
         return n
 
     def _arrive(self, r: Req) -> None:
         cands = [p for p in self.replicas if p.pool == "prefill" and p.state == READY]
-        if not cands:
-            r.status = "aborted"
-            self.aborted.append(r)
+        if not cands:  # the proxy answers 503 at once: never in flight
+            self._abort(r, in_flight=False)
             return
+        self.in_flight += 1
         best = min(cands, key=lambda p: p.route_cost(r))
         best.enqueue(r, self.now)
+
+    def _abort(self, r: Req, in_flight: bool = True) -> None:
+        """A request the deployment could not serve (no ready replica, or its engine crashed).
+        The client sees an error status or a failed leg: ``outcome="error"`` (the contract's
+        ``aborted`` is a client going away, which the simulator does not model; a failed KV
+        transfer is recomputed on the decode side, as vLLM does, and still ends ``ok``)."""
+        r.status = "aborted"
+        self.aborted.append(r)
+        if in_flight:
+            self.in_flight -= 1
+        m = self.proxy.metrics
+        if m is not None:
+            m.failed(Outcome.ERROR)
 
     def _to_decode_now(self, r: Req) -> None:
         self.to_decode(r, self.now)
@@ -635,14 +680,41 @@ class Deployment:
         cands = [d for d in self.replicas if d.pool == "decode" and d.state == READY]
         if not cands:
             r.p_replica.release(r)
-            r.status = "aborted"
-            self.aborted.append(r)
+            self._abort(r)
             return
         best = min(cands, key=lambda d: (d.load(), -d.cache.gpu.prefix_len(r.hashes) if r.hashes else 0))
         best.enqueue(r, now)
 
     def _finished(self, r: Req) -> None:
         self.done.append(r)
+        self.in_flight -= 1
+
+    def _client_finished(self, reqs: list[Req]) -> None:
+        """The client scope of requests whose last token was just sent, as the proxy measures
+        it: arrival at the proxy -> first token forwarded (TTFT) and -> last byte (e2e); prefill
+        request sent -> answer received; decode request sent -> first token received; the rest
+        of TTFT is the proxy's own."""
+        m = self.proxy.metrics
+        if m is None:
+            return
+        fe2, out = 2 * self.frontend_s, self.to_client_s
+        ttft, tpot, e2e, pleg, dleg, proxy = [], [], [], [], [], []
+        for r in reqs:
+            t = r.first_token + out - r.arrival
+            p = r.p_done - r.p_arrival + fe2
+            d = r.first_token - r.d_arrival + fe2
+            ttft.append(t)
+            pleg.append(p)
+            dleg.append(d)
+            proxy.append(t - p - d)
+            e2e.append(r.finish + out - r.arrival)
+            if r.generated > 1:
+                tpot.append((r.finish - r.first_token) / (r.generated - 1))
+        m.finished(ttft, tpot, e2e, pleg, dleg, proxy)
+
+    def client_ttft(self, r: Req) -> float:
+        """TTFT as the client sees it (first token forwarded by the proxy)."""
+        return r.first_token + self.to_client_s - r.arrival
 
     # -- replicas -----------------------------------------------------------------------------------
     def _add(self, pool: str, warm: bool = False) -> Replica:
@@ -729,8 +801,7 @@ class Deployment:
             rep.ready_q = []
             rep.transferring = {}
         for r in lost:
-            r.status = "aborted"
-            self.aborted.append(r)
+            self._abort(r)
         rep.waiting.clear()
         rep.running = []
         rep.active_tokens = 0
@@ -775,7 +846,8 @@ class Deployment:
 
         n = len(self.requests)
         fin = self.done
-        ttft = np.array([r.first_token + self.frontend_s - r.arrival for r in fin], dtype=float)
+        out = self.to_client_s
+        ttft = np.array([r.first_token + out - r.arrival for r in fin], dtype=float)
         tpot = np.array([(r.finish - r.first_token) / (r.generated - 1) if r.generated > 1 else 0.0 for r in fin],
                         dtype=float)
         ok = int(np.count_nonzero((ttft <= self.slo_ttft_s) & (tpot <= self.slo_tpot_s))) if fin else 0

@@ -5,6 +5,10 @@ KV_TRANSFER and PROCESS components and an ``EngineRecorder`` bound to (model, po
 very code path the vLLM hooks use. A restart builds a fresh registry, so counters reset as they
 do when a real engine restarts. :class:`MetricsServer` serves one replica's current registry on a
 loopback port (503 while the replica is down).
+
+The simulated P/D proxy gets one more registry, :class:`ClientMetrics`: the ROUTER component
+(the client scope, ``pool="client"``, ``route="pd"``, ``router=<proxy name>``) recorded per
+finished request exactly as sla-guard-proxy measures it, and served and scraped like an engine.
 """
 
 from __future__ import annotations
@@ -17,12 +21,36 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, ThreadingWSGIServe
 
 from exporters import contract as c
 from exporters.contract import Component
-from exporters.prometheus import ContractMetrics, EngineRecorder
+from exporters.prometheus import ContractMetrics, EngineRecorder, FastHistogram, fast_inc
 
 COMPONENTS = (Component.ENGINE, Component.KV_TRANSFER, Component.PROCESS)
 
 
-class EngineMetrics:
+class _Exposed:
+    """A registry served at /metrics (text) or read in-process (samples)."""
+
+    registry: CollectorRegistry
+
+    def _sync(self) -> None:
+        """Bring lazily kept values into the registry before it is read."""
+
+    def exposition(self) -> bytes:
+        self._sync()
+        return generate_latest(self.registry)
+
+    def samples(self) -> list[tuple[str, dict[str, str], float]]:
+        """The samples a scrape of the exposition would yield (minus ``_created``), without
+        rendering and parsing text: the offline replay's in-process scrape."""
+        self._sync()
+        out = []
+        for fam in self.registry.collect():
+            for s in fam.samples:
+                if not s.name.endswith("_created"):
+                    out.append((s.name, s.labels, s.value))
+        return out
+
+
+class EngineMetrics(_Exposed):
     """One simulated engine's registry, recorder and the non-recorder families, children bound once."""
 
     def __init__(self, model: str, pool: str, engine: str, *, spec_method: str = "", num_spec: int = 0,
@@ -88,18 +116,50 @@ class EngineMetrics:
         ch["threads"].set(threads)
         ch["fds"].set(fds)
 
-    def exposition(self) -> bytes:
-        return generate_latest(self.registry)
 
-    def samples(self) -> list[tuple[str, dict[str, str], float]]:
-        """The samples a scrape of the exposition would yield (minus ``_created``), without
-        rendering and parsing text: the offline replay's in-process scrape."""
-        out = []
-        for fam in self.registry.collect():
-            for s in fam.samples:
-                if not s.name.endswith("_created"):
-                    out.append((s.name, s.labels, s.value))
-        return out
+
+class ClientMetrics(_Exposed):
+    """The simulated P/D proxy's client scope (``CLIENT_LABELS`` = model, pool="client", route="pd",
+    router), children bound once. Per finished request: TTFT, TPOT (requests with more than one
+    token), e2e, the three TTFT stages and ``outcome="ok"``; per failed request its outcome. The
+    in-flight gauge is read from ``in_flight`` (a callable) when the registry is read, so the
+    simulation's hot path only keeps an integer."""
+
+    def __init__(self, model: str, router: str, *, in_flight=None, env: dict[str, str] | None = None) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.metrics = m = ContractMetrics(self.registry, (Component.ROUTER,), env=env or {})
+        self.labels = labels = (model, c.Pool.CLIENT.value, c.Route.PD.value, router)
+        self.ttft = FastHistogram(m[c.CLIENT_TTFT].labels(*labels))
+        self.tpot = FastHistogram(m[c.CLIENT_TPOT].labels(*labels))
+        self.e2e = FastHistogram(m[c.CLIENT_E2E].labels(*labels))
+        self.stage = {st: FastHistogram(m[c.CLIENT_STAGE].labels(*labels, st.value)) for st in c.Stage}
+        self._outcome = {}
+        for o in c.Outcome:  # every outcome exposed from the start (0), as a proxy does
+            child = m[c.CLIENT_REQUESTS].labels(*labels, o.value)
+            child.inc(0)
+            self._outcome[o] = fast_inc(child)
+        self._in_flight_gauge = m[c.CLIENT_IN_FLIGHT].labels(*labels)
+        self._in_flight_gauge.set(0)
+        self._in_flight = in_flight
+
+    def finished(self, ttft: list[float], tpot: list[float], e2e: list[float], prefill_leg: list[float],
+                 decode_first_leg: list[float], proxy: list[float]) -> None:
+        """A batch of requests that ended ``ok`` (``tpot``: only those with more than one token)."""
+        self.ttft.observe_many(ttft)
+        self.tpot.observe_many(tpot)
+        self.e2e.observe_many(e2e)
+        st = self.stage
+        st[c.Stage.PREFILL_LEG].observe_many(prefill_leg)
+        st[c.Stage.DECODE_FIRST_LEG].observe_many(decode_first_leg)
+        st[c.Stage.PROXY].observe_many(proxy)
+        self._outcome[c.Outcome.OK](len(ttft))
+
+    def failed(self, outcome: c.Outcome, n: int = 1) -> None:
+        self._outcome[outcome](n)
+
+    def _sync(self) -> None:
+        if self._in_flight is not None:
+            self._in_flight_gauge.set(self._in_flight())
 
 
 class _QuietHandler(WSGIRequestHandler):

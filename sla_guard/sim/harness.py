@@ -44,11 +44,12 @@ def make_store(retention_s: float = 26 * 3600, interval_s: float = 5.0):
 def scrape_into(dep: Deployment, store, fetch: Callable[[object], str | None] | None = None) -> int:
     """Ingest every target's exposition at the simulated time, with ``up`` as a scraper writes it;
     returns samples stored. Targets are replicas that serve or crashed (``up`` 0); starting ones
-    are not discovered yet and stopped ones go stale. ``fetch(replica)`` returns exposition text
+    are not discovered yet and stopped ones go stale. The P/D proxy (``dep.proxy``, the client
+    scope) is one more target, ``pool="client"``. ``fetch(replica)`` returns exposition text
     (HTTP in the demo) or None on failure; default: the replica's registry in-process."""
     t = dep.epoch + dep.now
     n = 0
-    for r in dep.replicas:
+    for r in (*dep.replicas, dep.proxy):
         labels = {"instance": r.name, "model": dep.model, "pool": r.pool}
         if r.metrics is None or r.state == STOPPED:
             if r.state == DOWN or (r.state == STARTING and r.was_ready):  # crashed, restarting
@@ -99,6 +100,14 @@ def observe_history(view: MetricsView, dep: Deployment, at: float, window: float
         w = view.instant(c.REQUESTS_WAITING.series(), m, at)
         if w:
             v[f"{pool}_waiting"] = sum(w.values())
+    m = {"pool": c.Pool.CLIENT.value}
+    mean = _window_mean(view, c.CLIENT_TTFT, m, window, at)
+    if mean is not None:
+        v["client_ttft_mean"] = mean
+    q = view.histogram_quantile(0.9, c.CLIENT_TTFT.series("_bucket"), m, window, at, ())
+    val = next(iter(q.values()), math.nan) if q else math.nan
+    if not math.isnan(val):
+        v["client_ttft_p90"] = val
     acc = view.increase(c.SPEC_ACCEPTED_TOKENS.series(), {"pool": "decode"}, window, at, ())
     drf = view.increase(c.SPEC_DRAFT_TOKENS.series(), {"pool": "decode"}, window, at, ())
     if acc and drf and sum(drf.values()) > 0:

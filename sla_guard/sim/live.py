@@ -1,8 +1,9 @@
 """The simulated deployment on real loopback ports, paced against the wall clock.
 
 ``LiveEndpoints`` gives every replica its own ``/metrics`` server (opened when the replica is
-created, 503 while it starts or after a crash, closed when it is scaled away), so a real
-Prometheus or the guard's scraper can target the simulated engines like real ones.
+created, 503 while it starts or after a crash, closed when it is scaled away), and the P/D proxy
+one for the client scope (``pool="client"``), so a real Prometheus or the guard's scraper can
+target the simulated engines and proxy like real ones.
 ``Pacer`` advances simulated time at ``speed`` x wall time. With speed 1 the exposition is
 indistinguishable from live engines (Prometheus stamps samples at scrape time); with speed > 1
 drive the guard at simulated time (``harness.scrape_into`` with an HTTP ``fetch``).
@@ -36,8 +37,11 @@ class LiveEndpoints:
         self._sync(dep)
         dep.listeners.append(self._sync)
 
+    def _members(self) -> tuple:
+        return (*self.dep.replicas, self.dep.proxy)
+
     def _sync(self, dep: Deployment) -> None:
-        for r in dep.replicas:
+        for r in self._members():
             if r.state == STOPPED:
                 srv = self.servers.pop(r.name, None)
                 if srv is not None:
@@ -53,7 +57,7 @@ class LiveEndpoints:
     def targets(self) -> list[tuple[str, dict[str, str]]]:
         """(url, labels) of every live endpoint, e.g. for a Prometheus file_sd config."""
         out = []
-        for r in self.dep.replicas:
+        for r in self._members():
             srv = self.servers.get(r.name)
             if srv is not None:
                 out.append((srv.url, {"instance": r.name, "model": self.dep.model, "pool": r.pool}))

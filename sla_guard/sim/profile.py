@@ -103,6 +103,11 @@ class Profile(Strict):
     spec: SpecModel = Field(default_factory=SpecModel)
     cold_start_s: float = Field(default=300.0, ge=0)
     frontend_s: float = Field(default=0.0, ge=0, description="API server + proxy time per hop, outside engine timers")
+    router_overhead_s: float = Field(
+        default=0.003, ge=0,
+        description="the P/D proxy's own time per request before the first token reaches the client (routing, "
+                    "rewriting the decode request, relaying the first token), in three equal passes: before the "
+                    "prefill leg, between the legs, after the decode leg; the client scope's stage=proxy")
     processes: list[ProcessModel] = Field(default_factory=list)
     max_model_len: int = Field(default=1_000_000, ge=16)
 
