@@ -457,6 +457,7 @@ class DecodeReplica(Replica):
         acc_pos = [0] * k
         itls: list[float] = []
         ttfts: list[float] = []
+        firsts: list[Req] = []
         emitted_total = 0
         finished: list[Req] = []
         for r in batch:
@@ -464,6 +465,7 @@ class DecodeReplica(Replica):
                 r.first_token = now
                 emitted = 1
                 ttfts.append(now - r.d_arrival)
+                firsts.append(r)
             else:
                 itls.append(now - r.last_token)
                 emitted = 1
@@ -488,6 +490,8 @@ class DecodeReplica(Replica):
             if r.generated >= r.output_len:
                 finished.append(r)
         self.active_tokens += emitted_total
+        if firsts:
+            dep._client_first_tokens(firsts)
         m = self.metrics
         if finished:
             fin = set(map(id, finished))
@@ -670,8 +674,8 @@ class Deployment:
         if in_flight:
             self.in_flight -= 1
         m = self.proxy.metrics
-        if m is not None:
-            m.failed(Outcome.ERROR)
+        if m is not None:  # the error answer reaches the client one pass later
+            m.failed(Outcome.ERROR, self.now + self.to_client_s - r.arrival)
 
     def _to_decode_now(self, r: Req) -> None:
         self.to_decode(r, self.now)
@@ -689,16 +693,16 @@ class Deployment:
         self.done.append(r)
         self.in_flight -= 1
 
-    def _client_finished(self, reqs: list[Req]) -> None:
-        """The client scope of requests whose last token was just sent, as the proxy measures
-        it: arrival at the proxy -> first token forwarded (TTFT) and -> last byte (e2e); prefill
-        request sent -> answer received; decode request sent -> first token received; the rest
-        of TTFT is the proxy's own."""
+    def _client_first_tokens(self, reqs: list[Req]) -> None:
+        """Client TTFT and its stages of requests whose first token was just generated, as the
+        proxy measures them when it forwards that token: arrival at the proxy -> first token
+        forwarded; prefill request sent -> answer received; decode request sent -> first token
+        received; the proxy's own share is what the two legs do not explain."""
         m = self.proxy.metrics
         if m is None:
             return
         fe2, out = 2 * self.frontend_s, self.to_client_s
-        ttft, tpot, e2e, pleg, dleg, proxy = [], [], [], [], [], []
+        ttft, pleg, dleg, proxy = [], [], [], []
         for r in reqs:
             t = r.first_token + out - r.arrival
             p = r.p_done - r.p_arrival + fe2
@@ -706,11 +710,18 @@ class Deployment:
             ttft.append(t)
             pleg.append(p)
             dleg.append(d)
-            proxy.append(t - p - d)
-            e2e.append(r.finish + out - r.arrival)
-            if r.generated > 1:
-                tpot.append((r.finish - r.first_token) / (r.generated - 1))
-        m.finished(ttft, tpot, e2e, pleg, dleg, proxy)
+            proxy.append(max(0.0, t - p - d))
+        m.first_tokens(ttft, pleg, dleg, proxy)
+
+    def _client_finished(self, reqs: list[Req]) -> None:
+        """Client TPOT, e2e (arrival -> last byte) and ``outcome="ok"`` of requests whose last
+        token was just generated."""
+        m = self.proxy.metrics
+        if m is None:
+            return
+        out = self.to_client_s
+        m.finished([(r.finish - r.first_token) / (r.generated - 1) for r in reqs if r.generated > 1],
+                   [r.finish + out - r.arrival for r in reqs])
 
     def client_ttft(self, r: Req) -> float:
         """TTFT as the client sees it (first token forwarded by the proxy)."""

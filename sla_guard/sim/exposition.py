@@ -120,10 +120,11 @@ class EngineMetrics(_Exposed):
 
 class ClientMetrics(_Exposed):
     """The simulated P/D proxy's client scope (``CLIENT_LABELS`` = model, pool="client", route="pd",
-    router), children bound once. Per finished request: TTFT, TPOT (requests with more than one
-    token), e2e, the three TTFT stages and ``outcome="ok"``; per failed request its outcome. The
-    in-flight gauge is read from ``in_flight`` (a callable) when the registry is read, so the
-    simulation's hot path only keeps an integer."""
+    router), children bound once, recorded when pd_proxy records it: TTFT and the three TTFT
+    stages when the first token is forwarded; TPOT (more than one token), e2e and ``outcome="ok"``
+    after the last one; a failed request's outcome and e2e. The in-flight gauge is read from
+    ``in_flight`` (a callable) when the registry is read, so the simulation's hot path only keeps
+    an integer."""
 
     def __init__(self, model: str, router: str, *, in_flight=None, env: dict[str, str] | None = None) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
@@ -142,20 +143,27 @@ class ClientMetrics(_Exposed):
         self._in_flight_gauge.set(0)
         self._in_flight = in_flight
 
-    def finished(self, ttft: list[float], tpot: list[float], e2e: list[float], prefill_leg: list[float],
-                 decode_first_leg: list[float], proxy: list[float]) -> None:
-        """A batch of requests that ended ``ok`` (``tpot``: only those with more than one token)."""
+    def first_tokens(self, ttft: list[float], prefill_leg: list[float], decode_first_leg: list[float],
+                     proxy: list[float]) -> None:
+        """A batch of requests whose first token was forwarded: TTFT and its stages."""
         self.ttft.observe_many(ttft)
-        self.tpot.observe_many(tpot)
-        self.e2e.observe_many(e2e)
         st = self.stage
         st[c.Stage.PREFILL_LEG].observe_many(prefill_leg)
         st[c.Stage.DECODE_FIRST_LEG].observe_many(decode_first_leg)
         st[c.Stage.PROXY].observe_many(proxy)
-        self._outcome[c.Outcome.OK](len(ttft))
 
-    def failed(self, outcome: c.Outcome, n: int = 1) -> None:
-        self._outcome[outcome](n)
+    def finished(self, tpot: list[float], e2e: list[float]) -> None:
+        """A batch of requests that ended ``ok`` (``tpot``: only those with more than one token)."""
+        self.tpot.observe_many(tpot)
+        self.e2e.observe_many(e2e)
+        self._outcome[c.Outcome.OK](len(e2e))
+
+    def failed(self, outcome: c.Outcome, e2e_s: float | None = None) -> None:
+        """One request that did not end ``ok``; ``e2e_s`` when the client got an answer (an
+        error status), none when it went away (``aborted``)."""
+        self._outcome[outcome](1)
+        if e2e_s is not None and outcome is not c.Outcome.ABORTED:
+            self.e2e.observe(e2e_s)
 
     def _sync(self) -> None:
         if self._in_flight is not None:
