@@ -31,7 +31,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("engine_hooks", "exporters", "sla_guard", "alerts", "dashboards")
+PACKAGES = ("engine_hooks", "exporters", "pd_proxy", "sla_guard", "alerts", "dashboards")
 
 # The guard's spec (config with its SLOs, and the burn-rate table derived from it): what the
 # generated artifacts may read of sla_guard.
@@ -40,6 +40,7 @@ SPEC = frozenset({"sla_guard.config", "sla_guard.burn_windows"})
 ALLOWED: dict[str, frozenset[str]] = {
     "exporters": frozenset(),  # the metric contract and its exposition: the bottom
     "engine_hooks": frozenset({"exporters"}),
+    "pd_proxy": frozenset({"exporters"}),  # the P/D proxy: a data source (the client scope), like the hooks
     "alerts": frozenset({"exporters"}) | SPEC,
     "dashboards": frozenset({"exporters", "alerts"}) | SPEC,
 }

@@ -1,0 +1,359 @@
+"""The proxy as a FastAPI app: one handler for /v1/completions and /v1/chat/completions, plus
+/metrics (the client scope) and /health.
+
+Why the request path looks the way it does:
+
+- The prefill leg is awaited in the handler, and the decode leg is opened there too (status and
+  headers only), so an engine's error status can still become the client's status; only a 200
+  decode stream turns into a streamed response.
+- Every upstream await runs under the leg's total deadline (``asyncio.timeout_at``, connect to the
+  last body byte), never across a ``yield`` to the client, so a slow client is not counted against
+  the engine and a slow engine cannot hold a request forever.
+- The streamed body is a ``DecodeStream`` whose ``close()`` runs after the response however it
+  ends (last byte sent, client gone, send failed), shielded from cancellation: the decode stream is
+  closed (vLLM aborts a request whose connection closes), the engine lease released and the
+  request's outcome recorded exactly once.
+- TTFT is only observable for streamed requests: a non-streamed answer arrives whole, so for it the
+  proxy records e2e and outcome only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio
+import httpx
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from exporters import contract as c
+from pd_proxy import legs
+from pd_proxy.balance import EnginePool, Lease
+from pd_proxy.config import ProxyConfig, display_url
+from pd_proxy.metrics import UNKNOWN_MODEL, ClientMetrics, RequestStats, never_raises
+
+log = logging.getLogger("pd_proxy")
+
+PATHS = ("/v1/completions", "/v1/chat/completions")
+Outcome = c.Outcome
+
+
+class LegFailed(Exception):
+    """A leg that cannot go on; carries the answer the client gets."""
+
+    def __init__(self, status: int, content: bytes, media_type: str) -> None:
+        super().__init__(status)
+        self.status, self.content, self.media_type = status, content, media_type
+
+    @classmethod
+    def proxy_error(cls, status: int, kind: str, message: str, leg: str, engine: str) -> LegFailed:
+        body = legs.error_body(message, kind, status, leg, display_url(engine))
+        return cls(status, json.dumps(body).encode(), "application/json")
+
+    @classmethod
+    def engine_answer(cls, r: httpx.Response) -> LegFailed:
+        """An engine's non-200 answer, passed through: its status and body, as JSON when it is."""
+        try:
+            json.loads(r.content)
+            media = "application/json"
+        except ValueError:
+            media = r.headers.get("content-type") or "text/plain"
+        return cls(r.status_code, r.content, media)
+
+
+class TrackedResponse(Response):
+    """A whole-body response that records the request's outcome after its last byte is sent."""
+
+    def __init__(self, content: bytes, status_code: int, media_type: str | None, headers: dict[str, str],
+                 stats: RequestStats, outcome: c.Outcome) -> None:
+        super().__init__(content, status_code=status_code, headers=headers, media_type=media_type)
+        self._stats, self._outcome = stats, outcome
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._stats.finish(self._outcome)
+
+
+class DecodeStream:
+    """The decode engine's SSE stream relayed to the client, measured on the way through."""
+
+    def __init__(self, resp: httpx.Response, lease: Lease, stats: RequestStats, deadline: float,
+                 want_usage: bool, sent_at: float, prefill_leg_s: float) -> None:
+        self.resp, self.lease, self.stats = resp, lease, stats
+        self.deadline, self.want_usage = deadline, want_usage
+        self.sent_at, self.prefill_leg_s = sent_at, prefill_leg_s
+        self.outcome = Outcome.ABORTED  # until the stream is seen to end, or to fail
+        self._closed = False
+
+    def _failure(self, status: int, kind: str, message: str) -> bytes:
+        log.warning("decode leg to %s failed mid-stream: %s", display_url(self.lease.url), message)
+        self.outcome = Outcome.ERROR
+        return legs.sse_error_event(message, kind, status, "decode", display_url(self.lease.url))
+
+    async def events(self):
+        splitter = legs.SseSplitter()
+        raw_it = self.resp.aiter_raw()
+        first_at = last_at = None
+        tokens: int | None = None
+        done = errored = False
+        while True:
+            try:
+                async with asyncio.timeout_at(self.deadline):
+                    chunk = await anext(raw_it, None)
+            except TimeoutError:
+                yield self._failure(504, "upstream_timeout", "decode leg passed its deadline")
+                return
+            except httpx.HTTPError as e:
+                yield self._failure(502, "upstream_unreachable", f"decode stream broke: {type(e).__name__}: {e}")
+                return
+            received = time.perf_counter()
+            for raw in splitter.flush() if chunk is None else splitter.feed(chunk):
+                ev = legs.inspect_event(raw)
+                done, errored = done or ev.done, errored or ev.error
+                if ev.completion_tokens is not None:
+                    tokens = ev.completion_tokens
+                if ev.usage_only and not self.want_usage:
+                    continue  # asked for by the proxy (TPOT needs completion_tokens), not by the client
+                yield raw
+                if ev.token:
+                    last_at = time.perf_counter()
+                    if first_at is None:
+                        first_at = last_at
+                        self.stats.first_token(first_at - self.stats.t0, self.prefill_leg_s,
+                                               received - self.sent_at)
+            if chunk is None:
+                break
+        if done and not errored:
+            self.outcome = Outcome.OK
+            if first_at is not None:
+                self.stats.tpot(first_at, last_at, tokens)
+        else:
+            self.outcome = Outcome.ERROR
+
+    async def close(self) -> None:
+        """Idempotent; runs once the response is over, whichever way it ended."""
+        if self._closed:
+            return
+        self._closed = True
+        self.stats.finish(self.outcome)
+        self.lease.release()
+        try:
+            await self.resp.aclose()  # an unfinished stream: the connection closes, vLLM aborts the request
+        except Exception:
+            log.debug("closing the decode stream failed", exc_info=True)
+
+
+class RelayResponse(StreamingResponse):
+    def __init__(self, stream: DecodeStream, headers: dict[str, str], media_type: str) -> None:
+        super().__init__(stream.events(), status_code=200, headers=headers, media_type=media_type)
+        self.stream = stream
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self.body_iterator.aclose()
+                await self.stream.close()
+
+
+class Proxy:
+    """The engines, the upstream client and the metrics of one proxy instance."""
+
+    def __init__(self, config: ProxyConfig, metrics: ClientMetrics | None = None,
+                 transport: httpx.AsyncBaseTransport | None = None) -> None:
+        self.config = config
+        self.metrics = metrics or ClientMetrics(config.router, config.max_models)
+        self.prefill = EnginePool(config.prefill, config.policy)
+        self.decode = EnginePool(config.decode, config.policy)
+        # Deadlines are enforced per leg with asyncio.timeout_at (total, not per read); the client's
+        # own timeouts are off so that they cannot cut a long decode stream short. No pool limit
+        # below what the engines queue themselves.
+        self.client = httpx.AsyncClient(timeout=None, transport=transport,
+                                        limits=httpx.Limits(max_connections=None, max_keepalive_connections=256))
+
+    # -- request ---------------------------------------------------------------------------------
+    async def handle(self, request: Request, path: str) -> Response:
+        t0 = time.perf_counter()
+        rid = legs.request_id(request.headers)
+        headers = {"X-Request-Id": rid}
+        body = await self._read_body(request, headers)
+        if isinstance(body, Response):
+            return body
+        stats = self.metrics.request(self._model(body), t0)
+        try:
+            return await self._serve(request, path, body, rid, headers, stats)
+        except LegFailed as e:
+            return TrackedResponse(e.content, e.status, e.media_type, headers, stats, Outcome.ERROR)
+        except BaseException:
+            stats.finish(Outcome.ERROR)
+            raise
+
+    @never_raises
+    def _model(self, body: dict[str, Any]) -> str:
+        return self.metrics.model_label(body.get("model"))
+
+    async def _read_body(self, request: Request, headers: dict[str, str]) -> dict[str, Any] | Response:
+        limit = self.config.max_body_bytes
+        too_large = JSONResponse(legs.error_body(f"request body over {limit} bytes", "request_too_large", 413),
+                                 status_code=413, headers=headers)
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > limit:
+            self.metrics.rejected()
+            return too_large
+        parts, size = [], 0
+        async for part in request.stream():
+            size += len(part)
+            if size > limit:
+                self.metrics.rejected()
+                return too_large
+            parts.append(part)
+        try:
+            body = json.loads(b"".join(parts))
+        except ValueError as e:
+            body, problem = None, f"request body is not JSON: {e}"
+        else:
+            problem = None if isinstance(body, dict) else "request body must be a JSON object"
+        if problem:
+            self.metrics.rejected(UNKNOWN_MODEL)
+            return JSONResponse(legs.error_body(problem, "invalid_request_error", 400), status_code=400,
+                                headers=headers)
+        return body
+
+    async def _serve(self, request: Request, path: str, body: dict[str, Any], rid: str, headers: dict[str, str],
+                     stats: RequestStats) -> Response:
+        up = legs.upstream_headers(request.headers, rid)
+        streaming = bool(body.get("stream"))
+        answer, prefill_leg_s = await self._prefill_leg(path, body, up)
+        if await request.is_disconnected():  # the client left during prefill: do not start decode
+            stats.finish(Outcome.ABORTED)
+            return Response(status_code=499, headers=headers)
+        dec = legs.decode_body(body, answer, streaming)
+        if not streaming:
+            r = await self._whole(self.decode, "decode", path, dec, up, self.config.decode_timeout_s)
+            if r.status_code != 200:
+                raise LegFailed.engine_answer(r)
+            return TrackedResponse(r.content, 200, r.headers.get("content-type"), headers, stats, Outcome.OK)
+        return await self._open_stream(path, dec, up, headers, stats, legs.wants_usage(body), prefill_leg_s)
+
+    async def _prefill_leg(self, path: str, body: dict[str, Any], up: dict[str, str]) -> tuple[dict, float]:
+        sent = time.perf_counter()
+        r = await self._whole(self.prefill, "prefill", path, legs.prefill_body(body), up,
+                              self.config.prefill_timeout_s)
+        leg_s = time.perf_counter() - sent
+        if r.status_code != 200:
+            raise LegFailed.engine_answer(r)
+        try:
+            answer = r.json()
+        except ValueError:
+            answer = None
+        if not isinstance(answer, dict):
+            raise LegFailed.proxy_error(502, "upstream_invalid", "prefill answer is not a JSON object", "prefill",
+                                        str(r.request.url))
+        return answer, leg_s
+
+    async def _whole(self, pool: EnginePool, leg: str, path: str, body: dict[str, Any], up: dict[str, str],
+                     timeout_s: float) -> httpx.Response:
+        """One upstream call read to its end, under the leg's total deadline."""
+        lease = pool.acquire()
+        try:
+            async with asyncio.timeout(timeout_s):
+                return await self.client.post(lease.url + path, json=body, headers=up)
+        except TimeoutError:
+            raise self._leg_error(504, "upstream_timeout", f"{leg} leg passed its {timeout_s:g} s deadline",
+                                  leg, lease.url) from None
+        except httpx.HTTPError as e:
+            raise self._leg_error(502, "upstream_unreachable", f"{leg} engine unreachable: {type(e).__name__}: {e}",
+                                  leg, lease.url) from None
+        finally:
+            lease.release()
+
+    @staticmethod
+    def _leg_error(status: int, kind: str, message: str, leg: str, engine: str) -> LegFailed:
+        log.warning("%s (engine %s)", message, display_url(engine))
+        return LegFailed.proxy_error(status, kind, message, leg, engine)
+
+    async def _open_stream(self, path: str, dec: dict[str, Any], up: dict[str, str], headers: dict[str, str],
+                           stats: RequestStats, want_usage: bool, prefill_leg_s: float) -> Response:
+        timeout_s = self.config.decode_timeout_s
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        lease = self.decode.acquire()
+        resp = None
+        try:
+            req = self.client.build_request("POST", lease.url + path, json=dec, headers=up)
+            sent = time.perf_counter()
+            async with asyncio.timeout_at(deadline):
+                resp = await self.client.send(req, stream=True)
+                if resp.status_code != 200:
+                    await resp.aread()
+            if resp.status_code != 200:
+                raise LegFailed.engine_answer(resp)
+            stream = DecodeStream(resp, lease, stats, deadline, want_usage, sent, prefill_leg_s)
+            media = resp.headers.get("content-type") or "text/event-stream"
+            return RelayResponse(stream, headers, media)
+        except BaseException as e:
+            with anyio.CancelScope(shield=True):
+                if resp is not None:
+                    await resp.aclose()
+            lease.release()
+            if isinstance(e, TimeoutError):
+                raise self._leg_error(504, "upstream_timeout", f"decode leg passed its {timeout_s:g} s deadline",
+                                      "decode", lease.url) from None
+            if isinstance(e, httpx.HTTPError):
+                raise self._leg_error(502, "upstream_unreachable",
+                                      f"decode engine unreachable: {type(e).__name__}: {e}", "decode",
+                                      lease.url) from None
+            raise
+
+    # -- the rest ----------------------------------------------------------------------------------
+    def health(self) -> dict[str, Any]:
+        return {"status": "ok", "router": self.config.router, "policy": self.config.policy,
+                "in_flight": {"prefill": _shown(self.prefill.in_flight()), "decode": _shown(self.decode.in_flight())}}
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+
+
+def _shown(in_flight: dict[str, int]) -> dict[str, int]:
+    return {display_url(u): n for u, n in in_flight.items()}
+
+
+def build_app(config: ProxyConfig, metrics: ClientMetrics | None = None,
+              transport: httpx.AsyncBaseTransport | None = None) -> FastAPI:
+    proxy = Proxy(config, metrics, transport)
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI):
+        yield
+        await proxy.aclose()
+
+    app = FastAPI(title="sla-guard-proxy", summary="P/D proxy for vLLM measuring the client scope",
+                  lifespan=lifespan)
+    app.state.proxy = proxy
+
+    def route(path: str):
+        async def completions(request: Request) -> Response:
+            return await proxy.handle(request, path)
+
+        return completions
+
+    for path in PATHS:
+        app.add_api_route(path, route(path), methods=["POST"], response_model=None)
+
+    @app.get("/metrics", include_in_schema=False)
+    async def metrics() -> Response:
+        return Response(proxy.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        return proxy.health()
+
+    return app

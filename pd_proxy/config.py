@@ -1,0 +1,62 @@
+"""What an operator sets for the proxy, validated once at start.
+
+A frozen dataclass rather than the guard's pydantic config: the proxy is a data source beside
+``engine_hooks`` and may not import the guard, and its handful of flags come from the command line.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+POLICIES = ("round-robin", "least-loaded")
+
+
+def engine_url(url: str) -> str:
+    """An engine's base URL without a trailing slash; only http(s) with a host is accepted."""
+    u = urlsplit(url.strip())
+    if u.scheme not in ("http", "https") or not u.hostname:
+        raise ValueError(f"engine URL {url!r}: expected http(s)://host[:port]")
+    return url.strip().rstrip("/")
+
+
+def display_url(url: str) -> str:
+    """An engine URL as it may appear in error bodies and logs: without user:password@."""
+    u = urlsplit(url)
+    host = u.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"
+    netloc = f"{host}:{u.port}" if u.port else host
+    return f"{u.scheme}://{netloc}{u.path}"
+
+
+@dataclass(frozen=True, slots=True)
+class ProxyConfig:
+    prefill: tuple[str, ...]
+    decode: tuple[str, ...]
+    policy: str = "round-robin"
+    # The ``router`` label: which proxy instance measured a series (several proxies may front one
+    # deployment). A stable name, not a pod name, so restarts do not mint new series.
+    router: str = "sla-guard-proxy"
+    # Total deadline of one upstream call, connect to the last byte of the body. Prefill answers
+    # one token; decode streams the whole generation.
+    prefill_timeout_s: float = 120.0
+    decode_timeout_s: float = 600.0
+    # Distinct values of the model label before the rest are counted as "other": the model comes
+    # from the client's body, and clients must not be able to mint series.
+    max_models: int = 16
+    max_body_bytes: int = 16 * 1024 * 1024
+
+    def __post_init__(self) -> None:
+        if not self.prefill or not self.decode:
+            raise ValueError("at least one prefill and one decode engine URL are needed")
+        object.__setattr__(self, "prefill", tuple(engine_url(u) for u in self.prefill))
+        object.__setattr__(self, "decode", tuple(engine_url(u) for u in self.decode))
+        if self.policy not in POLICIES:
+            raise ValueError(f"policy {self.policy!r}: expected one of {', '.join(POLICIES)}")
+        if not self.router:
+            raise ValueError("router name must not be empty")
+        if self.prefill_timeout_s <= 0 or self.decode_timeout_s <= 0:
+            raise ValueError("timeouts must be positive")
+        if self.max_models < 1 or self.max_body_bytes < 1:
+            raise ValueError("max_models and max_body_bytes must be >= 1")

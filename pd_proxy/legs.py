@@ -1,0 +1,174 @@
+"""The two legs of a P/D request, as data: body rewriting, headers, SSE events, error bodies.
+
+Pure functions and one small incremental parser, no I/O, so the protocol details (vLLM's
+``kv_transfer_params`` hand-off, OpenAI's streaming format) are testable without servers.
+
+The P/D protocol (vLLM's NixlConnector / ExampleConnector examples): the prefill engine gets the
+client's request with one output token, no streaming, and ``kv_transfer_params`` asking it to keep
+the KV cache for a remote decode; its answer carries ``kv_transfer_params`` (engine id, block ids,
+host, port) that the decode engine needs to pull that KV. The decode engine gets the client's
+request unchanged plus those parameters.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+PREFILL_KV_PARAMS: dict[str, Any] = {
+    "do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
+    "remote_block_ids": None, "remote_host": None, "remote_port": None,
+}
+# Client headers passed to both legs: the request id joins the two halves in the engines' logs
+# and traces; Authorization is the engines' API key, if they have one.
+PASSED_HEADERS = ("authorization",)
+
+
+def request_id(headers: Mapping[str, str]) -> str:
+    """The client's X-Request-Id, or a new one (both legs and the response carry it)."""
+    return headers.get("x-request-id") or uuid.uuid4().hex
+
+
+def upstream_headers(headers: Mapping[str, str], rid: str) -> dict[str, str]:
+    out = {"X-Request-Id": rid}
+    for name in PASSED_HEADERS:
+        if name in headers:
+            out[name] = headers[name]
+    return out
+
+
+def prefill_body(body: dict[str, Any]) -> dict[str, Any]:
+    """The prefill leg: one token, not streamed, KV kept for a remote decode."""
+    out = {**body, "max_tokens": 1, "stream": False, "kv_transfer_params": dict(PREFILL_KV_PARAMS)}
+    out.pop("stream_options", None)
+    if "max_completion_tokens" in out:
+        out["max_completion_tokens"] = 1
+    return out
+
+
+def wants_usage(body: Mapping[str, Any]) -> bool:
+    """Did the client ask for the final usage chunk of a stream?"""
+    so = body.get("stream_options")
+    return isinstance(so, Mapping) and bool(so.get("include_usage"))
+
+
+def decode_body(body: dict[str, Any], prefill_answer: Mapping[str, Any], streaming: bool) -> dict[str, Any]:
+    """The decode leg: the client's body plus the prefill's ``kv_transfer_params``. A stream also
+    asks for the usage chunk, the only place completion_tokens (hence TPOT) is known; the proxy
+    drops that chunk again if the client did not ask for it."""
+    out = dict(body)
+    kv = prefill_answer.get("kv_transfer_params")
+    if kv:
+        out["kv_transfer_params"] = kv
+    else:  # an engine without a KV connector: decode recomputes the prompt, the answer stays right
+        out.pop("kv_transfer_params", None)
+    if streaming:
+        so = body.get("stream_options")
+        if so is None or isinstance(so, Mapping):
+            out["stream_options"] = {**(so or {}), "include_usage": True}
+    return out
+
+
+def error_body(message: str, kind: str, status: int, leg: str | None = None,
+               engine: str | None = None) -> dict[str, Any]:
+    """An OpenAI-style error object, naming the leg and engine when one failed."""
+    err: dict[str, Any] = {"message": message, "type": kind, "code": status}
+    if leg:
+        err["leg"] = leg
+    if engine:
+        err["engine"] = engine
+    return {"error": err}
+
+
+def sse_error_event(message: str, kind: str, status: int, leg: str, engine: str) -> bytes:
+    """A failure after the stream has started (status already sent): vLLM's own in-stream error
+    form, ``data: {"error": ...}``, with no ``[DONE]`` after it."""
+    return b"data: " + json.dumps(error_body(message, kind, status, leg, engine)).encode() + b"\n\n"
+
+
+# --- server-sent events ---------------------------------------------------------------------------
+
+class SseSplitter:
+    """Cuts a byte stream into whole SSE events (each with its blank-line terminator), so each
+    event is inspected and forwarded as one unit however the network split it."""
+
+    def __init__(self) -> None:
+        self._buf = b""
+
+    def feed(self, data: bytes) -> list[bytes]:
+        buf = self._buf + data
+        out: list[bytes] = []
+        start = 0
+        while True:
+            cut = _event_end(buf, start)
+            if cut < 0:
+                break
+            out.append(buf[start:cut])
+            start = cut
+        self._buf = buf[start:]
+        return out
+
+    def flush(self) -> list[bytes]:
+        """What is left when the stream ends (an event without its terminator)."""
+        rest, self._buf = self._buf, b""
+        return [rest] if rest.strip() else []
+
+
+def _event_end(buf: bytes, start: int) -> int:
+    """Index just past the first event terminator at or after ``start``, or -1."""
+    ends = [(i, len(sep)) for sep in (b"\n\n", b"\r\n\r\n", b"\r\r") if (i := buf.find(sep, start)) >= 0]
+    if not ends:
+        return -1
+    i, n = min(ends)
+    return i + n
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """What the proxy needs to know of one SSE event."""
+
+    token: bool = False  # carries generated text (the client sees output)
+    usage_only: bool = False  # the final usage chunk (no choices)
+    completion_tokens: int | None = None
+    done: bool = False  # data: [DONE]
+    error: bool = False  # an in-stream error object
+
+
+_NOTHING = Event()
+
+
+def inspect_event(raw: bytes) -> Event:
+    """Classify one SSE event of an OpenAI completions or chat-completions stream."""
+    data = b"".join(line[5:].lstrip() for line in raw.splitlines() if line.startswith(b"data:"))
+    if not data:
+        return _NOTHING
+    if data.strip() == b"[DONE]":
+        return Event(done=True)
+    try:
+        obj = json.loads(data)
+    except ValueError:
+        return _NOTHING
+    if not isinstance(obj, dict):
+        return _NOTHING
+    if obj.get("error"):
+        return Event(error=True)
+    choices = obj.get("choices")
+    usage = obj.get("usage")
+    tokens = usage.get("completion_tokens") if isinstance(usage, dict) else None
+    if not isinstance(tokens, int):
+        tokens = None
+    has_token = isinstance(choices, list) and any(_has_text(ch) for ch in choices)
+    return Event(token=has_token, usage_only=tokens is not None and not choices, completion_tokens=tokens)
+
+
+def _has_text(choice: object) -> bool:
+    if not isinstance(choice, dict):
+        return False
+    if choice.get("text"):  # completions
+        return True
+    delta = choice.get("delta")  # chat completions
+    return isinstance(delta, dict) and bool(
+        delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning") or delta.get("tool_calls"))

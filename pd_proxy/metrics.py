@@ -1,0 +1,139 @@
+"""The client scope of the metric contract, as this proxy measures it.
+
+Names, help, labels and buckets come from ``exporters.contract`` through
+``exporters.prometheus.ContractMetrics`` (buckets via ``bucket_override``, so the SLA thresholds in
+``SLA_GUARD_TTFT_SLO_S`` / ``SLA_GUARD_TPOT_SLO_S`` are boundaries here as on the engines). The
+families live on the proxy's own registry: two proxies in one process (tests) do not collide, and
+``/metrics`` shows the client scope only.
+
+Every recording call is wrapped so that a metrics error is logged, never raised: observing a
+request must not fail it.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
+from prometheus_client import CollectorRegistry, generate_latest
+
+from exporters import contract as c
+from exporters.prometheus import ContractMetrics
+
+log = logging.getLogger("pd_proxy.metrics")
+
+OTHER_MODEL = "other"  # every model past the first max_models distinct ones
+UNKNOWN_MODEL = "unknown"  # no usable "model" field (absent, not a string, or the body did not parse)
+MAX_MODEL_LABEL_CHARS = 200
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def never_raises(fn: F) -> F:
+    """Log, do not raise: the request goes on whatever happens to its statistics."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except Exception:
+            log.exception("client metrics: %s failed (the request is not affected)", fn.__qualname__)
+            return None
+
+    return wrapper  # type: ignore[return-value]
+
+
+class ModelLabels:
+    """The model label: the request's own ``model``, for at most ``limit`` distinct values (first
+    come, first kept); the rest are ``other``. A bound on series a client can create."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._seen: set[str] = set()
+
+    def __call__(self, model: object) -> str:
+        if not isinstance(model, str) or not model or len(model) > MAX_MODEL_LABEL_CHARS:
+            return UNKNOWN_MODEL if not isinstance(model, str) or not model else OTHER_MODEL
+        if model in self._seen:
+            return model
+        if len(self._seen) < self.limit:
+            self._seen.add(model)
+            return model
+        return OTHER_MODEL
+
+
+class ClientMetrics:
+    """The client-scope families of one proxy, labelled pool="client", route="pd", router=NAME."""
+
+    def __init__(self, router: str, max_models: int = 16, registry: CollectorRegistry | None = None,
+                 env: Mapping[str, str] | None = None) -> None:
+        self.router = router
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self.families = ContractMetrics(self.registry, components=(c.Component.ROUTER,), env=env)
+        self.model_label = ModelLabels(max_models)
+
+    def labels(self, model: str) -> tuple[str, str, str, str]:
+        return model, str(c.Pool.CLIENT), str(c.Route.PD), self.router
+
+    @never_raises
+    def rejected(self, model: str = UNKNOWN_MODEL) -> None:
+        """A request refused before it was served (bad body, too large): one error, nothing else."""
+        self.families[c.CLIENT_REQUESTS].labels(*self.labels(model), str(c.Outcome.ERROR)).inc()
+
+    def request(self, model: str, t0: float) -> RequestStats:
+        return RequestStats(self, model, t0)
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class RequestStats:
+    """One client request's measurements. ``finish()`` records once, whoever calls it first (the
+    response after its last byte, or the clean-up of an aborted stream)."""
+
+    def __init__(self, metrics: ClientMetrics, model: str, t0: float) -> None:
+        self.metrics = metrics
+        self.model = model
+        self.t0 = t0  # time.perf_counter() at arrival
+        self.finished = False
+        self._labels = metrics.labels(model)
+        self._in_flight = None
+        self._start()
+
+    @never_raises
+    def _start(self) -> None:
+        self._in_flight = self.metrics.families[c.CLIENT_IN_FLIGHT].labels(*self._labels)
+        self._in_flight.inc()
+
+    @never_raises
+    def first_token(self, ttft_s: float, prefill_leg_s: float, decode_first_leg_s: float) -> None:
+        """TTFT and its parts; the proxy's own share is what the two legs do not explain."""
+        f = self.metrics.families
+        f[c.CLIENT_TTFT].labels(*self._labels).observe(ttft_s)
+        stage = f[c.CLIENT_STAGE]
+        stage.labels(*self._labels, str(c.Stage.PREFILL_LEG)).observe(prefill_leg_s)
+        stage.labels(*self._labels, str(c.Stage.DECODE_FIRST_LEG)).observe(decode_first_leg_s)
+        stage.labels(*self._labels, str(c.Stage.PROXY)).observe(max(0.0, ttft_s - prefill_leg_s - decode_first_leg_s))
+
+    @never_raises
+    def tpot(self, first_token_at: float, last_token_at: float, completion_tokens: int | None) -> None:
+        if completion_tokens is not None and completion_tokens > 1:
+            self.metrics.families[c.CLIENT_TPOT].labels(*self._labels).observe(
+                (last_token_at - first_token_at) / (completion_tokens - 1))
+
+    @never_raises
+    def finish(self, outcome: c.Outcome, now: float | None = None) -> None:
+        """Outcome and in-flight always; e2e when the client got a whole answer (ok or error), not
+        when it left before the last byte."""
+        if self.finished:
+            return
+        self.finished = True
+        f = self.metrics.families
+        f[c.CLIENT_REQUESTS].labels(*self._labels, str(outcome)).inc()
+        if outcome is not c.Outcome.ABORTED:
+            f[c.CLIENT_E2E].labels(*self._labels).observe((time.perf_counter() if now is None else now) - self.t0)
+        if self._in_flight is not None:
+            self._in_flight.dec()
