@@ -4,7 +4,7 @@
 evaluator, the detectors with their findings book (and the Alertmanager publisher when one is
 configured), and the scaling advisor with its actuator and leader election; it hands the
 advisor the findings book explicitly and returns the API routers of those parts
-(``/v1/findings``, ``/v1/recommendations``, ``/v1/scale/keda``, ``/v1/decisions``) next to the
+(``/v1/findings``, ``/v1/ttft-breakdown``, ``/v1/recommendations``, ``/v1/scale/keda``, ``/v1/decisions``) next to the
 guard. Every part always ships: nothing here is looked up by name or tolerated as missing.
 
 ``serve`` composes everything; ``check`` only the source and the SLOs (a one-shot judgement:
@@ -29,6 +29,8 @@ from sla_guard.detect.alertmanager import AlertPublisher
 from sla_guard.detect.evaluators import build_evaluators
 from sla_guard.detect.evaluators import router as findings_router
 from sla_guard.detect.findings import FindingsBook
+from sla_guard.detect.stages import StageBreakdownEvaluator
+from sla_guard.detect.stages import router as stages_router
 from sla_guard.ingest import build_source
 from sla_guard.ingest.source import Source
 from sla_guard.leader import Elector, FileLockElector, LeaseElector
@@ -76,10 +78,12 @@ def compose(config: GuardConfig, *, source: Source | None = None, state: StateSt
         guard.add_state("findings", book)  # open findings survive a restart (sla_guard.state)
         for ev in build_evaluators(book, config.detectors):
             guard.add_evaluator(ev)
+        stages = StageBreakdownEvaluator(config, book)  # where the client TTFT went; stage growth
+        guard.add_evaluator(stages)
         publisher = AlertPublisher.from_settings(book, config.alertmanager, guard.metrics)
         if publisher is not None:
             publisher.start()
-        routers.append(findings_router(book))
+        routers += [findings_router(book), stages_router(stages)]
     adv = None
     if advisor:
         cfg = config.advisor

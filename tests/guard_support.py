@@ -30,15 +30,17 @@ class Engine:
     """One simulated engine = one registry + recorder; ``restart()`` models an engine restart
     (new registry: every counter back to zero)."""
 
-    def __init__(self, model: str = "m", pool: str = "decode", engine: str = "0") -> None:
+    def __init__(self, model: str = "m", pool: str = "decode", engine: str = "0",
+                 components: tuple[Component, ...] = (Component.ENGINE,)) -> None:
         self.model, self.pool, self.engine = model, pool, engine
+        self.components = components
         self.lock = threading.Lock()
         self.restart()
 
     def restart(self) -> None:
         with getattr(self, "lock", threading.Lock()):
             self.registry = CollectorRegistry()
-            self.rec = EngineRecorder(ContractMetrics(self.registry, components=(Component.ENGINE,)),
+            self.rec = EngineRecorder(ContractMetrics(self.registry, components=self.components),
                                       self.model, self.pool, self.engine)
             self.sent_ttft: list[float] = []
             self.sent_tpot: list[float] = []
@@ -75,11 +77,19 @@ class Router:
 
         self._ttft = hist(c.CLIENT_TTFT).labels(**labels)
         self._tpot = hist(c.CLIENT_TPOT).labels(**labels)
+        stage = hist(c.CLIENT_STAGE)
+        self._stage = {s.value: stage.labels(**labels, stage=s.value) for s in c.Stage}
         self.sent_ttft: list[float] = []
 
-    def request(self, ttft: float, tpot: float) -> None:
+    def request(self, ttft: float, tpot: float, prefill_leg: float | None = None,
+                decode_first_leg: float | None = None) -> None:
+        """One client request; with both legs, the router's stages too (proxy = the rest)."""
         self._ttft.observe(ttft)
         self._tpot.observe(tpot)
+        if prefill_leg is not None and decode_first_leg is not None:
+            self._stage["prefill_leg"].observe(prefill_leg)
+            self._stage["decode_first_leg"].observe(decode_first_leg)
+            self._stage["proxy"].observe(ttft - prefill_leg - decode_first_leg)
         self.sent_ttft.append(ttft)
 
     def exposition(self) -> str:
