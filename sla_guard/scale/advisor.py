@@ -7,6 +7,10 @@ replay policy run the very same code. The sizing and guardrail math lives in ``c
 ``guardrails``; this module wires it and decides which samples are admissible for learning
 (warm engines only: a replica younger than ``warmup_s`` teaches nothing, which is what makes
 other planners over-scale right after a cold start).
+
+Where the deployment exports a client scope (a P/D proxy's ``pool="client"`` series), TTFT is
+judged as the client sees it and blamed by stage (:func:`prefill_ttft_share`, ``_size_decode``);
+otherwise the prefill pool's own TTFT is used, as before.
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ from sla_guard.scale.learn import (
     update_prefill_capacity,
     update_step_model,
 )
-from sla_guard.scale.observe import PoolReading, Reader
+from sla_guard.scale.observe import ClientReading, PoolReading, Reader
 from sla_guard.settings.advisor import AdvisorConfig
 
 POOLS = ("prefill", "decode")
@@ -68,6 +72,39 @@ def leak_restarts(findings: list[Finding] | tuple[Finding, ...], model: str) -> 
                                       confidence=1.0 if f.severity == "critical" else 0.7,
                                       numbers=numbers, action="rolling_restart", replica=replica))
     return out
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillTTFT:
+    """The TTFT signal the prefill pool is sized on: its tails and the SLA budget they are held to."""
+
+    tail_s: float | None
+    learn_s: float | None
+    budget_s: float
+    numbers: dict[str, float] = field(default_factory=dict)
+
+
+def prefill_ttft_share(client: ClientReading, slo_s: float) -> PrefillTTFT:
+    """The client's TTFT as the prefill pool's signal: the client's tails minus the mean time
+    spent outside prefill (decode first leg: KV hand-off, decode queue, first step; the router's
+    own time), held to the SLA minus that same time. So the prefill pool is over its budget exactly
+    when the client's tail is over the SLA and only for the part it can change, and the
+    proportional rule scales on the prefill part alone. The budget never drops below half the SLA:
+    when the decode side takes more than that, the decode side is responsible (``_size_decode``),
+    and prefill acts only if its own part exceeds half the SLA too. Without stage series (a router
+    exporting TTFT only) the whole client TTFT is the prefill pool's."""
+    nums: dict[str, float] = {"ttft_from_client": 1.0}
+    if client.ttft_tail_s is not None:
+        nums["client_ttft_tail_s"] = round(client.ttft_tail_s, 4)
+    other = client.outside_prefill_s
+    if other is None:
+        return PrefillTTFT(client.ttft_tail_s, client.ttft_learn_s, slo_s, nums)
+    nums["ttft_outside_prefill_s"] = round(other, 4)
+
+    def part(v: float | None) -> float | None:
+        return None if v is None else max(0.0, v - other)
+
+    return PrefillTTFT(part(client.ttft_tail_s), part(client.ttft_learn_s), max(slo_s - other, 0.5 * slo_s), nums)
 
 
 class Advisor:
@@ -137,11 +174,12 @@ class Advisor:
             self.last = decs
             return decs, restarts
         readings = {p: self.reader.read(view, self.model, p, now) for p in POOLS}
+        client = self.reader.read_client(view, self.model, now)
         counts = {p: counts[p] if p in counts else self._counts_from_view(p, readings[p], now) for p in POOLS}
         excluded = dict.fromkeys(POOLS, 0)
         self._learn(now, readings, excluded)
-        sizings = {"prefill": self._size_prefill(now, readings["prefill"], counts["prefill"]),
-                   "decode": self._size_decode(now, readings["decode"], counts["decode"])}
+        sizings = {"prefill": self._size_prefill(now, readings["prefill"], counts["prefill"], client),
+                   "decode": self._size_decode(now, readings["decode"], counts["decode"], client)}
         decs: dict[str, Decision] = {}
         for p in POOLS:
             ready, starting = counts[p]
@@ -151,7 +189,8 @@ class Advisor:
             d = decide(p, now, ready, starting, sz, self.memory[p], self._rails(p))
             d.numbers["cold_samples_excluded"] = excluded[p]
             decs[p] = d
-        pressure = {"prefill": (sizings["prefill"].numbers.get("ttft_tail_s", 0.0) / self.slo_ttft_s),
+        pn = sizings["prefill"].numbers
+        pressure = {"prefill": (pn.get("ttft_tail_s", 0.0) / (pn.get("ttft_slo_s") or self.slo_ttft_s)),
                     "decode": (sizings["decode"].numbers.get("tpot_tail_s", 0.0) / self.slo_tpot_s)}
         gpus = {p: cfg.limits(p).gpus_per_replica for p in POOLS}
         decs = apply_budget(decs, gpus, cfg.gpu_budget, pressure)
@@ -206,14 +245,19 @@ class Advisor:
         last = self.memory[pool].last_starting_t  # as of the previous tick: decide() updates it
         return starting == 0 and (last is None or now - last >= self.cfg.window_s)
 
-    def _size_prefill(self, now: float, r: PoolReading, counts: tuple[int, int]) -> Sizing:
+    def _size_prefill(self, now: float, r: PoolReading, counts: tuple[int, int],
+                      client: ClientReading | None = None) -> Sizing:
         t, cfg = r.totals, self.cfg
         settled = self._settled("prefill", now, counts[1])
+        if client is not None:
+            sig = prefill_ttft_share(client, self.slo_ttft_s)
+        else:  # no client scope: the prefill pool's own TTFT, against the whole SLA
+            sig = PrefillTTFT(t.get("ttft_tail_s"), t.get("ttft_learn_s"), self.slo_ttft_s)
         hist = self.learned.waiting_hist.setdefault("prefill", deque(maxlen=64))
         wslope = self._trend(hist, now, t.get("waiting"), max(4 * cfg.interval_s, 60.0))
         obs = PrefillObs(ready=counts[0], starting=counts[1], uncached_tps=t.get("uncached_tps"),
                          requests_per_s=t.get("requests_per_s"), waiting=t.get("waiting"), waiting_slope=wslope,
-                         ttft_tail_s=t.get("ttft_tail_s"), ttft_slo_s=self.slo_ttft_s,
+                         ttft_tail_s=sig.tail_s, ttft_slo_s=sig.budget_s,
                          peak_uncached_tps=self._peak("prefill_demand", now, t.get("uncached_tps")),
                          settled=settled,
                          # long prompts come in bursts: the window's share can be 0 between two
@@ -224,9 +268,9 @@ class Advisor:
         if self.cfg.adapt_utilization and cap.samples >= 3 and counts[0] > 0 and obs.uncached_tps is not None \
                 and settled:
             u_obs = obs.uncached_tps / (cap.tokens_per_s * counts[0])
-            self.u_target = adapt_target_utilization(self.u_target, u_obs, t.get("ttft_learn_s"), self.slo_ttft_s)
-            learn_tail = t.get("ttft_learn_s")
-            if learn_tail is not None and learn_tail <= 0.8 * self.slo_ttft_s:
+            self.u_target = adapt_target_utilization(self.u_target, u_obs, sig.learn_s, sig.budget_s)
+            learn_tail = sig.learn_s
+            if learn_tail is not None and learn_tail <= 0.8 * sig.budget_s:
                 self._proven.append((now, u_obs))
         recent = [u for ts, u in self._proven if ts >= now - 3600.0]
         proven = max(recent) if recent else None
@@ -234,9 +278,11 @@ class Advisor:
         s = size_prefill(obs, cap, knobs)
         if t.get("prefix_hit_ratio") is not None:
             s.numbers["prefix_hit_ratio"] = round(float(t["prefix_hit_ratio"]), 4)
+        s.numbers.update(sig.numbers)
         return s
 
-    def _size_decode(self, now: float, r: PoolReading, counts: tuple[int, int]) -> Sizing:
+    def _size_decode(self, now: float, r: PoolReading, counts: tuple[int, int],
+                     client: ClientReading | None = None) -> Sizing:
         t, cfg = r.totals, self.cfg
         settled = self._settled("decode", now, counts[1])
         rslope = self._trend(self.learned.running_hist, now, t.get("running"), max(8 * cfg.interval_s, 120.0))
@@ -247,7 +293,30 @@ class Advisor:
                         preemptions_per_s=t.get("preemptions_per_s"), accepted_len=self._accepted_len or 1.0,
                         tpot_tail_s=t.get("tpot_tail_s"), tpot_slo_s=self.slo_tpot_s,
                         peak_running=self._peak("decode_running", now, t.get("running")), settled=settled)
-        return size_decode(obs, self.learned.decode, DecodeKnobs.from_config(cfg))
+        s = size_decode(obs, self.learned.decode, DecodeKnobs.from_config(cfg))
+        if client is not None and s.desired is not None:
+            self._decode_ttft_blame(s, client, obs)
+        return s
+
+    def _decode_ttft_blame(self, s: Sizing, client: ClientReading, obs: DecodeObs) -> None:
+        """The client's TTFT tail over the SLA with the decode first leg (KV hand-off, decode
+        queue, first step) slower than the prefill leg at the same quantile: the decode side is
+        where the time goes, so decode may not shrink and, once settled, grows by one (as for a
+        TPOT breach). The prefill pool is not blamed for that part (``prefill_ttft_share``)."""
+        tail, d_leg, p_leg = client.ttft_tail_s, client.decode_first_leg_tail_s, client.prefill_leg_tail_s
+        if tail is None or d_leg is None or p_leg is None:
+            return
+        s.numbers["decode_first_leg_tail_s"] = round(d_leg, 4)
+        s.numbers["prefill_leg_tail_s"] = round(p_leg, 4)
+        if tail <= self.slo_ttft_s or d_leg <= p_leg:
+            return
+        s.fits_at_n_minus_1 = s.strong_fit = False
+        n_eff = obs.ready + obs.starting
+        if s.desired <= n_eff and obs.starting == 0 and obs.settled:
+            s.desired = n_eff + 1
+            s.reasons = [x for x in s.reasons if x not in ("decode_steady", "decode_over_provisioned",
+                                                           "decode_n_minus_1_would_not_fit")]
+            s.reasons.append("client_ttft_over_sla_decode_leg")
 
 
 def to_recommendation(model: str, d: Decision) -> PoolRecommendation:

@@ -3,6 +3,11 @@ the simulator's replay store): pool totals for sizing and per-engine samples for
 
 All queries go through contract ``Metric`` objects; missing data comes back as ``None`` so the
 sizing holds instead of acting on zeros.
+
+TTFT is read where the client sees it when the deployment has a client scope (a P/D proxy or
+router exporting ``pool="client"``, ``route="pd"``): :meth:`Reader.read_client` gives the client
+TTFT and the router-measured stages, which the advisor uses to judge the SLA and to split the
+blame between the pools. Without one, the prefill pool's own TTFT is read, as before.
 """
 
 from __future__ import annotations
@@ -121,6 +126,31 @@ def tail_sample_floor(q: float, exceedances: float = 10.0) -> float:
     return exceedances / max(1.0 - q, 1e-9)
 
 
+@dataclass(slots=True)
+class ClientReading:
+    """The client scope of one model over the window (P/D route): TTFT as the client sees it and
+    the router-measured stages of it. ``None`` values: too few requests for that quantile, or
+    no stage series (a router that exports TTFT only)."""
+
+    requests: float = 0.0  # client TTFTs observed in the window
+    ttft_mean_s: float | None = None
+    ttft_tail_s: float | None = None  # at the tail (control) quantile
+    ttft_learn_s: float | None = None  # at the learn quantile
+    prefill_leg_mean_s: float | None = None
+    decode_first_leg_mean_s: float | None = None
+    proxy_mean_s: float | None = None
+    prefill_leg_tail_s: float | None = None
+    decode_first_leg_tail_s: float | None = None
+
+    @property
+    def outside_prefill_s(self) -> float | None:
+        """Mean time of a request's TTFT the prefill pool cannot change (decode leg: KV hand-off,
+        decode queue, first step; and the router's own time); None without stage series."""
+        if self.decode_first_leg_mean_s is None:
+            return None
+        return self.decode_first_leg_mean_s + (self.proxy_mean_s or 0.0)
+
+
 class Reader:
     """Stateless queries; one call per pool per tick."""
 
@@ -130,6 +160,44 @@ class Reader:
         self.tail_quantile = tail_quantile
         self.learn_quantile = learn_quantile
         self.long_prefill_s = long_prefill_s
+
+    def _quantile(self, view: MetricsView, metric: Metric, mt: Mapping[str, str], n: float, q: float,
+                  now: float) -> float | None:
+        if n < tail_sample_floor(q):
+            return None  # a tail of a handful of requests is one request
+        vals = [v for v in view.histogram_quantile(q, metric.name, mt, self.window_s, now, ()).values() if v == v]
+        return max(vals) if vals else None
+
+    def _mean(self, view: MetricsView, metric: Metric, mt: Mapping[str, str], now: float) -> tuple[float, float | None]:
+        """(observations, mean) of a histogram over the window; mean None without observations."""
+        cnt = view.increase(sample_name(metric, "_count"), mt, self.window_s, now, ())
+        n = sum(cnt.values()) if cnt else 0.0
+        if n <= 0:
+            return n, None
+        tot = view.increase(sample_name(metric, "_sum"), mt, self.window_s, now, ())
+        return n, (sum(tot.values()) / n if tot else None)
+
+    def read_client(self, view: MetricsView, model: str, now: float) -> ClientReading | None:
+        """The client scope's TTFT and stages for ``model`` (route "pd"); None when the deployment
+        exports no client scope for it (no client TTFT series in the window)."""
+        mt: dict[str, str] = {"pool": c.Pool.CLIENT.value, "route": c.Route.PD.value}
+        if model not in ("", "*"):
+            mt["model"] = model
+        counted = view.increase(sample_name(c.CLIENT_TTFT, "_count"), mt, self.window_s, now, ())
+        if not counted:
+            return None
+        r = ClientReading()
+        r.requests, r.ttft_mean_s = self._mean(view, c.CLIENT_TTFT, mt, now)
+        r.ttft_tail_s = self._quantile(view, c.CLIENT_TTFT, mt, r.requests, self.tail_quantile, now)
+        r.ttft_learn_s = self._quantile(view, c.CLIENT_TTFT, mt, r.requests, self.learn_quantile, now)
+        for stage in c.Stage:
+            smt = {**mt, "stage": stage.value}
+            n, mean = self._mean(view, c.CLIENT_STAGE, smt, now)
+            setattr(r, f"{stage.value}_mean_s", mean)
+            if stage is not c.Stage.PROXY:
+                setattr(r, f"{stage.value}_tail_s", self._quantile(view, c.CLIENT_STAGE, smt, n,
+                                                                   self.tail_quantile, now))
+        return r
 
     def read(self, view: MetricsView, model: str, pool: str, now: float) -> PoolReading:
         w = self.window_s

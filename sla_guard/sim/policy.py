@@ -16,7 +16,8 @@ way (the simulator uses the scaling library, never the reverse):
   throughput loop every 180 s sizing pools from profiled per-engine capacity at the TTFT / ITL
   targets with observed/expected correction factors, and a 5 s load loop that adds one replica
   when every engine misses its target and removes one only if N-1 engines would meet it at
-  load x N/(N-1); nothing new while a scaling is in progress;
+  load x N/(N-1); nothing new while a scaling is in progress. TTFT is the client's where the
+  deployment has a client scope (Dynamo reads it at its frontend), else the prefill engines';
 - ``guard``: the advisor (``sla_guard.scale.advisor``) with profile priors and online learning.
 
 All see the same ``Observation`` on the same simulated deployment, so the closed-loop comparison
@@ -170,6 +171,15 @@ def _mean(view, metric, matchers, window, now) -> float | None:
     return s / n if s is not None and n else None
 
 
+CLIENT_PD = {"pool": c.Pool.CLIENT.value, "route": c.Route.PD.value}
+
+
+def client_ttft_mean(view, window, now) -> float | None:
+    """Mean TTFT as the client sees it (the P/D proxy's client scope), None without one: what
+    Dynamo's planner reads from its frontend."""
+    return _mean(view, c.CLIENT_TTFT, CLIENT_PD, window, now)
+
+
 # ---------------------------------------------------------------------------------------------
 
 
@@ -228,8 +238,10 @@ class PlannerPolicy:
         isl = prompt / n_req
         hit = 1.0 - (computed or 0.0) / prompt
         osl = gen / n_dec if gen and n_dec else 300.0
-        # prefill: correction = observed / expected TTFT, applied as min(1, corr) like Dynamo
-        ttft = _mean(view, c.REQUEST_TTFT, pre, w, now) or _mean(view, c.REQUEST_TTFT, {}, w, now)
+        # prefill: correction = observed / expected TTFT, applied as min(1, corr) like Dynamo; the
+        # observed TTFT is the client's (Dynamo reads it at its frontend) where a client scope exists
+        ttft = (client_ttft_mean(view, w, now) or _mean(view, c.REQUEST_TTFT, pre, w, now)
+                or _mean(view, c.REQUEST_TTFT, {}, w, now))
         p_corr = (ttft / prefill_ttft_s(prof, isl * (1 - hit))) if ttft else 1.0
         demand = n_req / w * isl * (1 - hit) * min(1.0, p_corr)
         num_p = math.ceil(demand / prefill_tokens_per_s(prof, isl))
@@ -273,7 +285,12 @@ class PlannerPolicy:
         if st is not None and st.ready:
             s = view.increase(sample_name(c.REQUEST_TTFT, "_sum"), {"pool": "prefill"}, w, now, by)
             n = view.increase(sample_name(c.REQUEST_TTFT, "_count"), {"pool": "prefill"}, w, now, by)
-            ttft = [s[k] / n[k] for k in n if n[k] > 0 and k in s]
+            # per engine TTFT as the client would see it: the engine's own plus what the client
+            # scope shows beyond the prefill engines (hand-off, decode's first step, proxy), if any
+            client = client_ttft_mean(view, w, now)
+            engine = _mean(view, c.REQUEST_TTFT, {"pool": "prefill"}, w, now)
+            extra = max(0.0, client - engine) if client is not None and engine is not None else 0.0
+            ttft = [s[k] / n[k] + extra for k in n if n[k] > 0 and k in s]
             if ttft and len(ttft) >= st.ready and all(x > obs.slo_ttft_s for x in ttft):
                 out["prefill"] = st.current + 1
             elif ttft and st.ready > 1 and max(ttft) * st.ready / (st.ready - 1) < obs.slo_ttft_s * self.sensitivity:
