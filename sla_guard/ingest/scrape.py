@@ -9,7 +9,9 @@ stamped with its start time, as Prometheus does. A failed scrape (refused, timeo
 too large, unparsable) writes ``up=0`` and a staleness marker for the target, counts
 ``guard_scrape_errors{target,kind}``, and the next round simply tries again: recovery needs
 nothing. Per-sample problems (NaN, duplicates, series or label limits) are counted with their
-kind while the rest of the page is stored.
+kind while the rest of the page is stored. A target with ``adapter:`` (a P/D router's own page:
+Dynamo, llm-d, production-stack) is translated onto the contract's client scope
+(``exporters.routers``) before it is stored; other targets keep the fast text path.
 """
 
 from __future__ import annotations
@@ -24,12 +26,14 @@ import httpx
 
 from exporters import contract as c
 from exporters.prometheus import ContractMetrics
+from exporters.routers import translate
 from sla_guard.config import ScrapeSource as ScrapeConfig
 from sla_guard.config import Target
+from sla_guard.exposition import ExpositionError, parse_exposition
 from sla_guard.ingest.discovery import TargetDiscovery
 from sla_guard.ingest.source import UP, TargetState
 from sla_guard.redact import redact_text, redact_url
-from sla_guard.store import SeriesStore
+from sla_guard.store import IngestResult, SeriesStore
 
 log = logging.getLogger("sla_guard.ingest.scrape")
 
@@ -119,7 +123,10 @@ class Scraper:
             if deadline is None:
                 deadline = asyncio.get_running_loop().time() + self.cfg.timeout_s
             text = await self._fetch(target.url, deadline)
-            res = self.store.ingest_text(text, ts, labels, group=name, honor_labels=honor)
+            if target.adapter is None:
+                res = self.store.ingest_text(text, ts, labels, group=name, honor_labels=honor)
+            else:  # a router's own page: only its client-scope translation is stored
+                res = self._ingest_router(text, ts, name, target)
             if res.errors.get("parse"):
                 raise ScrapeFailed("parse", "malformed exposition")
         except ScrapeFailed as err:
@@ -140,6 +147,24 @@ class Scraper:
         st.last_scrape = ts
         st.last_duration_s = time.perf_counter() - t0
         return st
+
+    def _ingest_router(self, text: str, ts: float, name: str, target: Target) -> IngestResult:
+        """A router page (``target.adapter``) -> contract client-scope samples -> the store.
+        The router's model label wins (a router serves several models); the target's model
+        stands in where the router has none. A page with samples but nothing the adapter knows
+        is counted as ``adapter_no_match`` (wrong adapter, or a renamed family)."""
+        try:
+            samples, _ = parse_exposition(text)
+        except ExpositionError:
+            res = IngestResult()
+            res.errors["parse"] += 1
+            return res
+        mapped = translate(samples, target.adapter, default_model=target.model)
+        res = self.store.ingest_samples(mapped, ts, {"instance": name, "pool": target.pool}, group=name,
+                                        honor_labels=True)
+        if samples and not mapped:
+            res.errors["adapter_no_match"] += 1
+        return res
 
     async def _fetch(self, url: str, deadline: float) -> str:
         """The page at ``url``, complete before ``deadline`` (event-loop time), or ScrapeFailed.
