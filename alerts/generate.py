@@ -1,4 +1,4 @@
-"""Render the Prometheus rule files: ``alerts/rules/{slo,engine,host,guard}.yaml``.
+"""Render the Prometheus rule files: ``alerts/rules/{slo,engine,host,guard,routers}.yaml``.
 
 ``render_rules`` is pure (config + params -> {file name: YAML text}); ``write`` and ``diff`` are the
 I/O edges used by ``sla-guard generate [--check]`` and by the tests.
@@ -12,6 +12,7 @@ import yaml
 
 from alerts.component_rules import component_groups
 from alerts.params import RuleParams
+from alerts.router_rules import router_groups
 from alerts.slo_rules import slo_groups
 from sla_guard.config import GuardConfig
 
@@ -40,6 +41,7 @@ def render_rules(config: GuardConfig | None = None, params: RuleParams | None = 
     params = params or RuleParams(runbook_base_url=config.alertmanager.runbook_base_url)
     files = {"slo.yaml": slo_groups(config, params)}
     files.update({f"{stem}.yaml": groups for stem, groups in component_groups(params).items()})
+    files["routers.yaml"] = router_groups()  # client scope from Dynamo / llm-d / production-stack
     return {name: HEADER + dump({"groups": groups}) for name, groups in files.items()}
 
 

@@ -263,3 +263,23 @@ def test_adapter_target_with_a_foreign_page_is_flagged_and_normal_targets_keep_t
         assert {dict(k)["instance"] for k in got} == {"engine"}
     finally:
         srv.stop()
+
+
+# -- Prometheus mode: the same table as recording rules ----------------------------------------
+def test_recording_rules_come_from_the_same_table():
+    import yaml
+
+    from alerts.generate import RULES_DIR, render_rules
+
+    text = render_rules()["routers.yaml"]
+    assert (RULES_DIR / "routers.yaml").read_text() == text  # committed file regenerated exactly
+    groups = {g["name"]: g["rules"] for g in yaml.safe_load(text)["groups"]}
+    for ad in ADAPTERS.values():
+        rules = groups[f"sla-guard-router-{ad.name}"]
+        assert {r["labels"]["router"] for r in rules} == {ad.name}
+        assert all(r["labels"]["pool"] == "client" and r["labels"]["route"] == ad.route.value for r in rules)
+        exprs = "\n".join(r["expr"] for r in rules)
+        for mp in ad.mappings:
+            assert mp.native in exprs, (ad.name, mp.native)
+        # the scraper's translation of the rebuilt page yields exactly the recorded series
+        assert {n for n, _, _ in translate_text(page(ad.name), ad)} == {r["record"] for r in rules}
