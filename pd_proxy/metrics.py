@@ -132,8 +132,10 @@ class RequestStats:
             return
         self.finished = True
         f = self.metrics.families
-        f[c.CLIENT_REQUESTS].labels(*self._labels, str(outcome)).inc()
-        if outcome is not c.Outcome.ABORTED:
-            f[c.CLIENT_E2E].labels(*self._labels).observe((time.perf_counter() if now is None else now) - self.t0)
-        if self._in_flight is not None:
-            self._in_flight.dec()
+        try:
+            f[c.CLIENT_REQUESTS].labels(*self._labels, str(outcome)).inc()
+            if outcome is not c.Outcome.ABORTED:
+                f[c.CLIENT_E2E].labels(*self._labels).observe((time.perf_counter() if now is None else now) - self.t0)
+        finally:  # whatever failed above, the request is no longer in flight
+            if self._in_flight is not None:
+                self._in_flight.dec()

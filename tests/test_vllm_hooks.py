@@ -1,7 +1,7 @@
 """The hooks inside REAL CPU vLLM (.venv-vllm), loaded through their entry points.
 
 Engines: the shared ngram spec-decode engine (conftest ``vllm_spec_engine``), a P/D pair with
-ExampleConnector behind tests/pd_proxy.py, and DP=2 with two API servers. Every assertion
+ExampleConnector behind sla-guard-proxy (pd_proxy), and DP=2 with two API servers. Every assertion
 compares the hook's series with vLLM's own counters or with psutil, read at the same moment.
 """
 
@@ -15,9 +15,9 @@ import psutil
 import pytest
 import vllm_support as vs
 from fixtures.otlp_receiver import OtlpReceiver, attrs
-from pd_proxy import PdProxy
 
 from exporters import contract as c
+from pd_proxy import ProxyConfig, ProxyThread
 
 pytestmark = pytest.mark.vllm
 
@@ -112,7 +112,7 @@ def test_pd_pair_pools_external_hits_and_kv_wait_gauge(vllm_server_factory, tmp_
     try:
         vs.wait_healthy(prefill)
         vs.wait_healthy(decode)
-        proxy = PdProxy(prefill.base_url, decode.base_url, vs.free_port()).start()
+        proxy = ProxyThread(ProxyConfig(prefill=(prefill.base_url,), decode=(decode.base_url,))).start()
         n = 3
         for i in range(n):  # > 128 tokens (the CPU block size) so whole blocks are stored and loaded
             body = {"model": vs.MODEL_NAME, "max_tokens": 8, "ignore_eos": True, "temperature": 0.0,

@@ -1,0 +1,522 @@
+"""sla-guard-proxy (pd_proxy/) over real loopback HTTP.
+
+The engines here are small real HTTP servers on 127.0.0.1 that speak vLLM's OpenAI completions
+and chat-completions formats (JSON answers, SSE streams with the final usage chunk when asked,
+``kv_transfer_params`` from prefill), not vLLM: engine errors, an engine slower than its deadline,
+a stream that stalls and a client that leaves mid-stream cannot be produced on demand by a real
+vLLM. The proxy itself runs under uvicorn in a thread of this process, so the proxy's clock and the
+test client's clock are the same ``time.perf_counter``: client-measured times bound the proxy's
+exactly (the proxy's TTFT starts after the client sent and ends before the client received).
+Real CPU vLLM drives the proxy in tests/test_vllm_hooks.py (the P/D pair) and tests/test_pd_e2e.py.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from exporters import contract as c
+from pd_proxy import ProxyConfig, ProxyThread, legs
+from pd_proxy.balance import EnginePool
+from pd_proxy.metrics import ClientMetrics
+
+ROOT = Path(__file__).resolve().parents[1]
+ROUTER = "proxy-under-test"
+
+
+# --- stand-in engines ------------------------------------------------------------------------------
+
+class Engine:
+    """A vLLM-shaped engine. Prefill answers one token and ``kv_transfer_params``; decode answers
+    whole or streams ``tokens`` chunks (first after ``first_token_s``, then every ``itl_s``), then
+    the usage chunk if asked, then ``[DONE]``. Knobs: ``delay_s`` before any answer, ``status`` /
+    ``error`` for an error answer, ``stall_after`` tokens then ``stall_s`` of silence. Records every request and
+    whether the proxy hung up mid-stream."""
+
+    def __init__(self, role: str, name: str = "") -> None:
+        self.role, self.name = role, name or role
+        self.requests: list[dict] = []
+        self.headers: list[dict[str, str]] = []
+        self.delay_s = 0.0
+        self.first_token_s = 0.0
+        self.itl_s = 0.0
+        self.tokens = 5
+        self.status = 200
+        self.error: tuple[bytes, str] = (b'{"error": {"message": "nope", "code": 400}}', "application/json")
+        self.stall_after: int | None = None
+        self.stall_s = 3.0
+        self.hung_up = threading.Event()
+        self.active = 0
+        eng = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                eng.requests.append(body)
+                eng.headers.append({k.lower(): v for k, v in self.headers.items()})
+                eng.active += 1
+                try:
+                    eng.answer(self, body)
+                except (BrokenPipeError, ConnectionResetError):
+                    eng.hung_up.set()
+                finally:
+                    eng.active -= 1
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.httpd.server_port}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+    @staticmethod
+    def _send(h, status: int, data: bytes, ctype: str) -> None:
+        h.send_response(status)
+        h.send_header("Content-Type", ctype)
+        h.send_header("Content-Length", str(len(data)))
+        h.end_headers()
+        h.wfile.write(data)
+
+    def answer(self, h, body: dict) -> None:
+        time.sleep(self.delay_s)
+        if self.status != 200:
+            self._send(h, self.status, *self.error)
+            return
+        chat = h.path.endswith("/chat/completions")
+        if self.role == "prefill":
+            out = {"id": "p", "choices": [{"index": 0, "text": "x"}], "usage": {"completion_tokens": 1},
+                   "kv_transfer_params": {"do_remote_prefill": True, "do_remote_decode": False,
+                                          "remote_engine_id": self.name, "remote_block_ids": [1, 2],
+                                          "remote_host": "10.0.0.1", "remote_port": 5600}}
+            self._send(h, 200, json.dumps(out).encode(), "application/json")
+            return
+        if not body.get("stream"):
+            msg = {"message": {"role": "assistant", "content": "hello world"}} if chat else {"text": "hello world"}
+            out = {"id": "d", "choices": [{"index": 0, **msg}], "usage": {"completion_tokens": self.tokens}}
+            self._send(h, 200, json.dumps(out).encode(), "application/json")
+            return
+        h.send_response(200)
+        h.send_header("Content-Type", "text/event-stream; charset=utf-8")
+        h.end_headers()
+
+        def event(obj) -> None:
+            h.wfile.write(b"data: " + (obj if isinstance(obj, bytes) else json.dumps(obj).encode()) + b"\n\n")
+            h.wfile.flush()
+
+        if chat:  # vLLM's first chat chunk: the role, no text
+            event({"id": "d", "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}],
+                   "usage": None})
+        time.sleep(self.first_token_s)
+        for i in range(self.tokens):
+            if i:
+                time.sleep(self.itl_s)
+            if self.stall_after is not None and i == self.stall_after:
+                time.sleep(self.stall_s)
+            choice = {"index": 0, "delta": {"content": f"t{i} "}} if chat else {"index": 0, "text": f"t{i} "}
+            event({"id": "d", "choices": [choice], "usage": None})
+        if (body.get("stream_options") or {}).get("include_usage"):
+            event({"id": "d", "choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": self.tokens,
+                                                        "total_tokens": 3 + self.tokens}})
+        event(b"[DONE]")
+
+
+@pytest.fixture
+def engines():
+    made: list[Engine] = []
+
+    def make(role: str, name: str = "") -> Engine:
+        made.append(Engine(role, name))
+        return made[-1]
+
+    yield make
+    for e in made:
+        e.close()
+
+
+@pytest.fixture
+def proxies():
+    made: list[ProxyThread] = []
+
+    def make(prefill, decode, **kw) -> ProxyThread:
+        p = [e.url if isinstance(e, Engine) else e for e in prefill]
+        d = [e.url if isinstance(e, Engine) else e for e in decode]
+        made.append(ProxyThread(ProxyConfig(prefill=tuple(p), decode=tuple(d), router=ROUTER, **kw)).start())
+        return made[-1]
+
+    yield make
+    for p in made:
+        p.stop()
+
+
+def scrape(url: str) -> dict[tuple[str, frozenset], float]:
+    text = httpx.get(url + "/metrics", timeout=5).text
+    return {(s.name, frozenset(s.labels.items())): s.value
+            for fam in text_string_to_metric_families(text) for s in fam.samples}
+
+
+def value(samples: dict, name: str, **labels: str) -> float:
+    """Sum of the samples of ``name`` whose labels include ``labels``."""
+    want = set(labels.items())
+    return sum(v for (n, ls), v in samples.items() if n == name and want <= ls)
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def stream(url: str, body: dict, headers: dict | None = None, timeout: float = 30):
+    """Stream a request; returns (response, events [(t, payload)], t_sent)."""
+    events: list[tuple[float, str]] = []
+    t_sent = time.perf_counter()
+    with httpx.stream("POST", url, json=body, headers=headers or {}, timeout=timeout) as r:
+        for line in r.iter_lines():
+            if line.startswith("data:"):
+                events.append((time.perf_counter(), line[5:].strip()))
+    return r, events, t_sent
+
+
+def token_times(events) -> list[float]:
+    out = []
+    for t, data in events:
+        if data != "[DONE]":
+            ch = json.loads(data).get("choices") or []
+            if any(x.get("text") or (x.get("delta") or {}).get("content") for x in ch):
+                out.append(t)
+    return out
+
+
+# --- streaming: the numbers ------------------------------------------------------------------------
+
+def test_streamed_completion_ttft_stages_tpot_e2e_match_what_the_client_measured(engines, proxies):
+    p, d = engines("prefill"), engines("decode")
+    p.delay_s, d.first_token_s, d.itl_s, d.tokens = 0.20, 0.30, 0.05, 6
+    px = proxies([p], [d])
+    body = {"model": "m1", "prompt": "hello", "max_tokens": 6, "stream": True}
+    r, events, t_sent = stream(px.url + "/v1/completions", body,
+                               headers={"X-Request-Id": "rid-1", "Authorization": "Bearer k"})
+    t_done = time.perf_counter()
+    assert r.status_code == 200 and r.headers["x-request-id"] == "rid-1"
+    toks = token_times(events)
+    assert len(toks) == 6 and events[-1][1] == "[DONE]"
+    assert not any('"usage": {' in e for _, e in events)  # the client did not ask for usage: dropped
+
+    # the two legs, as the P/D protocol wants them
+    pb, db = p.requests[0], d.requests[0]
+    assert pb["max_tokens"] == 1 and pb["stream"] is False and "stream_options" not in pb
+    assert pb["kv_transfer_params"] == legs.PREFILL_KV_PARAMS
+    assert db["max_tokens"] == 6 and db["stream"] is True and db["stream_options"] == {"include_usage": True}
+    assert db["kv_transfer_params"]["remote_engine_id"] == "prefill" and db["kv_transfer_params"]["remote_block_ids"]
+    for hs in (p.headers[0], d.headers[0]):
+        assert hs["x-request-id"] == "rid-1" and hs["authorization"] == "Bearer k"
+
+    s = scrape(px.url)
+    lab = {"model": "m1", "pool": "client", "route": "pd", "router": ROUTER}
+    ttft_name, stage_name = c.CLIENT_TTFT.name, c.CLIENT_STAGE.name
+    assert value(s, ttft_name + "_count", **lab) == 1
+    ttft = value(s, ttft_name + "_sum", **lab)
+    client_ttft = toks[0] - t_sent
+    assert 0.20 + 0.30 <= ttft <= client_ttft  # same clock: the proxy's TTFT lies inside the client's
+    prefill_leg = value(s, stage_name + "_sum", stage="prefill_leg", **lab)
+    decode_first = value(s, stage_name + "_sum", stage="decode_first_leg", **lab)
+    proxy_stage = value(s, stage_name + "_sum", stage="proxy", **lab)
+    assert 0.20 <= prefill_leg < ttft and 0.30 <= decode_first < ttft
+    assert proxy_stage == pytest.approx(ttft - prefill_leg - decode_first, abs=1e-9) and proxy_stage >= 0
+    assert value(s, stage_name + "_count", **lab) == 3
+    # TPOT: (last token - first token) / (completion_tokens - 1), the engine spaced them >= 50 ms
+    assert value(s, c.CLIENT_TPOT.name + "_count", **lab) == 1
+    tpot = value(s, c.CLIENT_TPOT.name + "_sum", **lab)
+    client_tpot = (toks[-1] - toks[0]) / 5
+    assert tpot >= 0.05 * 0.95 and tpot == pytest.approx(client_tpot, abs=0.025)
+    e2e = value(s, c.CLIENT_E2E.name + "_sum", **lab)
+    assert value(s, c.CLIENT_E2E.name + "_count", **lab) == 1
+    assert ttft + 5 * 0.05 * 0.95 <= e2e <= t_done - t_sent
+    assert value(s, c.CLIENT_REQUESTS.exposed, outcome="ok", **lab) == 1
+    assert value(s, c.CLIENT_REQUESTS.exposed, outcome="error") == 0
+    assert value(s, c.CLIENT_IN_FLIGHT.name, **lab) == 0
+    # buckets are the contract's: the TTFT histogram's bounds, and its +Inf count
+    bounds = sorted(float(dict(ls)["le"]) for (n, ls), _ in s.items() if n == ttft_name + "_bucket")
+    assert bounds == sorted([*c.bucket_override(c.CLIENT_TTFT), float("inf")])
+
+
+def test_chat_stream_role_chunk_is_not_a_token_and_usage_is_forwarded_when_asked(engines, proxies):
+    p, d = engines("prefill"), engines("decode")
+    d.first_token_s, d.itl_s, d.tokens = 0.30, 0.01, 3
+    px = proxies([p], [d])
+    body = {"model": "m1", "messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 3,
+            "stream": True, "stream_options": {"include_usage": True, "continuous_usage_stats": False}}
+    r, events, _ = stream(px.url + "/v1/chat/completions", body)
+    assert r.status_code == 200 and r.headers["x-request-id"]  # generated when the client sent none
+    assert p.headers[0]["x-request-id"] == d.headers[0]["x-request-id"] == r.headers["x-request-id"]
+    assert p.requests[0]["max_completion_tokens"] == 1 and d.requests[0]["max_completion_tokens"] == 3
+    assert d.requests[0]["stream_options"] == {"include_usage": True, "continuous_usage_stats": False}
+    usage = [json.loads(e)["usage"] for _, e in events if e != "[DONE]" and not json.loads(e)["choices"]]
+    assert usage == [{"prompt_tokens": 3, "completion_tokens": 3, "total_tokens": 6}]
+    s = scrape(px.url)
+    ttft = value(s, c.CLIENT_TTFT.name + "_sum")
+    assert ttft >= 0.30  # the role chunk came at once: counting it would give TTFT ~ 0
+    assert value(s, c.CLIENT_TPOT.name + "_count") == 1
+
+
+def test_non_streamed_request_records_e2e_and_outcome_only(engines, proxies):
+    p, d = engines("prefill"), engines("decode")
+    p.delay_s = d.delay_s = 0.1
+    px = proxies([p], [d])
+    t_sent = time.perf_counter()
+    r = httpx.post(px.url + "/v1/completions", json={"model": "m1", "prompt": "x", "max_tokens": 9}, timeout=10)
+    took = time.perf_counter() - t_sent
+    assert r.status_code == 200 and r.json()["choices"][0]["text"] == "hello world"
+    assert "stream_options" not in d.requests[0] and d.requests[0]["kv_transfer_params"]["remote_host"] == "10.0.0.1"
+    s = scrape(px.url)
+    assert value(s, c.CLIENT_TTFT.name + "_count") == 0 and value(s, c.CLIENT_STAGE.name + "_count") == 0
+    assert value(s, c.CLIENT_TPOT.name + "_count") == 0
+    assert value(s, c.CLIENT_E2E.name + "_count") == 1
+    assert 0.2 <= value(s, c.CLIENT_E2E.name + "_sum") <= took
+    assert value(s, c.CLIENT_REQUESTS.exposed, outcome="ok", model="m1") == 1
+
+
+# --- errors ---------------------------------------------------------------------------------------
+
+def test_engine_error_answers_pass_through_with_their_status_and_body(engines, proxies):
+    p, d = engines("prefill"), engines("decode")
+    px = proxies([p], [d])
+    p.status = 400
+    r = httpx.post(px.url + "/v1/completions", json={"model": "m1", "prompt": "x"}, timeout=10)
+    assert r.status_code == 400 and r.json() == {"error": {"message": "nope", "code": 400}}
+    assert d.requests == []  # no decode after a failed prefill
+    p.status = 200
+    d.status, d.error = 503, (b"overloaded", "text/plain")
+    r = httpx.post(px.url + "/v1/completions", json={"model": "m1", "prompt": "x", "stream": True}, timeout=10)
+    assert r.status_code == 503 and r.text == "overloaded" and r.headers["content-type"].startswith("text/plain")
+    assert r.headers["x-request-id"]
+    s = scrape(px.url)
+    assert value(s, c.CLIENT_REQUESTS.exposed, outcome="error", model="m1") == 2
+    assert value(s, c.CLIENT_REQUESTS.exposed, outcome="ok") == 0
+    assert value(s, c.CLIENT_IN_FLIGHT.name) == 0
+    assert px.proxy.health()["in_flight"] == {"prefill": {p.url: 0}, "decode": {d.url: 0}}
+
+
+def test_unreachable_engine_is_a_502_naming_the_leg_and_engine(engines, proxies):
+    p, d = engines("prefill"), engines("decode")
+    dead = f"http://127.0.0.1:{closed_port()}"
+    r = httpx.post(proxies([dead], [d]).url + "/v1/completions", json={"model": "m", "prompt": "x"}, timeout=10)
+    assert r.status_code == 502
+    err = r.json()["error"]
+    assert err["leg"] == "prefill" and err["engine"] == dead and err["code"] == 502
+    px = proxies([p], [dead])
+    r = httpx.post(px.url + "/v1/completions", json={"model": "m", "prompt": "x", "stream": True}, timeout=10)
+    assert r.status_code == 502 and r.json()["error"]["leg"] == "decode" and r.json()["error"]["engine"] == dead
+    assert value(scrape(px.url), c.CLIENT_REQUESTS.exposed, outcome="error") == 1
+
+
+def test_legs_past_their_deadline(engines, proxies):
+    """A prefill slower than --prefill-timeout is a 504 at the deadline; a decode stream that stalls
+    mid-way ends at --decode-timeout with an in-stream error event (the 200 is already sent)."""
+    p, d = engines("prefill"), engines("decode")
+    px = proxies([p], [d], prefill_timeout_s=0.4, decode_timeout_s=1.0)
+    p.delay_s = 5
+    t = time.perf_counter()
+    r = httpx.post(px.url + "/v1/completions", json={"model": "m", "prompt": "x"}, timeout=10)
+    assert r.status_code == 504 and 0.4 <= time.perf_counter() - t < 2.5
+    assert r.json()["error"]["leg"] == "prefill" and r.json()["error"]["engine"] == p.url
+    p.delay_s = 0
+    d.stall_after, d.tokens = 2, 5
+    t = time.perf_counter()
+    r, events, _ = stream(px.url + "/v1/completions", {"model": "m", "prompt": "x", "stream": True})
+    assert 1.0 <= time.perf_counter() - t < 3.5
+    assert len(token_times(events)) == 2 and events[-1][1] != "[DONE]"
+    err = json.loads(events[-1][1])["error"]
+    assert err["code"] == 504 and err["leg"] == "decode"
+    assert d.hung_up.wait(10)  # the stalled engine finds its connection closed when it writes again
+    s = scrape(px.url)
+    assert value(s, c.CLIENT_REQUESTS.exposed, outcome="error") == 2
+    assert value(s, c.CLIENT_TTFT.name + "_count") == 1  # the first token did reach the client
+    assert value(s, c.CLIENT_TPOT.name + "_count") == 0 and value(s, c.CLIENT_IN_FLIGHT.name) == 0
+
+
+def test_client_leaving_mid_stream_is_aborted_and_closes_the_decode_stream(engines, proxies):
+    p, d = engines("prefill"), engines("decode")
+    d.itl_s, d.tokens = 0.05, 400  # 20 s of tokens unless the proxy hangs up
+    px = proxies([p], [d])
+    seen = 0
+    with httpx.stream("POST", px.url + "/v1/completions", json={"model": "m", "prompt": "x", "stream": True},
+                      timeout=10) as r:
+        for line in r.iter_lines():
+            seen += line.startswith("data:")
+            if seen == 3:
+                break  # leaving the block closes the connection
+    assert d.hung_up.wait(10), "the decode engine never saw the proxy hang up"
+    deadline = time.monotonic() + 5
+    while value(s := scrape(px.url), c.CLIENT_REQUESTS.exposed, outcome="aborted") < 1:
+        assert time.monotonic() < deadline, s
+        time.sleep(0.05)
+    assert value(s, c.CLIENT_REQUESTS.exposed, outcome="ok") == 0
+    assert value(s, c.CLIENT_IN_FLIGHT.name) == 0 and value(s, c.CLIENT_E2E.name + "_count") == 0
+    assert value(s, c.CLIENT_TTFT.name + "_count") == 1
+    assert px.proxy.health()["in_flight"]["decode"] == {d.url: 0}
+
+
+def test_bad_bodies_are_400_and_413(engines, proxies):
+    p, d = engines("prefill"), engines("decode")
+    px = proxies([p], [d], max_body_bytes=1000)
+    r = httpx.post(px.url + "/v1/completions", content=b"{not json", timeout=5)
+    assert r.status_code == 400 and "not JSON" in r.json()["error"]["message"]
+    r = httpx.post(px.url + "/v1/chat/completions", content=b"[1, 2]", timeout=5)
+    assert r.status_code == 400
+    r = httpx.post(px.url + "/v1/completions", json={"model": "m", "prompt": "x" * 2000}, timeout=5)
+    assert r.status_code == 413
+    chunks = (b"{" if i == 0 else b" " * 100 for i in range(20))  # no Content-Length: counted as it comes
+    r = httpx.post(px.url + "/v1/completions", content=chunks, timeout=5)
+    assert r.status_code == 413
+    assert p.requests == [] and d.requests == []
+    s = scrape(px.url)
+    assert value(s, c.CLIENT_REQUESTS.exposed, outcome="error", model="unknown") == 4
+
+
+# --- labels, balancing, robustness ----------------------------------------------------------------
+
+def test_model_label_is_bounded(engines, proxies):
+    p, d = engines("prefill"), engines("decode")
+    px = proxies([p], [d], max_models=2)
+    for m in ("a", "b", "c", "a", "d", None):
+        body = {"prompt": "x"} if m is None else {"model": m, "prompt": "x"}
+        assert httpx.post(px.url + "/v1/completions", json=body, timeout=5).status_code == 200
+    s = scrape(px.url)
+    by_model = {dict(ls)["model"]: v for (n, ls), v in s.items() if n == c.CLIENT_REQUESTS.exposed}
+    assert by_model == {"a": 2, "b": 1, "other": 2, "unknown": 1}
+
+
+def test_engine_pool_policies():
+    rr = EnginePool(["u1", "u2", "u3"], "round-robin")
+    held = [rr.acquire() for _ in range(4)]
+    assert [h.url for h in held] == ["u1", "u2", "u3", "u1"]
+    ll = EnginePool(["u1", "u2", "u3"], "least-loaded")
+    a, b = ll.acquire(), ll.acquire()
+    assert (a.url, b.url) == ("u1", "u2")
+    b.release()
+    b.release()  # idempotent
+    assert ll.in_flight() == {"u1": 1, "u2": 0, "u3": 0}
+    assert [ll.acquire().url for _ in range(3)] == ["u3", "u2", "u3"]  # least loaded, ties in turn
+
+
+def test_least_loaded_sends_around_a_busy_decode_engine(engines, proxies):
+    p, d1, d2 = engines("prefill"), engines("decode", "d1"), engines("decode", "d2")
+    d1.itl_s = d2.itl_s = 0.05
+    d1.tokens = d2.tokens = 40  # 2 s streams
+    px = proxies([p], [d1, d2], policy="least-loaded")
+    box: list = []
+    long = threading.Thread(target=lambda: box.append(stream(px.url + "/v1/completions",
+                                                             {"model": "m", "prompt": "x", "stream": True})))
+    long.start()
+    deadline = time.monotonic() + 5
+    while px.proxy.health()["in_flight"]["decode"][d1.url] != 1:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    for _ in range(3):  # short requests while d1 streams: all to d2
+        assert httpx.post(px.url + "/v1/completions", json={"model": "m", "prompt": "x"}, timeout=5).status_code == 200
+    long.join(10)
+    assert len(d1.requests) == 1 and len(d2.requests) == 3
+    assert box[0][0].status_code == 200
+
+
+def test_a_failing_metric_is_logged_and_the_request_still_succeeds(engines, proxies, caplog):
+    p, d = engines("prefill"), engines("decode")
+    px = proxies([p], [d])
+
+    class Broken:
+        def labels(self, *a):
+            raise RuntimeError("metric backend broke")
+
+    px.proxy.metrics.families.families[c.CLIENT_TTFT.name] = Broken()
+    px.proxy.metrics.families.families[c.CLIENT_E2E.name] = Broken()
+    with caplog.at_level(logging.ERROR, logger="pd_proxy.metrics"):
+        r, events, _ = stream(px.url + "/v1/completions", {"model": "m", "prompt": "x", "stream": True})
+        assert httpx.post(px.url + "/v1/completions", json={"model": "m", "prompt": "x"}, timeout=5).status_code == 200
+    assert r.status_code == 200 and len(token_times(events)) == 5 and events[-1][1] == "[DONE]"
+    assert any("metric backend broke" in (rec.exc_text or "") or "metric backend broke" in str(rec.exc_info)
+               for rec in caplog.records)
+    s = scrape(px.url)
+    assert value(s, c.CLIENT_REQUESTS.exposed, outcome="ok") == 2  # the rest was still recorded
+    assert value(s, c.CLIENT_IN_FLIGHT.name) == 0
+
+
+def test_slo_threshold_env_adds_a_bucket_boundary():
+    m = ClientMetrics("r", env={"SLA_GUARD_TPOT_SLO_S": "0.018"})
+    m.request("m", time.perf_counter()).tpot(0.0, 0.036, 3)
+    text = m.exposition().decode()
+    assert f'{c.CLIENT_TPOT.name}_bucket{{le="0.018",model="m",pool="client",route="pd",router="r"}} 1.0' in text
+    assert f'{c.CLIENT_TPOT.name}_bucket{{le="0.015",model="m",pool="client",route="pd",router="r"}} 0.0' in text
+
+
+def test_sse_splitter_and_event_inspection():
+    sp = legs.SseSplitter()
+    stream_bytes = (b'data: {"choices":[{"text":"a"}]}\n\ndata: {"choices":[],"usage":{"completion_tokens":2}}'
+                    b'\r\n\r\ndata: [DONE]\n\n')
+    out = []
+    for i in range(0, len(stream_bytes), 7):  # any split of the bytes gives the same events
+        out += sp.feed(stream_bytes[i:i + 7])
+    out += sp.flush()
+    assert b"".join(out) == stream_bytes and len(out) == 3
+    evs = [legs.inspect_event(e) for e in out]
+    assert evs[0].token and not evs[0].usage_only
+    assert evs[1].usage_only and evs[1].completion_tokens == 2 and not evs[1].token
+    assert evs[2].done
+    assert legs.inspect_event(b'data: {"error": {"message": "x"}}\n\n').error
+    assert not legs.inspect_event(b'data: {"choices":[{"delta":{"role":"assistant","content":""}}]}\n\n').token
+    assert legs.inspect_event(b'data: {"choices":[{"delta":{"tool_calls":[{"id":"1"}]}}]}\n\n').token
+
+
+def test_config_rejects_bad_values():
+    for kw in ({"prefill": (), "decode": ("http://d",)}, {"prefill": ("ftp://p",), "decode": ("http://d",)},
+               {"prefill": ("http://p",), "decode": ("http://d",), "policy": "random"},
+               {"prefill": ("http://p",), "decode": ("http://d",), "max_models": 0}):
+        with pytest.raises(ValueError):
+            ProxyConfig(**kw)
+    cfg = ProxyConfig(prefill=("http://u:secret@p:8000/",), decode=("http://d",))
+    assert cfg.prefill == ("http://u:secret@p:8000",)
+
+
+def test_console_script_serves_health_and_metrics():
+    port = closed_port()
+    script = Path(sys.executable).parent / "sla-guard-proxy"
+    assert script.exists(), "pip install -e . to create the console script"
+    proc = subprocess.Popen([str(script), "--prefill", "http://127.0.0.1:9", "--decode", "http://127.0.0.1:9",
+                             "--listen", f"127.0.0.1:{port}", "--router", "cli", "--policy", "least-loaded"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env={**os.environ})
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                h = httpx.get(f"http://127.0.0.1:{port}/health", timeout=1)
+                break
+            except httpx.TransportError:
+                assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read().decode()
+                time.sleep(0.1)
+        assert h.json()["router"] == "cli" and h.json()["policy"] == "least-loaded"
+        r = httpx.post(f"http://127.0.0.1:{port}/v1/completions", json={"model": "m", "prompt": "x"}, timeout=5)
+        assert r.status_code == 502
+        s = scrape(f"http://127.0.0.1:{port}")
+        assert value(s, c.CLIENT_REQUESTS.exposed, outcome="error", router="cli", pool="client", route="pd") == 1
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    bad = subprocess.run([str(script), "--prefill", "nope", "--decode", "http://d"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "engine URL" in bad.stderr
