@@ -1,12 +1,12 @@
 """docker-compose.yml, validated without a Docker engine: the compose-spec JSON schema (vendored
 offline by check-jsonschema), `docker compose config` when a compose client exists, every file it
 references present, and the configs it mounts consistent with each other (promtool, amtool, the
-guard's own config loader). The P/D proxy is exercised over real loopback HTTP against two
-stand-in engines that check vLLM's NIXL P/D request protocol (real NixlConnector needs CUDA)."""
+guard's own config loader). The P/D proxy (``sla-guard-proxy``, with the service's own command
+line) is exercised over real loopback HTTP against two stand-in engines that check vLLM's NIXL P/D
+request protocol (real NixlConnector needs CUDA)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
@@ -14,18 +14,18 @@ import shutil
 import subprocess
 import sys
 import threading
-import time
+import tomllib
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
 import pytest
-import uvicorn
 import yaml
 
 from alerts.generate import RULES_DIR
 from alerts.params import RuleParams
 from dashboards.generate import JSON_DIR
+from pd_proxy import ProxyConfig, ProxyThread, cli
 from sla_guard.config import PrometheusSource, load_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -201,25 +201,29 @@ class StandInEngine:
 
 @pytest.fixture
 def proxy():
-    spec = importlib.util.spec_from_file_location("pd_proxy", ROOT / "deploy" / "compose" / "vllm" / "pd_proxy.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    """The compose service's own command line, parsed by the console script's parser, with the
+    engine URLs pointed at the stand-ins."""
+    args = cli.parser().parse_args(SERVICES["pd-proxy"]["command"])
     p, d = StandInEngine("prefill"), StandInEngine("decode")
-    server = uvicorn.Server(uvicorn.Config(mod.build_app([p.url], [d.url]), host="127.0.0.1", port=0,
-                                           log_level="warning"))
-    t = threading.Thread(target=server.run, daemon=True)
-    t.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        assert time.monotonic() < deadline, "proxy did not start"
-        time.sleep(0.05)
-    port = server.servers[0].sockets[0].getsockname()[1]
-    yield f"http://127.0.0.1:{port}", p, d
-    server.should_exit = True
-    t.join(5)
+    config = ProxyConfig(prefill=(p.url,), decode=(d.url,), policy=args.policy, router=args.router)
+    with ProxyThread(config) as server:
+        yield server.url, p, d
     for e in (p, d):
         e.httpd.shutdown()
         e.httpd.server_close()
+
+
+def test_pd_proxy_service_runs_the_console_script():
+    s = SERVICES["pd-proxy"]
+    assert s["entrypoint"] == ["sla-guard-proxy"]
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    assert scripts["sla-guard-proxy"] == "pd_proxy.cli:main"
+    dockerfile = ROOT / s["build"]["context"] / s["build"]["dockerfile"]
+    assert "COPY pd_proxy pd_proxy" in dockerfile.read_text().splitlines()
+    args = cli.parser().parse_args(s["command"])
+    assert args.listen == ("0.0.0.0", 8000) and "8000:8000" in s["ports"]
+    assert args.prefill == ["http://vllm-prefill:8000"] and args.decode == ["http://vllm-decode:8000"]
+    assert set(s["depends_on"]) == {"vllm-prefill", "vllm-decode"}
 
 
 def test_pd_proxy_follows_the_nixl_protocol(proxy):
@@ -231,6 +235,10 @@ def test_pd_proxy_follows_the_nixl_protocol(proxy):
     with httpx.stream("POST", f"{url}/v1/chat/completions", timeout=10,
                       json={"model": "m", "messages": [], "max_completion_tokens": 9, "stream": True}) as s:
         text = "".join(s.iter_text())
-    assert "[DONE]" in text
+    assert "[DONE]" in text and '"hi"' in text
     assert p.requests[1]["stream"] is False and p.requests[1]["max_completion_tokens"] == 1
     assert d.requests[1]["stream"] is True and d.requests[1]["kv_transfer_params"]["remote_block_ids"] == [1, 2]
+    # the client scope on the proxy's /metrics, as Prometheus in the stack scrapes it
+    metrics = httpx.get(f"{url}/metrics", timeout=5).text
+    assert 'slaguard_client_requests_total{model="m",outcome="ok",pool="client",route="pd",router="pd-proxy"} 2.0' \
+        in metrics
