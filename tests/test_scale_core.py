@@ -343,3 +343,29 @@ def test_scale_down_window_stretches_to_the_observed_start_time():
     assert adv.memory["prefill"].start_s == 615.0
     assert adv._rails("prefill").stabilization_down_s == 615.0
     assert adv._rails("decode").stabilization_down_s == 300  # per pool
+
+
+def test_prefill_is_held_to_the_client_sla_minus_the_time_outside_prefill():
+    """With a client scope the prefill pool's TTFT signal is the client's tail minus the mean time
+    spent outside prefill (decode first leg + proxy), against the SLA minus the same: over budget
+    exactly when the client's tail is over the SLA; a slow decode side is not prefill's."""
+    from sla_guard.scale.advisor import prefill_ttft_share
+    from sla_guard.scale.observe import ClientReading
+
+    healthy_decode = ClientReading(requests=500, ttft_tail_s=2.7, ttft_learn_s=3.0, decode_first_leg_mean_s=0.15,
+                                   proxy_mean_s=0.05)
+    sig = prefill_ttft_share(healthy_decode, 2.5)
+    assert sig.tail_s == pytest.approx(2.5) and sig.budget_s == pytest.approx(2.3)
+    assert sig.tail_s > sig.budget_s  # client 2.7 > 2.5: the prefill part (2.5) is over its budget (2.3)
+    assert sig.learn_s == pytest.approx(2.8)
+    assert sig.numbers["client_ttft_tail_s"] == 2.7 and sig.numbers["ttft_outside_prefill_s"] == 0.2
+    within = prefill_ttft_share(replace(healthy_decode, ttft_tail_s=2.4), 2.5)
+    assert within.tail_s < within.budget_s
+    # the decode leg takes 3 s: prefill's budget never drops under half the SLA, its part is 0.8 s
+    slow_decode = replace(healthy_decode, ttft_tail_s=4.0, decode_first_leg_mean_s=3.15)
+    sig = prefill_ttft_share(slow_decode, 2.5)
+    assert sig.budget_s == 1.25 and sig.tail_s == pytest.approx(0.8)
+    # a router exporting TTFT without stages: the whole client TTFT is prefill's, against the SLA
+    no_stages = ClientReading(requests=500, ttft_tail_s=2.7, ttft_learn_s=3.0)
+    sig = prefill_ttft_share(no_stages, 2.5)
+    assert (sig.tail_s, sig.learn_s, sig.budget_s) == (2.7, 3.0, 2.5)

@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from scale_support import Engine
 from scale_support import run as _run
 from scale_support import store as _store
@@ -124,3 +125,79 @@ def test_guard_policy_turns_a_leak_finding_into_one_rolling_restart():
     assert pol.restarts() == ["d0"]
     pol.decide(75, obs)
     assert pol.restarts() == []  # the same finding does not restart the replica twice
+
+
+# --- TTFT from the client scope ----------------------------------------------------------------
+
+
+class _Proxy:
+    """A P/D proxy's client scope recorded through the simulator's ``ClientMetrics`` and scraped
+    into the store like an engine (pool="client", route="pd")."""
+
+    def __init__(self) -> None:
+        from sla_guard.sim.exposition import ClientMetrics
+
+        self.m = ClientMetrics("m", "test-proxy")
+
+    def tick(self, prefill_leg: float, decode_leg: float, proxy: float = 0.02, n: int = 20) -> None:
+        self.m.first_tokens([prefill_leg + decode_leg + proxy] * n, [prefill_leg] * n, [decode_leg] * n, [proxy] * n)
+        self.m.finished([0.012] * n, [5.0] * n)
+
+    def scrape(self, store, t: float) -> None:
+        store.ingest_samples(self.m.samples(), t, {"instance": "test-proxy"})
+
+
+def _client_case(prefill_leg: float | None, decode_leg: float = 0.08):
+    """2 prefill engines, lightly loaded, whose own TTFT is 0.5 s (inside the 2.5 s SLA), one
+    decode engine; a proxy measuring ``prefill_leg`` + ``decode_leg`` per request (none if
+    ``prefill_leg`` is None). Returns the advisor's decisions after two minutes."""
+    from sla_guard.scale.advisor import Advisor
+
+    cfg = AdvisorConfig.model_validate({"profile": {"prefill_tokens_per_s": 10_000, "decode_step_base_s": 0.01,
+                                                    "decode_step_per_request_s": 0.0002}, "window_s": 60})
+    adv = Advisor(cfg, model="m", slo_ttft_s=2.5)
+    store = _store()
+    engines = [Engine("prefill", "p0"), Engine("prefill", "p1"), Engine("decode", "d0")]
+    # running 0 at every scrape: too idle to learn capacity from, so the prior (10k tokens/s) holds
+    light = {"running": 0, "waiting": 0, "computed": 10_000, "prefills": 4, "ttft": 0.5, "steps": 5}
+    proxy = _Proxy() if prefill_leg is not None else None
+    t = 1000.0
+    while t <= 1120:
+        for e in engines:
+            # decode: 5 ms steps at a batch of 10, TPOT 5 ms: far inside its limits
+            e.tick(**(light if e.name.startswith("p") else {"running": 10, "waiting": 0, "steps": 1000,
+                                                              "tpot": 0.005}))
+            e.scrape(store, t)
+        if proxy is not None:
+            proxy.tick(prefill_leg, decode_leg)
+            proxy.scrape(store, t)
+        t += 5
+    decs, _ = adv.step(store, 1120, {"prefill": (2, 0), "decode": (1, 0)})
+    return decs
+
+
+def test_advisor_judges_ttft_on_the_client_scope_where_it_exists():
+    """The prefill engines report TTFT 0.5 s, the client sees ~3.9 s, spent in the prefill leg:
+    the advisor grows prefill on the client's TTFT; reading the prefill pool's TTFT it would not
+    (the same engines without a proxy: no breach, no growth)."""
+    without = _client_case(None)["prefill"]
+    assert without.direction != "up" and "ttft_over_sla" not in without.reasons
+    assert "ttft_from_client" not in without.numbers and without.numbers["ttft_tail_s"] < 2.5
+    decs = _client_case(prefill_leg=3.8)
+    pre = decs["prefill"]
+    assert pre.direction == "up" and pre.desired > 2 and "ttft_over_sla" in pre.reasons
+    assert pre.numbers["ttft_from_client"] == 1.0 and pre.numbers["client_ttft_tail_s"] > 2.5
+    assert pre.numbers["ttft_outside_prefill_s"] == pytest.approx(0.1)  # decode leg 0.08 + proxy 0.02
+    assert pre.confidence > 0
+    assert "client_ttft_over_sla_decode_leg" not in decs["decode"].reasons
+
+
+def test_a_slow_decode_leg_is_blamed_on_decode_not_prefill():
+    """The client's TTFT (~3.9 s) is over the SLA but the time goes to the decode first leg (KV
+    hand-off, decode queue): prefill is not grown for it, decode is, with its own reason."""
+    decs = _client_case(prefill_leg=0.4, decode_leg=3.4)
+    pre, dec = decs["prefill"], decs["decode"]
+    assert pre.direction != "up" and "ttft_over_sla" not in pre.reasons
+    assert pre.numbers["client_ttft_tail_s"] > 2.5 and pre.numbers["ttft_tail_s"] < pre.numbers["ttft_slo_s"]
+    assert dec.direction == "up" and "client_ttft_over_sla_decode_leg" in dec.reasons
+    assert dec.numbers["decode_first_leg_tail_s"] > dec.numbers["prefill_leg_tail_s"]

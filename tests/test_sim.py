@@ -281,3 +281,100 @@ def test_crash_of_a_down_target_reads_503(mooncake):
         dep.run_until(40)
         assert next(r for r in dep.replicas if r.name == "d0").state in (DOWN, STARTING)
         assert httpx.get(ep.url("d0")).status_code == 503
+
+
+# --- the client scope: what the simulated P/D proxy measures ----------------------------------
+
+
+def _hist(samples, metric, suffix, **match) -> float:
+    return sum(v for n, lab, v in samples if n == metric.series(suffix) and all(lab.get(k) == x
+                                                                                 for k, x in match.items()))
+
+
+def _mean(samples, metric, **match) -> float:
+    return _hist(samples, metric, "_sum", **match) / _hist(samples, metric, "_count", **match)
+
+
+def test_client_ttft_is_the_sum_of_the_simulated_stages(mooncake):
+    """Client TTFT mean = prefill queue + prefill (the prefill engines' queue and prefill
+    histograms) + KV transfer + decode queue + first step (the decode engines' queue and prefill
+    histograms) + four front-end hops + the proxy's own time, all read from the exposed
+    histograms; and the router-measured stages split it the same way."""
+    fe, ro = 0.004, 0.009
+    prof = PROFILE.model_copy(update={"frontend_s": fe, "router_overhead_s": ro})
+    dep = Deployment(prof, 2, 2, faults=FaultSchedule([{"kind": "transfer_failures", "start_s": 60, "end_s": 90,
+                                                         "prob": 0.3}]))
+    dep.submit(mooncake.scaled(duration_s=240))
+    dep.run_until(900)
+    s = dep.summary()
+    assert s.finished == s.requests > 300 and not dep.aborted
+    client = dep.proxy.metrics.samples()
+    pre = [x for r in dep.replicas if r.pool == "prefill" for x in r.metrics.samples()]
+    dec = [x for r in dep.replicas if r.pool == "decode" for x in r.metrics.samples()]
+    n = _hist(client, c.CLIENT_TTFT, "_count")
+    assert n == s.finished == _hist(pre, c.REQUEST_QUEUE, "_count") == _hist(dec, c.REQUEST_QUEUE, "_count")
+    p_queue, p_compute = _mean(pre, c.REQUEST_QUEUE), _mean(pre, c.REQUEST_PREFILL)
+    d_wait, d_first = _mean(dec, c.REQUEST_QUEUE), _mean(dec, c.REQUEST_PREFILL)  # KV + decode queue, 1st step
+    assert min(p_queue, p_compute, d_wait, d_first) > 0
+    ttft = _mean(client, c.CLIENT_TTFT)
+    assert ttft == pytest.approx(p_queue + p_compute + d_wait + d_first + 4 * fe + ro, rel=1e-9, abs=1e-9)
+    # the stages as the proxy measures them: each leg includes its two HTTP hops
+    pleg = _mean(client, c.CLIENT_STAGE, stage="prefill_leg")
+    dleg = _mean(client, c.CLIENT_STAGE, stage="decode_first_leg")
+    proxy = _mean(client, c.CLIENT_STAGE, stage="proxy")
+    assert pleg == pytest.approx(p_queue + p_compute + 2 * fe, rel=1e-9)
+    assert dleg == pytest.approx(d_wait + d_first + 2 * fe, rel=1e-9)
+    assert proxy == pytest.approx(ro, rel=1e-6)
+    assert ttft == pytest.approx(pleg + dleg + proxy, rel=1e-9)
+    # the summary's TTFT is the client's; TPOT and e2e as the proxy sees them
+    ttfts = np.array([dep.client_ttft(r) for r in dep.done])
+    assert ttfts.mean() == pytest.approx(ttft, rel=1e-9)
+    assert s.ttft_p50_s == pytest.approx(float(np.quantile(ttfts, 0.5)), abs=1e-6)
+    multi = [r for r in dep.done if r.generated > 1]
+    assert _hist(client, c.CLIENT_TPOT, "_count") == len(multi)
+    assert _hist(client, c.CLIENT_TPOT, "_sum") == pytest.approx(
+        sum((r.finish - r.first_token) / (r.generated - 1) for r in multi), rel=1e-9)
+    assert _mean(client, c.CLIENT_E2E) == pytest.approx(
+        np.mean([r.finish + fe + ro / 3 - r.arrival for r in dep.done]), rel=1e-9)
+    assert _hist(client, c.CLIENT_REQUESTS, "", outcome="ok") == s.finished
+
+
+def test_client_scope_is_served_scraped_and_labelled_as_the_contract_says(mooncake):
+    """The proxy is one more /metrics endpoint (pool="client", router="sim-proxy"): every
+    client-scope family with exactly the contract's labels, in-flight while requests are served,
+    a crash's lost requests as errors; and the harness scrapes it into the guard's store."""
+    dep = Deployment(PROFILE, 2, 2, faults=FaultSchedule([{"kind": "crash", "replica": "d1", "at_s": 100,
+                                                            "restart_after_s": 30}]))
+    dep.submit(mooncake.scaled(duration_s=200))
+    store = make_store(interval_s=15)
+    ClosedLoop(dep, store=store, scrape_interval_s=15)
+    with LiveEndpoints(dep) as ep:
+        assert (ep.url("sim-proxy"), {"instance": "sim-proxy", "model": "glm-5.2", "pool": "client"}) in ep.targets()
+        dep.run_until(60)
+        busy = _scrape(ep.url("sim-proxy"))
+        dep.run_until(900)
+        done = _scrape(ep.url("sim-proxy"))
+    assert _sum(busy, c.CLIENT_IN_FLIGHT.name) > 0 and _sum(done, c.CLIENT_IN_FLIGHT.name) == 0 == dep.in_flight
+    base = {"model": "glm-5.2", "pool": "client", "route": "pd", "router": "sim-proxy"}
+    assert set(base) == set(c.CLIENT_LABELS)
+    extra = {c.CLIENT_REQUESTS.name: {"outcome"}, c.CLIENT_STAGE.name: {"stage"}}
+    families = set()
+    for name, labels in done:
+        fam = max((m for m in c.ALL if name.startswith(m.name)), key=lambda m: len(m.name))
+        assert fam.component is Component.ROUTER, name
+        families.add(fam.name)
+        lab = dict(labels)
+        assert {k: lab[k] for k in base} == base
+        assert set(lab) - {"le"} == set(c.CLIENT_LABELS) | extra.get(fam.name, set()), (name, lab)
+    assert families == {m.name for m in c.by_component(Component.ROUTER)}
+    assert {dict(lab)["stage"] for n, lab in done if n.startswith(c.CLIENT_STAGE.name)} == {s.value for s in c.Stage}
+    s = dep.summary()
+    assert s.aborted > 0 and s.unfinished == 0
+    outcome = {o: _sum(done, c.CLIENT_REQUESTS.exposed, outcome=o) for o in ("ok", "error", "aborted")}
+    assert outcome == {"ok": s.finished, "error": s.aborted, "aborted": 0}
+    assert _sum(done, c.CLIENT_E2E.series("_count")) == s.finished + s.aborted
+    # scraped into the store with the target's labels: the guard sees a client scope
+    at = dep.epoch + dep.now
+    got = store.increase(c.CLIENT_TTFT.series("_count"), {"pool": "client", "route": "pd"}, 900, at, ("instance",))
+    assert list(got) and all(dict(k)["instance"] == "sim-proxy" for k in got)
+    assert not store.increase(c.CLIENT_TTFT.series("_count"), {"pool": "prefill"}, 900, at, ())
