@@ -11,6 +11,33 @@ from sla_guard.config import GuardConfig, Indicator
 UID = "sla-guard-pd-overview"
 
 
+def client_panels(p: Panels, config: GuardConfig) -> None:
+    """What the client sees at the P/D router (pool="client"), and where its TTFT goes."""
+    cs = list(CLIENT_SEL)
+    ttft_sla = [s.threshold_s for s in config.slos_for("*", c.Pool.CLIENT.value)
+                if s.indicator is Indicator.TTFT and s.objective.value == "mean"]
+    p.row("Client scope: what the client sees (router / proxy)")
+    p.ts("Client TTFT", "Time to first token measured at the P/D router: arrival to first streamed token, "
+         "across prefill, KV hand-off and decode. This is the TTFT the SLA is signed on.",
+         mean_and_percentiles(c.CLIENT_TTFT, ["model"], cs), "s", sla=ttft_sla, w=8)
+    p.ts("Client TPOT", "Time per output token after the first, measured at the router.",
+         mean_and_percentiles(c.CLIENT_TPOT, ["model"], cs), "s", sla=slo_thresholds(config, Indicator.TPOT), w=8)
+    p.ts("Client requests by outcome", "Requests per second the router finished: ok, error (an engine or a "
+         "leg failed), aborted (the client went away).",
+         [q(pq.sum_by(["model", "outcome"], pq.rate(c.CLIENT_REQUESTS, RATE, matchers=cs)), "{{model}} {{outcome}}")],
+         "reqps", w=8)
+    p.ts("Client request duration", "Arrival at the router to the last byte sent: mean, p50, p90, p99.",
+         mean_and_percentiles(c.CLIENT_E2E, ["model"], cs), "s", w=12)
+    p.ts("Client requests in flight", "Requests the router is serving now.",
+         [q(pq.sum_by(["model"], pq.series(c.CLIENT_IN_FLIGHT, matchers=cs)), "{{model}}")], "short", w=12)
+    p.ts("Where the TTFT goes (stage means, stacked)",
+         "Mean of each stage of a P/D request's TTFT, stacked against the SLA line. Router-measured: proxy; "
+         "engine-measured: queues, prefill compute, KV hand-off (NIXL transfers; synchronous connectors load "
+         "KV inside the first decode step), first decode step; derived: the API server around each engine "
+         "(a router leg minus the engine stages in it). /v1/ttft-breakdown serves the same split.",
+         stage_queries(), "s", sla=ttft_sla, w=24, stack=True)
+
+
 def build(config: GuardConfig) -> dict:
     ttft_sla = slo_thresholds(config, Indicator.TTFT)
     tpot_sla = slo_thresholds(config, Indicator.TPOT)
@@ -30,6 +57,7 @@ def build(config: GuardConfig) -> dict:
             p.stat(f"{title} ({window}) per pool", f"Request-weighted mean over {window}; red above the SLA.",
                    [q(pq.mean(metric, window, ["pool"], s), "{{pool}}", instant=True)], "s",
                    thresholds=[slo.threshold_s] if slo else ())
+        client_panels(p, config)
         p.row("Latency per pool")
         p.ts("TTFT per pool", "Time to first token: mean, p50, p90, p99 per pool; dashed lines are the SLAs.",
              mean_and_percentiles(c.REQUEST_TTFT, ["pool"], s), "s", sla=ttft_sla)
@@ -57,3 +85,29 @@ def build(config: GuardConfig) -> dict:
 
     return dashboard(UID, "sla-guard / P/D overview",
                      "Per-pool SLA view of a prefill/decode-disaggregated vLLM deployment.", panels)
+
+
+CLIENT_SEL = ('model=~"$model"', f'pool="{c.Pool.CLIENT.value}"')
+
+
+def stage_queries() -> list:
+    """Mean of each TTFT stage per model (as ``sla_guard.detect.stages`` computes it): the
+    router's legs and own time, the engines' queue/compute/KV-transfer means, and the API
+    server around each engine as a leg minus the engine stages inside it."""
+    def m(metric: c.Metric, *matchers: str) -> str:
+        return '(' + pq.mean(metric, RATE, ['model'], [CLIENT_SEL[0], *matchers]) + ')'
+
+    pre, dec = 'pool="prefill"', 'pool="decode"'
+    leg = {s: m(c.CLIENT_STAGE, *CLIENT_SEL[1:], f'stage="{s.value}"') for s in c.Stage}
+    pq_, pc = m(c.REQUEST_QUEUE, pre), m(c.REQUEST_PREFILL, pre)
+    kv, dq, step = m(c.KV_XFER_DURATION, dec), m(c.REQUEST_QUEUE, dec), m(c.REQUEST_PREFILL, dec)
+    rows = [
+        ("router / proxy", leg[c.Stage.PROXY]),
+        ("prefill API server", f"{leg[c.Stage.PREFILL_LEG]} - {pq_} - {pc}"),
+        ("prefill queue", pq_), ("prefill compute", pc),
+        ("KV hand-off (NIXL)", kv),
+        ("decode queue", f"{dq} - ({kv} or {dq} * 0)"),
+        ("first decode step", step),
+        ("decode API server", f"{leg[c.Stage.DECODE_FIRST_LEG]} - {dq} - {step}"),
+    ]
+    return [q(expr, f"{{{{model}}}} {name}", ref=chr(ord("A") + i)) for i, (name, expr) in enumerate(rows)]

@@ -217,7 +217,7 @@ def stack(tmp_path_factory):
     try:
         # the real guard (`sla-guard serve`), scraping the twin's engines every second
         guard_port = free_port()
-        pools = [r.pool for r in twin.dep.replicas]
+        pools = twin.pools  # the replicas' pools, then "client" for the simulated P/D proxy
         guard_cfg = {"source": {"mode": "scrape", "interval_s": 1, "targets": [
             {"url": f"http://{t}/metrics", "model": twin.dep.model, "pool": pool}
             for t, pool in zip(twin.targets, pools, strict=True)]},
@@ -301,7 +301,7 @@ def stack(tmp_path_factory):
         wait_for(f"all {n_targets} targets up", lambda: len(instant(prom, "up == 1")) == n_targets, 40)
         # enough samples for rate() over $__rate_interval on every engine
         wait_for("rates", lambda: len(instant(prom, f"rate({c.REQUEST_TTFT.series('_count')}[{RATE_INTERVAL}]) > 0"))
-                 == len(twin.targets), 30)
+                 == len(twin.dep.replicas), 30)
         print(f"\nguard families from the real guard: {sorted(real)}\nfrom the stand-in: {sorted(missing)}")
         yield {"prom": prom, "am": am, "faults": faults, "model": twin.dep.model, "hook": hook, "tmp": tmp,
                "guard_instance": f"127.0.0.1:{guard_port}", "real_guard_families": real}
@@ -398,12 +398,12 @@ def test_rules_load_and_nothing_fires_while_healthy(stack):
     assert all(r["health"] == "ok" for r in rules), [r for r in rules if r["health"] != "ok"][:3]
     # recording rules produce series from the live data
     means = instant(prom, 'model_pool_slo:sli_latency_seconds:mean5m{slo="ttft_mean"}')
-    assert {m["metric"]["pool"] for m in means} == {"prefill", "decode"}
+    assert {m["metric"]["pool"] for m in means} == {"prefill", "decode", "client"}  # client: the P/D proxy
     assert all(0 < float(m["value"][1]) < 2.5 for m in means), means
 
-    # the real guard is scraped and publishes SLO status for both pools
+    # the real guard is scraped and publishes SLO status for both pools and the client scope
     status = instant(prom, f'{c.GUARD_SLO_STATUS.name}{{instance="{stack["guard_instance"]}"}} == 1')
-    assert {s["metric"]["pool"] for s in status} == {"prefill", "decode"}, status
+    assert {s["metric"]["pool"] for s in status} == {"prefill", "decode", "client"}, status
     assert c.GUARD_SLO_STATUS.name in stack["real_guard_families"]
 
     def quiet():
@@ -419,14 +419,17 @@ def test_injected_faults_reach_the_webhook_by_severity(stack):
     assert not hook.alerts("pager", "SlaGuardTTFTMeanHigh") and not hook.alerts("ticket", "SlaGuardKVTransferFailures")
     faults.on = True
     try:
-        ttft = wait_for("SlaGuardTTFTMeanHigh at the pager receiver",
-                        lambda: hook.alerts("pager", "SlaGuardTTFTMeanHigh"), 60)
+        # the decode pool's alert; the client scope (the simulated proxy) breaches too, as it should
+        ttft = wait_for("SlaGuardTTFTMeanHigh (decode) at the pager receiver",
+                        lambda: [al for al in hook.alerts("pager", "SlaGuardTTFTMeanHigh")
+                                 if al["labels"]["pool"] == "decode"], 60)
         xfer = wait_for("SlaGuardKVTransferFailures at the ticket receiver",
                         lambda: hook.alerts("ticket", "SlaGuardKVTransferFailures"), 60)
         # the TTFT attainment SLO's fast-burn page: 1h and 5m windows (1m and 5s here) both over 14.4x
         burn = wait_for("SlaGuardErrorBudgetBurn (1h/5m) at the pager receiver",
                         lambda: [b for b in hook.alerts("pager", "SlaGuardErrorBudgetBurn")
-                                 if b["labels"]["long_window"] == "1h"], 60)
+                                 if b["labels"]["long_window"] == "1h" and b["labels"]["pool"] == "decode"], 60)
+        burn = [b for b in hook.alerts("pager", "SlaGuardErrorBudgetBurn") if b["labels"]["long_window"] == "1h"]
     finally:
         faults.on = False
     a = ttft[0]
@@ -439,7 +442,8 @@ def test_injected_faults_reach_the_webhook_by_severity(stack):
     assert x["annotations"]["runbook_url"].endswith("#slaguardkvtransferfailures")
     # the prefill pool stayed healthy: nothing about it was delivered
     assert not [al for _, p in hook.received for al in p["alerts"] if al["labels"].get("pool") == "prefill"]
-    assert {(b["labels"]["pool"], b["labels"]["slo"], b["labels"]["severity"]) for b in burn} == {
-        ("decode", "ttft_attainment", "critical")}
+    pages = {(b["labels"]["pool"], b["labels"]["slo"], b["labels"]["severity"]) for b in burn}
+    assert ("decode", "ttft_attainment", "critical") in pages
+    assert pages <= {("decode", "ttft_attainment", "critical"), ("client", "ttft_attainment", "critical")}, pages
     wait_for("SlaGuardKVTransferFailures resolved", lambda: hook.alerts("ticket", "SlaGuardKVTransferFailures",
                                                                         "resolved"), 60)

@@ -4,7 +4,7 @@ end-to-end Prometheus test.
 
 Simulated time follows the wall clock (``run_until(elapsed)`` every ``step_s``); the agentic trace
 is resubmitted when it runs out, so the twin serves traffic until stopped. Replica i listens on
-``port_base + i`` (prefill replicas first), or on a free port when ``port_base`` is 0.
+``port_base + i`` (prefill replicas first, then the proxy), or on a free port when ``port_base`` is 0.
 
     python deploy/compose/twin/live_twin.py --listen 0.0.0.0 --port-base 9400
 """
@@ -35,7 +35,11 @@ class LiveTwin:
         self.servers = [MetricsServer(lambda r=r: r.metrics if r.state in ("ready", "draining") else None,
                                       host=host, port=port_base + i if port_base else 0)
                         for i, r in enumerate(self.dep.replicas)]
+        # the P/D proxy's client scope (pool="client") on the next port
+        port = port_base + len(self.servers) if port_base else 0
+        self.servers.append(MetricsServer(lambda: self.dep.proxy.metrics, host=host, port=port))
         self.targets = [f"{host}:{s.port}" for s in self.servers]
+        self.pools = [r.pool for r in self.dep.replicas] + [self.dep.proxy.pool]
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name="live-twin")
 
