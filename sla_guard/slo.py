@@ -286,7 +286,8 @@ class SLOEvaluator:
         self.known: set[tuple[str, str]] = set()
         self.configured: set[tuple[str, str]] = set()
         for t in getattr(config.source, "targets", []):
-            self.configured.add((t.model, t.pool))
+            if getattr(t, "adapter", None) is None:  # a router's page names its own models
+                self.configured.add((t.model, t.pool))
         self.known |= self.configured
         # a pool that disappeared (scaled to zero, renamed) is reported unknown for a while, then
         # forgotten: ``known`` must not grow forever
