@@ -11,6 +11,7 @@ import math
 import sys
 
 from sla_guard.config import ConfigError, load_config
+from sla_guard.detect.stages import StageBreakdownEvaluator
 from sla_guard.model import Status
 
 EXIT = {Status.OK: 0, Status.AT_RISK: 0, Status.VIOLATED: 1, Status.UNKNOWN: 2}
@@ -65,6 +66,25 @@ def render_table(snapshot: dict) -> str:
     return "\n".join(lines)
 
 
+def render_breakdown(snapshot: dict) -> str:
+    """Where each P/D model's client TTFT went, one line per stage: models with a client scope or
+    with both a prefill and a decode stage (empty otherwise)."""
+    out = []
+    for b in snapshot.get("models", []):
+        names = {s["stage"] for s in b["stages"]}
+        pd = bool(names & {"prefill_queue", "prefill_compute"}) and bool(names & {"decode_queue", "first_decode_step"})
+        if not (b["client_ttft_s"] is not None or pd):
+            continue
+        what = "estimated from the engine stages" if b["estimated"] else "measured at the router"
+        ttft = b["ttft_s"]
+        out.append(f"\nwhere the TTFT went: {b['model']}, TTFT {_fmt_value('ttft', 'mean', ttft)} ({what})")
+        for s in b["stages"]:
+            share = "" if s["share"] is None else f"{100 * s['share']:5.1f}%"
+            out.append(f"  {s['stage']:<18} {_fmt_value('ttft', 'mean', s['seconds']):>10}  {share:>6}  {s['source']}")
+        out += [f"  note: {n}" for n in b["notes"]]
+    return "\n".join(out)
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         cfg = load_config(args.config)
@@ -75,7 +95,8 @@ def run(args: argparse.Namespace) -> int:
 
     # the source and the SLOs only: the detectors need history, and the advisor must not
     # actuate from a one-shot check
-    guard = compose(cfg, detectors=False, advisor=False).guard
+    breakdown = StageBreakdownEvaluator(cfg)  # where the client TTFT went; no findings book
+    guard = compose(cfg, detectors=False, advisor=False, extra_evaluators=[breakdown]).guard
 
     # the whole check is bounded: two collections, the wait, one tick's query budget, slack
     src_timeout = getattr(cfg.source, "timeout_s", 10.0)
@@ -97,12 +118,16 @@ def run(args: argparse.Namespace) -> int:
         return 2
     ev = guard.evaluator("slo")
     snap = ev.snapshot()
+    stages = breakdown.snapshot()
     if args.json:
         from sla_guard.api import jsonable
 
-        print(json.dumps(jsonable(snap), indent=2))
+        print(json.dumps(jsonable({**snap, "ttft_breakdown": stages}), indent=2))
     else:
         print(render_table(snap))
+        text = render_breakdown(stages)
+        if text:
+            print(text)
         for t in guard.source.targets():
             if not t.up:
                 print(f"target {t.name} ({t.url}) down: {t.last_error}", file=sys.stderr)
