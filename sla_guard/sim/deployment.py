@@ -14,9 +14,9 @@ the decode engine sees external KV hits, the kv-fetch stage gauge, TPOT, ITL, sp
 and the KV-transfer stats (pulling side).
 
 The P/D proxy (:class:`Proxy`, ``sim-proxy``) records the client scope as sla-guard-proxy does:
-per finished request client TTFT, TPOT, e2e and the TTFT stages (``prefill_leg`` = prefill
-request sent -> answer received, ``decode_first_leg`` = decode request sent -> first token
-received, ``proxy`` = the rest), the outcome counter and the in-flight gauge.
+client TTFT and its stages when the first token is forwarded (``prefill_leg`` = prefill request
+sent -> answer received, ``decode_first_leg`` = decode request sent -> first token received,
+``proxy`` = the rest), TPOT, e2e and the outcome when a request ends, and the in-flight gauge.
 """
 
 from __future__ import annotations
