@@ -520,3 +520,48 @@ def test_console_script_serves_health_and_metrics():
         proc.wait(10)
     bad = subprocess.run([str(script), "--prefill", "nope", "--decode", "http://d"], capture_output=True, text=True)
     assert bad.returncode == 2 and "engine URL" in bad.stderr
+
+
+# --- real CPU vLLM --------------------------------------------------------------------------------
+
+@pytest.mark.vllm
+def test_real_vllm_stream_through_the_proxy(vllm_spec_engine):
+    """vLLM's own SSE (completions text chunks, the usage chunk, ``[DONE]``) through the proxy. The
+    shared engine (no KV connector, so prefill's ``kv_transfer_params`` is null and decode recomputes
+    the prompt; its tiny model has no chat template) plays both pools; the P/D hand-off itself is
+    covered with ExampleConnector in tests/test_vllm_hooks.py and tests/test_pd_e2e.py."""
+    import vllm_support as vs
+
+    eng = vllm_spec_engine.base_url
+    ttft_count = c.REQUEST_TTFT.series("_count")
+    before = vs.total(vs.scrape(vllm_spec_engine.metrics_url), ttft_count)
+    lab = {"model": vs.MODEL_NAME, "pool": "client", "route": "pd", "router": ROUTER}
+    body = {"model": vs.MODEL_NAME, "prompt": "the quick brown fox " * 8, "max_tokens": 12, "ignore_eos": True,
+            "temperature": 0.0, "stream": True}
+    with ProxyThread(ProxyConfig(prefill=(eng,), decode=(eng,), router=ROUTER)) as px:
+        r, events, t_sent = stream(px.url + "/v1/completions", body, headers={"X-Request-Id": "px-real"}, timeout=120)
+        assert r.status_code == 200 and r.headers["x-request-id"] == "px-real", events
+        assert events[-1][1] == "[DONE]" and not any('"completion_tokens"' in e for _, e in events)
+        toks = token_times(events)
+        s = scrape(px.url)
+        ttft = value(s, c.CLIENT_TTFT.name + "_sum", **lab)
+        assert value(s, c.CLIENT_TTFT.name + "_count", **lab) == 1
+        assert 0 < ttft <= toks[0] - t_sent  # same clock: inside what the client measured
+        stages = {st: value(s, c.CLIENT_STAGE.name + "_sum", stage=st, **lab)
+                  for st in ("prefill_leg", "decode_first_leg", "proxy")}
+        assert stages["prefill_leg"] > 0 and stages["decode_first_leg"] > 0
+        assert sum(stages.values()) == pytest.approx(ttft, abs=1e-6)
+        assert value(s, c.CLIENT_TPOT.name + "_count", **lab) == 1  # completion_tokens from the usage chunk
+        assert value(s, c.CLIENT_TPOT.name + "_sum", **lab) == pytest.approx((toks[-1] - toks[0]) / 11, abs=0.02)
+        # asked for: the usage chunk reaches the client
+        r, events, _ = stream(px.url + "/v1/completions", {**body, "stream_options": {"include_usage": True}},
+                              timeout=120)
+        usage = [json.loads(e)["usage"] for _, e in events if e != "[DONE]" and not json.loads(e)["choices"]]
+        assert r.status_code == 200 and usage and usage[-1]["completion_tokens"] == 12
+        s = scrape(px.url)
+    assert value(s, c.CLIENT_REQUESTS.exposed, outcome="ok", **lab) == 2 and value(s, c.CLIENT_IN_FLIGHT.name) == 0
+    # vLLM saw both legs of both requests (its stats reach the API server just after the answers)
+    deadline = time.monotonic() + 20
+    while vs.total(vs.scrape(vllm_spec_engine.metrics_url), ttft_count) - before < 4:
+        assert time.monotonic() < deadline, "the engine did not count both legs of both requests"
+        time.sleep(0.3)
