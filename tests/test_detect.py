@@ -63,38 +63,6 @@ def test_hinge_fit_beats_line_and_steps_on_an_onset():
     assert leak.hinge_fit(x, -y) is None  # only rising hinges
 
 
-def test_steps_line_fit_recovers_slope_and_steps():
-    x = np.arange(24.0)
-    y = 2.0 * x + np.where(x >= 10, 50.0, 0.0) + np.where(x >= 17, 30.0, 0.0)
-    sse, slope, level, edges = leak.steps_line_fit(x, y)
-    assert sse == pytest.approx(0.0, abs=1e-6) and slope == pytest.approx(2.0)
-    assert edges == (0, 10, 17, 24)
-    assert level == pytest.approx(np.where(x >= 10, 50.0, 0.0) + np.where(x >= 17, 30.0, 0.0))
-    assert leak.steps_line_fit(x[:5], y[:5]) is None  # too short for two levels of 3 points
-
-
-def test_leak_under_an_allocator_step_is_found_a_staircase_is_not():
-    """2 h window of 5-min floor points. A 48 MiB/h leak with a 128 MiB allocator step in the
-    middle fits steps better than a line (so the plain test calls it a step); with the step
-    removed the leak is left, and found (step_trend). Two flat steps, and a staircase whose
-    levels are flat, stay "not a leak"."""
-    rng = np.random.default_rng(7)
-    x = np.arange(24) * 300.0
-    noise = rng.normal(0, 2 * MIB, 24)
-    step = np.where(x >= 3600, 128 * MIB, 0.0)
-    leaky = x * 48 * MIB / HOUR + step + noise
-    p = leak.LeakParams()
-    plain = leak.window_test(x, leaky, p, 2 * HOUR, hinge=True)
-    assert not plain.leak and plain.reason == "step_not_trend"
-    found = leak.window_test(x, leaky, p, 2 * HOUR, hinge=True, steps=True)
-    assert found.leak and found.reason == "trend_with_step" and found.window_s == 2 * HOUR
-    assert found.slope_bps * HOUR / MIB == pytest.approx(48, rel=0.2)  # the step is not counted
-    stairs = step + np.where(x >= 5400, 192 * MIB, 0.0) + noise
-    assert not leak.window_test(x, stairs, p, 2 * HOUR, hinge=True, steps=True).leak
-    ramps = np.clip((x - 1800) / 1200, 0, 1) * 128 * MIB + np.clip((x - 4800) / 900, 0, 1) * 128 * MIB + noise
-    assert not leak.window_test(x, ramps, p, 2 * HOUR, hinge=True, steps=True).leak
-
-
 def test_diff_load_coef_ignores_trend_step_and_warmup():
     rng = np.random.default_rng(3)
     n = 200
@@ -169,31 +137,17 @@ def test_synthetic_leak_case_detected_and_sawtooth_case_quiet():
     assert first is not None and first[0] - c.onset < 2.5 * HOUR
 
 
-def test_leak_on_load_swing_background_within_two_hours():
-    """Issue 5's slowest corpus case (bench/detectors): 100-300 MiB load bursts on the floor.
-    The short window removes the load part (coefficient from co-movement) and the leak is found
-    within 2 h of onset (2.24 h before). Not every load-swing series is this fast
-    (docs/detectors.md: held-out seeds)."""
-    c = sy.rss_case("load_swings", 1005, leak_mib_h=48.0)
-    m = c.t <= c.onset + 2.5 * HOUR  # scan is causal: the tail cannot change earlier verdicts
-    first = leak.first_detection(leak.scan(c.t[m], c.v[m], load=(c.t[m], c.load[m])))
-    assert first is not None and 0 < first[0] - c.onset <= 2 * HOUR
-    old = leak.LeakParams(hinge=False, short_load=False, confirm=1)
-    before = leak.first_detection(leak.scan(c.t[m], c.v[m], old, load=(c.t[m], c.load[m])))
-    assert before is None or before[0] > first[0]
-
-
 # --- drift ------------------------------------------------------------------------------------
 
 def test_threshold_from_arl0():
     p = drift.RateDriftParams(arl0_s=30 * 86400, interval_s=60, sides="both", family=1, arl_rule="lorden")
-    assert p.threshold == pytest.approx(math.log(30 * 1440 * 2))
+    assert p.threshold == pytest.approx(math.log(30 * 1440 * 2 * 2))  # x2: the slow pair shares the budget
     assert drift.threshold_for_arl(86400, 60, 1, 5) == pytest.approx(math.log(1440 * 5))
     g = drift.RateDriftParams()  # default rule: the exact Gaussian run length
-    assert g.arl_rule == "gaussian"
-    assert math.log(30 * 1440 * 2) - 1.7 < g.threshold < math.log(30 * 1440 * 2) - 1.45
+    assert g.arl_rule == "gaussian" and g.slow and g.n_family == 2  # step and slow pairs share the budget
+    assert math.log(30 * 1440 * 2 * 2) - 1.7 < g.threshold < math.log(30 * 1440 * 2 * 2) - 1.45
     # jitter that caps an interval's information below the worst case (theta ~ 1.85) lowers h
-    assert drift.threshold_gaussian_arl(30 * 86400, 60, 2, 1, theta_max=1.0) < g.threshold - 0.2
+    assert drift.threshold_gaussian_arl(30 * 86400, 60, 2, 2, theta_max=1.0) < g.threshold - 0.2
     assert drift.threshold_gaussian_arl(600, 60) == drift.threshold_for_arl(600, 60)  # degenerate: Lorden
     with pytest.raises(ValueError, match="arl_rule"):
         drift.RateDriftParams(arl_rule="siegmund")
@@ -255,7 +209,8 @@ def test_no_alarm_without_change_and_counter_reset_tolerated():
 def test_false_alarm_rate_respects_lorden_bound():
     """With ARL0 = 6 h, 5 simulated days of a stationary binomial rate at the band edge
     (worst case, p = p0 - tolerance) should give about <= 20 alarms (Lorden: ARL0 >= e^h)."""
-    params = drift.RateDriftParams(arl0_s=6 * HOUR, sides="down", tolerance=0.0, min_tau=0.0, warmup_s=600)
+    params = drift.RateDriftParams(arl0_s=6 * HOUR, sides="down", tolerance=0.0, min_tau=0.0, warmup_s=600,
+                                   slow=False, ref_margin=0.0)
     rng = np.random.default_rng(7)
     cus = drift.RateCusum(params)
     alarms = 0
@@ -276,7 +231,7 @@ def test_band_edge_false_alarms_match_the_gaussian_arl():
     Lorden's threshold would give ~8, an error in the chain or the solve far more or fewer.
     The warm-up is fed an exact rate (x = 0.6 n) so tau is learned as 0 and phi = 1."""
     params = drift.RateDriftParams(arl0_s=6 * HOUR, sides="down", tolerance=0.0, min_tau=0.0, warmup_s=600,
-                                   arl_rule="gaussian")
+                                   arl_rule="gaussian", slow=False, ref_margin=0.0)
     rng = np.random.default_rng(7)
     cus, n, t, alarms, steps = drift.RateCusum(params), 340, 0.0, 0, 10 * 1440
     while not cus.ready:
@@ -307,7 +262,7 @@ def test_jitter_reestimated_from_alarm_free_blocks():
     p = np.r_[np.full(60, 0.6), 0.6 + rng.normal(0, 0.03, 10 * 60), np.full(3 * 60, 0.45)]
     n = rng.poisson(3000, len(p))
     x = rng.binomial(n, np.clip(p, 0, 1))
-    kw = dict(arl_rule="lorden", refine_s=0)
+    kw = dict(arl_rule="lorden", refine_s=0, slow=False, ref_margin=0.0)
     on = drift.RateCusum(drift.RateDriftParams(jitter_blocks=6, **kw))
     off = drift.RateCusum(drift.RateDriftParams(jitter_blocks=0, **kw))
     before_drop = warm = None
@@ -336,7 +291,7 @@ def test_baseline_refined_after_warmup_and_never_from_a_change():
     p = np.r_[np.full(60, 0.57), np.full(8 * 60, 0.60), np.full(2 * 60, 0.52)]
     n = rng.poisson(3000, len(p))
     x = rng.binomial(n, p)
-    kw = dict(jitter_blocks=0, arl_rule="lorden")
+    kw = dict(jitter_blocks=0, arl_rule="lorden", slow=False, ref_margin=0.0)
     on = drift.RateCusum(drift.RateDriftParams(refine_s=86400, **kw))
     off = drift.RateCusum(drift.RateDriftParams(refine_s=0, **kw))
     first: dict[str, float] = {}
@@ -406,3 +361,62 @@ def test_latency_drift_conditioned_on_load():
             fired = i
             break
     assert fired is not None and fired < 10
+
+
+# --- issue 16: start-up growth after a restart, a slow decline in the first day ---------------
+
+def _restarted(leak_mib_h: float = 0.0, leak_after_h: float = 2.0, seed: int = 2):
+    """10 h of a 6 GiB process with a 90 MiB / 5 min GC sawtooth, restarted at 4 h; the new
+    process grows 900 MiB at start-up (S-shaped, 45 min time constant), as the issue's series did.
+    Optionally a leak from ``leak_after_h`` after the restart."""
+    rng = np.random.default_rng(seed)
+    t = np.arange(0, 10 * HOUR, 30.0)
+    restart = 4 * HOUR
+    since = np.where(t >= restart, t - restart, t)
+    tau = 45 * 60.0
+    startup = 900 * MIB * (1 / (1 + np.exp(-(since - tau) / (tau / 4))))
+    v = 6 * 2**30 + startup + 90 * MIB * ((t / 300.0) % 1.0) + rng.normal(0, 3 * MIB, len(t))
+    onset = restart + leak_after_h * HOUR
+    v += np.maximum(0.0, t - onset) * leak_mib_h * MIB / HOUR
+    v[(t >= restart) & (t < restart + 120)] = 0.4 * 2**30  # the model loads
+    return t, v, onset
+
+
+def test_restart_followed_by_startup_growth_raises_no_finding():
+    """Issue 16's false alarm: start-up growth after a restart read as a leak. Start-up growth
+    is excluded (90 min) and its decelerating tail removed before the trend test; the 2 h window
+    would see ~500 MiB/h of growth right after the exclusion without that."""
+    t, v, _ = _restarted()
+    verdicts = leak.scan(t, v)
+    assert not [at for at, ver in verdicts if ver.detected]
+    assert any(ver.status == "ok" and ver.segment_start == pytest.approx(4 * HOUR) for _, ver in verdicts)
+    no_curve = leak.LeakParams(long_warmup_s=0.0, warmup_s=600.0)  # a 10 min warm-up and no curve: found
+    assert any(ver.detected for _, ver in leak.scan(t, v, no_curve))
+
+
+def test_leak_two_hours_after_a_restart_found_with_its_onset():
+    t, v, onset = _restarted(48.0, leak_after_h=2.0)
+    first = leak.first_detection(leak.scan(t, v))
+    assert first is not None and 0 < first[0] - onset <= 2.5 * HOUR
+    assert first[1].onset is not None and abs(first[1].onset - onset) <= 0.75 * HOUR
+
+
+def test_slow_acceptance_decline_in_first_day_flagged_before_004():
+    """Issue 16: 0.06 over 3 h, starting 5 h into the first day, at 50 drafts/s. A learning
+    baseline absorbed it; the frozen reference and the slow CUSUM pair flag it before the rate
+    is 0.04 below its start (2 h into the ramp). Without the slow pair it is not flagged by then."""
+    rng = np.random.default_rng(16)
+    dt, onset = 10.0, 5 * HOUR
+    t = np.arange(dt, 12 * HOUR, dt)
+    p = 0.62 - 0.06 * np.clip((t - onset) / (3 * HOUR), 0, 1)
+    n = rng.poisson(50 * dt, len(t))
+    x = rng.binomial(n, p)
+    cn, cx = np.cumsum(n).astype(float), np.cumsum(x).astype(float)
+    alarms, cus = drift.scan_rate(t, cn, cx)
+    first = next(a for a in alarms if a.direction == "down")
+    assert onset < first.at < onset + 2 * HOUR
+    assert cus.p0 == pytest.approx(0.62, abs=0.01)  # frozen: the decline never moved it
+    fast_only, _ = drift.scan_rate(t, cn, cx, drift.RateDriftParams(slow=False))
+    assert not [a for a in fast_only if a.at < onset + 2 * HOUR]
+    learning, _ = drift.scan_rate(t, cn, cx, drift.RateDriftParams(slow=False, refine_s=86400, ref_margin=0.0))
+    assert not [a for a in learning if a.at < onset + 2 * HOUR]

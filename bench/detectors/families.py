@@ -247,7 +247,7 @@ class RateSeries:
             return None
         if self.kind == "step":
             return self.onset
-        return self.onset + amount / self.per_hour * HOUR
+        return self.onset + amount / abs(self.per_hour) * HOUR
 
 
 def _ar1(rng, n: int, dt: float, sd: float, corr_s: float) -> np.ndarray:

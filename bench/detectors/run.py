@@ -79,7 +79,7 @@ def leak_job(args) -> dict:
 def rate_job(args) -> dict:
     cohort, seed, kind, change = args
     c = fam.rate_case(seed, kind=kind, change=change)
-    alarms, cus = drift.scan_rate(c.t, c.drafts, c.accepted, RATE_PARAMS)
+    alarms, _cus = drift.scan_rate(c.t, c.drafts, c.accepted, RATE_PARAMS)
     return {"cohort": cohort, "name": c.name, "onset": c.onset, "kind": kind, "change": c.change,
             "per_hour": c.per_hour, "family": c.family, "t_end": float(c.t[-1]),
             "deadline": (c.onset + 600.0 if kind == "step" else c.deviation_time(0.04)) if c.onset else None,
@@ -228,6 +228,10 @@ def misses(res: list[dict], mode: str) -> list[str]:
     return out
 
 
+def _rounded(d: dict) -> dict:
+    return {k: round(v, 3) if isinstance(v, float) else v for k, v in d.items()}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="a few series per cohort (development)")
@@ -263,7 +267,7 @@ def main(argv=None) -> int:
                             late = [round((x - r["onset"]) / 60, 1) for x, _ in r["alarms"] if x >= r["onset"]]
                             print(f"  miss {r['name']} onset {r['onset'] / HOUR:.1f} h deadline "
                                   f"{(r['deadline'] - r['onset']) / 60:.0f} min, alarms after onset {late} min "
-                                  f"{ {k: round(v, 3) if isinstance(v, float) else v for k, v in r['family'].items()} }")
+                                  f"{_rounded(r['family'])}")
     if lsc:
         print(leak_table(lsc))
     if rsc:

@@ -166,9 +166,14 @@ class RateDriftParams:
     # slack for a mis-learned baseline and jitter, which refine_s and jitter_blocks now shrink)
     jitter_blocks: int = d.RATE_JITTER_BLOCKS  # > 0: keep re-estimating tau after warm-up, as the mean of the long-run
     # estimates of this many recent alarm-free blocks of warmup_s, each around its own mean (0: warm-up only)
-    refine_s: float = d.RATE_REFINE_S  # > 0: p0 keeps learning (expanding mean) from intervals up to this long after
-    # the start, each once refine_hold_s passed with no alarm (a 1 h mean is off by most of the wander)
+    refine_s: float = 0.0  # > 0: p0 keeps learning (expanding mean) from intervals up to this long after the
+    # start, each once refine_hold_s passed with no alarm. Off by default (issue 16): a learning baseline absorbs a
+    # slow decline; the reference is frozen at the end of warm-up and its own error widens the band (ref_margin)
     refine_hold_s: float = 1800.0
+    slow: bool = True  # a second, narrow-band CUSUM pair for slow drifts (ramps) beside the step CUSUMs
+    slow_tolerance: float = 0.01  # its band beyond the reference's own error
+    slow_shift: float = 0.02  # its design shift beyond that band
+    ref_margin: float = 2.0  # bands widen by this many standard errors of the frozen reference
 
     def __post_init__(self) -> None:
         if self.arl_rule not in ("gaussian", "lorden"):
@@ -183,9 +188,14 @@ class RateDriftParams:
         return 2 if self.sides == "both" else 1
 
     @property
+    def n_family(self) -> int:
+        """Detectors sharing the ARL0 budget: the family, twice when the slow pair runs too."""
+        return self.family * (2 if self.slow else 1)
+
+    @property
     def threshold(self) -> float:
         rule = threshold_for_arl if self.arl_rule == "lorden" else threshold_gaussian_arl
-        return rule(self.arl0_s, self.interval_s, self.n_sides, self.family)
+        return rule(self.arl0_s, self.interval_s, self.n_sides, self.n_family)
 
 
 def long_run_tau2(n: np.ndarray, x: np.ndarray, p0: float, lags: int) -> float:
@@ -251,6 +261,12 @@ class RateCusum:
     alarm: Alarm | None = None  # the open alarm, if any
     alarms: int = 0
     skipped: int = 0
+    ref_se: float = 0.0  # standard error of the frozen reference p0 (long-run jitter and binomial)
+    h_slow: float | None = None  # threshold of the slow pair
+    s_down_slow: float = 0.0
+    s_up_slow: float = 0.0
+    since_down_slow: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    since_up_slow: tuple[float, float, float] = (0.0, 0.0, 0.0)
 
     @property
     def ready(self) -> bool:
@@ -260,14 +276,17 @@ class RateCusum:
     def threshold(self) -> float:
         return self.h if self.h is not None else self.params.threshold
 
-    def _band(self, direction: str) -> tuple[float, float]:
-        """(q0, p1): the band edge and the design rate beyond it, on one side of p0."""
+    def _band(self, direction: str, slow: bool = False) -> tuple[float, float]:
+        """(q0, p1): the band edge and the design rate beyond it, on one side of p0. The band is
+        widened by the frozen reference's own error (ref_margin standard errors)."""
         p, p0 = self.params, float(self.p0)
+        tol = (p.slow_tolerance if slow else p.tolerance) + p.ref_margin * self.ref_se
+        shift = p.slow_shift if slow else p.shift
         if direction == "down":
-            q0 = max(p0 - p.tolerance, 2e-4)
-            return q0, max(q0 - p.shift, 1e-4)
-        q0 = min(p0 + p.tolerance, 1 - 2e-4)
-        return q0, min(q0 + p.shift, 1 - 1e-4)
+            q0 = max(p0 - tol, 2e-4)
+            return q0, max(q0 - shift, 1e-4)
+        q0 = min(p0 + tol, 1 - 2e-4)
+        return q0, min(q0 + shift, 1 - 1e-4)
 
     def _learn(self) -> None:
         p = self.params
@@ -276,6 +295,8 @@ class RateCusum:
         rows = np.array([(n, x) for n, x in self.warm_rates if n > 0], dtype=float).reshape(-1, 2)
         tau2 = long_run_tau2(rows[:, 0], rows[:, 1], p0, p.lr_lags) if len(rows) else 0.0
         self.p0 = p0
+        m = max(len(rows), 1)
+        self.ref_se = math.sqrt(max(tau2, p.min_tau**2) / m + p0 * (1 - p0) / max(self.base_n, 1.0))
         self.warm_rates.clear()
         self.tau2_blocks = [tau2]
         self._set_jitter(tau2)
@@ -286,11 +307,14 @@ class RateCusum:
         at the worst theta up to that cap."""
         p, p0 = self.params, float(self.p0)
         self.tau2 = max(tau2, p.min_tau**2)
-        self.h = p.threshold
+        self.h = self.h_slow = p.threshold
         if p.arl_rule == "gaussian":
             sides = [d for d in ("down", "up") if p.sides in (d, "both")]
             theta = max(max_interval_information(p0, *self._band(d), self.tau2) for d in sides)
-            self.h = threshold_gaussian_arl(p.arl0_s, p.interval_s, p.n_sides, p.family, theta)
+            self.h = threshold_gaussian_arl(p.arl0_s, p.interval_s, p.n_sides, p.n_family, theta)
+            if p.slow:
+                theta = max(max_interval_information(p0, *self._band(d, True), self.tau2) for d in sides)
+                self.h_slow = threshold_gaussian_arl(p.arl0_s, p.interval_s, p.n_sides, p.n_family, theta)
 
     def _jitter_block(self, t: float, n: float, x: float, fired: bool) -> None:
         """Refine tau from blocks of warmup_s after warm-up (a 1 h warm-up has ~60 intervals: its
@@ -369,6 +393,20 @@ class RateCusum:
             if self.s_up > self.threshold:
                 new = self._fire(t, "up", self.s_up, self.since_up)
                 self.s_up, self.since_up = 0.0, (t, 0.0, 0.0)
+        if p.slow and p.sides in ("down", "both"):
+            h0, p1 = self._band("down", True)
+            self.s_down_slow, self.since_down_slow = self._step(self.s_down_slow, self.since_down_slow, t, n, x,
+                                                                binomial_llr(x, n, h0, p1) / phi)
+            if self.s_down_slow > self._h_slow:
+                new = self._fire(t, "down", self.s_down_slow, self.since_down_slow, self._h_slow) or new
+                self.s_down_slow, self.since_down_slow = 0.0, (t, 0.0, 0.0)
+        if p.slow and p.sides in ("up", "both"):
+            h0, p1 = self._band("up", True)
+            self.s_up_slow, self.since_up_slow = self._step(self.s_up_slow, self.since_up_slow, t, n, x,
+                                                            binomial_llr(x, n, h0, p1) / phi)
+            if self.s_up_slow > self._h_slow:
+                new = self._fire(t, "up", self.s_up_slow, self.since_up_slow, self._h_slow) or new
+                self.s_up_slow, self.since_up_slow = 0.0, (t, 0.0, 0.0)
         if p.jitter_blocks > 0:
             self._jitter_block(t, n, x, new is not None)
         if p.refine_s > 0:
@@ -385,13 +423,18 @@ class RateCusum:
             return 0.0, (t, 0.0, 0.0)
         return s, (since[0], since[1] + n, since[2] + x)
 
-    def _fire(self, t, direction, stat, since) -> Alarm | None:
+    @property
+    def _h_slow(self) -> float:
+        return self.h_slow if self.h_slow is not None else self.threshold
+
+    def _fire(self, t, direction, stat, since, h: float | None = None) -> Alarm | None:
         """A crossing opens an alarm; while the same alarm is open it only refreshes it."""
         after = since[2] / since[1] if since[1] > 0 else float("nan")
+        h = self.threshold if h is None else h
         if self.alarm is not None and self.alarm.direction == direction:
-            self.alarm.after, self.alarm.statistic, self.alarm.threshold = after, stat, self.threshold
+            self.alarm.after, self.alarm.statistic, self.alarm.threshold = after, stat, h
             return None
-        self.alarm = Alarm(t, direction, float(self.p0), after, since[0], stat, self.threshold)
+        self.alarm = Alarm(t, direction, float(self.p0), after, since[0], stat, h)
         self.alarms += 1
         return self.alarm
 
@@ -406,6 +449,8 @@ class RateCusum:
     def snapshot(self) -> dict:
         return {"baseline": self.p0, "tau": math.sqrt(self.tau2) if self.p0 is not None else None,
                 "cusum_down": self.s_down, "cusum_up": self.s_up, "threshold": self.threshold,
+                "slow_cusum_down": self.s_down_slow, "slow_cusum_up": self.s_up_slow, "slow_threshold": self._h_slow,
+                "reference_se": self.ref_se,
                 "recent_rate": self.recent_rate(), "alarms": self.alarms, "skipped_intervals": self.skipped,
                 "open": self.alarm is not None}
 

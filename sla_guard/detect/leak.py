@@ -1,26 +1,30 @@
 """Host-memory leak detection on one process's RSS series: pure functions, no I/O, no clocks.
 
-Why this shape (see docs/detectors.md): a slow leak (tens of MiB/h on a multi-GiB process) is
-invisible to ``predict_linear`` over an hour because RSS is dominated by garbage-collection
-sawtooth, allocator plateaus and load-driven swings. So we
+The method (docs/detectors.md, "Host-memory leak"), chosen on an independent generator's tuning
+seeds and reported on its sealed seeds (bench/detectors):
 
-1. split the series at restarts and drop a warm-up after each start,
-2. build a *floor* series (minimum over a window longer than the GC sawtooth period, sampled per
-   bucket): the sawtooth disappears, a leak (which raises the floor) stays,
-3. optionally remove the part of the floor explained by load (running requests): over half a
-   day jointly with time; before that, in the shortest window, with a coefficient taken from
-   the co-movement of differences (which a slow trend cannot confound),
-4. on windows of several lengths (short: fast leaks soon; long: slow leaks surely) fit a robust
-   Theil-Sen slope and test it with Mann-Kendall (variance corrected for autocorrelation,
-   Hamed & Rao 1998, around the better of a line and a flat-then-rising hinge: a window that
-   holds the onset is hinge-shaped),
-5. refuse shapes that are not leaks: one or two steps explain the window better than a line or
-   a hinge (allocator step, one-off cache fill), or the growth stopped in the recent third
-   (plateau, saturating warm-up),
-6. report a leak only when two consecutive buckets say so (transients last one).
+1. **Segments.** A fall of RSS by more than 25 % between samples, or a hole over 30 min, is a
+   restart; each segment is judged on its own, and only the latest one live.
+2. **Floor.** The minimum of RSS over a trailing window, one point per 5 min bucket. The window
+   is 10 min, or 1.5 x the allocator/GC sawtooth period measured from the series' own drops
+   (up to 40 min), so the sawtooth vanishes whatever its period; a leak raises the floor.
+3. **Steps.** A jump of the floor between two buckets beyond 40 MiB and 5 robust s.d. of the
+   bucket differences (an allocator step, memory returned, a plateau reached quickly) is taken
+   out of the floor: the level after it is shifted by the jump, the trend is kept.
+4. **Start-up growth is never a leak.** Nothing is judged in the first 90 min of a process;
+   a window that starts within 6 h of the start has the best saturating curve
+   ``a (1 - exp(-(t - start) / tau))`` (tau 5..90 min, a >= 0) fitted jointly with a line and
+   removed before it is tested, so what remains is the part of the growth that does not slow down.
+5. **Load** (optional): the floor's co-movement with the load's own floor (``diff_load_coef``,
+   differences, so a trend cannot confound it) is removed.
+6. **Trend test** on the last 2 h and 4 h (and 8 h): Theil-Sen slope, Mann-Kendall z (variance
+   inflated for serial correlation) >= 4, slope and rise over thresholds, still growing in the
+   last half, not better explained by one or two level steps than by a line or a hinge; two
+   consecutive buckets must agree (a transient says "leak" once).
+7. **Onset**: the knot of the best flat-then-rising fit of the floor since the exclusion, less
+   the floor window (the floor lags the raw series by it).
 
-A positive verdict carries slope, confidence, an onset estimate (hinge fit) and the projected
-time until the memory limit.
+A positive verdict carries slope, confidence, onset and the projected time to the memory limit.
 """
 
 from __future__ import annotations
@@ -42,38 +46,26 @@ class LeakParams:
     so a short test can run the same detector on a k-times faster leak."""
 
     bucket_s: float = 300.0  # one floor point per bucket
-    floor_window_s: float = 900.0  # min over this span: longer than the GC sawtooth period
-    warmup_s: float = 1800.0  # ignored after each (re)start: caches fill, arenas grow
-    long_warmup_s: float = 7200.0  # windows longer than the shortest start this late: a warm-up
-    # tail is small next to a 2 h window's rise but not next to an 8 h window's
-    windows_s: tuple[float, ...] = (2 * HOUR, 8 * HOUR, 24 * HOUR)
-    min_coverage: float = 0.7  # a window needs this share of its span in post-warm-up data
+    floor_window_s: float = 600.0  # shortest floor window (min of RSS over it)
+    max_floor_window_s: float = 2400.0  # longest one (a 30 min sawtooth needs ~40 min)
+    sawtooth_factor: float = 1.5  # floor window = this x the sawtooth period (75th percentile)
+    warmup_s: float = 5400.0  # nothing judged this long after each (re)start: an S-shaped fill with
+    # a 60 min time constant is over by then; its decelerating tail is removed as start-up growth
+    long_warmup_s: float = 6 * HOUR  # windows starting this soon after a start remove start-up growth
+    startup_taus_s: tuple[float, ...] = (300.0, 600.0, 1200.0, 1800.0, 2700.0, 3600.0, 5400.0)
+    windows_s: tuple[float, ...] = (2 * HOUR, 4 * HOUR, 8 * HOUR)
+    min_rise_bytes: tuple[float, ...] = (48 * MIB, 64 * MIB, 96 * MIB)  # per window
+    min_coverage: float = 0.7  # a window needs this share of its span in judged data
+    short_coverage: float = 0.5  # the shortest window: 1 h of data after the exclusion is a test
     min_points: int = 12
     z_crit: float = 4.0  # one-sided Mann-Kendall z (autocorrelation-corrected)
-    min_slope_bps: float = 4.0 * MIB / HOUR  # below this growth is not worth a page
-    min_rise_bytes: float = 64 * MIB  # and a window must have grown at least this much: load
-    # swings and cache fills move the floor by tens of MiB without leaking
-    unconditioned_rise_bytes: float = 128 * MIB  # long windows must rise more than a diurnal
-    # load swing of the floor
-    step_ratio: float = 1.0  # a one-step fit with SSE < ratio * line SSE -> a step, not a leak
-    persistence: float = 0.6  # last-third slope must be >= this share of the window slope
+    min_slope_bps: float = 8.0 * MIB / HOUR  # below this growth is not worth a page
+    step_bytes: float = 40 * MIB  # a floor jump beyond this (and step_sd robust s.d.) is a step
+    step_sd: float = 5.0
+    persistence: float = 0.5  # last-half slope must be >= this share of the window slope
     restart_drop: float = 0.25  # a fall by more than this fraction between samples = restart
     max_gap_s: float = 1800.0  # a hole longer than this also starts a new segment
-    hinge: bool = True  # a short window holding the onset is flat-then-rising: its step test
-    # and Mann-Kendall's serial correlation use the better of a line and a hinge (not a line
-    # only). Long windows keep the line: a day holds several allocator steps, which two
-    # breaks cannot fit and a hinge can
-    short_load: bool = True  # before the long-span load fit applies (12 h), the shortest window
-    # removes load with a coefficient from the co-movement of differences (diff_load_coef)
-    load_lag: int = 0  # buckets between diff_load_coef's differences; 0: one floor window
-    # (consecutive floor points share most of their window, so their difference is mostly
-    # which sample held the minimum, not a change of load)
-    confirm: int = 2  # a leak needs this many consecutive buckets whose verdict is "leak": a
-    # one-bucket verdict is what a transient makes, a leak persists
-    step_trend: bool = True  # in the shortest window, given a load series, a trend the step test
-    # rejects gets a second test with up to two upward steps removed (a leak under an allocator
-    # step is both)
-    min_step_segment: int = 3  # points per level in that fit (one odd point is not a level)
+    confirm: int = 2  # consecutive buckets whose verdict must be "leak"
 
     def scaled(self, k: float) -> LeakParams:
         if k <= 0:
@@ -82,12 +74,18 @@ class LeakParams:
             self,
             bucket_s=self.bucket_s / k,
             floor_window_s=self.floor_window_s / k,
+            max_floor_window_s=self.max_floor_window_s / k,
             warmup_s=self.warmup_s / k,
             long_warmup_s=self.long_warmup_s / k,
+            startup_taus_s=tuple(x / k for x in self.startup_taus_s),
             windows_s=tuple(w / k for w in self.windows_s),
             min_slope_bps=self.min_slope_bps * k,
             max_gap_s=self.max_gap_s / k,
         )
+
+    def rise_for(self, i: int) -> float:
+        r = self.min_rise_bytes
+        return r[min(i, len(r) - 1)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,14 +97,14 @@ class WindowResult:
     z: float  # Mann-Kendall statistic
     n: int  # floor points in the window
     leak: bool
-    reason: str  # "trend" / "trend_with_step" when a leak, else why not
+    reason: str  # "trend" when a leak, else why not
     window_s: float | None = None  # the window's length (None: the span of the points)
 
 
 @dataclass(slots=True)
 class LeakVerdict:
     """The state of one process series at its last sample. ``status`` is "leak", "ok" or
-    "unknown" (too little post-warm-up data: never reported as ok)."""
+    "unknown" (too little judged data: never reported as ok)."""
 
     status: str
     reason: str
@@ -266,55 +264,6 @@ def step_sse(y: np.ndarray, breaks: int = 2) -> float:
     return best
 
 
-def steps_line_fit(x: np.ndarray, y: np.ndarray, breaks: int = 2, min_seg: int = 3
-                   ) -> tuple[float, float, np.ndarray, tuple[int, ...]] | None:
-    """Least-squares fit of a common slope plus a level per segment, with up to ``breaks``
-    breaks, each segment at least ``min_seg`` points: (SSE, slope, level offset of each point
-    from the first segment's level, segment edges). A leak with an allocator step in its window
-    has this shape; removing the offsets leaves the leak."""
-    n = len(y)
-    if n < 2 * min_seg:
-        return None
-    cs = {k: np.concatenate([[0.0], np.cumsum(v)])
-          for k, v in (("n", np.ones(n)), ("x", x), ("y", y), ("xx", x * x), ("xy", x * y), ("yy", y * y))}
-
-    def moments(a, b):  # centred (Sxx, Sxy, Syy) of segments [a, b), vectorized over index arrays
-        m = {k: c[b] - c[a] for k, c in cs.items()}
-        return (m["xx"] - m["x"] ** 2 / m["n"], m["xy"] - m["x"] * m["y"] / m["n"],
-                m["yy"] - m["y"] ** 2 / m["n"])
-
-    cands: list[tuple[np.ndarray, ...]] = []
-    m1 = np.arange(min_seg, n - min_seg + 1)
-    if len(m1):
-        cands.append((m1,))
-    if breaks >= 2:
-        i, j = _pairs(n + 1)
-        ok = (i >= min_seg) & (j - i >= min_seg) & (n - j >= min_seg)
-        if ok.any():
-            cands.append((i[ok], j[ok]))
-    best: tuple[float, float, tuple[int, ...]] | None = None
-    for cut in cands:
-        edges = [np.zeros_like(cut[0]), *cut, np.full_like(cut[0], n)]
-        parts = [moments(a, b) for a, b in itertools.pairwise(edges)]
-        sxx = sum(q[0] for q in parts)
-        sxy = sum(q[1] for q in parts)
-        syy = sum(q[2] for q in parts)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            slope = np.where(sxx > 0, sxy / sxx, 0.0)
-        sse = syy - slope * sxy
-        k = int(np.argmin(sse))
-        if best is None or sse[k] < best[0]:
-            best = (float(sse[k]), float(slope[k]), tuple(int(c[k]) for c in cut))
-    if best is None:
-        return None
-    sse, slope, cuts = best
-    edges = (0, *cuts, n)
-    level = np.empty(n)
-    for a, b in itertools.pairwise(edges):
-        level[a:b] = y[a:b].mean() - slope * x[a:b].mean()
-    return sse, slope, level - level[0], edges
-
-
 def _hinge_fits(x: np.ndarray, y: np.ndarray, knots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Least-squares flat-then-rising fits, one per knot: (SSE per knot, fitted values per knot).
     Knots whose best slope is not positive get an infinite SSE."""
@@ -370,39 +319,6 @@ def hinge_onset(x: np.ndarray, y: np.ndarray, max_candidates: int = 200) -> floa
     return float(cand[int(np.argmin(sse))])
 
 
-def load_floor(tf: np.ndarray, t_load: np.ndarray, load: np.ndarray, p: LeakParams) -> np.ndarray | None:
-    """The load's own floor (same window and buckets as the RSS floor) at the floor times."""
-    if len(t_load) < 3:
-        return None
-    order = np.argsort(t_load, kind="stable")
-    t_load, load = t_load[order], load[order]
-    lt, lv = floor_series(t_load, load, p.bucket_s, p.floor_window_s, origin=tf[0] - p.bucket_s
-                          if t_load[0] >= tf[0] - p.bucket_s else None)
-    if len(lt) < 3:
-        return None
-    return np.interp(tf, lt, lv)
-
-
-def remove_load(tf: np.ndarray, yf: np.ndarray, t_load: np.ndarray, load: np.ndarray,
-                p: LeakParams, fit_from: float | None = None) -> np.ndarray:
-    """Floor minus the part explained by load (ordinary least squares of the floor on time and
-    the load's own floor over the same windows, jointly, so a leak does not leak into the load
-    coefficient). The fit uses points from ``fit_from`` on (past any warm-up tail, which is
-    neither linear in time nor in load)."""
-    fit = tf >= (tf[0] if fit_from is None else fit_from)
-    if len(t_load) < 3 or fit.sum() < 6 or tf[-1] - tf[fit][0] < 12 * HOUR * (p.bucket_s / 300.0):
-        return yf  # under half a day, load and time are too confounded to separate
-    lf = load_floor(tf, t_load, load, p)
-    if lf is None or float(np.std(lf)) == 0.0:
-        return yf
-    a = np.column_stack([np.ones_like(tf), tf - tf[0], lf])
-    coef, *_ = np.linalg.lstsq(a[fit], yf[fit], rcond=None)
-    c = float(coef[2])
-    if c <= 0:
-        return yf
-    return yf - c * (lf - lf.mean())
-
-
 def work_rate(t_work: np.ndarray, work: np.ndarray, start: float, end: float) -> float | None:
     """Average rate of a cumulative work counter in [start, end] (resets tolerated)."""
     m = (t_work >= start) & (t_work <= end)
@@ -414,75 +330,9 @@ def work_rate(t_work: np.ndarray, work: np.ndarray, start: float, end: float) ->
     return float(d.sum() / span) if span > 0 else None
 
 
-# --- the test on one window -----------------------------------------------------------------
-
-def window_test(x: np.ndarray, y: np.ndarray, p: LeakParams, window_s: float | None = None,
-                min_rise: float | None = None, hinge: bool = False, steps: bool = False) -> WindowResult:
-    """Leak test of one window of floor points: a ``WindowResult`` with ``leak`` and ``reason``.
-    ``hinge``: the shape tests also consider a flat-then-rising fit. ``steps``: a window the step
-    test rejects is tested again with its upward steps removed."""
-    slope, icpt = theil_sen(x, y)
-    resid = y - (icpt + slope * x)
-    line = float(np.dot(resid, resid))
-    hinge_f = hinge_fit(x, y) if hinge else None
-    if hinge_f is not None and hinge_f[0] < line:  # judge the noise around the shape that fits
-        line = hinge_f[0]
-        _, z = mann_kendall(x, y, fitted=hinge_f[1])
-    else:
-        _, z = mann_kendall(x, y, slope)
-    span = window_s if window_s is not None else float(x[-1] - x[0])
-    rise = p.min_rise_bytes if min_rise is None else min_rise
-    leak, reason = False, "ok"
-    if z < p.z_crit:
-        reason = "not_significant"
-    elif slope < p.min_slope_bps or slope * span < rise:
-        reason = "slope_below_min"
-    elif step_sse(y) < p.step_ratio * line:
-        out = WindowResult(slope, z, len(x), False, "step_not_trend", window_s)
-        # an allocator step may hide a leak: the trend with the steps removed
-        return (_trend_beyond_steps(x, y, p, span, rise, window_s) if steps else None) or out
-    elif not _persists(x, y, slope, p):
-        reason = "growth_stopped"
-    else:
-        leak, reason = True, "trend"
-    return WindowResult(slope, z, len(x), leak, reason, window_s)
 
 
-def _persists(x: np.ndarray, y: np.ndarray, slope: float, p: LeakParams) -> bool:
-    """The last third still grows (a plateau or a saturating warm-up does not)."""
-    last = x >= x[0] + (x[-1] - x[0]) * 2 / 3
-    first = x <= x[0] + (x[-1] - x[0]) / 3
-    if last.sum() < 3 or first.sum() < 3:
-        return True
-    recent, _ = theil_sen(x[last], y[last])
-    early, _ = theil_sen(x[first], y[first])
-    return recent >= p.persistence * max(slope, early)
-
-
-def _trend_beyond_steps(x: np.ndarray, y: np.ndarray, p: LeakParams, span: float, rise: float,
-                        window_s: float | None = None) -> WindowResult | None:
-    """The window's trend once up to two upward steps are removed (steps_line_fit): a leak
-    under an allocator step. The steps themselves are not counted in the rise; a window with
-    a downward level change (memory returned) is not judged this way."""
-    fit = steps_line_fit(x, y, 2, p.min_step_segment)
-    if fit is None:
-        return None
-    noise = math.sqrt(max(fit[0], 0.0) / max(len(y) - len(fit[3]), 1))
-    if np.any(np.diff(fit[2]) < -3 * noise):  # a fall beyond the noise: not an allocator step
-        return None
-    yt = y - fit[2]
-    slope, _ = theil_sen(x, yt)
-    _, z = mann_kendall(x, yt, slope)
-    if z < p.z_crit or slope < p.min_slope_bps or slope * span < rise or not _persists(x, yt, slope, p):
-        return None
-    # a leak grows between the steps too; a staircase of allocator ramps is flat between them
-    for a, b in itertools.pairwise(fit[3]):
-        if b - a >= 2 * p.min_step_segment and theil_sen(x[a:b], y[a:b])[0] < p.persistence * slope:
-            return None
-    return WindowResult(slope, z, len(x), True, "trend_with_step", window_s)
-
-
-# --- whole-series verdicts ------------------------------------------------------------------
+# --- the floor of one segment ---------------------------------------------------------------
 
 def _clean(t, v) -> tuple[np.ndarray, np.ndarray]:
     """Finite, non-negative samples in time order (scrapes can arrive with NaN or out of order)."""
@@ -494,17 +344,254 @@ def _clean(t, v) -> tuple[np.ndarray, np.ndarray]:
     return t[order], v[order]
 
 
-def _prepare(t: np.ndarray, v: np.ndarray, p: LeakParams, start_time: float | None):
+def _mad_sd(d: np.ndarray) -> float:
+    if len(d) == 0:
+        return 0.0
+    return 1.4826 * float(np.median(np.abs(d - np.median(d))))
+
+
+@dataclass(slots=True)
+class SegmentFloor:
+    """One segment's floor, built causally (each bucket only from the samples up to its end):
+    bucket ends ``t``, the floor ``raw``, the floor with level steps taken out ``y``, the floor
+    window used at each bucket ``window`` and, with a load series, the load's floor ``load``."""
+
+    start: float
+    t: np.ndarray
+    raw: np.ndarray
+    y: np.ndarray
+    window: np.ndarray
+    load: np.ndarray | None = None
+
+
+def _sub_minima(t: np.ndarray, v: np.ndarray, origin: float, sub: float, nsub: int) -> np.ndarray:
+    idx = np.floor((t - origin) / sub).astype(np.int64)
+    ok = (idx >= 0) & (idx < nsub)
+    out = np.full(nsub, np.inf)
+    np.minimum.at(out, idx[ok], v[ok])
+    return out
+
+
+def segment_floor(ts: np.ndarray, vs: np.ndarray, p: LeakParams, start: float | None = None,
+                  load: tuple[np.ndarray, np.ndarray] | None = None) -> SegmentFloor:
+    """The floor of one segment (samples ``ts``, ``vs`` between two restarts)."""
+    start = float(ts[0]) if start is None else float(start)
+    per = 5
+    sub = p.bucket_s / per
+    nb = math.floor((ts[-1] - start) / p.bucket_s) + 1
+    mins = _sub_minima(ts, vs, start, sub, nb * per)
+    lmins = None
+    if load is not None and len(load[0]) >= 3:
+        lt, lv = _clean(*load)
+        lmins = _sub_minima(lt, lv, start, sub, nb * per)
+        if not np.isfinite(lmins).any():
+            lmins = None
+    # sawtooth drops: falls beyond 4 robust s.d. of the sample differences (and 8 MiB)
+    dv = np.diff(vs)
+    dt = np.diff(ts)
+    lookback = 6 * HOUR * p.bucket_s / 300.0
+    ends = start + (np.arange(nb) + 1.0) * p.bucket_s
+    windows = np.full(nb, p.floor_window_s)
+    k_at = np.searchsorted(ts[1:], ends, side="right")  # diffs up to each bucket end
+    lo_at = np.searchsorted(ts[1:], ends - lookback, side="left")
+    med_dt = float(np.median(dt)) if len(dt) else p.bucket_s
+    for j in range(0, nb, 3):  # every 15 min is often enough for a period
+        a, b = lo_at[j], k_at[j]
+        if b - a < 20:
+            continue
+        d = dv[a:b]
+        thr = max(8 * MIB, 4.0 * _mad_sd(d))
+        drops = ts[1:][a:b][d < -thr]
+        if len(drops) < 4:
+            continue
+        gaps = np.diff(drops)
+        gaps = gaps[gaps > 1.5 * med_dt]
+        if len(gaps) < 3:
+            continue
+        w = p.sawtooth_factor * float(np.percentile(gaps, 75))
+        windows[j: j + 3] = min(max(w, p.floor_window_s), p.max_floor_window_s)
+    raw = np.full(nb, np.nan)
+    lf = np.full(nb, np.nan) if lmins is not None else None
+    for j in range(nb):
+        e = (j + 1) * per
+        if not np.isfinite(mins[e - per: e]).any():
+            continue  # no sample in this bucket
+        s = max(0, e - math.ceil(windows[j] / sub))
+        raw[j] = mins[s:e].min()
+        if lf is not None:
+            m = lmins[s:e]
+            m = m[np.isfinite(m)]
+            lf[j] = m.min() if len(m) else np.nan
+    keep = np.isfinite(raw)
+    t, raw, windows = ends[keep], raw[keep], windows[keep]
+    if lf is not None:
+        lf = lf[keep]
+        if np.isnan(lf).any():
+            good = np.isfinite(lf)
+            lf = np.interp(t, t[good], lf[good]) if good.sum() >= 2 else None
+    # level steps: jumps beyond step_bytes and step_sd robust s.d. of the recent differences
+    y = raw.copy()
+    offset = 0.0
+    d = np.diff(raw)
+    day = 24 * HOUR * p.bucket_s / 300.0
+    for j in range(1, len(raw)):
+        lo = int(np.searchsorted(t, t[j] - day))
+        recent = d[max(lo - 1, 0): j - 1]
+        sd = _mad_sd(recent) if len(recent) >= 6 else 0.0
+        if abs(d[j - 1]) > max(p.step_bytes, p.step_sd * sd):
+            typical = float(np.median(recent)) if len(recent) >= 6 else 0.0
+            offset += d[j - 1] - typical
+        y[j] = raw[j] - offset
+    return SegmentFloor(start, t, raw, y, windows, lf)
+
+
+def _startup_removed(x: np.ndarray, y: np.ndarray, since: np.ndarray, taus: tuple[float, ...]) -> np.ndarray:
+    """``y`` less the best saturating start-up curve a (1 - exp(-since / tau)), a >= 0, fitted
+    jointly with a line (so a steady trend stays in what is returned)."""
+    best, out = math.inf, y
+    xc = x - x.mean()
+    a0 = np.column_stack([np.ones_like(x), xc])
+    c0, *_ = np.linalg.lstsq(a0, y, rcond=None)
+    r0 = y - a0 @ c0
+    best = float(r0 @ r0)
+    for tau in taus:
+        g = np.exp(-since / tau)
+        if g.max() - g.min() < 1e-3:
+            continue
+        a = np.column_stack([a0, g])
+        c, *_ = np.linalg.lstsq(a, y, rcond=None)
+        if c[2] >= 0:  # only growth that slows down (a >= 0) is start-up
+            continue
+        r = y - a @ c
+        sse = float(r @ r)
+        if sse < best:
+            best, out = sse, y - c[2] * g
+    return out
+
+
+# --- the test on one window -----------------------------------------------------------------
+
+def window_test(x: np.ndarray, y: np.ndarray, p: LeakParams, window_s: float | None = None,
+                min_rise: float | None = None) -> WindowResult:
+    """Leak test of one window of floor points: a ``WindowResult`` with ``leak`` and ``reason``."""
+    span = window_s if window_s is not None else float(x[-1] - x[0])
+    rise = p.min_rise_bytes[0] if min_rise is None else min_rise
+    slope, icpt = theil_sen(x, y)
+    n = len(x)
+    if slope < p.min_slope_bps or slope * span < rise:
+        return WindowResult(slope, 0.0, n, False, "slope_below_min", window_s)
+    resid = y - (icpt + slope * x)
+    line = float(resid @ resid)
+    hinge_f = hinge_fit(x, y)
+    if hinge_f is not None and hinge_f[0] < line:  # judge the noise around the shape that fits
+        line = hinge_f[0]
+        _, z = mann_kendall(x, y, fitted=hinge_f[1])
+    else:
+        _, z = mann_kendall(x, y, slope)
+    if z < p.z_crit:
+        return WindowResult(slope, z, n, False, "not_significant", window_s)
+    if step_sse(y) < line:
+        return WindowResult(slope, z, n, False, "step_not_trend", window_s)
+    half = x >= x[0] + (x[-1] - x[0]) / 2
+    if half.sum() >= 4 and theil_sen(x[half], y[half])[0] < p.persistence * slope:
+        return WindowResult(slope, z, n, False, "growth_stopped", window_s)
+    return WindowResult(slope, z, n, True, "trend", window_s)
+
+
+# --- whole-series verdicts ------------------------------------------------------------------
+
+def _judge(f: SegmentFloor, k: int, p: LeakParams, load_coef: float | None) -> LeakVerdict:
+    """The verdict at bucket ``k`` of a segment floor (no confirmation, no limit)."""
+    now = float(f.t[k])
+    v = LeakVerdict("unknown", "warming_up", at=now, segment_start=f.start)
+    t, y = f.t[: k + 1], f.y[: k + 1]
+    if load_coef is not None and f.load is not None:
+        y = y - load_coef * f.load[: k + 1]
+    judged = t >= f.start + p.warmup_s
+    v.floor_bytes = float(f.raw[k])
+    if judged.sum() < p.min_points:
+        return v
+    best: WindowResult | None = None
+    tested = False
+    for i, w in enumerate(p.windows_s):
+        m = judged & (t > now - w)
+        cnt = int(m.sum())
+        if cnt < p.min_points:
+            continue
+        tw = t[m]
+        if float(tw[-1] - tw[0]) + p.bucket_s < (p.short_coverage if i == 0 else p.min_coverage) * w:
+            continue
+        tested = True
+        x, yw = tw - tw[0], y[m]
+        if tw[0] - f.start < p.long_warmup_s:
+            yw = _startup_removed(x, yw, tw - f.start, p.startup_taus_s)
+        res = window_test(x, yw, p, w, p.rise_for(i))
+        v.windows.append(res)
+        if res.leak and (best is None or res.z > best.z):
+            best = res
+    if not tested:
+        return v
+    shown = best or max(v.windows, key=lambda r: r.z)
+    v.status, v.reason = ("leak", best.reason) if best else ("ok", v.windows[0].reason)
+    v.slope_bps, v.z, v.window_s = shown.slope_bps, shown.z, shown.window_s or 0.0
+    v.p_value = one_sided_p(shown.z) if shown.z > 0 else 1.0
+    return v
+
+
+def _onset(f: SegmentFloor, k: int, p: LeakParams, load_coef: float | None) -> float | None:
+    now = float(f.t[k])
+    t, y = f.t[: k + 1], f.y[: k + 1]
+    if load_coef is not None and f.load is not None:
+        y = y - load_coef * f.load[: k + 1]
+    m = (t >= f.start + p.warmup_s) & (t > now - 24 * HOUR * p.bucket_s / 300.0)
+    if m.sum() < 6:
+        return None
+    tm, ym = t[m], y[m]
+    x = tm - tm[0]
+    if tm[0] - f.start < p.long_warmup_s:
+        ym = _startup_removed(x, ym, tm - f.start, p.startup_taus_s)
+    knot = hinge_onset(x, ym)
+    if knot is None:
+        return None
+    return max(f.start, float(tm[0] + knot - f.window[k]))
+
+
+def _load_coef(f: SegmentFloor, k: int, p: LeakParams) -> float | None:
+    if f.load is None:
+        return None
+    now = float(f.t[k])
+    m = (f.t[: k + 1] >= f.start + p.warmup_s) & (f.t[: k + 1] > now - 24 * HOUR * p.bucket_s / 300.0)
+    if m.sum() < 24:
+        return None
+    lag = max(1, math.ceil(float(np.median(f.window[: k + 1][m])) / p.bucket_s))
+    return diff_load_coef(f.y[: k + 1][m], f.load[: k + 1][m], lag=lag)
+
+
+def _finish(v: LeakVerdict, f: SegmentFloor, k: int, p: LeakParams, coef, limit_bytes, work) -> LeakVerdict:
+    v.limit_bytes = limit_bytes
+    if v.detected:
+        v.onset = _onset(f, k, p, coef)
+        if limit_bytes and v.slope_bps > 0:
+            v.eta_s = max(0.0, (limit_bytes - float(v.floor_bytes)) / v.slope_bps)
+        if work is not None:
+            rate = work_rate(np.asarray(work[0], float), np.asarray(work[1], float), float(v.at) - v.window_s,
+                             float(v.at))
+            if rate:
+                v.bytes_per_work = v.slope_bps / rate
+    return v
+
+
+def _segments(t, v, p: LeakParams, start_time: float | None = None):
     t, v = _clean(t, v)
     segs = segments(t, v, p.restart_drop, p.max_gap_s)
-    if not segs:
-        return None
-    seg = segs[-1]
-    ts, vs = t[seg], v[seg]
-    seg_start = float(ts[0])
-    if start_time is not None and start_time <= ts[0] and len(segs) == 1:
-        seg_start = float(start_time)  # the process started before our data began
-    return ts, vs, seg_start
+    out = []
+    for i, seg in enumerate(segs):
+        ts, vs = t[seg], v[seg]
+        st = float(ts[0])
+        if i == 0 and start_time is not None and start_time <= st:
+            st = float(start_time)  # the process started before our data began
+        out.append((ts, vs, st))
+    return out
 
 
 def assess(t: np.ndarray, v: np.ndarray, p: LeakParams = LeakParams(), *, limit_bytes: float | None = None,
@@ -513,92 +600,21 @@ def assess(t: np.ndarray, v: np.ndarray, p: LeakParams = LeakParams(), *, limit_
     """Leak verdict at the last sample of ``(t, v)`` (seconds, bytes). ``load`` (t, running
     requests) removes load-driven swings; ``work`` (t, cumulative requests) adds bytes per
     request; ``start_time`` (process start) places the warm-up when data starts later."""
-    prep = _prepare(t, v, p, start_time)
-    if prep is None:
+    segs = _segments(t, v, p, start_time)
+    if not segs:
         return LeakVerdict("unknown", "no_data")
-    ts, vs, seg_start = prep
-    tf, yf = floor_series(ts, vs, p.bucket_s, p.floor_window_s, origin=seg_start)
-    return _assess_floor(tf, yf, float(ts[-1]), seg_start, p, limit_bytes, load, work)
-
-
-def _assess_floor(tf, yf, now, seg_start, p, limit_bytes, load, work) -> LeakVerdict:
-    tf0, yf0 = tf, yf
-    post = tf >= seg_start + p.warmup_s
-    tf, yf = tf[post], yf[post]
-    verdict = LeakVerdict("unknown", "warming_up", at=now, limit_bytes=limit_bytes, segment_start=seg_start)
-    if len(tf) < p.min_points:
-        return verdict
-    longest = max(p.windows_s)
-    keep = tf > now - longest
-    tf, yf = tf[keep], yf[keep]
-    short_load = None  # load part of the floor, for the shortest window only
-    if load is not None:
-        t_load, v_load = np.asarray(load[0], float), np.asarray(load[1], float)
-        yf_raw = yf
-        yf = remove_load(tf, yf, t_load, v_load, p, fit_from=seg_start + max(p.warmup_s, p.long_warmup_s))
-        if p.short_load and yf is yf_raw:  # not removed over the long span
-            lf = load_floor(tf, t_load, v_load, p)
-            lag = p.load_lag or max(1, math.ceil(p.floor_window_s / p.bucket_s))
-            # past the warm-up tail, which is slow but not linear: with a load that trends too,
-            # its differences would pass for load
-            fit = tf >= seg_start + max(p.warmup_s, p.long_warmup_s)
-            c = None if lf is None else diff_load_coef(yf[fit], lf[fit], lag=lag)
-            short_load = None if c is None else c * lf
-    verdict.floor_bytes = float(yf[-1])
-    best: WindowResult | None = None
-    tested = False
-    shortest = min(p.windows_s)
-    for w in p.windows_s:
-        m = tf > now - w
-        if w > shortest:
-            m &= tf >= seg_start + max(p.warmup_s, p.long_warmup_s)
-        span = float(tf[m][-1] - tf[m][0]) + p.bucket_s if m.any() else 0.0
-        if m.sum() < p.min_points or span < p.min_coverage * w:
-            continue
-        tested = True
-        x = tf[m] - tf[m][0]
-        # load removal is approximate (memory follows load non-linearly): long windows keep the
-        # larger rise either way; measured in bench/detectors (relaxing it doubled false alarms)
-        rise = p.min_rise_bytes if w == shortest else max(p.min_rise_bytes, p.unconditioned_rise_bytes)
-        yw = yf[m]
-        if w == shortest and short_load is not None:
-            yw = yw - (short_load[m] - short_load[m].mean())
-        # the step-removed retest only with a load series: without one, a load shift is a level
-        # change too, and not an allocator's
-        res = window_test(x, yw, p, w, rise, hinge=p.hinge and w == shortest,
-                          steps=p.step_trend and w == shortest and load is not None)
-        verdict.windows.append(res)
-        if res.leak and (best is None or res.z > best.z):
-            best = res
-    if not tested:
-        return verdict
-    if best is None:
-        last = verdict.windows[0]
-        verdict.status, verdict.reason = "ok", last.reason
-        verdict.slope_bps, verdict.z = last.slope_bps, last.z
-        verdict.p_value = one_sided_p(last.z)
-        verdict.window_s = last.window_s or 0.0
-        return verdict
-    if p.confirm > 1 and len(tf) > 1:
-        # pure function of the same arrays: the verdict one bucket earlier must agree
-        prev = _assess_floor(tf0[:-1], yf0[:-1], float(tf0[-2]), seg_start, replace(p, confirm=p.confirm - 1),
-                             None, load, None)
-        if not prev.detected:
-            verdict.status, verdict.reason = "ok", "unconfirmed"
-            verdict.slope_bps, verdict.z, verdict.window_s = best.slope_bps, best.z, best.window_s or 0.0
-            verdict.p_value = one_sided_p(best.z)
-            return verdict
-    verdict.status, verdict.reason = "leak", best.reason
-    verdict.slope_bps, verdict.z, verdict.window_s = best.slope_bps, best.z, best.window_s or 0.0
-    verdict.p_value = one_sided_p(best.z)
-    verdict.onset = hinge_onset(tf, yf)
-    if limit_bytes and verdict.slope_bps > 0:
-        verdict.eta_s = max(0.0, (limit_bytes - verdict.floor_bytes) / verdict.slope_bps)
-    if work is not None:
-        rate = work_rate(np.asarray(work[0], float), np.asarray(work[1], float), now - verdict.window_s, now)
-        if rate:
-            verdict.bytes_per_work = verdict.slope_bps / rate
-    return verdict
+    ts, vs, st = segs[-1]
+    f = segment_floor(ts, vs, p, st, load)
+    k = len(f.t) - 1
+    coef = _load_coef(f, k, p)
+    ver = _judge(f, k, p, coef)
+    ver.at = float(ts[-1])
+    if ver.detected and p.confirm > 1:
+        for back in range(1, p.confirm):
+            if k - back < 0 or not _judge(f, k - back, p, coef).detected:
+                ver.status, ver.reason = "ok", "unconfirmed"
+                break
+    return _finish(ver, f, k, p, coef, limit_bytes, work)
 
 
 def scan(t: np.ndarray, v: np.ndarray, p: LeakParams = LeakParams(), *, every_s: float | None = None,
@@ -607,20 +623,35 @@ def scan(t: np.ndarray, v: np.ndarray, p: LeakParams = LeakParams(), *, every_s:
     """Replay the detector over a whole recorded series, as the guard would have run it live
     (causal: each verdict only sees data up to its time). One verdict per floor bucket (or per
     ``every_s``), restarts included. Used by ``sla-guard analyze leak`` and the benchmark."""
-    t, v = _clean(t, v)
     out: list[tuple[float, LeakVerdict]] = []
     step = every_s or p.bucket_s
-    for seg in segments(t, v, p.restart_drop, p.max_gap_s):
-        ts, vs = t[seg], v[seg]
-        seg_start = float(ts[0])
-        tf, yf = floor_series(ts, vs, p.bucket_s, p.floor_window_s, origin=seg_start)
+    for ts, vs, st in _segments(t, v, p):
+        f = segment_floor(ts, vs, p, st, load)
         next_t = -math.inf
-        for k in range(len(tf)):
-            now = float(tf[k])
+        run = 0  # consecutive unconfirmed leak verdicts
+        coef, coef_at = None, -math.inf
+        onset = None
+        for k in range(len(f.t)):
+            now = float(f.t[k])
+            if f.load is not None and now - coef_at >= HOUR * p.bucket_s / 300.0:
+                coef, coef_at = _load_coef(f, k, p), now
+            ver = _judge(f, k, p, coef)
+            run = run + 1 if ver.detected else 0
+            if ver.detected and run < p.confirm:
+                ver.status, ver.reason = "ok", "unconfirmed"
+            if ver.detected:
+                if onset is None:  # the onset of an episode is estimated once, when it opens
+                    onset = _onset(f, k, p, coef)
+                ver.onset = onset
+                ver.limit_bytes = limit_bytes
+                if limit_bytes and ver.slope_bps > 0:
+                    ver.eta_s = max(0.0, (limit_bytes - float(ver.floor_bytes)) / ver.slope_bps)
+            elif ver.status == "ok":
+                onset = None
             if now < next_t:
                 continue
             next_t = now + step
-            out.append((now, _assess_floor(tf[: k + 1], yf[: k + 1], now, seg_start, p, limit_bytes, load, None)))
+            out.append((now, ver))
     return out
 
 
