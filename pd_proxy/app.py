@@ -105,19 +105,22 @@ class DecodeStream:
         tokens: int | None = None
         done = errored = False
         while True:
+            failure = None
             try:
                 async with asyncio.timeout_at(self.deadline):
                     chunk = await anext(raw_it, None)
             except TimeoutError:
-                yield self._failure(504, "upstream_timeout", "decode leg passed its deadline")
-                return
+                failure = (504, "upstream_timeout", "decode leg passed its deadline")
             except httpx.HTTPError as e:
-                yield self._failure(502, "upstream_unreachable", f"decode stream broke: {type(e).__name__}: {e}")
+                failure = (502, "upstream_unreachable", f"decode stream broke: {type(e).__name__}: {e}")
+            if failure is not None:
+                if not done:  # after [DONE] the client has its whole answer: nothing to report
+                    yield self._failure(*failure)
                 return
             received = time.perf_counter()
             for raw in splitter.flush() if chunk is None else splitter.feed(chunk):
                 ev = legs.inspect_event(raw)
-                done, errored = done or ev.done, errored or ev.error
+                errored = errored or ev.error
                 if ev.completion_tokens is not None:
                     tokens = ev.completion_tokens
                 if ev.usage_only and not self.want_usage:
@@ -129,13 +132,15 @@ class DecodeStream:
                         first_at = last_at
                         self.stats.first_token(first_at - self.stats.t0, self.prefill_leg_s,
                                                received - self.sent_at)
+                if ev.done and not done:
+                    # Settled once [DONE] is out: a client that hangs up now has its whole answer.
+                    done = True
+                    self.outcome = Outcome.ERROR if errored else Outcome.OK
+                    if first_at is not None and not errored:
+                        self.stats.tpot(first_at, last_at, tokens)
             if chunk is None:
                 break
-        if done and not errored:
-            self.outcome = Outcome.OK
-            if first_at is not None:
-                self.stats.tpot(first_at, last_at, tokens)
-        else:
+        if not done:  # the engine ended the stream without [DONE]: the client's answer is cut short
             self.outcome = Outcome.ERROR
 
     async def close(self) -> None:

@@ -41,9 +41,9 @@ ROUTER = "proxy-under-test"
 class Engine:
     """A vLLM-shaped engine. Prefill answers one token and ``kv_transfer_params``; decode answers
     whole or streams ``tokens`` chunks (first after ``first_token_s``, then every ``itl_s``), then
-    the usage chunk if asked, then ``[DONE]``. Knobs: ``delay_s`` before any answer, ``status`` /
-    ``error`` for an error answer, ``stall_after`` tokens then ``stall_s`` of silence. Records every request and
-    whether the proxy hung up mid-stream."""
+    the usage chunk if asked, then ``[DONE]`` (unless ``send_done`` is off). Knobs: ``delay_s``
+    before any answer, ``status`` / ``error`` for an error answer, ``stall_after`` tokens then
+    ``stall_s`` of silence. Records every request and whether the proxy hung up mid-stream."""
 
     def __init__(self, role: str, name: str = "") -> None:
         self.role, self.name = role, name or role
@@ -57,6 +57,7 @@ class Engine:
         self.error: tuple[bytes, str] = (b'{"error": {"message": "nope", "code": 400}}', "application/json")
         self.stall_after: int | None = None
         self.stall_s = 3.0
+        self.send_done = True
         self.hung_up = threading.Event()
         self.active = 0
         eng = self
@@ -134,7 +135,8 @@ class Engine:
         if (body.get("stream_options") or {}).get("include_usage"):
             event({"id": "d", "choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": self.tokens,
                                                         "total_tokens": 3 + self.tokens}})
-        event(b"[DONE]")
+        if self.send_done:
+            event(b"[DONE]")
 
 
 @pytest.fixture
@@ -350,6 +352,17 @@ def test_legs_past_their_deadline(engines, proxies):
     assert value(s, c.CLIENT_REQUESTS.exposed, outcome="error") == 2
     assert value(s, c.CLIENT_TTFT.name + "_count") == 1  # the first token did reach the client
     assert value(s, c.CLIENT_TPOT.name + "_count") == 0 and value(s, c.CLIENT_IN_FLIGHT.name) == 0
+
+
+def test_a_stream_the_engine_ends_without_done_is_an_error(engines, proxies):
+    p, d = engines("prefill"), engines("decode")
+    d.send_done = False
+    px = proxies([p], [d])
+    r, events, _ = stream(px.url + "/v1/completions", {"model": "m", "prompt": "x", "stream": True})
+    assert r.status_code == 200 and len(token_times(events)) == 5 and events[-1][1] != "[DONE]"
+    s = scrape(px.url)
+    assert value(s, c.CLIENT_REQUESTS.exposed, outcome="error") == 1 and value(s, c.CLIENT_REQUESTS.exposed) == 1
+    assert value(s, c.CLIENT_TTFT.name + "_count") == 1 and value(s, c.CLIENT_TPOT.name + "_count") == 0
 
 
 def test_client_leaving_mid_stream_is_aborted_and_closes_the_decode_stream(engines, proxies):
