@@ -187,7 +187,7 @@ class Proxy:
 
     # -- request ---------------------------------------------------------------------------------
     async def handle(self, request: Request, path: str) -> Response:
-        t0 = time.perf_counter()
+        t0 = getattr(request.state, "arrival", None) or time.perf_counter()
         rid = legs.request_id(request.headers)
         headers = {"X-Request-Id": rid}
         body = await self._read_body(request, headers)
@@ -331,6 +331,19 @@ def _shown(in_flight: dict[str, int]) -> dict[str, int]:
     return {display_url(u): n for u, n in in_flight.items()}
 
 
+class ArrivalStamp:
+    """ASGI middleware, outermost: stamps each request's arrival before any routing, so the
+    client's TTFT starts when its request reaches the proxy, not when a handler first runs."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            scope.setdefault("state", {})["arrival"] = time.perf_counter()
+        await self.app(scope, receive, send)
+
+
 def build_app(config: ProxyConfig, metrics: ClientMetrics | None = None,
               transport: httpx.AsyncBaseTransport | None = None) -> FastAPI:
     proxy = Proxy(config, metrics, transport)
@@ -343,6 +356,7 @@ def build_app(config: ProxyConfig, metrics: ClientMetrics | None = None,
     app = FastAPI(title="sla-guard-proxy", summary="P/D proxy for vLLM measuring the client scope",
                   lifespan=lifespan)
     app.state.proxy = proxy
+    app.add_middleware(ArrivalStamp)
 
     def route(path: str):
         async def completions(request: Request) -> Response:
