@@ -133,7 +133,7 @@ def test_prometheus_config_matches_the_stack():
             assert set(sd["names"]) <= set(SERVICES), sd
     twin = SERVICES["twin"]["command"]
     replicas = int(twin[twin.index("--prefill") + 1]) + int(twin[twin.index("--decode") + 1])
-    assert len(jobs["twin"]["dns_sd_configs"]) == replicas
+    assert len(jobs["twin"]["dns_sd_configs"]) == replicas + 1  # and the simulated P/D proxy (client scope)
     if shutil.which("promtool"):
         r = subprocess.run(["promtool", "check", "config", "--syntax-only", str(cfg_path)],
                            capture_output=True, text=True)
