@@ -16,6 +16,7 @@ from guard_support import T0, Engine, Router, scrape_into
 from exporters.contract import Component
 from exporters.prometheus import FinishedRequest
 from sla_guard.config import parse_config
+from sla_guard.detect.alertmanager import to_alert
 from sla_guard.detect.findings import FindingsBook
 from sla_guard.detect.stages import StageBreakdownEvaluator, router
 from sla_guard.store import SeriesStore
@@ -134,6 +135,10 @@ def test_a_stage_that_grows_opens_a_finding_naming_it_then_resolves():
     assert [f.labels["stage"] for f in open_] == ["decode_queue"], [f.summary for f in open_]
     assert "decode queue mean" in open_[0].summary and "x its baseline" in open_[0].summary
     assert open_[0].details["ratio"] > 5
+    alert = to_alert(open_[0], "https://example.invalid/runbooks.md")
+    assert alert["labels"]["alertname"] == "SlaGuardTTFTStageGrowth" and alert["labels"]["stage"] == "decode_queue"
+    assert alert["annotations"]["runbook_url"].endswith("#ttft-stage-growth")
+    assert "decode_queue stage" in alert["annotations"]["description"]
     app = FastAPI()
     app.include_router(router(ev))
     body = TestClient(app).get("/v1/ttft-breakdown", params={"model": "m"}).json()

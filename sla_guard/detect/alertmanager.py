@@ -27,12 +27,14 @@ ALERT_NAMES = {
     "acceptance_drift": "SlaGuardSpecDecodeAcceptanceDrift",
     "prefix_hit_drift": "SlaGuardPrefixCacheHitRateDrift",
     "tpot_drift": "SlaGuardTpotDriftAtSameLoad",
+    "ttft_stage": "SlaGuardTTFTStageGrowth",
 }
 RUNBOOK_ANCHORS = {
     "leak": "#leak",
     "acceptance_drift": "#acceptance-drift",
     "prefix_hit_drift": "#prefix-hit-drift",
     "tpot_drift": "#tpot-drift",
+    "ttft_stage": "#ttft-stage-growth",
 }
 IDENTITY_LABELS = ("pool", "model", "instance", "process")
 
@@ -81,6 +83,12 @@ def describe(f: Finding) -> str:
         else:
             parts.append("no memory limit known, no ETA")
         return "; ".join(parts) + "."
+    if f.detector == "ttft_stage":
+        est = " (client TTFT estimated from the engine stages)" if d.get("estimated") == "true" else ""
+        return (f"The {f.labels.get('stage', '?')} stage of {f.labels.get('model', '?')}'s TTFT ({d.get('source')}) "
+                f"has a {d.get('window')} mean of {1000 * float(d.get('current_s') or 0):.0f} ms against a baseline of "
+                f"{1000 * float(d.get('baseline_s') or 0):.0f} ms; the client TTFT is "
+                f"{1000 * float(d.get('ttft_s') or 0):.0f} ms{est}.")
     before, after = d.get("before"), d.get("after")
     if before is not None and after is not None:
         unit = d.get("unit", "")
