@@ -213,6 +213,30 @@ class OtelMirror:
             self.tracer.start_span(name, context=ctx, start_time=s, attributes=e.attrs).end(end_time=t)
         span.end(end_time=end)
 
+    def client_span(self, attrs: Mapping[str, Any], request_id: str, start_wall_s: float, e2e_s: float,
+                    outcome: str, ttft_s: float | None = None, prefill_leg_s: float | None = None,
+                    decode_first_leg_s: float | None = None) -> None:
+        """One ``sla_guard.client_request`` span per client request at the P/D router, with child
+        spans ``prefill_leg`` and ``decode_first_leg``. ``sla_guard.request_id`` is the client's
+        X-Request-Id, which the router passes to both engines: their ``sla_guard.request`` spans
+        carry it inside their request ids, so the three halves of one request can be joined."""
+        start = int(start_wall_s * 1e9)
+        a = {**attrs, "sla_guard.request_id": request_id, "sla_guard.e2e_s": e2e_s, "sla_guard.outcome": outcome}
+        timings = {"ttft_s": ttft_s, "prefill_leg_s": prefill_leg_s, "decode_first_leg_s": decode_first_leg_s}
+        a.update((f"sla_guard.{k}", v) for k, v in timings.items() if v is not None)
+        from opentelemetry import trace
+
+        span = self.tracer.start_span("sla_guard.client_request", start_time=start, attributes=a)
+        if prefill_leg_s is not None and decode_first_leg_s is not None and ttft_s is not None:
+            ctx = trace.set_span_in_context(span)
+            p_start = start + int(max(ttft_s - prefill_leg_s - decode_first_leg_s, 0.0) / 3 * 1e9)
+            p_end = p_start + int(prefill_leg_s * 1e9)
+            d_end = start + int(ttft_s * 1e9)
+            self.tracer.start_span("prefill_leg", context=ctx, start_time=p_start, attributes=attrs).end(end_time=p_end)
+            self.tracer.start_span("decode_first_leg", context=ctx, start_time=d_end - int(decode_first_leg_s * 1e9),
+                                   attributes=attrs).end(end_time=d_end)
+        span.end(end_time=start + int(e2e_s * 1e9))
+
     def force_flush(self, timeout_s: float = 5.0) -> None:
         self.drain()
         self.tracer_provider.force_flush(int(timeout_s * 1000))

@@ -193,7 +193,7 @@ class Proxy:
         body = await self._read_body(request, headers)
         if isinstance(body, Response):
             return body
-        stats = self.metrics.request(self._model(body), t0)
+        stats = self.metrics.request(self._model(body), t0, rid)
         try:
             return await self._serve(request, path, body, rid, headers, stats)
         except LegFailed as e:
@@ -325,6 +325,8 @@ class Proxy:
 
     async def aclose(self) -> None:
         await self.client.aclose()
+        if self.metrics.otel is not None:  # send the last spans
+            self.metrics.otel.shutdown()
 
 
 def _shown(in_flight: dict[str, int]) -> dict[str, int]:

@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 from prometheus_client import CollectorRegistry, generate_latest
 
 from exporters import contract as c
+from exporters.otel import OtelMirror
 from exporters.prometheus import ContractMetrics
 
 log = logging.getLogger("pd_proxy.metrics")
@@ -74,6 +75,8 @@ class ClientMetrics:
         self.registry = registry if registry is not None else CollectorRegistry()
         self.families = ContractMetrics(self.registry, components=(c.Component.ROUTER,), env=env)
         self.model_label = ModelLabels(max_models)
+        # per-request spans over OTLP when SLA_GUARD_OTLP_ENDPOINT is set (joinable with the engines')
+        self.otel = OtelMirror.from_env(env)
 
     def labels(self, model: str) -> tuple[str, str, str, str]:
         return model, str(c.Pool.CLIENT), str(c.Route.PD), self.router
@@ -83,8 +86,8 @@ class ClientMetrics:
         """A request refused before it was served (bad body, too large): one error, nothing else."""
         self.families[c.CLIENT_REQUESTS].labels(*self.labels(model), str(c.Outcome.ERROR)).inc()
 
-    def request(self, model: str, t0: float) -> RequestStats:
-        return RequestStats(self, model, t0)
+    def request(self, model: str, t0: float, request_id: str = "") -> RequestStats:
+        return RequestStats(self, model, t0, request_id)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
@@ -94,10 +97,13 @@ class RequestStats:
     """One client request's measurements. ``finish()`` records once, whoever calls it first (the
     response after its last byte, or the clean-up of an aborted stream)."""
 
-    def __init__(self, metrics: ClientMetrics, model: str, t0: float) -> None:
+    def __init__(self, metrics: ClientMetrics, model: str, t0: float, request_id: str = "") -> None:
         self.metrics = metrics
         self.model = model
         self.t0 = t0  # time.perf_counter() at arrival
+        self.request_id = request_id
+        self.wall0 = time.time() - (time.perf_counter() - t0)  # arrival on the wall clock, for spans
+        self.ttft: tuple[float, float, float] | None = None  # ttft, prefill leg, decode first leg
         self.finished = False
         self._labels = metrics.labels(model)
         self._in_flight = None
@@ -111,6 +117,7 @@ class RequestStats:
     @never_raises
     def first_token(self, ttft_s: float, prefill_leg_s: float, decode_first_leg_s: float) -> None:
         """TTFT and its parts; the proxy's own share is what the two legs do not explain."""
+        self.ttft = (ttft_s, prefill_leg_s, decode_first_leg_s)
         f = self.metrics.families
         f[c.CLIENT_TTFT].labels(*self._labels).observe(ttft_s)
         stage = f[c.CLIENT_STAGE]
@@ -132,10 +139,21 @@ class RequestStats:
             return
         self.finished = True
         f = self.metrics.families
+        e2e = (time.perf_counter() if now is None else now) - self.t0
         try:
             f[c.CLIENT_REQUESTS].labels(*self._labels, str(outcome)).inc()
             if outcome is not c.Outcome.ABORTED:
-                f[c.CLIENT_E2E].labels(*self._labels).observe((time.perf_counter() if now is None else now) - self.t0)
+                f[c.CLIENT_E2E].labels(*self._labels).observe(e2e)
         finally:  # whatever failed above, the request is no longer in flight
             if self._in_flight is not None:
                 self._in_flight.dec()
+        if self.metrics.otel is not None:
+            self._span(outcome, e2e)
+
+    @never_raises
+    def _span(self, outcome: c.Outcome, e2e_s: float) -> None:
+        m = self.metrics
+        attrs = {"gen_ai.request.model": self.model, "sla_guard.pool": str(c.Pool.CLIENT),
+                 "sla_guard.route": str(c.Route.PD), "sla_guard.router": m.router}
+        ttft, p_leg, d_leg = self.ttft if self.ttft is not None else (None, None, None)
+        m.otel.client_span(attrs, self.request_id, self.wall0, e2e_s, str(outcome), ttft, p_leg, d_leg)

@@ -578,3 +578,34 @@ def test_real_vllm_stream_through_the_proxy(vllm_spec_engine):
     while vs.total(vs.scrape(vllm_spec_engine.metrics_url), ttft_count) - before < 4:
         assert time.monotonic() < deadline, "the engine did not count both legs of both requests"
         time.sleep(0.3)
+
+
+def test_otlp_span_per_request_joins_by_request_id(engines, monkeypatch):
+    """With SLA_GUARD_OTLP_ENDPOINT set (a real OTLP/HTTP receiver on loopback), each client request
+    becomes one ``sla_guard.client_request`` span carrying the client's X-Request-Id -- the id the
+    engines' own ``sla_guard.request`` spans carry -- with its legs as child spans."""
+    from fixtures.otlp_receiver import OtlpReceiver, attrs
+
+    with OtlpReceiver() as rcv:
+        monkeypatch.setenv("SLA_GUARD_OTLP_ENDPOINT", rcv.endpoint)
+        pre, dec = engines("prefill"), engines("decode")
+        pre.delay_s, dec.first_token_s = 0.05, 0.08
+        with ProxyThread(ProxyConfig(prefill=(pre.url,), decode=(dec.url,), router=ROUTER)) as px:
+            r, events, _ = stream(px.url + "/v1/completions", {"model": "m", "prompt": "hi", "stream": True},
+                                  headers={"X-Request-Id": "join-me"})
+            assert r.status_code == 200 and events
+        # the proxy's shutdown flushed its spans
+        assert rcv.wait(lambda x: any(s.name == "sla_guard.client_request" for s in x.spans()))
+        spans = rcv.spans()
+        top = next(s for s in spans if s.name == "sla_guard.client_request")
+        a = attrs(top.attributes)
+        assert a["sla_guard.request_id"] == "join-me" and a["sla_guard.outcome"] == "ok"
+        assert a["sla_guard.pool"] == "client" and a["sla_guard.router"] == ROUTER
+        assert a["sla_guard.prefill_leg_s"] >= 0.05 and a["sla_guard.decode_first_leg_s"] >= 0.08
+        assert a["sla_guard.ttft_s"] >= a["sla_guard.prefill_leg_s"] + a["sla_guard.decode_first_leg_s"]
+        children = {s.name: s for s in spans if s.parent_span_id == top.span_id}
+        assert set(children) == {"prefill_leg", "decode_first_leg"}
+        leg = children["prefill_leg"]
+        assert (leg.end_time_unix_nano - leg.start_time_unix_nano) / 1e9 == pytest.approx(
+            a["sla_guard.prefill_leg_s"], abs=1e-6)
+        assert pre.headers[0]["x-request-id"] == dec.headers[0]["x-request-id"] == "join-me"
