@@ -341,7 +341,7 @@ def test_scale_down_window_stretches_to_the_observed_start_time():
     for t, starting in ((0.0, 1), (300.0, 1), (615.0, 0)):
         adv.memory["prefill"].watch_start(t, starting)
     assert adv.memory["prefill"].start_s == 615.0
-    assert adv._rails("prefill").stabilization_down_s == 615.0
+    assert adv._rails("prefill").stabilization_down_s == 675.0  # start time + cooldown (break-even)
     assert adv._rails("decode").stabilization_down_s == 300  # per pool
 
 

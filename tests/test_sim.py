@@ -107,6 +107,30 @@ def test_scale_up_cold_starts_and_scale_down_drains(mooncake):
     assert dep.summary().unfinished == 0
 
 
+def test_scale_down_drains_in_flight_work_nothing_is_aborted(mooncake):
+    """Scale-down never loses a request (issue 15): a removed prefill replica finishes its queue
+    and keeps its KV until decode has pulled it; a removed decode replica finishes its batch,
+    its queue and the pulls it has in flight (decode requests waiting on remote KV)."""
+    from sla_guard.sim.deployment import DRAINING
+
+    dep = Deployment(PROFILE, 4, 3, record=False)
+    dep.submit(mooncake.scaled(time_scale=0.5, duration_s=900))
+    caught = {"prefill": 0, "decode": 0}  # in-flight requests on replicas told to go
+    for t in range(60, 900, 97):
+        dep.run_until(t)
+        for pool in ("prefill", "decode"):
+            ready = dep.pool_counts(pool)[READY]
+            before = {r.name for r in dep.replicas if r.state == DRAINING}
+            dep.set_replicas(pool, 1 if ready > 1 else 3)
+            caught[pool] += sum(r.load() + len(getattr(r, "held", ())) for r in dep.replicas
+                                if r.pool == pool and r.state == DRAINING and r.name not in before)
+    dep.run_until(900 + 1800)
+    s = dep.summary()
+    assert caught["prefill"] > 0 and caught["decode"] > 0  # replicas went with work in flight
+    assert s.aborted == 0 and s.unfinished == 0 and s.finished == s.requests
+    assert not any(r.state == DRAINING for r in dep.replicas)  # every drain completed
+
+
 def test_profile_errors_name_the_field(tmp_path):
     bad = tmp_path / "p.yaml"
     bad.write_text(PROFILE.model_dump_json().replace('"num_spec_tokens":3', '"num_spec_tokens":2'))

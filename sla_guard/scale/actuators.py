@@ -114,6 +114,46 @@ class KubernetesActuator:
         self.targets = dict(targets)
         self.apps = client.AppsV1Api(api_client)
         self.custom = client.CustomObjectsApi(api_client)
+        # pool -> seconds a replica needs to drain (the advisor's drain_grace_s: the longest
+        # request observed x 1.5 + the KV pull timeout); a scale-down whose pods would be killed
+        # sooner is refused (deploy/k8s/pd-drain.yaml carries the preStop drain itself)
+        self.drain_grace_s: dict[str, float] = {}
+
+    def grace_period_s(self, pool: str) -> float | None:
+        """``terminationGracePeriodSeconds`` of the target's pod template (LeaderWorkerSet: the
+        leader's), Kubernetes' default 30 s when unset; None when it cannot be read."""
+        t = self._target(pool)
+        try:
+            if t.kind == "Deployment":
+                spec = self.apps.read_namespaced_deployment(t.name, t.namespace).spec.template.spec
+                g = getattr(spec, "termination_grace_period_seconds", None)
+            else:
+                obj = self.custom.get_namespaced_custom_object(LWS_GROUP, LWS_VERSION, t.namespace, LWS_PLURAL, t.name)
+                tpl = obj.get("spec", {}).get("leaderWorkerTemplate", {})
+                tpl = tpl.get("leaderTemplate") or tpl.get("workerTemplate") or {}
+                g = tpl.get("spec", {}).get("terminationGracePeriodSeconds")
+        except Exception:  # reading is best effort: the scale itself reports real failures
+            return None
+        return 30.0 if g is None else float(g)
+
+    def check_drain(self, pool: str, replicas: int) -> None:
+        """Refuse a scale-down that could kill in-flight requests: the pods' grace period must
+        cover the pool's observed drain time."""
+        need = self.drain_grace_s.get(pool)
+        if not need:
+            return
+        try:
+            current = self.get_replicas(pool)
+        except ActuationError:
+            return
+        if replicas >= current:
+            return
+        grace = self.grace_period_s(pool)
+        if grace is not None and grace < need:
+            t = self._target(pool)
+            raise ActuationError(f"refusing to scale {t.kind}/{t.namespace}/{t.name} down to {replicas}: "
+                                 f"terminationGracePeriodSeconds {grace:.0f} s < drain time {need:.0f} s "
+                                 "(longest observed request x 1.5 + 60 s); raise it (deploy/k8s/pd-drain.yaml)")
 
     def _target(self, pool: str) -> KubernetesTarget:
         t = self.targets.get(pool)
@@ -134,6 +174,7 @@ class KubernetesActuator:
 
     def set_replicas(self, model: str, pool: str, replicas: int, key: str) -> None:
         t = self._target(pool)
+        self.check_drain(pool, replicas)
         body = {"spec": {"replicas": int(replicas)}}
         try:
             if t.kind == "Deployment":

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
+from exporters import contract as c
 from sla_guard.defaults import TPOT_SLO_S, TTFT_SLO_S
 from sla_guard.model import Finding, MetricsView, PoolRecommendation
 from sla_guard.scale.core import (
@@ -39,7 +40,7 @@ from sla_guard.scale.learn import (
     update_prefill_capacity,
     update_step_model,
 )
-from sla_guard.scale.observe import ClientReading, PoolReading, Reader
+from sla_guard.scale.observe import ClientReading, PoolReading, Reader, sample_name
 from sla_guard.settings.advisor import AdvisorConfig
 
 POOLS = ("prefill", "decode")
@@ -130,6 +131,8 @@ class Advisor:
         self._accepted_len: float | None = None
         self.u_target = self.cfg.prefill_target_utilization
         self._proven: deque[tuple[float, float]] = deque(maxlen=512)  # (t, utilisation that met the SLA)
+        self._longest: dict[str, float] = {}  # pool -> longest request seen (s)
+        self._grace_t: dict[str, float] = {}
 
     # -- learning ------------------------------------------------------------------------------
     def _warm(self, engine: str, now: float) -> bool:
@@ -178,16 +181,28 @@ class Advisor:
         counts = {p: counts[p] if p in counts else self._counts_from_view(p, readings[p], now) for p in POOLS}
         excluded = dict.fromkeys(POOLS, 0)
         self._learn(now, readings, excluded)
-        sizings = {"prefill": self._size_prefill(now, readings["prefill"], counts["prefill"], client),
-                   "decode": self._size_decode(now, readings["decode"], counts["decode"], client)}
+        pre = self._size_prefill(now, readings["prefill"], counts["prefill"], client)
+        gain, growing = self._upstream(pre, counts["prefill"])
+        dec = self._size_decode(now, readings["decode"], counts["decode"], client, gain)
+        if growing and dec.desired is not None and (dec.fits_at_n_minus_1 or dec.strong_fit):
+            # one pool's backlog is the other's arrivals: decode does not give capacity back
+            # while prefill is growing (its extra throughput is about to reach decode)
+            dec.fits_at_n_minus_1 = dec.strong_fit = False
+            dec.reasons.append("hold_prefill_growing")
+        sizings = {"prefill": pre, "decode": dec}
         decs: dict[str, Decision] = {}
         for p in POOLS:
             ready, starting = counts[p]
             sz = sizings[p]
             if not readings[p].engines and ready > 0:
                 sz = Sizing(None, ["hold_stale_data"], sz.numbers)
-            d = decide(p, now, ready, starting, sz, self.memory[p], self._rails(p))
+            rails = self._rails(p)
+            d = decide(p, now, ready, starting, sz, self.memory[p], rails)
             d.numbers["cold_samples_excluded"] = excluded[p]
+            d.numbers["break_even_s"] = round(rails.stabilization_down_s, 1)
+            grace = self._drain_grace(view, p, now)
+            if grace is not None:
+                d.numbers["drain_grace_s"] = grace
             decs[p] = d
         pn = sizings["prefill"].numbers
         pressure = {"prefill": (pn.get("ttft_tail_s", 0.0) / (pn.get("ttft_slo_s") or self.slo_ttft_s)),
@@ -211,11 +226,39 @@ class Advisor:
             return ready, 0
         return ready, want - ready
 
+    def _drain_grace(self, view: MetricsView, pool: str, now: float) -> float | None:
+        """Seconds a replica of ``pool`` needs to drain before it may stop: the longest request
+        seen (p99.9 of the end-to-end histogram over the last hour, the highest value kept) x 1.5
+        plus 60 s for the last KV pull. For ``terminationGracePeriodSeconds`` and the actuator's
+        check before a scale-down."""
+        if now - self._grace_t.get(pool, -1e18) >= 300.0:  # an hour-long quantile: every 5 minutes
+            self._grace_t[pool] = now
+            q = view.histogram_quantile(0.999, sample_name(c.REQUEST_E2E, "_bucket"),
+                                        {"pool": pool} if self.model in ("", "*") else
+                                        {"pool": pool, "model": self.model}, 3600.0, now, ())
+            vals = [v for v in (q or {}).values() if v == v and v != float("inf")]
+            if vals:
+                self._longest[pool] = max(self._longest.get(pool, 0.0), max(vals))
+        longest = self._longest.get(pool)
+        return round(longest * 1.5 + 60.0, 1) if longest else None
+
+    def start_time(self, pool: str) -> float:
+        """Expected time from ordering a replica of ``pool`` to its serving: the observed one,
+        or the configured ``cold_start_s`` when longer (0 when neither is known)."""
+        return max(self.memory[pool].start_s, self.cfg.cold_start_s or 0.0)
+
     def _rails(self, pool: str) -> Rails:
         lim, cfg = self.cfg.limits(pool), self.cfg
-        # capacity given back on a dip shorter than it takes to get it back is bought again at the
-        # price of a cold start of misses: the scale-down window is at least the observed start time
-        window = max(cfg.stabilization_down_s, self.memory[pool].start_s)
+        # Break-even of a scale-down: a replica given back saves its GPUs for as long as the lull
+        # lasts, and coming back costs a cold start of GPUs that serve nothing plus the SLO risk
+        # of a load that returns before they serve. A lull that has already lasted a start time
+        # plus a cooldown is, by the usual "expected remaining length ~ length so far" of
+        # heavy-tailed lulls, expected to last that long again: past that point the saving
+        # outweighs the cost of coming back. So the scale-down window (a lull is a window in
+        # which no tick wanted the current size, judged against the window's peak load) is at
+        # least the start time plus the cooldown, never a fixed 300 s.
+        window = max(cfg.stabilization_down_s, self.start_time(pool) + cfg.cooldown_s
+                     if self.start_time(pool) > 0 else 0.0)
         return Rails(min_replicas=lim.min_replicas, max_replicas=lim.max_replicas, max_step_up=lim.max_step_up,
                      max_step_down=lim.max_step_down, stabilization_down_s=window,
                      stabilization_up_s=cfg.stabilization_up_s, cooldown_s=cfg.cooldown_s,
@@ -224,10 +267,11 @@ class Advisor:
 
     def _peak(self, key: str, now: float, value: float | None) -> float | None:
         """Highest value over the stabilisation window (bounded history)."""
-        hist = self.learned.waiting_hist.setdefault(key, deque(maxlen=256))
+        hist = self.learned.waiting_hist.setdefault(key, deque(maxlen=512))
         if value is not None:
             hist.append((now, value))
-        vals = [v for t, v in hist if t >= now - self.cfg.stabilization_down_s]
+        pool = "prefill" if key.startswith("prefill") else "decode"
+        vals = [v for t, v in hist if t >= now - self._rails(pool).stabilization_down_s]
         return max(vals) if vals else None
 
     def _trend(self, hist: deque, now: float, value: float | None, span_s: float) -> float | None:
@@ -255,13 +299,17 @@ class Advisor:
             sig = PrefillTTFT(t.get("ttft_tail_s"), t.get("ttft_learn_s"), self.slo_ttft_s)
         hist = self.learned.waiting_hist.setdefault("prefill", deque(maxlen=64))
         wslope = self._trend(hist, now, t.get("waiting"), max(4 * cfg.interval_s, 60.0))
+        dhist = self.learned.waiting_hist.setdefault("prefill_demand_trend", deque(maxlen=64))
+        dslope = self._trend(dhist, now, t.get("uncached_tps"), 300.0)
         obs = PrefillObs(ready=counts[0], starting=counts[1], uncached_tps=t.get("uncached_tps"),
                          requests_per_s=t.get("requests_per_s"), waiting=t.get("waiting"), waiting_slope=wslope,
                          ttft_tail_s=sig.tail_s, ttft_slo_s=sig.budget_s,
                          peak_uncached_tps=self._peak("prefill_demand", now, t.get("uncached_tps")),
                          settled=settled,
                          # long prompts come in bursts: the window's share can be 0 between two
-                         long_busy_share=self._peak("prefill_long_busy", now, t.get("long_busy_share")))
+                         long_busy_share=self._peak("prefill_long_busy", now, t.get("long_busy_share")),
+                         # half the start time: a linear trend is not trusted further than that
+                         demand_slope=dslope, trend_horizon_s=0.5 * self.start_time("prefill"))
         cap = self.learned.prefill
         # learn the utilisation target only against a learned capacity (a profile prior can be far
         # off) and only while the pool is settled (no replica starting)
@@ -281,8 +329,21 @@ class Advisor:
         s.numbers.update(sig.numbers)
         return s
 
+    @staticmethod
+    def _upstream(pre: Sizing, counts: tuple[int, int]) -> tuple[float, bool]:
+        """What prefill's sizing means for decode: the ratio of the throughput prefill is about
+        to serve (demand + backlog) to what it serves now (>= 1, at most 3), when prefill is
+        growing for demand; and whether prefill is growing (ordering or starting replicas)."""
+        n = pre.numbers
+        growing = counts[1] > 0 or (pre.desired is not None and pre.desired > sum(counts))
+        served = n.get("demand_uncached_tokens_per_s", 0.0) - n.get("demand_trend_tokens_per_s", 0.0)
+        if not pre.demand_driven or served <= 0:
+            return 1.0, growing
+        ahead = n.get("demand_uncached_tokens_per_s", 0.0) + n.get("backlog_tokens_per_s", 0.0)
+        return min(3.0, max(1.0, ahead / served)), growing
+
     def _size_decode(self, now: float, r: PoolReading, counts: tuple[int, int],
-                     client: ClientReading | None = None) -> Sizing:
+                     client: ClientReading | None = None, upstream_gain: float = 1.0) -> Sizing:
         t, cfg = r.totals, self.cfg
         settled = self._settled("decode", now, counts[1])
         rslope = self._trend(self.learned.running_hist, now, t.get("running"), max(8 * cfg.interval_s, 120.0))
@@ -292,7 +353,8 @@ class Advisor:
                         waiting=t.get("waiting"), kv_usage=t.get("kv_usage"),
                         preemptions_per_s=t.get("preemptions_per_s"), accepted_len=self._accepted_len or 1.0,
                         tpot_tail_s=t.get("tpot_tail_s"), tpot_slo_s=self.slo_tpot_s,
-                        peak_running=self._peak("decode_running", now, t.get("running")), settled=settled)
+                        peak_running=self._peak("decode_running", now, t.get("running")), settled=settled,
+                        upstream_gain=upstream_gain)
         s = size_decode(obs, self.learned.decode, DecodeKnobs.from_config(cfg))
         if client is not None and s.desired is not None:
             self._decode_ttft_blame(s, client, obs)

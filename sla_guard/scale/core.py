@@ -35,6 +35,8 @@ class PrefillObs:
     settled: bool = True  # no replica started within the observation window (its tails are current)
     # share of a ready replica's time spent on prefills that alone take over half the TTFT SLA
     long_busy_share: float | None = None
+    demand_slope: float | None = None  # uncached tokens/s per second: the arrival trend
+    trend_horizon_s: float = 0.0  # how far the arrival trend is projected (until ordered replicas serve)
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +53,9 @@ class DecodeObs:
     tpot_slo_s: float = TPOT_SLO_S
     peak_running: float | None = None  # highest concurrency over the stabilisation window
     settled: bool = True
+    # prefill and decode decided together: the throughput prefill is about to add (its backlog
+    # and growth, as a ratio to what it serves now, >= 1) reaches decode as new sequences
+    upstream_gain: float = 1.0
 
 
 @dataclass(slots=True)
@@ -64,6 +69,7 @@ class Sizing:
     confidence: float = 0.0
     strong_fit: bool = False  # N-1 fits with twice the margin and the tail is far inside the SLA
     load: float | None = None  # the load the sizing served (prefill: uncached tokens/s; decode: concurrency)
+    demand_driven: bool = False  # desired > current because of measured demand (not a tail rule)
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,7 +146,9 @@ def size_prefill(obs: PrefillObs, cap: PrefillCapacity, k: PrefillKnobs) -> Sizi
     tokens_per_req = obs.uncached_tps / rps if rps > 0 else cap.tokens_per_s * 0.1
     growth = max(0.0, obs.waiting_slope or 0.0) * tokens_per_req
     backlog = obs.waiting * tokens_per_req / k.drain_horizon_s
-    demand = obs.uncached_tps + growth
+    # the arrival trend, projected to when replicas ordered now would serve
+    trend = max(0.0, obs.demand_slope or 0.0) * obs.trend_horizon_s
+    demand = obs.uncached_tps + growth + trend
     per_replica = cap.tokens_per_s * k.target_utilization
     need = (demand + backlog) / per_replica
     desired = max(1, math.ceil(need - 1e-9))
@@ -153,10 +161,12 @@ def size_prefill(obs: PrefillObs, cap: PrefillCapacity, k: PrefillKnobs) -> Sizi
         "utilization": round(demand / (cap.tokens_per_s * max(obs.ready, 1)), 3),
         "waiting": obs.waiting,
         "replicas_needed": round(need, 3),
+        "demand_trend_tokens_per_s": round(trend, 1),
     }
     if obs.ttft_tail_s is not None:
         nums["ttft_tail_s"] = round(obs.ttft_tail_s, 4)
         nums["ttft_slo_s"] = obs.ttft_slo_s
+    demand_driven = desired > n_eff
     if desired > n_eff:
         reasons.append("prefill_demand_over_capacity" if backlog < demand * 0.5 else "prefill_backlog")
     over_sla = obs.ttft_tail_s is not None and obs.ttft_tail_s > obs.ttft_slo_s
@@ -190,7 +200,7 @@ def size_prefill(obs: PrefillObs, cap: PrefillCapacity, k: PrefillKnobs) -> Sizi
     if not reasons:
         reasons.append("prefill_steady")
     conf = _conf(cap.samples, 5) if cap.prior <= 0 else max(0.5, _conf(cap.samples, 5))
-    return Sizing(desired, reasons, nums, fits, conf, strong and fits, demand + backlog)
+    return Sizing(desired, reasons, nums, fits, conf, strong and fits, demand + backlog, demand_driven)
 
 
 def tpot_unreachable(obs: DecodeObs, model: StepModel, k: DecodeKnobs) -> bool:
@@ -235,7 +245,7 @@ def size_decode(obs: DecodeObs, model: StepModel, k: DecodeKnobs) -> Sizing:
         return Sizing(None, ["hold_missing_data"], {})
     n_eff = obs.ready + obs.starting
     trend = max(0.0, obs.running_slope or 0.0) * k.forecast_horizon_s
-    conc = obs.running + (obs.waiting or 0.0) + trend
+    conc = (obs.running + (obs.waiting or 0.0)) * max(1.0, obs.upstream_gain) + trend
     limit, nums = decode_batch_limit(obs, model, k)
     need = conc / limit
     desired = max(1, math.ceil(need - 1e-9))
@@ -243,6 +253,7 @@ def size_decode(obs: DecodeObs, model: StepModel, k: DecodeKnobs) -> Sizing:
     nums.update({
         "concurrency": round(obs.running, 2),
         "concurrency_forecast": round(conc, 2),
+        "upstream_gain": round(obs.upstream_gain, 3),
         "batch_limit": round(limit, 2),
         "accepted_len": round(obs.accepted_len, 3),
         "step_base_s": round(model.a, 6),
@@ -252,6 +263,7 @@ def size_decode(obs: DecodeObs, model: StepModel, k: DecodeKnobs) -> Sizing:
     })
     reasons: list[str] = []
     unreachable = tpot_unreachable(obs, model, k)
+    demand_driven = desired > n_eff
     if desired > n_eff:
         limiter = "kv" if nums.get("batch_limit_kv", math.inf) < nums["batch_limit_tpot"] else "tpot"
         reasons.append(f"decode_concurrency_over_{limiter}_limit")
@@ -279,4 +291,4 @@ def size_decode(obs: DecodeObs, model: StepModel, k: DecodeKnobs) -> Sizing:
     if not reasons:
         reasons.append("decode_steady")
     conf = _conf(model.samples, 10) if model.samples else 0.5
-    return Sizing(desired, reasons, nums, fits, conf, strong and fits, conc)
+    return Sizing(desired, reasons, nums, fits, conf, strong and fits, conc, demand_driven)

@@ -144,6 +144,9 @@ class AdvisorEvaluator:
                 actuated: str | bool = False
                 if self.actuator is not None and d.direction != "none":
                     ikey = idempotency_key(label, pool, d.desired, now)
+                    grace = d.numbers.get("drain_grace_s")
+                    if grace and hasattr(self.actuator, "drain_grace_s"):
+                        self.actuator.drain_grace_s[pool] = float(grace)  # checked before a scale-down
                     try:
                         self.actuator.set_replicas(label, pool, d.desired, ikey)
                         adv.expect(pool, d.desired, now)

@@ -146,7 +146,11 @@ def decide(pool: str, now: float, ready: int, starting: int, sizing: Sizing, mem
         window = [d for t, d in mem.history if t >= now - rails.stabilization_up_s]
         target = min(window) if rails.stabilization_up_s > 0 and window else raw
         if target > current:
-            if starting > 0 and _recent(mem.last_up_t, now, rails.cooldown_s):
+            # the sizing counts starting replicas as present (n_eff), so a desire above ready +
+            # starting is capacity still missing: a surge is met at once, not one replica per
+            # cold start. Only the tail rules (which cannot see the starting replicas' effect)
+            # wait for them (core: ``settled``).
+            if starting > 0 and _recent(mem.last_up_t, now, rails.cooldown_s) and not sizing.demand_driven:
                 reasons.append("hold_replicas_starting")
             else:
                 desired = min(target, current + rails.max_step_up)

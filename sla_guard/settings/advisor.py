@@ -20,7 +20,8 @@ class PoolLimits(Strict):
     min_replicas: int = Field(default=1, ge=0)
     max_replicas: int = Field(default=16, ge=1)
     gpus_per_replica: int = Field(default=8, ge=1, description="GPUs one replica holds (for the budget)")
-    max_step_up: int = Field(default=2, ge=1, description="most replicas added in one decision")
+    max_step_up: int = Field(default=4, ge=1, description="most replicas added in one decision (a surge is met "
+                                                         "in one step; HPA's default allows +4 or doubling)")
     max_step_down: int = Field(default=1, ge=1, description="most replicas removed in one decision")
 
     @model_validator(mode="after")
@@ -110,6 +111,10 @@ class AdvisorConfig(Strict):
     min_evidence_s: float = Field(default=60.0, ge=0,
                                   description="data needed before the first scale-down (overwhelming fit only)")
     cooldown_s: float = Field(default=60.0, ge=0, description="min time between two actions on one pool")
+    cold_start_s: float | None = Field(default=None, ge=0,
+                                       description="expected time from ordering a replica to its serving, until "
+                                                   "one has been observed (the observed one replaces it when "
+                                                   "longer); with the cooldown it sets the scale-down break-even")
     failed_size_memory_s: float = Field(default=21600.0, ge=0,
                                         description="how long a size that had to be grown back from stays "
                                                     "off-limits at a similar load")

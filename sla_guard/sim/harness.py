@@ -183,7 +183,7 @@ class ClosedLoop:
         found = tuple(self.findings()) if self.findings is not None else ()
         return Observation(now=dep.epoch + now, model=dep.model, pools=pools, view=self.store,
                            gpu_budget=self.gpu_budget, findings=found, profile=dep.profile,
-                           slo_ttft_s=dep.slo_ttft_s, slo_tpot_s=dep.slo_tpot_s)
+                           slo_ttft_s=dep.slo_ttft_s, slo_tpot_s=dep.slo_tpot_s, extra={"sim_now": now})
 
     def _decide(self, dep: Deployment, now: float) -> None:
         obs = self.observation(now)

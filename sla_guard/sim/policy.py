@@ -217,8 +217,11 @@ class PlannerPolicy:
     name = "planner"
 
     def __init__(self, interval_s: float = 5.0, throughput_interval_s: float = 180.0, sensitivity: float = 0.9,
-                 **_: object) -> None:
-        self.interval_s = interval_s
+                 mode: str = "both", **_: object) -> None:
+        if mode not in ("both", "throughput", "load"):
+            raise ValueError("planner mode is 'both', 'throughput' or 'load'")
+        self.mode = mode
+        self.interval_s = interval_s if mode != "throughput" else min(interval_s, 15.0)
         self.throughput_interval_s = throughput_interval_s
         self.sensitivity = sensitivity
         self._next_throughput = -math.inf
@@ -265,7 +268,7 @@ class PlannerPolicy:
         if any(st.starting or st.draining for st in obs.pools.values()):
             return {}  # nothing new while a scaling is in progress
         out: dict[str, int] = {}
-        if now >= self._next_throughput:
+        if self.mode != "load" and now >= self._next_throughput:
             self._next_throughput = now + self.throughput_interval_s
             self._throughput(now, obs)
             for pool, n in self._targets.items():
@@ -273,7 +276,8 @@ class PlannerPolicy:
                     out[pool] = n
             if out:
                 return out
-        out.update(self._load_loop(now, obs))
+        if self.mode != "throughput":
+            out.update(self._load_loop(now, obs))
         return out
 
     def _load_loop(self, now: float, obs: Observation) -> dict[str, int]:
@@ -313,6 +317,128 @@ class PlannerPolicy:
         return out
 
 
+class KedaHpaPolicy:
+    """KEDA on queue length with the HPA it creates, at Kubernetes' defaults (``keda-hpa``).
+
+    As production-stack's KEDA tutorial deploys it: a Prometheus trigger on
+    ``vllm:num_requests_waiting`` per pool with an ``AverageValue`` target of ``threshold`` (5)
+    waiting requests per replica, KEDA polling every ``polling_s`` (30 s, KEDA's default
+    ``pollingInterval``), the HPA syncing every 15 s with HPA's defaults: External metric with an
+    AverageValue target -> desired = ceil(total / target), held when the usage ratio
+    total / (target x current) is within the 10% tolerance; scale-up at most max(double, +4) per
+    15 s; scale-down to the highest recommendation of the last 300 s (the default scale-down
+    stabilisation window). KEDA's ``cooldownPeriod`` only governs scaling to zero, so with
+    ``minReplicaCount`` >= 1 it never applies."""
+
+    name = "keda-hpa"
+
+    def __init__(self, interval_s: float = 15.0, threshold: float = 5.0, tolerance: float = 0.1,
+                 stabilization_down_s: float = 300.0, polling_s: float = 30.0, **_: object) -> None:
+        self.interval_s = interval_s
+        self.threshold = threshold
+        self.tolerance = tolerance
+        self.stabilization_down_s = stabilization_down_s
+        self.polling_s = polling_s
+        self._metric: dict[str, tuple[float, float]] = {}  # pool -> (polled at, value)
+        self._recs: dict[str, list[tuple[float, int]]] = {}
+
+    def decide(self, now: float, obs: Observation) -> Mapping[str, int]:
+        out: dict[str, int] = {}
+        if obs.view is None:
+            return out
+        for pool, st in obs.pools.items():
+            polled = self._metric.get(pool)
+            if polled is None or now - polled[0] >= self.polling_s - 1e-6:
+                waiting = _inst(obs.view, c.REQUESTS_WAITING, {"pool": pool}, now)
+                if waiting is None:
+                    continue  # no metric, no scaling (HPA semantics)
+                polled = self._metric[pool] = (now, waiting)
+            total, cur = polled[1], max(st.current, 1)
+            ratio = total / (self.threshold * cur)
+            rec = cur if abs(ratio - 1.0) <= self.tolerance else math.ceil(total / self.threshold)
+            rec = max(st.min_replicas, min(st.max_replicas, rec))
+            recs = self._recs.setdefault(pool, [])
+            recs.append((now, rec))
+            while recs and recs[0][0] < now - self.stabilization_down_s:
+                recs.pop(0)
+            desired = rec
+            if rec < cur:
+                desired = min(cur, max(r for _, r in recs))  # stabilised scale-down
+            elif rec > cur:
+                desired = min(rec, max(2 * cur, cur + 4))
+            if desired != st.current:
+                out[pool] = desired
+        return out
+
+
+class SloKedaPolicy:
+    """llm-d's SLO-aware KEDA law (``slo-keda``), per pool (P/D is "future work" in llm-d: each
+    pool gets its own ScaledObject on its own latency).
+
+    Signal: s_raw = p90 latency / target over 1-minute bucket rates (prefill: the client's TTFT
+    where a client scope exists, else the prefill engines'; decode: TPOT), the guide's
+    max(TTFT/target, TPOT/target) restricted to the pool's own SLO; no traffic -> 0; clamped at 2
+    and averaged over 45 s. Law: above the dead band (s > 0.55) desired = ceil(ready x s / 0.55),
+    proportional like HPA; below it (s < 0.40) one replica fewer; in between, hold. Replicas still
+    warming up are credited: the target is compared with ready + starting, so capacity already
+    ordered is not ordered again. The HPA KEDA creates keeps its default 300 s scale-down
+    stabilisation."""
+
+    name = "slo-keda"
+
+    def __init__(self, interval_s: float = 15.0, high: float = 0.55, low: float = 0.40, clamp: float = 2.0,
+                 smooth_s: float = 45.0, stabilization_down_s: float = 300.0, **_: object) -> None:
+        self.interval_s = interval_s
+        self.high, self.low, self.clamp, self.smooth_s = high, low, clamp, smooth_s
+        self.stabilization_down_s = stabilization_down_s
+        self._sig: dict[str, list[tuple[float, float]]] = {}
+        self._recs: dict[str, list[tuple[float, int]]] = {}
+
+    def _raw(self, obs: Observation, pool: str, now: float) -> float:
+        view = obs.view
+        if pool == "prefill":
+            q = view.histogram_quantile(0.9, sample_name(c.CLIENT_TTFT, "_bucket"), CLIENT_PD, 60.0, now, ())
+            vals = [v for v in q.values() if not math.isnan(v)] if q else []
+            if not vals:
+                q = view.histogram_quantile(0.9, sample_name(c.REQUEST_TTFT, "_bucket"), {"pool": "prefill"}, 60.0,
+                                            now, ())
+                vals = [v for v in q.values() if not math.isnan(v)] if q else []
+            target = obs.slo_ttft_s
+        else:
+            q = view.histogram_quantile(0.9, sample_name(c.REQUEST_TPOT, "_bucket"), {"pool": "decode"}, 60.0,
+                                        now, ())
+            vals = [v for v in q.values() if not math.isnan(v)] if q else []
+            target = obs.slo_tpot_s
+        return min(self.clamp, vals[0] / target) if vals else 0.0
+
+    def decide(self, now: float, obs: Observation) -> Mapping[str, int]:
+        out: dict[str, int] = {}
+        if obs.view is None:
+            return out
+        for pool, st in obs.pools.items():
+            sig = self._sig.setdefault(pool, [])
+            sig.append((now, self._raw(obs, pool, now)))
+            while sig and sig[0][0] < now - self.smooth_s:
+                sig.pop(0)
+            s = sum(v for _, v in sig) / len(sig)
+            ready = max(st.ready, 1)
+            if s > self.high:
+                rec = max(st.current, math.ceil(ready * s / self.high))  # warming replicas credited
+            elif s < self.low:
+                rec = st.current - 1
+            else:
+                rec = st.current
+            rec = max(st.min_replicas, min(st.max_replicas, rec))
+            recs = self._recs.setdefault(pool, [])
+            recs.append((now, rec))
+            while recs and recs[0][0] < now - self.stabilization_down_s:
+                recs.pop(0)
+            desired = rec if rec >= st.current else min(st.current, max(r for _, r in recs))
+            if desired != st.current:
+                out[pool] = desired
+        return out
+
+
 class GuardPolicy:
     """The advisor, driven by the simulator: same code as the guard service's evaluator."""
 
@@ -324,6 +450,9 @@ class GuardPolicy:
         self.advisor: Advisor | None = None
         self.restarted: set[str] = set()
         self._pending_restarts: list[str] = []
+        # (seconds since the first decision, prefill desired, decode desired, prefill raw, decode raw)
+        self.recommended: list[tuple[float, int, int, int, int]] = []
+        self._t0: float | None = None
 
     def _build(self, obs: Observation) -> Advisor:
         pools = {p: PoolLimits(min_replicas=st.min_replicas, max_replicas=st.max_replicas,
@@ -332,6 +461,7 @@ class GuardPolicy:
         if obs.profile is not None:
             data["profile"] = guard_prior(obs.profile)
             data["warmup_s"] = 120.0
+            data["cold_start_s"] = float(getattr(obs.profile, "cold_start_s", 0.0) or 0.0) or None
         data.update(self._cfg_overrides)
         cfg = AdvisorConfig.model_validate(data)
         return Advisor(cfg, model=obs.model, slo_ttft_s=obs.slo_ttft_s, slo_tpot_s=obs.slo_tpot_s)
@@ -341,6 +471,13 @@ class GuardPolicy:
             self.advisor = self._build(obs)
         counts = {p: (st.ready, st.starting) for p, st in obs.pools.items()}
         decs, restarts = self.advisor.step(obs.view, now, counts, obs.findings)
+        if self._t0 is None:
+            self._t0 = now - obs.extra.get("sim_now", 0.0) if obs.extra else now
+        if "prefill" in decs and "decode" in decs:
+            p, d = decs["prefill"], decs["decode"]
+            self.recommended.append((now - self._t0, p.desired, d.desired,
+                                     int(p.numbers.get("raw_desired", p.desired)),
+                                     int(d.numbers.get("raw_desired", d.desired))))
         for r in restarts:
             replica = r.replica
             if replica and replica not in self.restarted:
@@ -353,8 +490,32 @@ class GuardPolicy:
         return out
 
 
+class PlannerThroughputPolicy(PlannerPolicy):
+    """Dynamo's planner in throughput mode only: the 180 s throughput loop, profiled capacities,
+    constant load predictor (the documented defaults)."""
+
+    name = "planner-throughput"
+
+    def __init__(self, **kw: object) -> None:
+        kw.pop("mode", None)
+        super().__init__(mode="throughput", **kw)
+
+
+class PlannerLoadPolicy(PlannerPolicy):
+    """Dynamo's planner in load mode only: the 5 s loop on live per-engine latency."""
+
+    name = "planner-load"
+
+    def __init__(self, **kw: object) -> None:
+        kw.pop("mode", None)
+        super().__init__(mode="load", **kw)
+
+
 POLICIES: dict[str, Callable[..., Policy]] = {"static": StaticPolicy, "queue": QueuePolicy,
-                                              "planner": PlannerPolicy, "guard": GuardPolicy}
+                                              "planner": PlannerPolicy, "keda-hpa": KedaHpaPolicy,
+                                              "planner-throughput": PlannerThroughputPolicy,
+                                              "planner-load": PlannerLoadPolicy, "slo-keda": SloKedaPolicy,
+                                              "guard": GuardPolicy}
 
 
 def policy_names() -> list[str]:
