@@ -21,14 +21,20 @@ import time
 from multiprocessing import Pool
 from pathlib import Path
 
-import numpy as np
+for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):  # one core per worker
+    os.environ.setdefault(_var, "1")
+
+import numpy as np  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+# BENCH_CODE_ROOT: score the detectors of another checkout (e.g. a worktree of an older commit)
+if os.environ.get("BENCH_CODE_ROOT"):
+    sys.path.insert(0, os.environ["BENCH_CODE_ROOT"])
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import families as fam
+import families as fam  # noqa: E402
 
-from sla_guard.detect import drift, leak
+from sla_guard.detect import drift, leak  # noqa: E402
 
 HOUR, DAY = fam.HOUR, fam.DAY
 LEAK_PARAMS = leak.LeakParams()
@@ -109,8 +115,35 @@ def rate_jobs(base: int, quick: bool) -> list[tuple]:
 
 # --- scoring ---------------------------------------------------------------------------------
 
+def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """95 % Wilson score interval of a proportion k / n."""
+    if not n:
+        return 0.0, 1.0
+    ph = k / n
+    den = 1 + z * z / n
+    mid = (ph + z * z / (2 * n)) / den
+    half = z * np.sqrt(ph * (1 - ph) / n + z * z / (4 * n * n)) / den
+    return max(0.0, mid - half), min(1.0, mid + half)
+
+
+def poisson_ci(k: int) -> tuple[float, float]:
+    """95 % interval of a Poisson count k (Wilson-Hilferty, exact enough for a report)."""
+    lo = 0.0 if k == 0 else k * (1 - 1 / (9 * k) - 1.96 / (3 * np.sqrt(k))) ** 3
+    k1 = k + 1
+    hi = k1 * (1 - 1 / (9 * k1) + 1.96 / (3 * np.sqrt(k1))) ** 3
+    return lo, hi
+
+
 def _pct(k: int, n: int) -> str:
-    return f"{100.0 * k / n:.1f}% ({k}/{n})" if n else "-"
+    if not n:
+        return "-"
+    lo, hi = wilson(k, n)
+    return f"{100.0 * k / n:.1f}% ({k}/{n}; {100 * lo:.0f}-{100 * hi:.0f})"
+
+
+def _fa(k: int, days: float) -> str:
+    lo, hi = poisson_ci(k)
+    return f"{30 * k / days:.2f} ({k} in {days:.0f} d; {30 * lo / days:.2f}-{30 * hi / days:.2f})"
 
 
 def leak_scores(res: list[dict], mode: str) -> dict:
@@ -133,7 +166,7 @@ def leak_scores(res: list[dict], mode: str) -> dict:
               and r[mode]["first"] - r["onset"] <= max(2.0, 96.0 / r["rate"]) * HOUR]
     return {"fa": fa, "days": days, "fa30": 30 * fa / days if days else float("nan"),
             "restart_fa30": 30 * restart_fa / restart_days if restart_days else float("nan"),
-            "restart_days": restart_days,
+            "restart_days": restart_days, "restart_fa": restart_fa,
             "w48": within("48", 2), "w24": within("24", 4),
             "w48_early": within("48", 2, lambda r: r["family"]["early_onset"]),
             "w48_restart": within("48", 2, lambda r: r["family"]["restarts"]),
@@ -173,8 +206,8 @@ def leak_table(scores: dict[str, dict]) -> str:
             ("  delay median / p95 / max (h)", "", *(_q(g[s]["d48"]) for s in sets)),
             (f"24 MiB/h within 4 h ({label})", ">= 95%", *(_pct(*g[s]["w24"]) for s in sets)),
             (f"false alarms per 30 process-days ({label})", "<= 1",
-             *(f"{g[s]['fa30']:.2f} ({g[s]['fa']} in {g[s]['days']:.0f} d)" for s in sets)),
-            ("  on restarting processes", "<= 1", *(f"{g[s]['restart_fa30']:.2f} ({g[s]['restart_days']:.0f} d)"
+             *(_fa(g[s]["fa"], g[s]["days"]) for s in sets)),
+            ("  on restarting processes", "<= 1", *(_fa(g[s]["restart_fa"], g[s]["restart_days"])
                                                      for s in sets)),
             (f"onset within 30 min, 48 MiB/h ({label})", ">= 90%", *(_pct(*g[s]["onset"]) for s in sets)),
             ("10-200 MiB/h within max(2 h, 96 MiB / rate)", "", *(_pct(*g[s]["any"]) for s in sets)),
@@ -192,7 +225,8 @@ def rate_table(scores: dict[str, dict]) -> str:
             ("  of which starting in the first 3 h", "", *(_pct(*scores[s]["ramp_early"]) for s in sets)),
             ("+-0.05..0.2 step within 10 min", "", *(_pct(*scores[s]["step_any"]) for s in sets)),
             ("ARL0 (days per false alarm)", ">= 30",
-             *(f"{scores[s]['arl0']:.0f} ({scores[s]['fa']} in {scores[s]['days']:.0f} d)" for s in sets))]
+             *(f"{scores[s]['arl0']:.0f} ({scores[s]['fa']} in {scores[s]['days']:.0f} d; "
+               f">= {scores[s]['days'] / poisson_ci(scores[s]['fa'])[1]:.0f})" for s in sets))]
     return _render("spec-decode acceptance drift (families.py)", rows)
 
 
@@ -272,7 +306,10 @@ def main(argv=None) -> int:
         print(leak_table(lsc))
     if rsc:
         print(rate_table(rsc))
-    print(f"\n{'quick' if a.quick else 'full'} run, {time.time() - t0:.0f} s")
+    print("\n(k/n; lo-hi): count and 95 % Wilson interval; false alarms: 95 % Poisson interval; "
+          "ARL0 >= its lower 95 % bound")
+    print(f"{'quick' if a.quick else 'full'} run, {time.time() - t0:.0f} s, detectors from "
+          f"{Path(leak.__file__).resolve().parents[2]}")
     return 0
 
 

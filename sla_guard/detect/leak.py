@@ -447,26 +447,30 @@ def segment_floor(ts: np.ndarray, vs: np.ndarray, p: LeakParams, start: float | 
 
 def _startup_removed(x: np.ndarray, y: np.ndarray, since: np.ndarray, taus: tuple[float, ...]) -> np.ndarray:
     """``y`` less the best saturating start-up curve a (1 - exp(-since / tau)), a >= 0, fitted
-    jointly with a line (so a steady trend stays in what is returned)."""
-    best, out = math.inf, y
+    jointly with a line (so a steady trend stays in what is returned). Closed form, all taus at
+    once: the curve's regressor and ``y`` are residualised on the line, whose columns (1, centred
+    x) are orthogonal."""
+    if len(x) < 3:
+        return y
     xc = x - x.mean()
-    a0 = np.column_stack([np.ones_like(x), xc])
-    c0, *_ = np.linalg.lstsq(a0, y, rcond=None)
-    r0 = y - a0 @ c0
-    best = float(r0 @ r0)
-    for tau in taus:
-        g = np.exp(-since / tau)
-        if g.max() - g.min() < 1e-3:
-            continue
-        a = np.column_stack([a0, g])
-        c, *_ = np.linalg.lstsq(a, y, rcond=None)
-        if c[2] >= 0:  # only growth that slows down (a >= 0) is start-up
-            continue
-        r = y - a @ c
-        sse = float(r @ r)
-        if sse < best:
-            best, out = sse, y - c[2] * g
-    return out
+    sxx = float(xc @ xc)
+    ry = y - y.mean()
+    if sxx > 0:
+        ry = ry - (float(xc @ ry) / sxx) * xc
+    g = np.exp(-since[None, :] / np.asarray(taus, float)[:, None])  # taus x points
+    rg = g - g.mean(axis=1, keepdims=True)
+    if sxx > 0:
+        rg = rg - np.outer(rg @ xc / sxx, xc)
+    gg = np.einsum("ij,ij->i", rg, rg)
+    gy = rg @ ry
+    ok = (g.max(axis=1) - g.min(axis=1) >= 1e-3) & (gg > 0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        c = np.where(ok, gy / gg, 0.0)
+        gain = np.where(ok & (c < 0), gy * gy / gg, 0.0)  # only growth that slows down (a >= 0)
+    k = int(np.argmax(gain))
+    if gain[k] <= 0:
+        return y
+    return y - c[k] * g[k]
 
 
 # --- the test on one window -----------------------------------------------------------------
