@@ -38,4 +38,6 @@ RATE_TOLERANCE: Final = 0.02  # indifference band: slow wander within +-toleranc
 RATE_ARL0_S: Final = 30 * DAY  # mean time between false alarms, per detector family
 RATE_ARL_RULE: Final = "gaussian"
 RATE_JITTER_BLOCKS: Final = 24
-RATE_REFINE_S: Final = DAY
+# 0: the reference rate is frozen at the end of warm-up (issue 16: an expanding mean learned for a day
+# absorbed a slow decline); > 0 keeps learning from alarm-free intervals until this long after the start
+RATE_REFINE_S: Final = 0.0

@@ -166,8 +166,8 @@ class RateDriftParams:
     # slack for a mis-learned baseline and jitter, which refine_s and jitter_blocks now shrink)
     jitter_blocks: int = d.RATE_JITTER_BLOCKS  # > 0: keep re-estimating tau after warm-up, as the mean of the long-run
     # estimates of this many recent alarm-free blocks of warmup_s, each around its own mean (0: warm-up only)
-    refine_s: float = 0.0  # > 0: p0 keeps learning (expanding mean) from intervals up to this long after the
-    # start, each once refine_hold_s passed with no alarm. Off by default (issue 16): a learning baseline absorbs a
+    refine_s: float = d.RATE_REFINE_S  # > 0: p0 keeps learning (expanding mean) from intervals up to this long after
+    # the start, each once refine_hold_s passed with no alarm. Off by default (issue 16): a learning baseline absorbs a
     # slow decline; the reference is frozen at the end of warm-up and its own error widens the band (ref_margin)
     refine_hold_s: float = 1800.0
     slow: bool = True  # a second, narrow-band CUSUM pair for slow drifts (ramps) beside the step CUSUMs

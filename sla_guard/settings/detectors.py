@@ -38,7 +38,7 @@ class RateConfig(Strict):
     jitter_blocks: int = Field(default=d.RATE_JITTER_BLOCKS, ge=0,
                                description="> 0: keep re-estimating the rate's jitter after warm-up over this "
                                            "many recent blocks (0: from warm-up only)")
-    refine_s: float = Field(default=0.0, ge=0,
+    refine_s: float = Field(default=d.RATE_REFINE_S, ge=0,
                             description="the baseline keeps learning from alarm-free intervals until this "
                                         "long after the start (0, the default since issue 16: frozen after "
                                         "warm-up, so a slow decline cannot be absorbed)")
