@@ -21,6 +21,7 @@ import tempfile
 import threading
 from pathlib import Path
 
+from engine_hooks import census
 from exporters.process_sampler import ENV_RUN_DIR, ProcessSampler, interval_from_env
 
 log = logging.getLogger("sla_guard.process_plugin")
@@ -29,6 +30,7 @@ ENV_DISABLE = "SLA_GUARD_DISABLE_SAMPLER"
 
 _lock = threading.Lock()
 _sampler: ProcessSampler | None = None
+_census: census.CensusThread | None = None
 _at_fork_registered = False
 
 
@@ -73,12 +75,34 @@ def start_sampler() -> ProcessSampler | None:
         return None
 
 
+def start_census() -> census.CensusThread | None:
+    """Start this process's object census (engine_hooks/census.py) unless ``SLA_GUARD_CENSUS=0``
+    (idempotent, thread-safe, never raises)."""
+    global _census
+    if os.environ.get(ENV_DISABLE) == "1" or not census.enabled():
+        return None
+    try:
+        with _lock:
+            if _census is not None and _census.pid == os.getpid() and _census.alive:
+                return _census
+            path = run_dir()
+            if path is None:
+                return None
+            _census = census.CensusThread(path).start()
+            return _census
+    except Exception:
+        log.warning("sla-guard: could not start the object census", exc_info=True)
+        return None
+
+
 def _after_fork_in_child() -> None:
-    global _sampler, _lock
+    global _sampler, _census, _lock
     _lock = threading.Lock()  # the parent's lock may have been held by another thread
     _sampler = None
+    _census = None
     if os.environ.get(ENV_RUN_DIR):
         start_sampler()
+        start_census()
 
 
 def register() -> None:
@@ -88,3 +112,4 @@ def register() -> None:
         os.register_at_fork(after_in_child=_after_fork_in_child)
         _at_fork_registered = True
     start_sampler()
+    start_census()

@@ -243,6 +243,30 @@ PROCESS_OPEN_FDS = _m("process_open_fds", Ga, "Open file descriptors of the proc
 PROCESS_INFO = _m("process_info", Ga, "Always 1; maps a process label to its PID and start time.", "1",
                   (*PL, "process_pid", "start_time"), P)
 
+# --- object census (engine_hooks/census.py): which Python containers grow inside a process ---
+# Only the top growers of each process (SLA_GUARD_CENSUS_TOP, default 5) carry an owner label,
+# a readable path from the process's roots (docs/census.md).
+PO = (*PL, "owner")
+CENSUS_CONTAINER_LENGTH = _m("census_container_length", Ga,
+                             "Elements in a steadily growing Python container of the process, by owner path "
+                             "(top growers only).", "1", PO, P)
+CENSUS_CONTAINER_GROWTH = _m("census_container_growth_elements_per_second", Ga,
+                             "Growth of that container in elements per second (least squares over the last "
+                             "census walks).", "1/s", PO, P)
+CENSUS_CONTAINER_BYTES = _m("census_container_growth_bytes_per_second", Ga,
+                            "Estimated memory that container's growth holds, bytes per second (getsizeof of the "
+                            "container and of a sample of its newest elements).", "By/s", PO, P)
+CENSUS_RSS_EXPLAINED = _m("census_rss_explained_ratio", Ga,
+                          "Share of the process's RSS growth over the census walks that the top growers' "
+                          "estimated bytes explain; the rest is memory the census cannot see (native).", "1",
+                          PL, P)
+CENSUS_WALK_SECONDS = _m("census_walk_seconds", Ga, "GIL time the last census walk took (sum of its slices).",
+                         "s", PL, P)
+CENSUS_WALK_MAX_SLICE = _m("census_walk_max_slice_seconds", Ga,
+                           "Longest single GIL slice of the last census walk.", "s", PL, P)
+CENSUS_OBJECTS = _m("census_objects_visited", Ga, "Objects the last census walk expanded.", "1", PL, P)
+del PO
+
 # --- engine identity and hook health ---------------------------------------------------------
 ENGINE_INFO = _m("engine_info", Ga, "Always 1; static facts about an engine.", "1",
                  (*EL, "kv_connector", "kv_role", "spec_method", "num_spec_tokens", "vllm_version",

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import logging
 import os
 import threading
@@ -33,12 +34,13 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from exporters import contract as c
-from exporters.process_sampler import SNAPSHOT_PREFIX, Snapshot
+from exporters.process_sampler import CENSUS_PREFIX, SNAPSHOT_PREFIX, Snapshot
 from exporters.prometheus import ContractMetrics
 
 log = logging.getLogger("sla_guard.process_collector")
 
 MAX_SNAPSHOTS = 4096  # bound on files read per scrape (a runaway fork loop must not hurt scrapes)
+MAX_CENSUS_OWNERS = 20  # owner series per process, whatever a census file says (cardinality bound)
 
 
 def read_snapshots(run_dir: Path, stale_after_s: float, now: float | None = None,
@@ -65,6 +67,55 @@ def read_snapshots(run_dir: Path, stale_after_s: float, now: float | None = None
             continue
         out.append(snap)
     return out
+
+
+def read_census(run_dir: Path, pids: Iterable[int]) -> dict[int, dict]:
+    """The object census (engine_hooks/census.py) of each live process in ``pids``: the
+    ``census-<pid>.json`` beside its snapshot; missing or garbled files are skipped, files of
+    processes without a live snapshot are removed."""
+    out: dict[int, dict] = {}
+    live = set(pids)
+    try:
+        paths = sorted(run_dir.glob(f"{CENSUS_PREFIX}*.json"))[:MAX_SNAPSHOTS]
+    except OSError:
+        return out
+    for path in paths:
+        try:
+            pid = int(path.stem[len(CENSUS_PREFIX):])
+        except ValueError:
+            continue
+        if pid not in live:
+            if not (run_dir / f"{SNAPSHOT_PREFIX}{pid}.json").exists():  # its process is gone
+                with contextlib.suppress(OSError):
+                    path.unlink()
+            continue
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(data, dict):
+            out[pid] = data
+    return out
+
+
+def census_rows(data: dict, labels: tuple[str, ...]):
+    """(metric, label values, value) rows of one process's census file."""
+    walk = data.get("walk") or {}
+    for m, key in ((c.CENSUS_WALK_SECONDS, "busy_s"), (c.CENSUS_WALK_MAX_SLICE, "max_slice_s"),
+                   (c.CENSUS_OBJECTS, "objects")):
+        v = walk.get(key)
+        if isinstance(v, int | float):
+            yield m, labels, float(v)
+    share = data.get("explained_ratio")
+    if isinstance(share, int | float):
+        yield c.CENSUS_RSS_EXPLAINED, labels, float(share)
+    for g in (data.get("growers") or [])[:MAX_CENSUS_OWNERS]:
+        owner = str(g.get("owner", ""))[:256]
+        if not owner:
+            continue
+        yield c.CENSUS_CONTAINER_LENGTH, (*labels, owner), float(g.get("length", 0))
+        yield c.CENSUS_CONTAINER_GROWTH, (*labels, owner), float(g.get("growth_per_h", 0)) / 3600.0
+        yield c.CENSUS_CONTAINER_BYTES, (*labels, owner), float(g.get("bytes_per_h", 0)) / 3600.0
 
 
 def _alive(snap: Snapshot) -> bool:
@@ -96,8 +147,10 @@ def engine_label(snap: Snapshot, by_pid: dict[int, Snapshot], dp_size: int) -> s
     return ""
 
 
-def snapshot_rows(snaps: Iterable[Snapshot], model: str, pool: str, dp_size: int):
-    """Yield (metric, label values, value) for every contract PROCESS sample of ``snaps``."""
+def snapshot_rows(snaps: Iterable[Snapshot], model: str, pool: str, dp_size: int,
+                  census: dict[int, dict] | None = None):
+    """Yield (metric, label values, value) for every contract PROCESS sample of ``snaps``
+    (and of their census files, ``census`` by PID, see ``read_census``)."""
     snaps = list(snaps)
     by_pid = {s.pid: s for s in snaps}
     keyed = [(s, (model, pool, engine_label(s, by_pid, dp_size), s.role, s.process)) for s in snaps]
@@ -117,6 +170,8 @@ def snapshot_rows(snaps: Iterable[Snapshot], model: str, pool: str, dp_size: int
         yield c.PROCESS_THREADS, labels, float(s.threads)
         yield c.PROCESS_OPEN_FDS, labels, float(s.fds)
         yield c.PROCESS_INFO, (*labels, str(s.pid), f"{s.start_time:.0f}"), 1.0
+        if census and s.pid in census:
+            yield from census_rows(census[s.pid], labels)
 
 
 def families(rows) -> list[Metric]:
@@ -144,7 +199,8 @@ class SnapshotCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         try:
             snaps = read_snapshots(self.run_dir, self.stale_after_s)
-            yield from families(snapshot_rows(snaps, self.model, self.pool, self.dp_size))
+            census = read_census(self.run_dir, [s.pid for s in snaps])
+            yield from families(snapshot_rows(snaps, self.model, self.pool, self.dp_size, census))
         except Exception as e:  # a scrape must never fail because of us
             self.errors += 1
             _report(self.on_error, e, self.errors == 1, "reading process snapshots failed")
@@ -190,7 +246,8 @@ class MultiprocessMirror:
 
     def mirror_once(self) -> None:
         snaps = read_snapshots(self.run_dir, self.stale_after_s)
-        for m, labels, value in snapshot_rows(snaps, self.model, self.pool, self.dp_size):
+        census = read_census(self.run_dir, [s.pid for s in snaps])
+        for m, labels, value in snapshot_rows(snaps, self.model, self.pool, self.dp_size, census):
             child = self.metrics[m].labels(*labels)
             if m.kind is c.Kind.COUNTER:
                 key = (m.name, labels)

@@ -37,6 +37,7 @@ ENV_RUN_DIR = "SLA_GUARD_RUN_DIR"
 ENV_INTERVAL = "SLA_GUARD_SAMPLE_INTERVAL_S"
 DEFAULT_INTERVAL_S = 5.0
 SNAPSHOT_PREFIX = "proc-"
+CENSUS_PREFIX = "census-"  # engine_hooks/census.py writes census-<pid>.json beside the snapshots
 
 _STATUS_KEYS = {"VmRSS": "rss", "RssAnon": "anon", "RssFile": "file", "RssShmem": "shmem"}
 _DP_RE = re.compile(r"_DP(\d+)")
