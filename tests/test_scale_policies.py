@@ -201,3 +201,96 @@ def test_a_slow_decode_leg_is_blamed_on_decode_not_prefill():
     assert pre.numbers["client_ttft_tail_s"] > 2.5 and pre.numbers["ttft_tail_s"] < pre.numbers["ttft_slo_s"]
     assert dec.direction == "up" and "client_ttft_over_sla_decode_leg" in dec.reasons
     assert dec.numbers["decode_first_leg_tail_s"] > dec.numbers["prefill_leg_tail_s"]
+
+
+def test_issue15_baselines_are_registered():
+    assert {"keda-hpa", "planner-throughput", "planner-load", "slo-keda"} <= set(policy_names())
+    assert get_policy("planner-throughput").mode == "throughput"
+    assert get_policy("planner-load").mode == "load"
+
+
+def test_keda_hpa_tolerance_and_300s_scale_down_stabilisation():
+    """HPA on an External AverageValue target: desired = ceil(total / 5); inside the 10%
+    tolerance nothing moves; a scale-down waits for the highest recommendation of 300 s."""
+    from sla_guard.sim.policy import KedaHpaPolicy
+
+    store = _store()
+    engines = [Engine("prefill", "p0"), Engine("prefill", "p1"), Engine("decode", "d0")]
+    _run(engines, store, 0, 60, p0={"running": 4, "waiting": 10}, p1={"running": 4, "waiting": 10},
+         d0={"running": 5, "waiting": 0})
+    k = KedaHpaPolicy()
+    out = k.decide(60, _obs(store, 60, decode=(1, 0)))
+    assert out["prefill"] == 4  # ceil(20 / 5); usage ratio 2.0 is outside the tolerance
+    _run(engines, store, 65, 120, p0={"running": 4, "waiting": 10}, p1={"running": 4, "waiting": 11},
+         d0={"running": 5, "waiting": 0})
+    # 21 waiting on 4 replicas: ratio 1.05, within 10%: hold
+    assert "prefill" not in k.decide(120, _obs(store, 120, prefill=(4, 0), decode=(1, 0)))
+    _run(engines, store, 125, 400, p0={"running": 1, "waiting": 0}, p1={"running": 1, "waiting": 0},
+         d0={"running": 5, "waiting": 0})
+    # the queue is gone, but 300 s of recommendations still hold 4
+    assert "prefill" not in k.decide(300, _obs(store, 300, prefill=(4, 0), decode=(1, 0)))
+    for t in range(315, 460, 15):
+        out = k.decide(t, _obs(store, t, prefill=(4, 0), decode=(1, 0)))
+    assert out.get("prefill") == 1  # 300 s after the last recommendation of 4
+
+
+def test_slo_keda_dead_band_and_credit_for_warming_replicas():
+    from sla_guard.sim.policy import SloKedaPolicy
+
+    store = _store()
+    engines = [Engine("prefill", "p0"), Engine("decode", "d0")]
+    # TTFT p90 at 2x the 2.5 s SLA: s clamps at 2 -> ceil(1 x 2 / 0.55) = 4
+    _run(engines, store, 0, 120, p0={"running": 3, "waiting": 0, "ttft": 6.0},
+         d0={"running": 5, "waiting": 0, "tpot": 0.009})
+    p = SloKedaPolicy()
+    out = p.decide(120, _obs(store, 120, prefill=(1, 0), decode=(1, 0)))
+    assert out.get("prefill") == 4 and "decode" not in out  # TPOT 9 ms / 20 ms = 0.45: dead band
+    # the 3 ordered replicas are warming up: credited, nothing more is ordered
+    assert "prefill" not in p.decide(135, _obs(store, 135, prefill=(1, 3), decode=(1, 0)))
+
+
+def test_workload_suite_halves_are_disjoint_and_deterministic():
+    from sla_guard.sim.workloads import FAMILIES, generated, phased, suite
+
+    tuning, sealed = suite("tuning", traces=False), suite("sealed", traces=False)
+    assert {w.family for w in tuning} == {w.family for w in sealed} == set(FAMILIES)
+    assert not {(w.family, w.seed) for w in tuning} & {(w.family, w.seed) for w in sealed}
+    a, b = generated("step_up", 3, 1800.0), generated("step_up", 3, 1800.0)
+    assert a.requests == b.requests and len(a.requests) > 100
+    # the step shows in the arrivals: the second half carries about twice the first
+    late = sum(r.t >= 1000 for r in a.requests) / 800
+    early = sum(r.t < 700 for r in a.requests) / 700
+    assert late > 1.7 * early
+    src = generated("diurnal", 1, 1200.0)
+    ph = phased(src, [0.5, 2.0], 300.0)
+    first = sum(r.t < 300 for r in ph.requests)
+    assert ph.duration_s <= 600 and first < sum(r.t >= 300 for r in ph.requests) / 2
+
+
+def test_a_surge_is_met_in_one_step_counting_starting_replicas():
+    """A sizing driven by demand may add replicas while others still start (they are counted as
+    present), and by up to max_step_up at once; a tail rule waits for the starting ones."""
+    from sla_guard.scale.core import Sizing
+    from sla_guard.scale.guardrails import PoolMemory, Rails, decide
+
+    mem, rails = PoolMemory(), Rails(cooldown_s=60, max_step_up=4)
+    d = decide("prefill", 0, 1, 0, Sizing(5, ["prefill_demand_over_capacity"], {}, demand_driven=True), mem, rails)
+    assert (d.direction, d.desired) == ("up", 5)  # 1 -> 5 in one step
+    d = decide("prefill", 15, 1, 4, Sizing(7, ["prefill_demand_over_capacity"], {}, demand_driven=True), mem, rails)
+    assert (d.direction, d.desired) == ("up", 7)  # demand grew past what is starting: ordered now
+    d = decide("prefill", 30, 1, 6, Sizing(8, ["ttft_over_sla"], {}), mem, rails)
+    assert d.direction == "none" and "hold_replicas_starting" in d.reasons
+
+
+def test_decode_holds_while_prefill_grows():
+    """Prefill and decode decided together: a prefill backlog raises decode's forecast
+    concurrency (upstream gain) and decode gives nothing back while prefill grows."""
+    from sla_guard.scale.advisor import Advisor
+    from sla_guard.scale.core import Sizing
+
+    pre = Sizing(4, ["prefill_backlog"], {"demand_uncached_tokens_per_s": 100_000.0, "backlog_tokens_per_s": 50_000.0,
+                                          "demand_trend_tokens_per_s": 0.0}, demand_driven=True)
+    gain, growing = Advisor._upstream(pre, (2, 0))
+    assert gain == pytest.approx(1.5) and growing
+    gain, growing = Advisor._upstream(Sizing(2, ["prefill_steady"], {}), (2, 0))
+    assert gain == 1.0 and not growing

@@ -22,11 +22,14 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--trace", default=None,
                    help="trace file (default: the Mooncake FAST'25 conversation trace bundled with sla-guard)")
     p.add_argument("--profile", default="default", help="simulator profile (default: GLM-5.2 on H200, DEP16)")
-    p.add_argument("--policy", default="static", help="scaling policy acting on the deployment (default static)")
+    p.add_argument("--policy", default="guard",
+                   help="scaling policy acting on the deployment (default guard: the advisor at work)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--leak-mib-per-hour", type=float, default=200.0,
                    help="RSS leak injected into d0's EngineCore (default 200; the leak in 'From Day 0 "
                         "to Production SLAs' (DaoCloud) was ~48)")
+    p.add_argument("--surge", type=float, default=2.0,
+                   help="arrival-rate factor of the load surge over the second sixth of the run (default 2; 1 = none)")
     p.add_argument("--drift-to", type=float, default=0.4,
                    help="acceptance falls to this fraction of its profile value (default 0.4)")
     p.add_argument("--scrape-interval", type=float, default=30.0, help="simulated seconds between scrapes")
@@ -42,15 +45,18 @@ def default_trace() -> str:
     return str(BUNDLED_MOONCAKE)
 
 
-def demo_faults(sim_s: float, leak_mib_h: float, drift_to: float) -> list[dict]:
+def demo_faults(sim_s: float, leak_mib_h: float, drift_to: float, surge: float = 1.0) -> list[dict]:
     """The demo's schedule, scaled to the simulated span: a leak from 5% of the run on d0's
-    EngineCore, an acceptance drift over the middle third on every decode replica."""
-    return [
-        {"kind": "leak", "replica": "d0", "role": "engine_core", "mib_per_hour": leak_mib_h,
-         "start_s": round(0.05 * sim_s, 1)},
-        {"kind": "acceptance_drift", "start_s": round(sim_s / 3, 1), "end_s": round(2 * sim_s / 3, 1),
-         "to_factor": drift_to},
-    ]
+    EngineCore, a load surge over the second sixth (``surge`` x the arrivals), an acceptance
+    drift over the middle third on every decode replica."""
+    out = [{"kind": "leak", "replica": "d0", "role": "engine_core", "mib_per_hour": leak_mib_h,
+            "start_s": round(0.05 * sim_s, 1)}]
+    if surge > 1.0:
+        out.append({"kind": "load_spike", "start_s": round(sim_s / 6, 1), "end_s": round(sim_s / 3, 1),
+                    "factor": surge})
+    out.append({"kind": "acceptance_drift", "start_s": round(sim_s / 3, 1), "end_s": round(2 * sim_s / 3, 1),
+                "to_factor": drift_to})
+    return out
 
 
 def run(args: argparse.Namespace) -> int:
@@ -77,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
     except (ProfileError, TraceError, ValueError) as err:
         print(f"sla-guard demo: {err}", file=sys.stderr)
         return 2
-    faults = demo_faults(sim_s, args.leak_mib_per_hour, args.drift_to)
+    faults = demo_faults(sim_s, args.leak_mib_per_hour, args.drift_to, args.surge)
     dep = Deployment(profile, 2, 2, seed=args.seed, faults=FaultSchedule(faults),
                      trace_block_tokens=trace.block_tokens)
     span = max(trace.duration_s, 1.0)
@@ -136,6 +142,8 @@ def run(args: argparse.Namespace) -> int:
     report = write_report(args.out, dep=dep, summary=summary, history=loop.history, store=store,
                           guard_status=slo.snapshot() if slo is not None else None, findings=findings,
                           faults=faults, actions=loop.actions,
+                          decisions=getattr(policy, "decisions", None),
+                          recommended=getattr(policy, "recommended", None),
                           meta={"topology": "2P2D", "trace": Path(trace_path).name, "speed": args.speed,
                                 "wall_s": wall, "http": live is not None, "policy": args.policy})
     if (no_plots := plots_unavailable()) is not None:

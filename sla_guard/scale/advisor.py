@@ -263,7 +263,8 @@ class Advisor:
                      max_step_down=lim.max_step_down, stabilization_down_s=window,
                      stabilization_up_s=cfg.stabilization_up_s, cooldown_s=cfg.cooldown_s,
                      min_evidence_s=cfg.min_evidence_s, failed_size_memory_s=cfg.failed_size_memory_s,
-                     failed_size_load_ratio=cfg.failed_size_load_ratio)
+                     failed_size_load_ratio=cfg.failed_size_load_ratio,
+                     recurrence_horizon_s=cfg.recurrence_horizon_s, no_reversal_s=cfg.no_reversal_s)
 
     def _peak(self, key: str, now: float, value: float | None) -> float | None:
         """Highest value over the stabilisation window (bounded history)."""
@@ -309,7 +310,8 @@ class Advisor:
                          # long prompts come in bursts: the window's share can be 0 between two
                          long_busy_share=self._peak("prefill_long_busy", now, t.get("long_busy_share")),
                          # half the start time: a linear trend is not trusted further than that
-                         demand_slope=dslope, trend_horizon_s=0.5 * self.start_time("prefill"))
+                         demand_slope=dslope, trend_horizon_s=0.5 * self.start_time("prefill"),
+                         backlog_horizon_s=0.25 * self.start_time("prefill"))
         cap = self.learned.prefill
         # learn the utilisation target only against a learned capacity (a profile prior can be far
         # off) and only while the pool is settled (no replica starting)

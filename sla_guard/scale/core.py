@@ -37,6 +37,10 @@ class PrefillObs:
     long_busy_share: float | None = None
     demand_slope: float | None = None  # uncached tokens/s per second: the arrival trend
     trend_horizon_s: float = 0.0  # how far the arrival trend is projected (until ordered replicas serve)
+    # replicas ordered now serve after a start time: a backlog is sized to drain over a share of it,
+    # not over the configured drain horizon alone (30 s of a 600 s cold start orders for a queue
+    # that the present replicas have long drained when the new ones serve)
+    backlog_horizon_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,7 +149,7 @@ def size_prefill(obs: PrefillObs, cap: PrefillCapacity, k: PrefillKnobs) -> Sizi
     rps = obs.requests_per_s or 0.0
     tokens_per_req = obs.uncached_tps / rps if rps > 0 else cap.tokens_per_s * 0.1
     growth = max(0.0, obs.waiting_slope or 0.0) * tokens_per_req
-    backlog = obs.waiting * tokens_per_req / k.drain_horizon_s
+    backlog = obs.waiting * tokens_per_req / max(k.drain_horizon_s, obs.backlog_horizon_s)
     # the arrival trend, projected to when replicas ordered now would serve
     trend = max(0.0, obs.demand_slope or 0.0) * obs.trend_horizon_s
     demand = obs.uncached_tps + growth + trend
@@ -170,6 +174,13 @@ def size_prefill(obs: PrefillObs, cap: PrefillCapacity, k: PrefillKnobs) -> Sizi
     if desired > n_eff:
         reasons.append("prefill_demand_over_capacity" if backlog < demand * 0.5 else "prefill_backlog")
     over_sla = obs.ttft_tail_s is not None and obs.ttft_tail_s > obs.ttft_slo_s
+    # a tail over the SLA at low utilisation with no queue is the prompts' own length (a 100k-token
+    # prefill takes seconds on an idle replica): more replicas do not shorten it
+    queued = obs.waiting > max(obs.ready, 1) or demand >= 0.5 * k.target_utilization * cap.tokens_per_s * max(
+        obs.ready, 1)
+    if over_sla and not queued:
+        reasons.append("ttft_tail_not_from_load")
+        over_sla = False
     if over_sla and obs.starting == 0 and obs.settled:
         # HPA's proportional rule applied to the tail: queueing delay falls roughly with the load
         # per replica, so a tail at 1.6x the SLA asks for 1.6x the replicas (at least one more)
@@ -229,6 +240,12 @@ def decode_batch_limit(obs: DecodeObs, model: StepModel, k: DecodeKnobs) -> tupl
         b_tpot = float("inf")  # no useful batch meets it: TPOT gives no replica count (see size_decode)
     else:
         b_tpot = model.batch_for_step_time(target * max(obs.accepted_len, 1.0))
+    if obs.tpot_tail_s is not None and obs.ready > 0 and obs.running and obs.tpot_tail_s <= obs.tpot_slo_s:
+        # the tail meets the SLA at today's batch: that batch is proven, whatever a fit that
+        # learned from a narrow range of small batches (1-5 sequences, 3% step jitter) says
+        proven = obs.running / obs.ready
+        if proven > b_tpot:
+            b_tpot = proven
     nums = {"batch_limit_tpot": round(min(b_tpot, k.max_batch), 2)}
     b_kv = float("inf")
     if obs.kv_usage is not None and obs.kv_usage > 0.05 and obs.running and obs.ready > 0:

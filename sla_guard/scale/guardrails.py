@@ -11,6 +11,7 @@ small for the same load; clamp to min/max; then share the GPU budget.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 
 from sla_guard.scale.core import Sizing
@@ -28,6 +29,8 @@ class Rails:
     min_evidence_s: float = 60.0
     failed_size_memory_s: float = 21600.0
     failed_size_load_ratio: float = 0.8
+    recurrence_horizon_s: float = 7200.0  # how far back lulls that ended are remembered
+    no_reversal_s: float = 600.0  # a scale-down must not be undone within this long
 
 
 @dataclass(slots=True)
@@ -46,6 +49,25 @@ class PoolMemory:
     last_down_to: int | None = None
     last_down_load: float | None = None  # peak load the last scale-down was judged against
     failed: dict[int, tuple[float, float]] = field(default_factory=dict)  # size -> (t, load it failed at)
+    raw_long: list[tuple[float, int]] = field(default_factory=list)  # (t, raw desired) over the recurrence horizon
+
+    def remember_long(self, t: float, raw: int, horizon_s: float) -> None:
+        self.raw_long.append((t, raw))
+        while self.raw_long and self.raw_long[0][0] < t - horizon_s:
+            self.raw_long.pop(0)
+        del self.raw_long[:-2048]
+
+    def lulls(self, size: int, now: float, min_gap_s: float = 60.0) -> tuple[float, float]:
+        """For a pool of ``size`` replicas: how long no tick has wanted more than ``size`` (the
+        current lull), and the longest earlier lull that ended with the load wanting more again
+        (0 when none in the remembered horizon). A load that came back after 25 minutes before is
+        expected to come back after 25 minutes again."""
+        need = [t for t, r in self.raw_long if r > size]
+        if not need:
+            first = self.raw_long[0][0] if self.raw_long else now
+            return now - first, 0.0
+        longest = max((b - a for a, b in itertools.pairwise(need) if b - a > min_gap_s), default=0.0)
+        return now - need[-1], longest
 
     def remember(self, t: float, desired: int, horizon_s: float) -> None:
         if self.first_t is None:
@@ -134,6 +156,7 @@ def decide(pool: str, now: float, ready: int, starting: int, sizing: Sizing, mem
     raw = min(max(sizing.desired, rails.min_replicas), rails.max_replicas)
     nums["raw_desired"] = sizing.desired
     mem.remember(now, raw, max(rails.stabilization_down_s, rails.stabilization_up_s))
+    mem.remember_long(now, raw, rails.recurrence_horizon_s)
     peak = mem.peak_load(now, sizing.load, rails.stabilization_down_s)
     desired = current
     if current < rails.min_replicas:
@@ -177,7 +200,17 @@ def decide(pool: str, now: float, ready: int, starting: int, sizing: Sizing, mem
             reasons.append("hold_cooldown")
         else:
             desired = max(target, current - rails.max_step_down, rails.min_replicas)
+            # break-even against recurrence: a lull must also outlast the longest recent lull
+            # that ended with the load back (plus the no-reversal span), or the replica given back
+            # is expected to be ordered again within it
+            lull, longest = mem.lulls(desired, now)
+            needed = longest + rails.no_reversal_s if longest else 0.0  # the window rule holds the rest
+            nums["lull_s"], nums["lull_needed_s"] = round(lull, 1), round(needed, 1)
             failed = mem.failed_at(desired, now, peak, rails)
+            if lull < needed:
+                reasons.append("hold_load_recurs")
+                desired = current
+                failed = None
             if failed is not None:
                 nums["failed_size"], nums["failed_size_load"] = failed[0], round(failed[1], 2)
                 reasons.append("hold_size_failed_recently")

@@ -121,6 +121,11 @@ class AdvisorConfig(Strict):
     failed_size_load_ratio: float = Field(default=0.8, gt=0, le=1,
                                           description="a failed size is retried only once the peak load falls "
                                                       "below this fraction of the load it failed at")
+    recurrence_horizon_s: float = Field(default=7200.0, ge=0,
+                                        description="lulls that ended with the load back are remembered this long")
+    no_reversal_s: float = Field(default=600.0, ge=0,
+                                 description="a scale-down waits for a lull longer than the longest recent one "
+                                             "plus this, so it is not undone within this span")
     gpu_budget: int | None = Field(default=None, ge=1, description="GPUs shared by both pools")
     prefill_target_utilization: float = Field(default=d.PREFILL_TARGET_UTILIZATION, gt=0, le=1,
                                               description="busy share a prefill replica is sized for; queueing "

@@ -439,6 +439,11 @@ class SloKedaPolicy:
         return out
 
 
+DECISION_NUMBERS = ("raw_desired", "utilization", "demand_uncached_tokens_per_s", "ttft_tail_s", "tpot_tail_s",
+                    "concurrency_forecast", "batch_limit", "accepted_len", "tpot_at_empty_batch_s",
+                    "upstream_gain", "break_even_s")
+
+
 class GuardPolicy:
     """The advisor, driven by the simulator: same code as the guard service's evaluator."""
 
@@ -452,6 +457,8 @@ class GuardPolicy:
         self._pending_restarts: list[str] = []
         # (seconds since the first decision, prefill desired, decode desired, prefill raw, decode raw)
         self.recommended: list[tuple[float, int, int, int, int]] = []
+        self.decisions: list[dict] = []
+        self._last_reasons: dict[str, tuple[str, ...]] = {}
         self._t0: float | None = None
 
     def _build(self, obs: Observation) -> Advisor:
@@ -473,6 +480,16 @@ class GuardPolicy:
         decs, restarts = self.advisor.step(obs.view, now, counts, obs.findings)
         if self._t0 is None:
             self._t0 = now - obs.extra.get("sim_now", 0.0) if obs.extra else now
+        for pool, dec in decs.items():  # the decision log: every action and every change of reasons
+            key = (pool, dec.direction, tuple(dec.reasons))
+            if dec.direction != "none" or self._last_reasons.get(pool) != key[2]:
+                self.decisions.append({"t": now - self._t0, "pool": pool, "current": dec.current,
+                                       "desired": dec.desired, "direction": dec.direction,
+                                       "reasons": list(dec.reasons), "confidence": round(dec.confidence, 2),
+                                       "numbers": {k: dec.numbers[k] for k in DECISION_NUMBERS
+                                                   if k in dec.numbers}})
+                self._last_reasons[pool] = key[2]
+        del self.decisions[:-2000]
         if "prefill" in decs and "decode" in decs:
             p, d = decs["prefill"], decs["decode"]
             self.recommended.append((now - self._t0, p.desired, d.desired,

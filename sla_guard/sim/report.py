@@ -114,19 +114,27 @@ def plot_rss(store, dep: Deployment, out: Path) -> Path:
     return path
 
 
-def plot_replicas(dep: Deployment, out: Path) -> Path:
+def plot_replicas(dep: Deployment, out: Path, recommended: list | None = None) -> Path:
+    """Actual replicas per pool (ready, and including starting ones) and, when an advisor ran, what
+    it recommended each tick (after its guardrails) and what its sizing alone asked for."""
     plt = _plt()
-    fig, ax = plt.subplots(figsize=(8, 3))
+    fig, ax = plt.subplots(figsize=(8, 3.4))
     tl = [*dep.timeline, (dep.now, *dep.timeline[-1][1:])]
     xs = [t / 60.0 for t, *_ in tl]
-    ax.step(xs, [x[1] for x in tl], where="post", label="prefill ready")
-    ax.step(xs, [x[2] for x in tl], where="post", label="decode ready")
-    ax.step(xs, [x[3] for x in tl], where="post", ls=":", label="prefill incl. starting")
-    ax.step(xs, [x[4] for x in tl], where="post", ls=":", label="decode incl. starting")
+    ax.step(xs, [x[1] for x in tl], where="post", color="C0", label="prefill ready")
+    ax.step(xs, [x[2] for x in tl], where="post", color="C1", label="decode ready")
+    ax.step(xs, [x[3] for x in tl], where="post", ls=":", color="C0", label="prefill incl. starting")
+    ax.step(xs, [x[4] for x in tl], where="post", ls=":", color="C1", label="decode incl. starting")
+    if recommended:
+        rt = [r[0] / 60.0 for r in recommended]
+        ax.step(rt, [r[1] for r in recommended], where="post", color="C2", lw=0.9, label="prefill recommended")
+        ax.step(rt, [r[2] for r in recommended], where="post", color="C3", lw=0.9, label="decode recommended")
+        ax.plot(rt, [r[3] for r in recommended], ".", color="C2", ms=2, alpha=0.5, label="prefill sizing (raw)")
+        ax.plot(rt, [r[4] for r in recommended], ".", color="C3", ms=2, alpha=0.5, label="decode sizing (raw)")
     ax.set_xlabel("simulated time (min)")
     ax.set_ylabel("replicas")
-    ax.set_title("Replicas per pool")
-    ax.legend(fontsize=8)
+    ax.set_title("Replicas per pool: actual and recommended")
+    ax.legend(fontsize=6, ncol=2, loc="upper left")
     ax.grid(alpha=0.3)
     path = out / "replicas.png"
     fig.tight_layout()
@@ -137,7 +145,7 @@ def plot_replicas(dep: Deployment, out: Path) -> Path:
 
 def write_report(out: Path, *, dep: Deployment, summary: Summary, history: list[HistoryPoint], store,
                  guard_status: dict | None, findings: list[dict], faults: list[dict], actions: list[dict],
-                 meta: dict) -> Path:
+                 meta: dict, decisions: list[dict] | None = None, recommended: list | None = None) -> Path:
     """Write report.md (and the plots when matplotlib is installed) into ``out``; returns the Markdown
     path. Without matplotlib the Plots section carries ``plots_unavailable()``'s note instead."""
     out.mkdir(parents=True, exist_ok=True)
@@ -145,7 +153,7 @@ def write_report(out: Path, *, dep: Deployment, summary: Summary, history: list[
     plots = [] if no_plots else [
         plot_latency(history, out, "ttft", dep.slo_ttft_s, ("prefill", "decode")),
         plot_latency(history, out, "tpot", dep.slo_tpot_s, ("decode",)),
-        plot_acceptance(history, out), plot_rss(store, dep, out), plot_replicas(dep, out)]
+        plot_acceptance(history, out), plot_rss(store, dep, out), plot_replicas(dep, out, recommended)]
     s = summary
     lines = [
         "# sla-guard demo report", "",
@@ -182,6 +190,18 @@ def write_report(out: Path, *, dep: Deployment, summary: Summary, history: list[
     lines += ["", "## Scaling actions", ""]
     lines += [f"- t={a['t'] / 60:.1f} min: {json.dumps({k: v for k, v in a.items() if k != 't'})}"
               for a in actions] or ["- none"]
+    if decisions is not None:
+        lines += ["", "## Advisor decisions", "",
+                  "Every scaling action of the advisor and every change of its reasons, per pool (time in "
+                  "simulated minutes; numbers are what the decision was based on).", "",
+                  "| t (min) | pool | current -> desired | reasons | confidence | numbers |",
+                  "|---|---|---|---|---|---|"]
+        for d in decisions[-80:]:
+            nums = ", ".join(f"{k}={v:g}" for k, v in d.get("numbers", {}).items())
+            lines.append(f"| {d['t'] / 60:.1f} | {d['pool']} | {d['current']} -> {d['desired']} | "
+                         f"{', '.join(d['reasons'])} | {d['confidence']:.2f} | {nums} |")
+        if not decisions:
+            lines.append("| - | - | - | no decision yet | - | - |")
     lines += ["", "## Plots", ""]
     if no_plots:
         lines.append(f"{no_plots[0].upper()}{no_plots[1:]}.".replace(PLOTS_HINT, f"`{PLOTS_HINT}`"))

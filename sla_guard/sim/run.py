@@ -108,9 +108,10 @@ def replay(spec: ReplaySpec) -> ReplayResult:
 
 
 def guard_config(slo_ttft_s: float = TTFT_SLO_S, slo_tpot_s: float = TPOT_SLO_S, eval_interval_s: float = 15.0):
-    """The guard's config for a simulated run: the default SLAs per pool (TTFT is the prefill pool's
-    objective, TPOT the decode pool's; "From Day 0 to Production SLAs": "TTFT is determined mostly by
-    the Prefill pool, TPOT by the Decode pool"), with the run's thresholds."""
+    """The guard's config for a simulated run, with the run's thresholds: TTFT is judged where the
+    client sees it (the sim-proxy's ``pool="client"`` scope: what users sign, and what the replay's
+    attainment counts), TPOT on the decode pool ("From Day 0 to Production SLAs": "TPOT by the
+    Decode pool")."""
     from sla_guard.config import SLO, Indicator, Objective, SLOSet, parse_config
 
     ttft = [
@@ -125,7 +126,7 @@ def guard_config(slo_ttft_s: float = TTFT_SLO_S, slo_tpot_s: float = TPOT_SLO_S,
         SLO(name="tpot_attainment", indicator=Indicator.TPOT, objective=Objective.ATTAINMENT,
             threshold_s=slo_tpot_s, target=0.99),
     ]
-    sets = [SLOSet(pool="prefill", objectives=ttft), SLOSet(pool="decode", objectives=tpot)]
+    sets = [SLOSet(pool="client", objectives=ttft), SLOSet(pool="decode", objectives=tpot)]
     return parse_config({"evaluation_interval_s": eval_interval_s, "slos": [x.model_dump() for x in sets]})
 
 
