@@ -122,7 +122,8 @@ class Walk:
     max_slice_s: float = 0.0  # wall time (includes the OS preempting this thread)
     max_slice_cpu_s: float = 0.0  # this thread's CPU time
     slices: int = 0
-    slice_durations: list[float] = field(default_factory=list)
+    slice_durations: list[float] = field(default_factory=list)  # wall
+    slice_cpu: list[float] = field(default_factory=list)  # this thread's CPU time (GC pauses it triggers included)
 
 
 # type -> how to expand it
@@ -251,7 +252,11 @@ def walk_steps(roots: Roots, limits: Limits, out: Walk, *, skip_ids: Iterable[in
     max_objects, max_depth, max_children = limits.max_objects, limits.max_depth, limits.max_children
     min_len, plen, sample, chunk = limits.min_len, limits.max_path_len, limits.sample, limits.chunk
     cap = 3 * limits.max_tracked
-    queue: deque = deque()
+    # the queue as three parallel deques: no tuple per entry, so the walk adds no GC-tracked
+    # objects per visited object (the collector's passes, which pause every thread, stay short)
+    q_obj: deque = deque()
+    q_path: deque = deque()
+    q_depth: deque = deque()
     phases = [roots] + ([more_roots] if more_roots is not None else [])
     budget = 0
     for phase_no, phase in enumerate(phases):
@@ -259,7 +264,9 @@ def walk_steps(roots: Roots, limits: Limits, out: Walk, *, skip_ids: Iterable[in
         for name, obj in items:
             if _kind(type(obj))[0] != _SKIP and id(obj) not in seen:
                 seen.add(id(obj))
-                queue.append((obj, name, 0))
+                q_obj.append(obj)
+                q_path.append(name)
+                q_depth.append(0)
                 out.roots += 1
                 if phase_no == 0 and len(out.root_names) < 20:
                     out.root_names.append(name)
@@ -267,12 +274,14 @@ def walk_steps(roots: Roots, limits: Limits, out: Walk, *, skip_ids: Iterable[in
             if budget >= 4 * chunk:  # enumerating roots (thousands of module globals) costs time too
                 budget = 0
                 yield
-        while queue:
+        while q_obj:
             if out.objects >= max_objects:
                 out.truncated = True
-                queue.clear()
+                q_obj.clear()
+                q_path.clear()
+                q_depth.clear()
                 break
-            obj, path, depth = queue.popleft()
+            obj, path, depth = q_obj.popleft(), q_path.popleft(), q_depth.popleft()
             out.objects += 1
             t = type(obj)
             kind, slots = _kind(t)
@@ -315,7 +324,9 @@ def walk_steps(roots: Roots, limits: Limits, out: Walk, *, skip_ids: Iterable[in
                     if id(child) in seen or _kind(type(child))[0] == _SKIP:
                         continue
                     seen.add(id(child))
-                    queue.append((child, cpath if len(cpath) <= plen else _clip(cpath, plen), depth + 1))
+                    q_obj.append(child)
+                    q_path.append(cpath if len(cpath) <= plen else _clip(cpath, plen))
+                    q_depth.append(depth + 1)
             if out.objects % chunk == 0:
                 yield
 
@@ -346,12 +357,14 @@ def run_sliced(steps: Iterator, walk: Walk, *, slice_s: float = DEFAULT_SLICE_S,
         except StopIteration:
             done = True
         d = clock() - t0
-        walk.max_slice_cpu_s = max(walk.max_slice_cpu_s, cpu_clock() - c0)
+        dc = cpu_clock() - c0
+        walk.max_slice_cpu_s = max(walk.max_slice_cpu_s, dc)
         walk.busy_s += d
         walk.slices += 1
         walk.max_slice_s = max(walk.max_slice_s, d)
         if len(walk.slice_durations) < 100_000:
             walk.slice_durations.append(d)
+            walk.slice_cpu.append(dc)
         if done:
             return True
         if budget < 1.0 and wait(d * (1.0 - budget) / budget):
@@ -523,11 +536,12 @@ def walk_stats(w: Walk | None) -> dict | None:
     """What one walk cost and covered (the census file's ``walk`` / ``full_walk``)."""
     if w is None:
         return None
-    slices = sorted(w.slice_durations)
+    slices, cpu = sorted(w.slice_durations), sorted(w.slice_cpu)
     return {"started": w.started, "finished": w.finished, "full": w.full, "busy_s": round(w.busy_s, 6),
             "wall_s": round(w.finished - w.started, 3), "slices": w.slices,
             "max_slice_s": round(w.max_slice_s, 6), "max_slice_cpu_s": round(w.max_slice_cpu_s, 6),
             "p99_slice_s": round(slices[int(0.99 * (len(slices) - 1))], 6) if slices else 0.0,
+            "p99_slice_cpu_s": round(cpu[int(0.99 * (len(cpu) - 1))], 6) if cpu else 0.0,
             "objects": w.objects, "roots": w.roots, "containers": len(w.containers), "truncated": w.truncated,
             "frame_roots": w.root_names}
 

@@ -26,6 +26,7 @@ from prometheus_client import CollectorRegistry
 from sla_guard import defaults
 from sla_guard.config import ConfigError, GuardConfig, Indicator
 from sla_guard.detect.alertmanager import AlertPublisher
+from sla_guard.detect.census import CensusEvaluator
 from sla_guard.detect.evaluators import build_evaluators
 from sla_guard.detect.evaluators import router as findings_router
 from sla_guard.detect.findings import FindingsBook
@@ -78,6 +79,8 @@ def compose(config: GuardConfig, *, source: Source | None = None, state: StateSt
         guard.add_state("findings", book)  # open findings survive a restart (sla_guard.state)
         for ev in build_evaluators(book, config.detectors):
             guard.add_evaluator(ev)
+        # after the leak evaluator: the engines' object census onto the open leak findings
+        guard.add_evaluator(CensusEvaluator(book, request_file=os.environ.get("SLA_GUARD_CENSUS_REQUEST_FILE")))
         stages = StageBreakdownEvaluator(config, book)  # where the client TTFT went; stage growth
         guard.add_evaluator(stages)
         publisher = AlertPublisher.from_settings(book, config.alertmanager, guard.metrics)

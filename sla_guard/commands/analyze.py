@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from sla_guard.detect import drift, leak
+from sla_guard.detect import census, drift, leak
 
 
 class InputError(ValueError):
@@ -31,6 +31,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     lk.add_argument("--limit-bytes", type=float, default=None, help="memory limit when the CSV has none")
     lk.add_argument("--time-scale", type=float, default=1.0,
                     help="compress the detector's time constants by this factor (tests; default 1 = production)")
+    lk.add_argument("--census", type=Path, default=None, metavar="FILE",
+                    help="the process's object census (census-<pid>.json from the plugin's run directory): "
+                         "name the growing containers and the share of the RSS slope they explain")
     dr = kinds.add_parser("drift", help="CSV columns: timestamp,draft_tokens,accepted_tokens (cumulative)")
     dr.add_argument("file", type=Path)
     d = drift.RateDriftParams()  # the guard's defaults: offline and online verdicts agree
@@ -167,6 +170,13 @@ def run(args) -> int:
         if args.kind == "leak":
             cols = read_csv(args.file, ("timestamp", "rss_bytes"), ("limit_bytes", "running_requests"))
             result = analyze_leak(cols, args.limit_bytes, args.time_scale)
+            if getattr(args, "census", None) is not None:
+                try:
+                    data = census.read_census_file(args.census)
+                except ValueError as err:
+                    raise InputError(str(err)) from None
+                slope = result["slope_mib_per_h"] * 2**20 if result["detected"] else None
+                result.update(census.census_summary(data, slope))
         else:
             cols = read_csv(args.file, ("timestamp", "draft_tokens", "accepted_tokens"))
             result = analyze_drift(cols, args)

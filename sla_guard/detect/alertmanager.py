@@ -69,7 +69,8 @@ def to_alert(f: Finding, runbook_base_url: str, generator_url: str = "") -> dict
 
 
 def describe(f: Finding) -> str:
-    """Human description: slope and ETA for leaks, before/after rates for drifts."""
+    """Human description: slope, ETA and (from the object census) the growing container for
+    leaks, before/after rates for drifts."""
     d = f.details
     if f.detector == "leak":
         parts = [f"RSS grows {d.get('slope_mib_per_h', 0):.1f} MiB/h"]
@@ -82,6 +83,14 @@ def describe(f: Finding) -> str:
                          f"{d.get('limit_source', 'limit')}) in {float(d['eta_s']) / 3600:.1f} h")
         else:
             parts.append("no memory limit known, no ETA")
+        if d.get("census_top_owner"):  # the engines' object census (sla_guard/detect/census.py)
+            share = d.get("census_explained_ratio")
+            parts.append(f"fastest growing container {d['census_top_owner']} "
+                         f"(+{float(d.get('census_top_growth_per_h') or 0):.0f} elements/h, "
+                         f"~{float(d.get('census_top_mib_per_h') or 0):.2f} MiB/h)"
+                         + (f"; census growers explain {100 * float(share):.0f}% of the RSS slope, "
+                            f"{float(d.get('census_unexplained_mib_per_h') or 0):.1f} MiB/h unexplained (native)"
+                            if share is not None else ""))
         return "; ".join(parts) + "."
     if f.detector == "ttft_stage":
         est = " (client TTFT estimated from the engine stages)" if d.get("estimated") == "true" else ""
