@@ -390,7 +390,8 @@ def test_restart_followed_by_startup_growth_raises_no_finding():
     verdicts = leak.scan(t, v)
     assert not [at for at, ver in verdicts if ver.detected]
     assert any(ver.status == "ok" and ver.segment_start == pytest.approx(4 * HOUR) for _, ver in verdicts)
-    no_curve = leak.LeakParams(long_warmup_s=0.0, warmup_s=600.0)  # a 10 min warm-up and no curve: found
+    # a 10 min warm-up, no curve and the z of round 1 (4): found
+    no_curve = leak.LeakParams(long_warmup_s=0.0, warmup_s=600.0, z_crit=4.0)
     assert any(ver.detected for _, ver in leak.scan(t, v, no_curve))
 
 
