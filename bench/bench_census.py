@@ -7,10 +7,13 @@ manager growing at 20 elements/s), so the "on" server runs exactly the census of
 walk every 5 s (the pace while a leak finding is open; the default is every 10 min) under the
 default GIL budget (1 % of a core, slices <= 5 ms). The load alternates between the two servers
 in rounds (off, on, on, off, ...) so that machine noise falls on both alike: each round keeps
-``--concurrency`` streaming completions in flight for ``--round-s`` seconds; every streamed
-token's arrival is stamped and the gaps between tokens of a request are its inter-token
-latencies. The script prints p50 / p99 ITL of each side, the ratios (goal: p99 on/off <= 1.05),
-and the census cost the "on" server's EngineCore reports; one JSON line at the end.
+``--concurrency`` streaming completions in flight for ``--round-s`` seconds. Three views of the
+inter-token latency, each side by side: the engine's own (the plugin's
+``slaguard_inter_token_latency_seconds`` histogram, vLLM's per-step timestamps, 2-5 ms buckets
+around the step time; increases over the rounds, quantiles as PromQL's histogram_quantile), the
+client's gaps between streamed chunks, and each request's TPOT. The script prints p50 / p99 of
+each, the ratios on/off (goal: p99 <= 1.05), and the census cost the "on" server's EngineCore
+reports; one JSON line at the end.
 
     .venv/bin/python bench/bench_census.py [--rounds 6] [--round-s 20] [--concurrency 4]
 
@@ -51,7 +54,8 @@ def install_plugin(tmp: Path) -> Path:
 
 
 def stream_itls(base_url: str, prompt: str, max_tokens: int) -> list[float]:
-    """One streamed completion; the gaps between consecutive token chunks (seconds)."""
+    """One streamed completion; the gaps between consecutive token chunks (seconds), as the
+    client reads them (chunks read together from one network buffer have gaps near 0)."""
     import httpx
 
     body = {"model": vs.MODEL_NAME, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
@@ -65,9 +69,12 @@ def stream_itls(base_url: str, prompt: str, max_tokens: int) -> list[float]:
     return [b - a for a, b in itertools.pairwise(stamps)]
 
 
-def load_round(base_url: str, seconds: float, concurrency: int, max_tokens: int) -> tuple[list[float], int]:
+def load_round(base_url: str, seconds: float, concurrency: int, max_tokens: int
+               ) -> tuple[list[float], list[float], int]:
+    """Client ITL gaps, per-request TPOT ((last - first token) / (tokens - 1)), errors."""
     stop = threading.Event()
     itls: list[float] = []
+    tpots: list[float] = []
     errors = [0]
     lock = threading.Lock()
 
@@ -83,6 +90,8 @@ def load_round(base_url: str, seconds: float, concurrency: int, max_tokens: int)
                 continue
             with lock:
                 itls.extend(got)
+                if got:
+                    tpots.append(sum(got) / len(got))
 
     threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(concurrency)]
     for th in threads:
@@ -91,7 +100,33 @@ def load_round(base_url: str, seconds: float, concurrency: int, max_tokens: int)
     stop.set()
     for th in threads:
         th.join(timeout=120)
-    return itls, errors[0]
+    return itls, tpots, errors[0]
+
+
+def engine_itl_buckets(metrics_url: str) -> dict[float, float]:
+    """Cumulative bucket counts of the engine-side inter-token latency histogram
+    (slaguard_inter_token_latency_seconds: measured by vLLM per engine step, fine buckets)."""
+    out: dict[float, float] = {}
+    for (name, labels), v in vs.scrape(metrics_url).items():
+        if name == "slaguard_inter_token_latency_seconds_bucket":
+            le = float(dict(labels)["le"])
+            out[le] = out.get(le, 0.0) + v
+    return out
+
+
+def hist_quantile(q: float, buckets: dict[float, float]) -> float:
+    """histogram_quantile over cumulative buckets (linear inside a bucket, as PromQL)."""
+    bs = sorted(buckets.items())
+    if not bs or bs[-1][1] <= 0:
+        return float("nan")
+    rank, prev_le, prev_c = q * bs[-1][1], 0.0, 0.0
+    for le, cnt in bs:
+        if cnt >= rank:
+            if le == float("inf"):
+                return prev_le
+            return prev_le + (le - prev_le) * ((rank - prev_c) / (cnt - prev_c) if cnt > prev_c else 0.0)
+        prev_le, prev_c = le, cnt
+    return bs[-1][0]
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -127,12 +162,20 @@ def main(argv: list[str] | None = None) -> int:
         for side in ("off", "on"):
             load_round(servers[side].base_url, args.warmup_s, args.concurrency, args.max_tokens)
         itls: dict[str, list[float]] = {"off": [], "on": []}
+        tpots: dict[str, list[float]] = {"off": [], "on": []}
+        engine: dict[str, dict[float, float]] = {"off": {}, "on": {}}
         errors = {"off": 0, "on": 0}
         for r in range(args.rounds):
             order = ("off", "on") if r % 2 == 0 else ("on", "off")
             for side in order:
-                got, err = load_round(servers[side].base_url, args.round_s, args.concurrency, args.max_tokens)
+                before = engine_itl_buckets(servers[side].metrics_url)
+                got, tp, err = load_round(servers[side].base_url, args.round_s, args.concurrency, args.max_tokens)
+                time.sleep(1.0)  # the stat logger flushes every 0.5 s
+                after = engine_itl_buckets(servers[side].metrics_url)
+                for le, v in after.items():
+                    engine[side][le] = engine[side].get(le, 0.0) + v - before.get(le, 0.0)
                 itls[side] += got
+                tpots[side] += tp
                 errors[side] += err
             print(f"round {r + 1}/{args.rounds}: p99 off {1000 * pct(itls['off'], 0.99):.2f} ms, "
                   f"on {1000 * pct(itls['on'], 0.99):.2f} ms", flush=True)
@@ -141,23 +184,32 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         for s in servers.values():
             s.stop()
-    engine = max(census, key=lambda d: len(d.get("growers") or []), default=None)
-    res = {side: {"itl_p50_ms": round(1000 * statistics.median(v), 3), "itl_p99_ms": round(1000 * pct(v, 0.99), 3),
-                  "itl_mean_ms": round(1000 * statistics.fmean(v), 3), "tokens": len(v), "errors": errors[side]}
+    core = max(census, key=lambda d: len(d.get("growers") or []), default=None)
+    res = {side: {"engine_itl_p50_ms": round(1000 * hist_quantile(0.5, engine[side]), 3),
+                  "engine_itl_p99_ms": round(1000 * hist_quantile(0.99, engine[side]), 3),
+                  "client_itl_p50_ms": round(1000 * statistics.median(v), 3),
+                  "client_itl_p99_ms": round(1000 * pct(v, 0.99), 3),
+                  "tpot_p50_ms": round(1000 * statistics.median(tpots[side]), 3),
+                  "tpot_p99_ms": round(1000 * pct(tpots[side], 0.99), 3),
+                  "itl_mean_ms": round(1000 * statistics.fmean(v), 3), "tokens": len(v),
+                  "requests": len(tpots[side]), "errors": errors[side]}
            for side, v in itls.items()}
-    res["p50_ratio_on_off"] = round(res["on"]["itl_p50_ms"] / res["off"]["itl_p50_ms"], 4)
-    res["p99_ratio_on_off"] = round(res["on"]["itl_p99_ms"] / res["off"]["itl_p99_ms"], 4)
-    if engine is not None:
-        res["census"] = {"walks": engine.get("walks"), "walk": engine.get("walk"), "full_walk": engine.get("full_walk"),
-                         "top_owner": (engine.get("growers") or [{}])[0].get("owner"),
-                         "top_growth_per_s": round((engine.get("growers") or [{}])[0].get("growth_per_h", 0) / 3600, 3)}
-    print(f"\n{'':8} {'ITL p50':>10} {'ITL p99':>10} {'mean':>10} {'tokens':>8}")
+    for k in ("engine_itl_p50_ms", "engine_itl_p99_ms", "client_itl_p99_ms", "tpot_p50_ms", "tpot_p99_ms"):
+        res[f"ratio_{k[:-3]}"] = round(res["on"][k] / res["off"][k], 4) if res["off"][k] else None
+    if core is not None:
+        top = (core.get("growers") or [{}])[0]
+        res["census"] = {"walks": core.get("walks"), "walk": core.get("walk"), "full_walk": core.get("full_walk"),
+                         "top_owner": top.get("owner"), "top_growth_per_s": round(top.get("growth_per_h", 0) / 3600, 3)}
+    print(f"\n{'':10} {'engine ITL p50':>15} {'p99':>8} {'client ITL p99':>15} {'TPOT p50':>9} {'p99':>8} "
+          f"{'tokens':>7}")
     for side in ("off", "on"):
         r = res[side]
-        print(f"census {side:3} {r['itl_p50_ms']:8.2f}ms {r['itl_p99_ms']:8.2f}ms {r['itl_mean_ms']:8.2f}ms "
-              f"{r['tokens']:8d}")
-    print(f"ratio on/off: p50 {res['p50_ratio_on_off']:.3f}, p99 {res['p99_ratio_on_off']:.3f} (goal p99 <= 1.05)")
-    if engine is not None:
+        print(f"census {side:3} {r['engine_itl_p50_ms']:13.2f}ms {r['engine_itl_p99_ms']:6.2f}ms "
+              f"{r['client_itl_p99_ms']:13.2f}ms {r['tpot_p50_ms']:7.2f}ms {r['tpot_p99_ms']:6.2f}ms {r['tokens']:7d}")
+    print(f"ratio on/off: engine ITL p50 {res['ratio_engine_itl_p50']}, p99 {res['ratio_engine_itl_p99']}; client ITL "
+          f"p99 {res['ratio_client_itl_p99']}; TPOT p50 {res['ratio_tpot_p50']}, p99 {res['ratio_tpot_p99']} "
+          f"(goal: p99 <= 1.05)")
+    if core is not None:
         print(f"census (EngineCore): {res['census']['walks']} walks, top grower {res['census']['top_owner']} "
               f"+{res['census']['top_growth_per_s']}/s (injected 20/s)")
     print(json.dumps(res))

@@ -241,8 +241,8 @@ def test_a_frames_walk_keeps_module_paths():
 
 
 def test_census_thread_measures_a_growing_list_at_its_rate(tmp_path):
-    """The whole thread: a list grows at 200 elements/s; walks every 0.2 s; the census file
-    names it with its rate."""
+    """The whole thread: a list grows at 200 elements/s; walks every 0.5 s; the census file
+    names it with its rate (within 20 %: the growing thread itself can lag on a busy machine)."""
     eng = Engine()
     ids = eng.scheduler.coordinator.single_type_managers[0].new_block_ids
     stop = threading.Event()
@@ -263,7 +263,7 @@ def test_census_thread_measures_a_growing_list_at_its_rate(tmp_path):
     thread = cs.CensusThread(tmp_path, interval_s=5, start_delay_s=0, budget=0.5, env={})
     try:
         for _ in range(5):
-            time.sleep(0.2)
+            time.sleep(0.5)
             assert thread.walk_once() is not None
         data = thread.result()
         thread.write()
@@ -272,7 +272,7 @@ def test_census_thread_measures_a_growing_list_at_its_rate(tmp_path):
         th.join(2)
     top = data["growers"][0]
     assert top["owner"] == "EngineCoreProc.scheduler.coordinator.single_type_managers[0].new_block_ids"
-    assert top["growth_per_h"] / 3600 == pytest.approx(200, rel=0.1)
+    assert top["growth_per_h"] / 3600 == pytest.approx(200, rel=0.2)
     on_disk = json.loads((tmp_path / f"census-{thread.pid}.json").read_text())
     assert on_disk["growers"][0]["owner"] == top["owner"] and on_disk["walk"]["objects"] > 0
 
