@@ -100,7 +100,7 @@ def read_census(run_dir: Path, pids: Iterable[int]) -> dict[int, dict]:
 
 def census_rows(data: dict, labels: tuple[str, ...]):
     """(metric, label values, value) rows of one process's census file."""
-    walk = data.get("walk") or {}
+    walk = data.get("walk") if isinstance(data.get("walk"), dict) else {}
     for m, key in ((c.CENSUS_WALK_SECONDS, "busy_s"), (c.CENSUS_WALK_MAX_SLICE, "max_slice_s"),
                    (c.CENSUS_OBJECTS, "objects")):
         v = walk.get(key)
@@ -109,13 +109,18 @@ def census_rows(data: dict, labels: tuple[str, ...]):
     share = data.get("explained_ratio")
     if isinstance(share, int | float):
         yield c.CENSUS_RSS_EXPLAINED, labels, float(share)
-    for g in (data.get("growers") or [])[:MAX_CENSUS_OWNERS]:
-        owner = str(g.get("owner", ""))[:256]
-        if not owner:
+    growers = data.get("growers")
+    for g in (growers if isinstance(growers, list) else [])[:MAX_CENSUS_OWNERS]:
+        try:  # a garbled entry is skipped, never the scrape
+            owner = str(g.get("owner", ""))[:256]
+            row = (float(g.get("length", 0)), float(g.get("growth_per_h", 0)) / 3600.0,
+                   float(g.get("bytes_per_h", 0)) / 3600.0)
+        except (AttributeError, TypeError, ValueError):
             continue
-        yield c.CENSUS_CONTAINER_LENGTH, (*labels, owner), float(g.get("length", 0))
-        yield c.CENSUS_CONTAINER_GROWTH, (*labels, owner), float(g.get("growth_per_h", 0)) / 3600.0
-        yield c.CENSUS_CONTAINER_BYTES, (*labels, owner), float(g.get("bytes_per_h", 0)) / 3600.0
+        if owner:
+            yield c.CENSUS_CONTAINER_LENGTH, (*labels, owner), row[0]
+            yield c.CENSUS_CONTAINER_GROWTH, (*labels, owner), row[1]
+            yield c.CENSUS_CONTAINER_BYTES, (*labels, owner), row[2]
 
 
 def _alive(snap: Snapshot) -> bool:

@@ -315,6 +315,8 @@ def test_census_files_become_contract_metrics(tmp_path):
     many = {**CENSUS_FILE, "growers": [{"owner": f"o{i}", "length": 1} for i in range(100)]}
     owners = {lab[-1] for m, lab, _ in census_rows(many, ("a",) * 5) if m is c.CENSUS_CONTAINER_LENGTH}
     assert len(owners) == 20  # cardinality bound, whatever the file says
+    garbled = {"walk": "x", "growers": [{"owner": "a", "length": "many"}, "junk", {"owner": "b", "length": 3}]}
+    assert [lab[-1] for m, lab, _ in census_rows(garbled, ("a",) * 5) if m is c.CENSUS_CONTAINER_LENGTH] == ["b"]
 
 
 def _store_with_census(now: float) -> SeriesStore:
