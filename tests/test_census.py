@@ -388,3 +388,15 @@ def test_gc_is_left_alone():
     frozen = gc.get_freeze_count()
     walk([("x", Engine())], more_roots=cs.module_roots)
     assert gc.get_freeze_count() == frozen and gc.isenabled()
+
+
+def test_composition_runs_the_census_evaluator_after_the_leak_detector():
+    from sla_guard.compose import compose
+    from sla_guard.config import GuardConfig
+    from sla_guard.ingest.source import StoreSource
+
+    root = compose(GuardConfig(), source=StoreSource(SeriesStore()), slo=False, advisor=False)
+    names = [e.name for e in root.guard.evaluators]
+    assert "census" in names and names.index("leak") < names.index("census")
+    root.guard.tick(10_000.0)
+    assert root.guard.last_tick.errors == {}
