@@ -74,10 +74,12 @@ def run_one(workload, policy: str, trace=None, prefill: int = 2, decode: int = 2
     return row
 
 
-def best_static(workload, trace, target: float, max_p: int = 8, max_d: int = 4) -> dict | None:
+def best_static(workload, trace, target: float, max_p: int = 8, max_d: int = 4,
+                cache: dict | None = None) -> dict | None:
     """Cheapest fixed PxD (fewest replicas, then best attainment) with attainment >= ``target``,
-    searched per decode size with increasing prefill (attainment grows with P), metrics off."""
-    cache: dict[tuple[int, int], dict] = {}
+    searched per decode size with increasing prefill (attainment grows with P), metrics off.
+    ``cache``: (P, D) -> row, reused and filled (static runs do not depend on the guard)."""
+    cache = {} if cache is None else cache
 
     def run(p: int, d: int) -> dict:
         if (p, d) not in cache:
@@ -162,7 +164,7 @@ def plot(w, rows: list[dict], out: Path) -> Path | None:
         import numpy as np
     except ImportError:
         return None
-    shown = [r for r in rows if r["policy"] != "best-static"]
+    shown = [r for r in rows if r["policy"] != "best-static" and "timeline" in r]
     fig, axes = plt.subplots(len(shown), 1, figsize=(10, 1.9 * len(shown)), sharex=True)
     for ax, r in zip(np.atleast_1d(axes), shown, strict=True):
         tl = np.asarray(r["timeline"], dtype=float)
@@ -199,7 +201,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=Path("out/bench_policies"))
     ap.add_argument("--plots", action="store_true", help="write a replicas PNG per workload")
     ap.add_argument("--json", type=Path, help="append one JSON line per run to this file")
+    ap.add_argument("--reuse", type=Path, nargs="*", default=[],
+                    help="JSON lines of earlier runs (--json): baseline and static rows of the same workload are "
+                         "reused instead of re-run (they do not depend on the guard); the guard always runs")
+    ap.add_argument("--reuse-guard", action="store_true",
+                    help="reuse the guard's rows too (print the grid of earlier runs without running anything)")
     args = ap.parse_args(argv)
+    reuse: dict[tuple[str, str], dict] = {}
+    for f in args.reuse:
+        for line in f.read_text().splitlines():
+            r = json.loads(line)
+            key = r["policy"] if r["policy"] != "static" else f"static:{r.get('size')}"
+            reuse[(r["workload"], key)] = r
     ws = quick_suite() if args.quick else suite(args.split)
     if args.workloads:
         ws = [w for w in ws if any(k in w.name for k in args.workloads)]
@@ -207,11 +220,14 @@ def main(argv: list[str] | None = None) -> int:
     t_all = time.perf_counter()
     for w in ws:
         trace = w.trace()
-        rows = [run_one(w, p, trace) for p in args.policies]
-        static = None
+        rows = [reuse[(w.name, p)] if (p != "guard" or args.reuse_guard) and (w.name, p) in reuse
+                else run_one(w, p, trace) for p in args.policies]
+        static, cache = None, {}
         if "guard" in args.policies and not args.no_static:
             g = next(r for r in rows if r["policy"] == "guard")
-            static = best_static(w, trace, g["attainment"] - STATIC_TOL)
+            cache = {(int(k[1].split(":")[1].split("P")[0]), int(k[1].split("P")[1].rstrip("D"))): v
+                     for k, v in reuse.items() if k[0] == w.name and k[1].startswith("static:")}
+            static = best_static(w, trace, g["attainment"] - STATIC_TOL, cache=cache)
             if static is not None:
                 rows.append(static)
         ck = checks(rows, static, w.swing) if "guard" in args.policies else {"pass": False}
@@ -221,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
             plot(w, rows, args.out)
         if args.json:
             with args.json.open("a") as fh:
-                for r in rows:
+                for r in rows + ([dict(v, policy="static") for v in cache.values()] if static is not None else []):
                     fh.write(json.dumps({"split": w.split, "swing": w.swing, **{
                         k: v for k, v in r.items() if k not in ("timeline", "recommended")}}) + "\n")
     print(grid(cells))

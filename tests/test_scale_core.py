@@ -125,7 +125,8 @@ def _sz(desired: int, fits: bool = True) -> Sizing:
 
 
 def test_scale_down_waits_for_stabilization_and_needs_fit():
-    mem, rails = PoolMemory(), Rails(stabilization_down_s=300, cooldown_s=0)
+    # the window alone (no extra no-reversal span; test_scale_down_waits_out_a_load_that_recurs)
+    mem, rails = PoolMemory(), Rails(stabilization_down_s=300, cooldown_s=0, no_reversal_s=0)
     assert decide("decode", 0, 4, 0, _sz(4), mem, rails).direction == "none"
     # raw desire drops, but 4 was wanted inside the window
     d = decide("decode", 100, 4, 0, _sz(2), mem, rails)

@@ -16,12 +16,13 @@ otherwise the prefill pool's own TTFT is used, as before.
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from exporters import contract as c
 from sla_guard.defaults import TPOT_SLO_S, TTFT_SLO_S
 from sla_guard.model import Finding, MetricsView, PoolRecommendation
 from sla_guard.scale.core import (
+    LOAD_TAIL_UTILIZATION,
     DecodeKnobs,
     DecodeObs,
     PrefillKnobs,
@@ -310,7 +311,7 @@ class Advisor:
                          # long prompts come in bursts: the window's share can be 0 between two
                          long_busy_share=self._peak("prefill_long_busy", now, t.get("long_busy_share")),
                          # half the start time: a linear trend is not trusted further than that
-                         demand_slope=dslope, trend_horizon_s=0.5 * self.start_time("prefill"),
+                         demand_slope=dslope, trend_horizon_s=0.25 * self.start_time("prefill"),
                          backlog_horizon_s=0.25 * self.start_time("prefill"))
         cap = self.learned.prefill
         # learn the utilisation target only against a learned capacity (a profile prior can be far
@@ -318,7 +319,10 @@ class Advisor:
         if self.cfg.adapt_utilization and cap.samples >= 3 and counts[0] > 0 and obs.uncached_tps is not None \
                 and settled:
             u_obs = obs.uncached_tps / (cap.tokens_per_s * counts[0])
-            self.u_target = adapt_target_utilization(self.u_target, u_obs, sig.learn_s, sig.budget_s)
+            if u_obs >= LOAD_TAIL_UTILIZATION or (obs.waiting or 0.0) > counts[0] or not obs.long_busy_share:
+                # a tail at low load with no queue is the prompts' length: learning from it would
+                # spiral the target down (and the pool up) for misses no replica count removes
+                self.u_target = adapt_target_utilization(self.u_target, u_obs, sig.learn_s, sig.budget_s)
             learn_tail = sig.learn_s
             if learn_tail is not None and learn_tail <= 0.8 * sig.budget_s:
                 self._proven.append((now, u_obs))
@@ -357,7 +361,14 @@ class Advisor:
                         tpot_tail_s=t.get("tpot_tail_s"), tpot_slo_s=self.slo_tpot_s,
                         peak_running=self._peak("decode_running", now, t.get("running")), settled=settled,
                         upstream_gain=upstream_gain)
-        s = size_decode(obs, self.learned.decode, DecodeKnobs.from_config(cfg))
+        model = self.learned.decode
+        prior_b = cfg.profile.decode_step_per_request_s
+        if prior_b and model.b > 3 * prior_b:
+            # a slope fitted on a narrow range of small batches (where per-request acceptance
+            # variance, not the batch, moves TPOT) can come out many times the profiled one; the
+            # prior bounds it at 3x (the profile is a starting point, not a ceiling elsewhere)
+            model = replace(model, b=3 * prior_b)
+        s = size_decode(obs, model, DecodeKnobs.from_config(cfg))
         if client is not None and s.desired is not None:
             self._decode_ttft_blame(s, client, obs)
         return s

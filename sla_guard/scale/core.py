@@ -134,6 +134,12 @@ class DecodeKnobs:
                    forecast_horizon_s=cfg.forecast_horizon_s, scale_down_margin=cfg.scale_down_margin)
 
 
+# below this busy share, without a queue and with prompts whose prefill alone takes over half the SLA,
+# a TTFT tail is the prompts' own length, not queueing: neither the proportional rule nor the
+# utilisation learning act on it
+LOAD_TAIL_UTILIZATION = 0.25
+
+
 def _conf(samples: int, need: int) -> float:
     return round(min(1.0, samples / max(need, 1)), 3)
 
@@ -151,7 +157,8 @@ def size_prefill(obs: PrefillObs, cap: PrefillCapacity, k: PrefillKnobs) -> Sizi
     growth = max(0.0, obs.waiting_slope or 0.0) * tokens_per_req
     backlog = obs.waiting * tokens_per_req / max(k.drain_horizon_s, obs.backlog_horizon_s)
     # the arrival trend, projected to when replicas ordered now would serve
-    trend = max(0.0, obs.demand_slope or 0.0) * obs.trend_horizon_s
+    # (at most half the served demand: the ramp-in of a rate window over a step reads as a slope)
+    trend = min(max(0.0, obs.demand_slope or 0.0) * obs.trend_horizon_s, 0.5 * obs.uncached_tps)
     demand = obs.uncached_tps + growth + trend
     per_replica = cap.tokens_per_s * k.target_utilization
     need = (demand + backlog) / per_replica
@@ -176,9 +183,9 @@ def size_prefill(obs: PrefillObs, cap: PrefillCapacity, k: PrefillKnobs) -> Sizi
     over_sla = obs.ttft_tail_s is not None and obs.ttft_tail_s > obs.ttft_slo_s
     # a tail over the SLA at low utilisation with no queue is the prompts' own length (a 100k-token
     # prefill takes seconds on an idle replica): more replicas do not shorten it
-    queued = obs.waiting > max(obs.ready, 1) or demand >= 0.5 * k.target_utilization * cap.tokens_per_s * max(
-        obs.ready, 1)
-    if over_sla and not queued:
+    queued = obs.waiting > max(obs.ready, 1) or demand >= LOAD_TAIL_UTILIZATION * cap.tokens_per_s * max(obs.ready, 1)
+    long_prompts = (obs.long_busy_share or 0.0) > 0  # prefills that alone take over half the SLA exist
+    if over_sla and not queued and long_prompts:
         reasons.append("ttft_tail_not_from_load")
         over_sla = False
     if over_sla and obs.starting == 0 and obs.settled:

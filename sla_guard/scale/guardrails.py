@@ -57,17 +57,17 @@ class PoolMemory:
             self.raw_long.pop(0)
         del self.raw_long[:-2048]
 
-    def lulls(self, size: int, now: float, min_gap_s: float = 60.0) -> tuple[float, float]:
+    def lulls(self, size: int, now: float, min_gap_s: float = 60.0) -> tuple[float, float, bool]:
         """For a pool of ``size`` replicas: how long no tick has wanted more than ``size`` (the
-        current lull), and the longest earlier lull that ended with the load wanting more again
-        (0 when none in the remembered horizon). A load that came back after 25 minutes before is
-        expected to come back after 25 minutes again."""
+        current lull), the longest earlier lull that ended with the load wanting more again (0
+        when none), and whether any tick in the remembered horizon wanted more. A load that came
+        back after 25 minutes before is expected to come back after 25 minutes again."""
         need = [t for t, r in self.raw_long if r > size]
         if not need:
             first = self.raw_long[0][0] if self.raw_long else now
-            return now - first, 0.0
+            return now - first, 0.0, False
         longest = max((b - a for a, b in itertools.pairwise(need) if b - a > min_gap_s), default=0.0)
-        return now - need[-1], longest
+        return now - need[-1], longest, True
 
     def remember(self, t: float, desired: int, horizon_s: float) -> None:
         if self.first_t is None:
@@ -203,8 +203,11 @@ def decide(pool: str, now: float, ready: int, starting: int, sizing: Sizing, mem
             # break-even against recurrence: a lull must also outlast the longest recent lull
             # that ended with the load back (plus the no-reversal span), or the replica given back
             # is expected to be ordered again within it
-            lull, longest = mem.lulls(desired, now)
-            needed = longest + rails.no_reversal_s if longest else 0.0  # the window rule holds the rest
+            lull, longest, recent = mem.lulls(desired, now)
+            # a load that wanted more than N' within the remembered horizon may come back: the lull
+            # at N' must then also outlast the no-reversal span past the break-even (and the
+            # longest earlier lull that ended with the load back, plus that span)
+            needed = max(longest, rails.stabilization_down_s) + rails.no_reversal_s if recent else 0.0
             nums["lull_s"], nums["lull_needed_s"] = round(lull, 1), round(needed, 1)
             failed = mem.failed_at(desired, now, peak, rails)
             if lull < needed:
