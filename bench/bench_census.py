@@ -1,21 +1,21 @@
 """What the object census costs serving: inter-token latency of a REAL CPU vLLM engine with the
-census off and on, side by side.
+census off and on, side by side, on the same engine.
 
-Two servers of the tiny model start together, identical but for ``SLA_GUARD_CENSUS`` (0 / 1);
-both carry the test-only plugin of tests/test_census_vllm.py (a pre-freeze list in the KV
-manager growing at 20 elements/s), so the "on" server runs exactly the census of that test: a
-walk every 5 s (the pace while a leak finding is open; the default is every 10 min) under the
-default GIL budget (1 % of a core, slices <= 5 ms). The load alternates between the two servers
-in rounds (off, on, on, off, ...) so that machine noise falls on both alike: each round keeps
-``--concurrency`` streaming completions in flight for ``--round-s`` seconds. Three views of the
-inter-token latency, each side by side: the engine's own (the plugin's
-``slaguard_inter_token_latency_seconds`` histogram, vLLM's per-step timestamps, 2-5 ms buckets
+One server of the tiny model with the test-only plugin of tests/test_census_vllm.py (a pre-freeze
+list in the KV manager growing at 20 elements/s) runs exactly the census of that test: a frames
+walk every 5 s and the module walk continuously (the pace while a leak finding is open; the
+default is every 10 min) under the default GIL budget (1 % of a core, slices <= 5 ms). Rounds
+alternate census on / off (off, on, on, off, ...; "off" is a census request with ``pause``, so
+the same process, core and caches serve both sides, and machine noise falls on both alike); each
+keeps ``--concurrency`` streaming completions in flight for ``--round-s`` seconds. Three views of
+the inter-token latency, side by side: the engine's own (the plugin's
+``slaguard_inter_token_latency_seconds`` histogram from vLLM's per-step timestamps, 2-5 ms buckets
 around the step time; increases over the rounds, quantiles as PromQL's histogram_quantile), the
 client's gaps between streamed chunks, and each request's TPOT. The script prints p50 / p99 of
-each, the ratios on/off (goal: p99 <= 1.05), and the census cost the "on" server's EngineCore
-reports; one JSON line at the end.
+each, the ratios on/off (goal: p99 <= 1.05), the walks finished in each side's rounds, and the
+census of the EngineCore; one JSON line at the end.
 
-    .venv/bin/python bench/bench_census.py [--rounds 6] [--round-s 20] [--concurrency 4]
+    .venv/bin/python bench/bench_census.py [--rounds 8] [--round-s 20] [--concurrency 4]
 
 Runs from the project venv (vLLM runs as subprocesses in .venv-vllm, like the tests).
 """
@@ -23,6 +23,7 @@ Runs from the project venv (vLLM runs as subprocesses in .venv-vllm, like the te
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import shutil
@@ -129,6 +130,22 @@ def hist_quantile(q: float, buckets: dict[float, float]) -> float:
     return bs[-1][0]
 
 
+def pause_census(path: Path) -> None:
+    """A census request with ``pause``: no walk starts or advances (docs/census.md)."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps({"interval_s": 5, "until": time.time() + 3600, "pause": True}))
+    tmp.replace(path)
+
+
+def census_walks(run: Path) -> float:
+    """Walks finished so far, summed over the processes' census files."""
+    total = 0.0
+    for p in run.glob("census-*.json"):
+        with contextlib.suppress(OSError, ValueError):
+            total += float(json.loads(p.read_text()).get("walks") or 0)
+    return total
+
+
 def pct(xs: list[float], q: float) -> float:
     s = sorted(xs)
     return s[min(len(s) - 1, int(q * (len(s) - 1)))] if s else float("nan")
@@ -136,11 +153,12 @@ def pct(xs: list[float], q: float) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rounds", type=int, default=6, help="rounds per side (alternating)")
+    ap.add_argument("--rounds", type=int, default=8, help="rounds per side (alternating)")
     ap.add_argument("--round-s", type=float, default=20.0)
+    ap.add_argument("--settle-s", type=float, default=6.0, help="after switching the census, before measuring")
     ap.add_argument("--concurrency", type=int, default=4)
     ap.add_argument("--max-tokens", type=int, default=64)
-    ap.add_argument("--warmup-s", type=float, default=10.0, help="load on each server before measuring")
+    ap.add_argument("--warmup-s", type=float, default=15.0, help="load before measuring")
     args = ap.parse_args(argv)
     reason = vs.vllm_unavailable_reason()
     if reason:
@@ -149,41 +167,41 @@ def main(argv: list[str] | None = None) -> int:
     tmp = Path(tempfile.mkdtemp(prefix="bench-census-"))
     model = vs.build_tiny_model(tmp / "model")
     site = install_plugin(tmp)
-    common = {"PYTHONPATH": str(site), **CENSUS_ENV}
-    runs = {"off": tmp / "run-off", "on": tmp / "run-on"}
-    servers = {}
+    run, req = tmp / "run", tmp / "census-request.json"
+    server = vs.start_server(model, env={"PYTHONPATH": str(site), **CENSUS_ENV, "SLA_GUARD_RUN_DIR": str(run),
+                                         "SLA_GUARD_CENSUS_REQUEST_FILE": str(req)}, log_dir=tmp)
+    census: list[dict] = []
     try:
-        for side in ("off", "on"):
-            servers[side] = vs.start_server(model, env={**common, "SLA_GUARD_RUN_DIR": str(runs[side]),
-                                                        "SLA_GUARD_CENSUS": "0" if side == "off" else "1"},
-                                            log_dir=tmp, wait=False)
-        for s in servers.values():
-            vs.wait_healthy(s)
-        for side in ("off", "on"):
-            load_round(servers[side].base_url, args.warmup_s, args.concurrency, args.max_tokens)
+        load_round(server.base_url, args.warmup_s, args.concurrency, args.max_tokens)
         itls: dict[str, list[float]] = {"off": [], "on": []}
         tpots: dict[str, list[float]] = {"off": [], "on": []}
         engine: dict[str, dict[float, float]] = {"off": {}, "on": {}}
         errors = {"off": 0, "on": 0}
+        busy = {"off": 0.0, "on": 0.0}
         for r in range(args.rounds):
-            order = ("off", "on") if r % 2 == 0 else ("on", "off")
-            for side in order:
-                before = engine_itl_buckets(servers[side].metrics_url)
-                got, tp, err = load_round(servers[side].base_url, args.round_s, args.concurrency, args.max_tokens)
+            for side in (("off", "on") if r % 2 == 0 else ("on", "off")):
+                if side == "off":  # polled every <= 5 s, hence the settling time
+                    pause_census(req)
+                else:
+                    req.unlink(missing_ok=True)
+                time.sleep(args.settle_s)
+                before = engine_itl_buckets(server.metrics_url)
+                walks0 = census_walks(run)
+                got, tp, err = load_round(server.base_url, args.round_s, args.concurrency, args.max_tokens)
                 time.sleep(1.0)  # the stat logger flushes every 0.5 s
-                after = engine_itl_buckets(servers[side].metrics_url)
+                after = engine_itl_buckets(server.metrics_url)
+                busy[side] += census_walks(run) - walks0
                 for le, v in after.items():
                     engine[side][le] = engine[side].get(le, 0.0) + v - before.get(le, 0.0)
                 itls[side] += got
                 tpots[side] += tp
                 errors[side] += err
-            print(f"round {r + 1}/{args.rounds}: p99 off {1000 * pct(itls['off'], 0.99):.2f} ms, "
-                  f"on {1000 * pct(itls['on'], 0.99):.2f} ms", flush=True)
-        census = [json.loads(p.read_text()) for p in runs["on"].glob("census-*.json")]
-        assert not list(runs["off"].glob("census-*.json")), "census files from the 'off' server"
+            p99 = {k: 1000 * hist_quantile(0.99, engine[k]) for k in ("off", "on")}
+            print(f"round {r + 1}/{args.rounds}: engine ITL p99 off {p99['off']:.2f} ms, on {p99['on']:.2f} ms",
+                  flush=True)
+        census = [json.loads(p.read_text()) for p in run.glob("census-*.json")]
     finally:
-        for s in servers.values():
-            s.stop()
+        server.stop()
     core = max(census, key=lambda d: len(d.get("growers") or []), default=None)
     res = {side: {"engine_itl_p50_ms": round(1000 * hist_quantile(0.5, engine[side]), 3),
                   "engine_itl_p99_ms": round(1000 * hist_quantile(0.99, engine[side]), 3),
@@ -196,6 +214,7 @@ def main(argv: list[str] | None = None) -> int:
            for side, v in itls.items()}
     for k in ("engine_itl_p50_ms", "engine_itl_p99_ms", "client_itl_p99_ms", "tpot_p50_ms", "tpot_p99_ms"):
         res[f"ratio_{k[:-3]}"] = round(res["on"][k] / res["off"][k], 4) if res["off"][k] else None
+    res["walks_finished"] = busy
     if core is not None:
         top = (core.get("growers") or [{}])[0]
         res["census"] = {"walks": core.get("walks"), "walk": core.get("walk"), "full_walk": core.get("full_walk"),

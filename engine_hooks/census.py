@@ -33,8 +33,9 @@ containers add up under one path instead of creating a new path per request.
 
 **Channel.** A census request is a JSON file ``{"interval_s": 60, "until": <unix time>}`` at
 ``SLA_GUARD_CENSUS_REQUEST_FILE`` (default ``$SLA_GUARD_RUN_DIR/census-request.json``), polled
-every few seconds: until ``until``, walks run every ``interval_s`` (never below 5 s). The guard
-writes it while a leak finding is open (sla_guard/detect/census.py); an operator can too.
+every few seconds: until ``until``, walks run every ``interval_s`` (never below 5 s); with
+``"pause": true`` none runs (benchmarks compare the same engine with and without the census so).
+The guard writes it while a leak finding is open (sla_guard/detect/census.py); an operator can too.
 
 **Output.** After each walk the thread writes ``census-<pid>.json`` atomically into the run
 directory; the API server's snapshot collector exports the top growers as contract metrics
@@ -580,23 +581,25 @@ def request_file(run_dir: Path | None, env=None) -> Path | None:
 
 
 def read_request(path: Path | None, now: float) -> float | None:
-    """The requested interval while a census request is open, else None."""
+    """The requested interval while a census request is open (``inf`` for a pause: no walk
+    starts or advances), else None."""
     if path is None:
         return None
     try:
         req = json.loads(path.read_text())
         until, interval = float(req.get("until", 0)), float(req.get("interval_s", DEFAULT_FAST_INTERVAL_S))
+        pause = req.get("pause") is True
     except (OSError, ValueError, TypeError, AttributeError):
         return None
     if not (math.isfinite(until) and math.isfinite(interval)) or until < now:
         return None
-    return max(interval, MIN_INTERVAL_S)
+    return math.inf if pause else max(interval, MIN_INTERVAL_S)
 
 
-def write_request(path: Path, interval_s: float, until: float) -> None:
-    """Open (or extend) a census request (atomic: tmp + rename)."""
+def write_request(path: Path, interval_s: float, until: float, pause: bool = False) -> None:
+    """Open (or extend) a census request, or a pause (atomic: tmp + rename)."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({"interval_s": interval_s, "until": until}))
+    tmp.write_text(json.dumps({"interval_s": interval_s, "until": until, "pause": pause}))
     os.replace(tmp, path)
 
 
@@ -643,6 +646,8 @@ class CensusThread:
 
     def current_interval(self, now: float) -> float:
         fast = read_request(self.request, now)
+        if fast == math.inf:
+            return fast  # paused
         return min(fast, self.interval_s) if fast is not None else self.interval_s
 
     def start_walk(self, full: bool, write: bool = True) -> tuple[Walk, Iterator[None]]:
@@ -733,7 +738,7 @@ class CensusThread:
                 if full is None and now - last_full >= interval * self.full_every:
                     last_full = now
                     full = self.start_walk(True)
-                if full is not None:
+                if full is not None and interval != math.inf:
                     if self.advance(*full, max_slices=1) is not None:
                         full = None
                     continue

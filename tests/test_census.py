@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gc
 import json
+import math
 import subprocess
 import sys
 import textwrap
@@ -288,6 +289,8 @@ def test_requests_shorten_the_interval(tmp_path):
     cs.write_request(req, 0.1, until=2000.0)
     assert thread.current_interval(1000.0) == cs.MIN_INTERVAL_S
     assert cs.request_file(tmp_path, {"SLA_GUARD_CENSUS_REQUEST_FILE": "/x/y.json"}) == Path("/x/y.json")
+    cs.write_request(req, 30, until=2000.0, pause=True)
+    assert thread.current_interval(1000.0) == math.inf and thread.current_interval(2001.0) == 600
 
 
 CENSUS_FILE = {"pid": 0, "ts": 1.0, "walk": {"busy_s": 0.02, "max_slice_s": 0.003, "objects": 1500},
