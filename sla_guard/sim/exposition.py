@@ -116,6 +116,13 @@ class EngineMetrics(_Exposed):
         ch["threads"].set(threads)
         ch["fds"].set(fds)
 
+    def census(self, role: str, name: str, growers: list[tuple[str, float, float, float]]) -> None:
+        """The object census of a process (engine_hooks/census.py): its growing containers."""
+        lab = (*self.labels, role, name)
+        for owner, length, growth, bps in growers:
+            self.metrics[c.CENSUS_CONTAINER_LENGTH].labels(*lab, owner).set(length)
+            self.metrics[c.CENSUS_CONTAINER_GROWTH].labels(*lab, owner).set(growth)
+            self.metrics[c.CENSUS_CONTAINER_BYTES].labels(*lab, owner).set(bps)
 
 
 class ClientMetrics(_Exposed):

@@ -22,6 +22,11 @@ class Leak:
     role: str = "engine_core"
     mib_per_hour: float = 48.0
     start_s: float = 0.0
+    # what the plugin's object census (docs/census.md) would name: the container that grows and
+    # the bytes each element holds (vLLM issue 44175: block ids appended, never drained); "" for
+    # a native leak the census cannot see
+    owner: str = "EngineCoreProc.scheduler.kv_cache_manager.coordinator.single_type_managers[0].new_block_ids"
+    bytes_per_element: float = 64.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +118,17 @@ class FaultSchedule:
                 if t > start:
                     total += f.mib_per_hour * MIB * (t - start) / 3600.0
         return total
+
+    def census(self, replica: str, role: str, t: float, since: float = 0.0) -> list[tuple[str, float, float, float]]:
+        """(owner, length, growth in elements/s, estimated bytes/s) of each leak of ``replica``'s
+        ``role`` process that names a container, as the census would report it at ``t``."""
+        out = []
+        for f in self._leaks:
+            start = max(f.start_s, since)
+            if f.replica == replica and f.role == role and f.owner and t > start and f.bytes_per_element > 0:
+                bps = f.mib_per_hour * MIB / 3600.0
+                out.append((f.owner, bps * (t - start) / f.bytes_per_element, bps / f.bytes_per_element, bps))
+        return out
 
     def acceptance_factor(self, replica: str, t: float) -> float:
         factor = 1.0
