@@ -29,9 +29,11 @@ from sla_guard.detect import leak
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
-SCALE = 60.0  # 2 h short window -> 120 s; 30 min warm-up -> 30 s; 5 min floor bucket -> 5 s
+SCALE = 60.0  # 2 h short window -> 120 s; 90 min warm-up -> 90 s; 5 min floor bucket -> 5 s
 PARAMS = leak.LeakParams().scaled(SCALE)
-LOAD_S = 150.0
+# 90 s of warm-up, then >= 15 floor buckets: Mann-Kendall z >= 5 (issue 16) needs 15 points even for a
+# perfectly monotone series (at 12, max z = 4.5)
+LOAD_S = 180.0
 PLUGIN_SRC = Path(__file__).resolve().parent / "plugins" / "sla_guard_test_leak"
 
 
