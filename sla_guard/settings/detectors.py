@@ -20,7 +20,7 @@ class LeakConfig(Strict):
     limit_bytes: float | None = Field(default=None, gt=0,
                                       description="memory limit of the engine processes (else the host's memory)")
     time_scale: float = Field(default=1.0, gt=0, description="compress time constants (tests only)")
-    warmup_s: float | None = Field(default=None, gt=0, description="ignore this long after a start (default 30 min)")
+    warmup_s: float | None = Field(default=None, gt=0, description="ignore this long after a start (default 90 min)")
     critical_eta_h: float = Field(default=24.0, gt=0, description="ETA to the limit under this -> critical")
 
 
