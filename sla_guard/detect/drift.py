@@ -9,9 +9,11 @@ The alarm threshold h follows from the configured mean time between false alarms
 steps = ARL0 / interval * sides * family: by default the h at which a CUSUM of Gaussian
 log-likelihood ratios (increments N(-theta^2/2, theta^2); Brook & Evans' Markov chain) has exactly
 that run length at the theta that makes it shortest, about ln(steps) - 1.58 nats; opt-in
-(arl_rule="lorden") Lorden's bound ARL0 >= e^h, h = ln(steps). The baseline p0 and the jitter tau
-are learned in a 1 h warm-up and then keep learning from alarm-free data (refine_s,
-jitter_blocks): a 1 h estimate of either is too rough for the exact threshold. The derivation and
+(arl_rule="lorden") Lorden's bound ARL0 >= e^h, h = ln(steps). The reference p0 is learned in a
+1 h warm-up and frozen (issue 16: a baseline that keeps learning absorbs a slow decline; refine_s
+> 0 restores that), its standard error widening the bands (ref_margin); a narrow-band CUSUM pair
+beside the step pair catches ramps. The jitter tau keeps learning from alarm-free blocks
+(jitter_blocks): a 1 h estimate is too rough for the exact threshold. The derivation and
 the measurements are in docs/detectors.md.
 
 Latency: TPOT per interval is compared with a baseline for the same load bin (running requests,
