@@ -13,13 +13,17 @@ cheapest fixed PxD reaching the guard's attainment minus 0.2 point (searched ove
 without metrics: the reference line, known only in hindsight). Then the done-when checks per
 cell and the summary figure (guard GPU-hours / best static's, the figure llm-d reports as 74%).
 
-    .venv/bin/python bench/bench_policies.py --quick            # 3 short tuning workloads, ~2-3 min
+    .venv/bin/python bench/bench_policies.py --quick            # 2 short tuning workloads
     .venv/bin/python bench/bench_policies.py --split tuning     # tune on these
     .venv/bin/python bench/bench_policies.py --split sealed     # report these, never tune to them
 
-Run time (one core, quiet): about 1 minute per workload-cell for the six policies plus the
-static search, so a half of the suite (9 workloads of 60-75 simulated minutes) takes 8-10 min.
-Plots of replicas over time (guard: recommended and actual) go to ``--out``.
+Run time: a run costs in proportion to simulated time x replicas (slo-keda's 10-16 replica
+excursions are the slowest); 10-60 s per policy-run on a quiet core, so a half of the suite
+(9 workloads of 60 simulated minutes, 5 policies + the static search) takes 15-25 minutes, over
+the ~10 minutes aimed at; measured on a heavily shared 2-core host: about 45 minutes. ``--reuse``
+replays nothing already measured (baselines and static runs do not depend on the guard), so a
+guard change costs only its own 9 runs. Plots (``--plots``) of replicas over time (guard:
+recommended and actual) go to ``--out``.
 """
 
 from __future__ import annotations
