@@ -197,8 +197,11 @@ def test_metrics_over_http_match_the_simulated_events(mooncake):
         assert len(rss) == len(PROFILE.processes) and all(1e9 < v < 1e10 for v in rss)
     # every family of the engine, KV-transfer and process components is exposed by the deployment
     names = {n for s in per.values() for n, _ in s}
+    # the census's growers exist only while a container grows (a leak fault that names it:
+    # tests/test_census.py); its walk statistics always
+    growers = {c.CENSUS_CONTAINER_LENGTH, c.CENSUS_CONTAINER_GROWTH, c.CENSUS_CONTAINER_BYTES, c.CENSUS_RSS_EXPLAINED}
     for m in c.ALL:
-        if m.component in (Component.ENGINE, Component.KV_TRANSFER, Component.PROCESS):
+        if m.component in (Component.ENGINE, Component.KV_TRANSFER, Component.PROCESS) and m not in growers:
             assert any(n.startswith(m.name) for n in names), m.name
 
 

@@ -185,9 +185,8 @@ class Replica:
         for s in self.sampler.sample(self.dep.epoch + now, self.load(),
                                      lambda role, _t: faults.leak_bytes(self.name, role, now, t_since)):
             self.metrics.process(*s)
-            growers = faults.census(self.name, s[0], now, t_since)
-            if growers:  # a leak that names its container: what the census would export
-                self.metrics.census(s[0], s[1], growers)
+            # every process runs the census; a leak that names its container shows as a grower
+            self.metrics.census(s[0], s[1], faults.census(self.name, s[0], now, t_since))
 
 
 class PrefillReplica(Replica):
