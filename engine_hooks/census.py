@@ -23,7 +23,7 @@ freezes whatever garbage exists at that moment; nor would it give owner paths.)
 
 **Bounded.** The walk is an explicit breadth-first queue (shortest, most readable path first)
 run as a generator: the thread advances it in slices of at most ``SLA_GUARD_CENSUS_SLICE_MS``
-(2.5 ms; 5 ms at most) and then sleeps so that walking takes at most ``SLA_GUARD_CENSUS_CPU_BUDGET`` (1 %) of
+(1.5 ms; 5 ms at most) and then sleeps so that walking takes at most ``SLA_GUARD_CENSUS_CPU_BUDGET`` (1 %) of
 one core on average; a walk stops at ``max_objects`` objects, ``max_depth`` levels, looks at
 ``max_children`` elements per container, and only containers of ``min_len`` or more elements are
 recorded; at most ``max_tracked`` owner paths are followed across walks. Paths are cut at
@@ -83,7 +83,7 @@ DEFAULT_INTERVAL_S = 600.0
 DEFAULT_FAST_INTERVAL_S = 60.0
 MIN_INTERVAL_S = 5.0
 DEFAULT_START_DELAY_S = 120.0
-DEFAULT_SLICE_S = 0.0025
+DEFAULT_SLICE_S = 0.0015
 MAX_SLICE_S = 0.005
 DEFAULT_BUDGET = 0.01
 DEFAULT_FULL_EVERY = 6

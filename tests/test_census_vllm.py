@@ -42,7 +42,8 @@ def install_plugin(python: Path, dest: Path) -> Path:
     return target
 
 
-def drive(server: vs.VllmServer, seconds: float, clients: int = 4) -> list[str]:
+def drive(server: vs.VllmServer, seconds: float, clients: int = 4, until=None, max_s: float = 0.0) -> list[str]:
+    """Serve load for ``seconds``, then on (up to ``max_s`` in all) until ``until()`` holds."""
     stop = threading.Event()
     errors: list[str] = []
 
@@ -58,6 +59,9 @@ def drive(server: vs.VllmServer, seconds: float, clients: int = 4) -> list[str]:
     for th in threads:
         th.start()
     time.sleep(seconds)
+    t_end = time.monotonic() + max(0.0, max_s - seconds)
+    while until is not None and not until() and time.monotonic() < t_end:
+        time.sleep(2)
     stop.set()
     for th in threads:
         th.join(timeout=130)
@@ -74,8 +78,17 @@ def test_census_names_the_pre_freeze_list_that_grows(vllm_server_factory, census
     server = vllm_server_factory(env={"PYTHONPATH": str(census_plugin_path), "SLA_GUARD_RUN_DIR": str(run_dir),
                                       "SLA_GUARD_TEST_CENSUS_MARK": str(mark),
                                       "SLA_GUARD_TEST_CENSUS_RATE": str(RATE), **CENSUS_ENV})
+    def full_walk_done() -> bool:
+        # the module walk (~50k objects at 1 % of a core) takes 70 s of wall time at best and far
+        # longer on a loaded machine: keep serving until EngineCore's census file has one
+        try:
+            pid = int(mark.read_text().split()[2])  # EngineCore's, written by the test plugin
+            return bool(json.loads((run_dir / f"census-{pid}.json").read_text()).get("full_walk"))
+        except (OSError, ValueError, IndexError):
+            return False
+
     try:
-        errors = drive(server, LOAD_S)
+        errors = drive(server, LOAD_S, until=full_walk_done, max_s=LOAD_S + 240)
         samples = vs.scrape(server.metrics_url)
     finally:
         files = {p.name: json.loads(p.read_text()) for p in run_dir.glob("census-*.json")}
