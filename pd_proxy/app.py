@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import socket
 import time
 from contextlib import asynccontextmanager
 from typing import Any
@@ -182,6 +183,10 @@ class Proxy:
         # Deadlines are enforced per leg with asyncio.timeout_at (total, not per read); the client's
         # own timeouts are off so that they cannot cut a long decode stream short. No pool limit
         # below what the engines queue themselves.
+        # TCP_NODELAY: httpx writes a request's headers and body separately, and Nagle's algorithm
+        # would hold the body back until the engine's delayed ACK (up to 40 ms per leg).
+        if transport is None:
+            transport = httpx.AsyncHTTPTransport(socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)])
         self.client = httpx.AsyncClient(timeout=None, transport=transport,
                                         limits=httpx.Limits(max_connections=None, max_keepalive_connections=256))
 

@@ -11,8 +11,6 @@ costs the inter-token latency.
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
 import threading
 import time
 from pathlib import Path
@@ -32,12 +30,8 @@ CENSUS_ENV = {"SLA_GUARD_CENSUS_INTERVAL_S": "5", "SLA_GUARD_CENSUS_START_DELAY_
 
 
 def install_plugin(python: Path, dest: Path) -> Path:
-    """pip-install the test plugin (--no-deps) into a private directory for PYTHONPATH."""
-    src = dest / "src"
-    shutil.copytree(PLUGIN_SRC, src)
-    target = dest / "site"
-    subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
-                    "--no-index", "--target", str(target), str(src)], check=True, capture_output=True, timeout=300)
+    """The test plugin, pip-installed (--no-deps) into a private directory for PYTHONPATH."""
+    target = vs.install_test_plugin(PLUGIN_SRC, dest, python)
     assert (target / "sla_guard_test_census").is_dir()
     return target
 

@@ -14,8 +14,6 @@ detector over the same duration.
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 import threading
 import time
 from pathlib import Path
@@ -83,11 +81,7 @@ def test_real_engine_rss_is_not_a_leak(vllm_spec_engine):
 def leak_plugin_path(tmp_path, vllm_venv_python) -> Path:
     """pip-install the test plugin distribution (--no-deps) into a private directory; only the
     server started with it on PYTHONPATH sees it, so no other test (or helper) can load it."""
-    src = tmp_path / "src"
-    shutil.copytree(PLUGIN_SRC, src)
-    target = tmp_path / "site"
-    subprocess.run([str(vllm_venv_python), "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
-                    "--no-index", "--target", str(target), str(src)], check=True, capture_output=True, timeout=300)
+    target = vs.install_test_plugin(PLUGIN_SRC, tmp_path, vllm_venv_python)
     assert (target / "sla_guard_test_leak").is_dir()
     return target
 

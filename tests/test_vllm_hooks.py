@@ -7,7 +7,6 @@ compares the hook's series with vLLM's own counters or with psutil, read at the 
 
 from __future__ import annotations
 
-import json
 import time
 
 import httpx
@@ -98,9 +97,7 @@ def test_pd_pair_pools_external_hits_and_kv_wait_gauge(vllm_server_factory, tmp_
     storage.mkdir()
 
     def kv_args(role: str) -> list[str]:
-        cfg = {"kv_connector": "ExampleConnector", "kv_role": role,
-               "kv_connector_extra_config": {"shared_storage_path": str(storage)}}
-        return ["--kv-transfer-config", json.dumps(cfg)]
+        return vs.example_connector_args(role, storage)
 
     receiver = OtlpReceiver().__enter__()  # both engines also mirror to OTLP: spans joinable by id
     otel = {"SLA_GUARD_OTLP_ENDPOINT": receiver.endpoint, "SLA_GUARD_OTLP_EXPORT_INTERVAL_S": "1"}

@@ -93,6 +93,26 @@ def build_tiny_model(out: Path, python: Path = VLLM_PYTHON) -> Path:
     return out
 
 
+def install_test_plugin(src: Path, dest: Path, python: Path = VLLM_PYTHON) -> Path:
+    """pip-install a test-only plugin (tests/plugins/*) with --no-deps into ``dest``/site, a private
+    directory for one server's PYTHONPATH: never into the shared vLLM venv."""
+    import shutil
+
+    copy, target = dest / "src", dest / "site"
+    shutil.copytree(src, copy)
+    subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--no-index",
+                    "--target", str(target), str(copy)], check=True, capture_output=True, timeout=300)
+    return target
+
+
+def example_connector_args(role: str, storage: Path) -> list[str]:
+    """``--kv-transfer-config`` for vLLM's ExampleConnector (KV through files in ``storage``): the
+    P/D pair that runs on CPU, ``role`` kv_producer (prefill) or kv_consumer (decode)."""
+    cfg = {"kv_connector": "ExampleConnector", "kv_role": role,
+           "kv_connector_extra_config": {"shared_storage_path": str(storage)}}
+    return ["--kv-transfer-config", json.dumps(cfg)]
+
+
 # --- servers -------------------------------------------------------------------------------------
 def base_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     """Environment for a CPU vLLM server: offline, small KV cache, our hooks' sampler fast."""
