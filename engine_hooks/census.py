@@ -63,7 +63,7 @@ from dataclasses import dataclass, field
 from itertools import islice, pairwise
 from pathlib import Path
 
-from exporters.process_sampler import CENSUS_PREFIX, ENV_RUN_DIR
+from exporters.process_sampler import CENSUS_PREFIX, ENV_RUN_DIR, BackgroundLoop
 
 log = logging.getLogger("sla_guard.census")
 
@@ -603,8 +603,10 @@ def write_request(path: Path, interval_s: float, until: float, pause: bool = Fal
     os.replace(tmp, path)
 
 
-class CensusThread:
+class CensusThread(BackgroundLoop):
     """The daemon thread of one process: walk, track, write ``census-<pid>.json``."""
+
+    thread_name = "sla-guard-census"
 
     def __init__(self, run_dir: Path, *, interval_s: float | None = None, fast_interval_s: float | None = None,
                  start_delay_s: float | None = None, slice_s: float | None = None, budget: float | None = None,
@@ -628,21 +630,7 @@ class CensusThread:
         self.last: Walk | None = None
         self.last_full: Walk | None = None
         self.errors = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="sla-guard-census", daemon=True)
-
-    def start(self) -> CensusThread:
-        self._thread.start()
-        return self
-
-    def stop(self, timeout: float = 2.0) -> None:
-        self._stop.set()
-        if self._thread.is_alive() and self._thread is not threading.current_thread():
-            self._thread.join(timeout)
-
-    @property
-    def alive(self) -> bool:
-        return self._thread.is_alive()
+        super().__init__()
 
     def current_interval(self, now: float) -> float:
         fast = read_request(self.request, now)

@@ -28,6 +28,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Self
 
 import psutil
 
@@ -165,18 +166,20 @@ def interval_from_env(env: dict[str, str] | None = None) -> float:
     return v if v > 0 else DEFAULT_INTERVAL_S
 
 
-class ProcessSampler:
-    """Daemon thread writing this process's snapshot every ``interval`` seconds."""
+class BackgroundLoop:
+    """A daemon thread running ``self._run`` until ``stop()``: the process sampler and the object
+    census (engine_hooks/census.py) each run one in every vLLM process."""
 
-    def __init__(self, run_dir: Path, interval: float) -> None:
-        self.run_dir = run_dir
-        self.interval = interval
-        self.pid = os.getpid()
-        self.errors = 0
+    thread_name = "sla-guard"
+
+    def __init__(self) -> None:
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="sla-guard-sampler", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=self.thread_name, daemon=True)
 
-    def start(self) -> ProcessSampler:
+    def _run(self) -> None:
+        raise NotImplementedError
+
+    def start(self) -> Self:
         self._thread.start()
         return self
 
@@ -184,12 +187,28 @@ class ProcessSampler:
         self._stop.set()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(timeout)
-        with contextlib.suppress(OSError):
-            (self.run_dir / f"{SNAPSHOT_PREFIX}{self.pid}.json").unlink()
 
     @property
     def alive(self) -> bool:
         return self._thread.is_alive()
+
+
+class ProcessSampler(BackgroundLoop):
+    """Daemon thread writing this process's snapshot every ``interval`` seconds."""
+
+    thread_name = "sla-guard-sampler"
+
+    def __init__(self, run_dir: Path, interval: float) -> None:
+        self.run_dir = run_dir
+        self.interval = interval
+        self.pid = os.getpid()
+        self.errors = 0
+        super().__init__()
+
+    def stop(self, timeout: float = 2.0) -> None:
+        super().stop(timeout)
+        with contextlib.suppress(OSError):
+            (self.run_dir / f"{SNAPSHOT_PREFIX}{self.pid}.json").unlink()
 
     def sample_once(self) -> None:
         try:
