@@ -11,7 +11,6 @@ costs the inter-token latency.
 from __future__ import annotations
 
 import json
-import threading
 import time
 from pathlib import Path
 
@@ -36,29 +35,13 @@ def install_plugin(python: Path, dest: Path) -> Path:
     return target
 
 
-def drive(server: vs.VllmServer, seconds: float, clients: int = 4, until=None, max_s: float = 0.0) -> list[str]:
+def drive(server: vs.VllmServer, seconds: float, until=None, max_s: float = 0.0) -> list[str]:
     """Serve load for ``seconds``, then on (up to ``max_s`` in all) until ``until()`` holds."""
-    stop = threading.Event()
-    errors: list[str] = []
-
-    def client(i: int) -> None:
-        while not stop.is_set():
-            try:
-                vs.complete(server.base_url, f"request {i} " + "a b c d " * 20, max_tokens=64)
-            except Exception as err:
-                errors.append(repr(err))
-                time.sleep(0.5)
-
-    threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(clients)]
-    for th in threads:
-        th.start()
-    time.sleep(seconds)
-    t_end = time.monotonic() + max(0.0, max_s - seconds)
-    while until is not None and not until() and time.monotonic() < t_end:
-        time.sleep(2)
-    stop.set()
-    for th in threads:
-        th.join(timeout=130)
+    with vs.background_load(server) as errors:
+        time.sleep(seconds)
+        t_end = time.monotonic() + max(0.0, max_s - seconds)
+        while until is not None and not until() and time.monotonic() < t_end:
+            time.sleep(2)
     return errors
 
 

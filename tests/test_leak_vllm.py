@@ -14,7 +14,6 @@ detector over the same duration.
 
 from __future__ import annotations
 
-import threading
 import time
 from pathlib import Path
 
@@ -37,33 +36,15 @@ PLUGIN_SRC = Path(__file__).resolve().parent / "plugins" / "sla_guard_test_leak"
 
 def _drive_and_sample(server: vs.VllmServer, seconds: float) -> tuple[np.ndarray, np.ndarray]:
     """Keep 4 requests in flight while sampling EngineCore RSS from /metrics every second."""
-    stop = threading.Event()
-    errors: list[str] = []
-
-    def client(i: int) -> None:
-        while not stop.is_set():
-            try:
-                vs.complete(server.base_url, f"request {i} " + "a b c d " * 20, max_tokens=64)
-            except Exception as err:  # keep the load going; report at the end
-                errors.append(repr(err))
-                time.sleep(0.5)
-
-    threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(4)]
-    for th in threads:
-        th.start()
     ts, vals = [], []
     t_end = time.time() + seconds
-    try:
+    with vs.background_load(server) as errors:
         while time.time() < t_end:
             got = vs.select(vs.scrape(server.metrics_url), c.PROCESS_RSS.series(), role="engine_core")
             if got:
                 ts.append(time.time())
                 vals.append(max(got.values()))
             time.sleep(max(0.0, 1.0 - (time.time() - ts[-1])) if ts else 1.0)
-    finally:
-        stop.set()
-        for th in threads:
-            th.join(timeout=130)
     assert len(errors) < 10, errors[:3]
     return np.asarray(ts), np.asarray(vals)
 

@@ -218,6 +218,34 @@ def complete(base_url: str, prompt: str, max_tokens: int = 16, **extra) -> dict:
     return r.json()
 
 
+@contextlib.contextmanager
+def background_load(server: VllmServer, clients: int = 4, max_tokens: int = 64):
+    """Keep ``clients`` completions in flight until the block ends; yields the list of errors seen
+    (a client that fails waits 0.5 s and goes on, so a test can judge the errors at the end)."""
+    import threading
+
+    stop = threading.Event()
+    errors: list[str] = []
+
+    def client(i: int) -> None:
+        while not stop.is_set():
+            try:
+                complete(server.base_url, f"request {i} " + "a b c d " * 20, max_tokens=max_tokens)
+            except Exception as err:
+                errors.append(repr(err))
+                time.sleep(0.5)
+
+    threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(clients)]
+    for th in threads:
+        th.start()
+    try:
+        yield errors
+    finally:
+        stop.set()
+        for th in threads:
+            th.join(timeout=130)
+
+
 def scrape(metrics_url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     """Parse an exposition into {(sample name, sorted labels): value}."""
     import httpx
