@@ -10,11 +10,14 @@ steps = ARL0 / interval * sides * family: by default the h at which a CUSUM of G
 log-likelihood ratios (increments N(-theta^2/2, theta^2); Brook & Evans' Markov chain) has exactly
 that run length at the theta that makes it shortest, about ln(steps) - 1.58 nats; opt-in
 (arl_rule="lorden") Lorden's bound ARL0 >= e^h, h = ln(steps). The reference p0 is learned in a
-1 h warm-up and frozen (issue 16: a baseline that keeps learning absorbs a slow decline; refine_s
-> 0 restores that), its standard error widening the bands (ref_margin); a narrow-band CUSUM pair
-beside the step pair catches ramps. The jitter tau keeps learning from alarm-free blocks
-(jitter_blocks): a 1 h estimate is too rough for the exact threshold. The derivation and
-the measurements are in docs/detectors.md.
+1 h warm-up (issue 16: a baseline that keeps learning absorbs a slow decline; refine_s > 0 restores
+that) and grows afterwards only under a test that no change is present (ref_hold_s, ref_clear_z);
+its standard error widens the bands (ref_margin). Beside the step pair, a slow-drift test (issue
+16, round 3) compares the mean rate over trailing windows of 10-80 min with the reference, in
+standard errors that include the reference's own error and a slow wander of the mix, at a z set
+from the ARL0 budget; it replaces round 2's narrow-band CUSUM pair (slow_cusum). The jitter tau
+keeps learning from alarm-free blocks (jitter_blocks): a 1 h estimate is too rough for the exact
+threshold. The derivation and the measurements are in docs/detectors.md.
 
 Latency: TPOT per interval is compared with a baseline for the same load bin (running requests,
 log2 bins) learned during warm-up, through a Gaussian-mean CUSUM on the relative increase, so a
@@ -165,6 +168,19 @@ def max_interval_information(p0: float, q0: float, p1: float, tau2: float) -> fl
     return math.sqrt(v * p0 * (1 - p0) / tau2)
 
 
+@lru_cache(maxsize=64)
+def _window_threshold(steps: float, crossings: float) -> float:
+    """z with z phi(z) * crossings * steps = 1 (bisection): see RateDriftParams.trend_threshold."""
+    lo, hi = 1.0, 12.0
+    for _ in range(60):
+        z = 0.5 * (lo + hi)
+        if z * math.exp(-0.5 * z * z) / math.sqrt(2 * math.pi) * crossings * steps > 1.0:
+            lo = z
+        else:
+            hi = z
+    return hi
+
+
 @dataclass(frozen=True, slots=True)
 class RateDriftParams:
     # the defaults the config's detectors.acceptance / prefix_hit share live in sla_guard.defaults
@@ -189,11 +205,19 @@ class RateDriftParams:
     # the start, each once refine_hold_s passed with no alarm. Off by default (issue 16): a learning baseline absorbs a
     # slow decline; the reference is frozen at the end of warm-up and its own error widens the band (ref_margin)
     refine_hold_s: float = 1800.0
-    slow: bool = True  # a second, narrow-band CUSUM pair for slow drifts (ramps) beside the step CUSUMs
+    slow: bool = True  # slow-drift tests (ramps) beside the step CUSUMs: the window test (trend_windows_s) and,
+    # with slow_cusum, round 2's narrow-band CUSUM pair (slow_tolerance, slow_shift)
     slow_tolerance: float = 0.01  # its band beyond the reference's own error
     slow_shift: float = 0.02  # its design shift beyond that band
     ref_margin: float = 1.0  # bands widen by this many standard errors of the frozen reference (2 lost 7 points
     # of 0.10 steps within 10 min and 8 of ramps on the tuning seeds, with no false alarm at either; 0.5 raised 3)
+    slow_cusum: bool = False  # the slow pair as a narrow-band CUSUM (round 2) instead of / beside the window test
+    trend_windows_s: tuple[float, ...] = (600.0, 1200.0, 2400.0, 4800.0)  # slow-drift test: mean rate over each of
+    # these trailing windows against the reference, in standard errors
+    trend_wander: float = 0.003  # s.d. of a slow wander of the workload mix between the reference and now (prior)
+    trend_z: float = 0.0  # > 0: the window test's threshold (standard errors); 0: from ARL0 (trend_threshold)
+    ref_hold_s: float = 7200.0  # > 0: intervals this old join the reference while no test sees a change
+    ref_clear_z: float = 2.0  # ... i.e. every window within this many standard errors, no alarm open
 
     def __post_init__(self) -> None:
         if self.arl_rule not in ("gaussian", "lorden"):
@@ -209,8 +233,23 @@ class RateDriftParams:
 
     @property
     def n_family(self) -> int:
-        """Detectors sharing the ARL0 budget: the family, twice when the slow pair runs too."""
-        return self.family * (2 if self.slow else 1)
+        """Detectors sharing the ARL0 budget: the family, times the step pair plus each slow test."""
+        return self.family * (1 + (self.slow and self.slow_cusum) + (self.slow and self.trend))
+
+    @property
+    def trend(self) -> bool:
+        return bool(self.trend_windows_s)
+
+    @property
+    def trend_threshold(self) -> float:
+        """z at which the window test's one-sided false-alarm rate is one per ARL0 (its share of the
+        budget). A moving mean over m intervals is a Gaussian process with correlation 1 - k/m; its
+        up-crossings of z come at about z phi(z) / m per interval (Pickands' constant 1; sampling
+        once per interval only makes them rarer), summed over the windows."""
+        if self.trend_z > 0:
+            return self.trend_z
+        steps = self.arl0_s / self.interval_s * self.n_sides * self.n_family
+        return _window_threshold(steps, sum(self.interval_s / w for w in self.trend_windows_s))
 
     @property
     def threshold(self) -> float:
@@ -287,6 +326,13 @@ class RateCusum:
     s_up_slow: float = 0.0
     since_down_slow: tuple[float, float, float] = (0.0, 0.0, 0.0)
     since_up_slow: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    base_n2: float = 0.0  # sum of squared interval trials behind p0 (its long-run jitter error)
+    base_m: int = 0  # intervals behind p0
+    trend_rows: list[tuple[float, float, float]] = field(default_factory=list)  # (t, n, x) since warm-up, trimmed
+    trend_sums: list[list[float]] = field(default_factory=list)  # per window: [first row index, N, X, N2]
+    trend_zs: list[float] = field(default_factory=list)  # last z per window (nan until the window is full)
+    held: list[tuple[float, float, float]] = field(default_factory=list)  # (t, n, x) waiting to join p0
+    trend_start: float = 0.0  # end of warm-up: windows are judged once full
 
     @property
     def ready(self) -> bool:
@@ -315,11 +361,91 @@ class RateCusum:
         rows = np.array([(n, x) for n, x in self.warm_rates if n > 0], dtype=float).reshape(-1, 2)
         tau2 = long_run_tau2(rows[:, 0], rows[:, 1], p0, p.lr_lags) if len(rows) else 0.0
         self.p0 = p0
-        m = max(len(rows), 1)
-        self.ref_se = math.sqrt(max(tau2, p.min_tau**2) / m + p0 * (1 - p0) / max(self.base_n, 1.0))
+        self.base_m = len(rows)
+        self.base_n2 = float((rows[:, 0] ** 2).sum()) if len(rows) else 0.0
+        self.trend_sums = [[0, 0.0, 0.0, 0.0] for _ in p.trend_windows_s]
+        self.trend_zs = [math.nan for _ in p.trend_windows_s]
+        self.ref_se = self._ref_se(tau2)
         self.warm_rates.clear()
         self.tau2_blocks = [tau2]
         self._set_jitter(tau2)
+
+    def _ref_se(self, tau2: float) -> float:
+        """Standard error of the reference: long-run jitter of its intervals (count-weighted) plus
+        binomial noise."""
+        p0, nb = float(self.p0), max(self.base_n, 1.0)
+        if self.base_n2 > 0:
+            jit = max(tau2, self.params.min_tau**2) * self.base_n2 / nb**2
+        else:
+            jit = max(tau2, self.params.min_tau**2) / max(self.base_m, 1)
+        return math.sqrt(jit + p0 * (1 - p0) / nb)
+
+    def _trend(self, t: float, n: float, x: float) -> tuple[int, float, float, float] | None:
+        """Slow-drift test: over each trailing window (once full), the count-weighted mean rate
+        against the reference, in standard errors of the difference: the window's long-run jitter
+        and binomial noise, the reference's own error and a slow wander of the mix (trend_wander).
+        Returns (window index, z, N, X) of the most extreme window beyond the threshold, if any."""
+        p, p0 = self.params, float(self.p0)
+        if len(self.trend_sums) != len(p.trend_windows_s):  # state saved before the window test, or new windows
+            self.trend_rows, self.trend_start = [], t - p.interval_s
+            self.trend_sums = [[0, 0.0, 0.0, 0.0] for _ in p.trend_windows_s]
+            self.trend_zs = [math.nan for _ in p.trend_windows_s]
+        rows = self.trend_rows
+        rows.append((t, n, x))
+        var_ref = self.ref_se**2 + p.trend_wander**2
+        best = None
+        zt = p.trend_threshold
+        for k, w in enumerate(p.trend_windows_s):
+            acc = self.trend_sums[k]  # [first row in the window, N, X, sum of n^2]
+            acc[1] += n
+            acc[2] += x
+            acc[3] += n * n
+            i = int(acc[0])
+            while rows[i][0] <= t - w:
+                acc[1] -= rows[i][1]
+                acc[2] -= rows[i][2]
+                acc[3] -= rows[i][1] ** 2
+                i += 1
+            acc[0] = i
+            if t - self.trend_start < w - 0.5 * p.interval_s or not acc[1] > 0:
+                self.trend_zs[k] = math.nan
+                continue
+            big_n = acc[1]
+            var = self.tau2 * acc[3] / big_n**2 + p0 * (1 - p0) / big_n + var_ref
+            z = (acc[2] / big_n - p0) / math.sqrt(var)
+            self.trend_zs[k] = z
+            side_ok = p.sides in ("both", "down" if z < 0 else "up")
+            if side_ok and abs(z) > zt and (best is None or abs(z) > abs(best[1])):
+                best = (k, z, big_n, acc[2])
+        first = min(int(a[0]) for a in self.trend_sums)
+        if first > 32:
+            del rows[:first]
+            for a in self.trend_sums:
+                a[0] -= first
+        return best
+
+    def _hold(self, t: float, n: float, x: float) -> None:
+        """The reference grows only under a test that no change is present: an interval joins it
+        once ref_hold_s old if no alarm was open since it came and every trend window is then within
+        ref_clear_z standard errors of the reference; otherwise it is dropped."""
+        p = self.params
+        if self.alarm is not None:  # an alarm drops what is on hold: a change never joins its own reference
+            self.held.clear()
+            return
+        self.held.append((t, n, x))
+        calm = all(not (abs(z) >= p.ref_clear_z) for z in self.trend_zs)
+        changed = False
+        while self.held and self.held[0][0] <= t - p.ref_hold_s:
+            _, n0, x0 = self.held.pop(0)
+            if calm:
+                self.base_n += n0
+                self.base_x += x0
+                self.base_n2 += n0 * n0
+                self.base_m += 1
+                changed = True
+        if changed:
+            self.p0 = _rate(self.base_x, self.base_n)
+            self.ref_se = self._ref_se(self.tau2)
 
     def _set_jitter(self, tau2: float) -> None:
         """Jitter variance and the threshold that goes with it: under the gaussian rule, jitter
@@ -391,7 +517,7 @@ class RateCusum:
             if t - self.started >= p.warmup_s and self.base_n >= p.min_warmup_trials:
                 self._learn()
                 self.since_down = self.since_up = (t, 0.0, 0.0)
-                self.block_start = t
+                self.block_start = self.trend_start = t
             return None
         p0 = self.p0
         phi = 1.0 + n * self.tau2 / (p0 * (1 - p0))
@@ -413,14 +539,21 @@ class RateCusum:
             if self.s_up > self.threshold:
                 new = self._fire(t, "up", self.s_up, self.since_up)
                 self.s_up, self.since_up = 0.0, (t, 0.0, 0.0)
-        if p.slow and p.sides in ("down", "both"):
+        if p.slow and p.trend:
+            hit = self._trend(t, n, x)
+            if hit is not None:
+                k, z, big_n, big_x = hit
+                direction = "down" if z < 0 else "up"
+                since = (t - p.trend_windows_s[k], big_n, big_x)
+                new = self._fire(t, direction, abs(z), since, p.trend_threshold) or new
+        if p.slow and p.slow_cusum and p.sides in ("down", "both"):
             h0, p1 = self._band("down", True)
             self.s_down_slow, self.since_down_slow = self._step(self.s_down_slow, self.since_down_slow, t, n, x,
                                                                 binomial_llr(x, n, h0, p1) / phi)
             if self.s_down_slow > self._h_slow:
                 new = self._fire(t, "down", self.s_down_slow, self.since_down_slow, self._h_slow) or new
                 self.s_down_slow, self.since_down_slow = 0.0, (t, 0.0, 0.0)
-        if p.slow and p.sides in ("up", "both"):
+        if p.slow and p.slow_cusum and p.sides in ("up", "both"):
             h0, p1 = self._band("up", True)
             self.s_up_slow, self.since_up_slow = self._step(self.s_up_slow, self.since_up_slow, t, n, x,
                                                             binomial_llr(x, n, h0, p1) / phi)
@@ -431,9 +564,12 @@ class RateCusum:
             self._jitter_block(t, n, x, new is not None)
         if p.refine_s > 0:
             self._refine(t, n, x, new is not None)
+        elif p.ref_hold_s > 0 and p.slow and p.trend:  # grows only under the window test
+            self._hold(t, n, x)
         if (new is None and self.alarm is not None and t - self.alarm.at >= p.resolve_s
                 and self._back_to_baseline()):
             self.alarm = None
+            self.trend_start = t  # windows that still hold the change would fire again: judge them once refilled
         return new
 
     @staticmethod
@@ -463,14 +599,27 @@ class RateCusum:
         return sum(r[2] for r in self.recent) / n if n > 0 else None
 
     def _back_to_baseline(self) -> bool:
+        """The rate over the last resolve_s is within tol + shift/2 of the reference and, with the
+        window test, within ref_clear_z of its standard errors (else a slow drift would resolve and
+        fire again)."""
+        p, p0 = self.params, float(self.p0)
         rate = self.recent_rate()
-        return rate is not None and abs(rate - float(self.p0)) < self.params.tolerance + self.params.shift / 2
+        if rate is None or not abs(rate - p0) < p.tolerance + p.shift / 2:
+            return False
+        if not (p.slow and p.trend):
+            return True
+        big_n = sum(r[1] for r in self.recent)
+        n2 = sum(r[1] ** 2 for r in self.recent)
+        var = self.tau2 * n2 / big_n**2 + p0 * (1 - p0) / big_n + self.ref_se**2 + p.trend_wander**2
+        return abs(rate - p0) < p.ref_clear_z * math.sqrt(var)
 
     def snapshot(self) -> dict:
         return {"baseline": self.p0, "tau": math.sqrt(self.tau2) if self.p0 is not None else None,
                 "cusum_down": self.s_down, "cusum_up": self.s_up, "threshold": self.threshold,
                 "slow_cusum_down": self.s_down_slow, "slow_cusum_up": self.s_up_slow, "slow_threshold": self._h_slow,
-                "reference_se": self.ref_se,
+                "reference_se": self.ref_se, "trend_z": {f"{w:g}": (z if math.isfinite(z) else None)
+                            for w, z in zip(self.params.trend_windows_s, self.trend_zs, strict=False)},
+                "trend_threshold": self.params.trend_threshold,
                 "recent_rate": self.recent_rate(), "alarms": self.alarms, "skipped_intervals": self.skipped,
                 "open": self.alarm is not None}
 
