@@ -63,6 +63,7 @@ def test_slow_ramp_flagged_before_it_is_0022_below_its_start(seed):
     first = next(a for a in alarms if a.direction == "down")
     assert (first.at - onset) * speed < 0.0215
     assert first.baseline == pytest.approx(0.6, abs=0.003)
+    assert first.test == "window" and first.statistic > first.threshold > 4  # in standard errors
     # round 2's configuration on the same series: the narrow CUSUM pair, no window test, frozen reference
     old = drift.RateDriftParams(trend_windows_s=(), slow_cusum=True, ref_hold_s=0.0)
     alarms_old, _ = drift.scan_rate(t, n, x, old)

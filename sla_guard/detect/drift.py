@@ -293,6 +293,8 @@ class Alarm:
     change_at: float  # estimated change point (last time the CUSUM was at zero)
     statistic: float
     threshold: float = math.nan  # the h the statistic crossed
+    test: str = "cusum"  # "cusum" (statistic and threshold in nats) or "window" (in standard errors: the window
+    # test's |z| and z threshold)
 
 
 @dataclass(slots=True)
@@ -545,7 +547,7 @@ class RateCusum:
                 k, z, big_n, big_x = hit
                 direction = "down" if z < 0 else "up"
                 since = (t - p.trend_windows_s[k], big_n, big_x)
-                new = self._fire(t, direction, abs(z), since, p.trend_threshold) or new
+                new = self._fire(t, direction, abs(z), since, p.trend_threshold, "window") or new
         if p.slow and p.slow_cusum and p.sides in ("down", "both"):
             h0, p1 = self._band("down", True)
             self.s_down_slow, self.since_down_slow = self._step(self.s_down_slow, self.since_down_slow, t, n, x,
@@ -583,14 +585,14 @@ class RateCusum:
     def _h_slow(self) -> float:
         return self.h_slow if self.h_slow is not None else self.threshold
 
-    def _fire(self, t, direction, stat, since, h: float | None = None) -> Alarm | None:
+    def _fire(self, t, direction, stat, since, h: float | None = None, test: str = "cusum") -> Alarm | None:
         """A crossing opens an alarm; while the same alarm is open it only refreshes it."""
         after = since[2] / since[1] if since[1] > 0 else float("nan")
         h = self.threshold if h is None else h
         if self.alarm is not None and self.alarm.direction == direction:
-            self.alarm.after, self.alarm.statistic, self.alarm.threshold = after, stat, h
+            self.alarm.after, self.alarm.statistic, self.alarm.threshold, self.alarm.test = after, stat, h, test
             return None
-        self.alarm = Alarm(t, direction, float(self.p0), after, since[0], stat, h)
+        self.alarm = Alarm(t, direction, float(self.p0), after, since[0], stat, h, test)
         self.alarms += 1
         return self.alarm
 
