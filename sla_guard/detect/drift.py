@@ -132,8 +132,9 @@ def _capped_threshold(steps: float, theta_max: float) -> float:
     return h_star if theta_max >= theta_star else _h_for_theta(steps, theta_max)
 
 
-def threshold_gaussian_arl(arl0_s: float, interval_s: float, sides: int = 1, family: int = 1,
-                           theta_max: float = math.inf) -> float:
+def threshold_gaussian_arl(
+    arl0_s: float, interval_s: float, sides: int = 1, family: int = 1, theta_max: float = math.inf
+) -> float:
     """CUSUM threshold h (nats) whose in-control ARL is ``arl0_s`` (per family, as in
     threshold_for_arl) for LLR increments that are Gaussian with per-step information theta,
     taken at the worst theta <= ``theta_max`` (h(theta) rises up to theta ~ 1.85, then falls), so
@@ -147,8 +148,11 @@ def threshold_gaussian_arl(arl0_s: float, interval_s: float, sides: int = 1, fam
     # theta_max rounded up (the safe side: h rises with theta below the worst case) to a 4 % geometric
     # grid, so the hourly jitter updates of every detector share a few dozen cached thresholds (each is
     # several 401-cell Markov-chain solves); h moves by < 0.07 nats across one grid step
-    cap = (_THETA_GRID ** math.ceil(math.log(theta_max) / math.log(_THETA_GRID) - 1e-9)
-           if math.isfinite(theta_max) else math.inf)
+    cap = (
+        _THETA_GRID ** math.ceil(math.log(theta_max) / math.log(_THETA_GRID) - 1e-9)
+        if math.isfinite(theta_max)
+        else math.inf
+    )
     try:
         h = _capped_threshold(float(f"{steps:.6g}"), cap)
     except (np.linalg.LinAlgError, ValueError, OverflowError, ZeroDivisionError):
@@ -481,7 +485,7 @@ class RateCusum:
         rows = np.array(self.block, dtype=float)
         pb = _rate(rows[:, 1].sum(), rows[:, 0].sum())
         self.tau2_blocks = [*self.tau2_blocks, long_run_tau2(rows[:, 0], rows[:, 1], pb, p.lr_lags)]
-        del self.tau2_blocks[:-p.jitter_blocks]
+        del self.tau2_blocks[: -p.jitter_blocks]
         self._set_jitter(float(np.mean(self.tau2_blocks)))
         self.block.clear()
         self.block_start = t
@@ -529,15 +533,15 @@ class RateCusum:
         new: Alarm | None = None
         if p.sides in ("down", "both"):
             h0, p1 = self._band("down")
-            self.s_down, self.since_down = self._step(self.s_down, self.since_down, t, n, x,
-                                                      binomial_llr(x, n, h0, p1) / phi)
+            self.s_down, self.since_down = self._step(
+                self.s_down, self.since_down, t, n, x, binomial_llr(x, n, h0, p1) / phi
+            )
             if self.s_down > self.threshold:
                 new = self._fire(t, "down", self.s_down, self.since_down)
                 self.s_down, self.since_down = 0.0, (t, 0.0, 0.0)
         if p.sides in ("up", "both"):
             h0, p1 = self._band("up")
-            self.s_up, self.since_up = self._step(self.s_up, self.since_up, t, n, x,
-                                                  binomial_llr(x, n, h0, p1) / phi)
+            self.s_up, self.since_up = self._step(self.s_up, self.since_up, t, n, x, binomial_llr(x, n, h0, p1) / phi)
             if self.s_up > self.threshold:
                 new = self._fire(t, "up", self.s_up, self.since_up)
                 self.s_up, self.since_up = 0.0, (t, 0.0, 0.0)
@@ -550,15 +554,17 @@ class RateCusum:
                 new = self._fire(t, direction, abs(z), since, p.trend_threshold, "window") or new
         if p.slow and p.slow_cusum and p.sides in ("down", "both"):
             h0, p1 = self._band("down", True)
-            self.s_down_slow, self.since_down_slow = self._step(self.s_down_slow, self.since_down_slow, t, n, x,
-                                                                binomial_llr(x, n, h0, p1) / phi)
+            self.s_down_slow, self.since_down_slow = self._step(
+                self.s_down_slow, self.since_down_slow, t, n, x, binomial_llr(x, n, h0, p1) / phi
+            )
             if self.s_down_slow > self._h_slow:
                 new = self._fire(t, "down", self.s_down_slow, self.since_down_slow, self._h_slow) or new
                 self.s_down_slow, self.since_down_slow = 0.0, (t, 0.0, 0.0)
         if p.slow and p.slow_cusum and p.sides in ("up", "both"):
             h0, p1 = self._band("up", True)
-            self.s_up_slow, self.since_up_slow = self._step(self.s_up_slow, self.since_up_slow, t, n, x,
-                                                            binomial_llr(x, n, h0, p1) / phi)
+            self.s_up_slow, self.since_up_slow = self._step(
+                self.s_up_slow, self.since_up_slow, t, n, x, binomial_llr(x, n, h0, p1) / phi
+            )
             if self.s_up_slow > self._h_slow:
                 new = self._fire(t, "up", self.s_up_slow, self.since_up_slow, self._h_slow) or new
                 self.s_up_slow, self.since_up_slow = 0.0, (t, 0.0, 0.0)
@@ -568,8 +574,7 @@ class RateCusum:
             self._refine(t, n, x, new is not None)
         elif p.ref_hold_s > 0 and p.slow and p.trend:  # grows only under the window test
             self._hold(t, n, x)
-        if (new is None and self.alarm is not None and t - self.alarm.at >= p.resolve_s
-                and self._back_to_baseline()):
+        if new is None and self.alarm is not None and t - self.alarm.at >= p.resolve_s and self._back_to_baseline():
             self.alarm = None
             self.trend_start = t  # windows that still hold the change would fire again: judge them once refilled
         return new
@@ -616,14 +621,26 @@ class RateCusum:
         return abs(rate - p0) < p.ref_clear_z * math.sqrt(var)
 
     def snapshot(self) -> dict:
-        return {"baseline": self.p0, "tau": math.sqrt(self.tau2) if self.p0 is not None else None,
-                "cusum_down": self.s_down, "cusum_up": self.s_up, "threshold": self.threshold,
-                "slow_cusum_down": self.s_down_slow, "slow_cusum_up": self.s_up_slow, "slow_threshold": self._h_slow,
-                "reference_se": self.ref_se, "trend_z": {f"{w:g}": (z if math.isfinite(z) else None)
-                            for w, z in zip(self.params.trend_windows_s, self.trend_zs, strict=False)},
-                "trend_threshold": self.params.trend_threshold,
-                "recent_rate": self.recent_rate(), "alarms": self.alarms, "skipped_intervals": self.skipped,
-                "open": self.alarm is not None}
+        return {
+            "baseline": self.p0,
+            "tau": math.sqrt(self.tau2) if self.p0 is not None else None,
+            "cusum_down": self.s_down,
+            "cusum_up": self.s_up,
+            "threshold": self.threshold,
+            "slow_cusum_down": self.s_down_slow,
+            "slow_cusum_up": self.s_up_slow,
+            "slow_threshold": self._h_slow,
+            "reference_se": self.ref_se,
+            "trend_z": {
+                f"{w:g}": (z if math.isfinite(z) else None)
+                for w, z in zip(self.params.trend_windows_s, self.trend_zs, strict=False)
+            },
+            "trend_threshold": self.params.trend_threshold,
+            "recent_rate": self.recent_rate(),
+            "alarms": self.alarms,
+            "skipped_intervals": self.skipped,
+            "open": self.alarm is not None,
+        }
 
 
 def counter_increments(t: np.ndarray, c: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -634,8 +651,9 @@ def counter_increments(t: np.ndarray, c: np.ndarray) -> tuple[np.ndarray, np.nda
     return t[1:], d
 
 
-def bin_counts(t: np.ndarray, n: np.ndarray, x: np.ndarray, interval_s: float
-               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def bin_counts(
+    t: np.ndarray, n: np.ndarray, x: np.ndarray, interval_s: float
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Sum increments into intervals (stamped at the interval end)."""
     if len(t) == 0:
         return np.empty(0), np.empty(0), np.empty(0)
@@ -648,8 +666,9 @@ def bin_counts(t: np.ndarray, n: np.ndarray, x: np.ndarray, interval_s: float
     return ends[keep], nn[keep], xx[keep]
 
 
-def scan_rate(t: np.ndarray, trials: np.ndarray, successes: np.ndarray,
-              params: RateDriftParams = RateDriftParams()) -> tuple[list[Alarm], RateCusum]:
+def scan_rate(
+    t: np.ndarray, trials: np.ndarray, successes: np.ndarray, params: RateDriftParams = RateDriftParams()
+) -> tuple[list[Alarm], RateCusum]:
     """Replay a recorded pair of cumulative counters through the CUSUM."""
     t = np.asarray(t, float)
     order = np.argsort(t, kind="stable")
@@ -659,12 +678,16 @@ def scan_rate(t: np.ndarray, trials: np.ndarray, successes: np.ndarray,
     ok = (dn >= 0) & (dx >= 0) & (dx <= dn)
     te, nn, xx = bin_counts(ti[ok], dn[ok], dx[ok], params.interval_s)
     cus = RateCusum(params)
-    alarms = [a for a in (cus.update(float(a), float(b), float(c)) for a, b, c in zip(te, nn, xx, strict=True))
-              if a is not None]
+    alarms = [
+        a
+        for a in (cus.update(float(a), float(b), float(c)) for a, b, c in zip(te, nn, xx, strict=True))
+        if a is not None
+    ]
     return alarms, cus
 
 
 # --- latency at comparable load ---------------------------------------------------------------
+
 
 @dataclass(frozen=True, slots=True)
 class LatencyDriftParams:
@@ -713,8 +736,11 @@ class LatencyCusum:
         if self.base is None:
             self.warm.setdefault(b, []).append(mean_tpot)
             if t - self.started >= p.warmup_s:
-                self.base = {k: (float(np.mean(v)), float(np.std(v, ddof=1)))
-                             for k, v in self.warm.items() if len(v) >= p.min_warmup_intervals}
+                self.base = {
+                    k: (float(np.mean(v)), float(np.std(v, ddof=1)))
+                    for k, v in self.warm.items()
+                    if len(v) >= p.min_warmup_intervals
+                }
                 self.warm.clear()
                 self.since = (t, 0.0, 0.0)
             return None
@@ -751,7 +777,15 @@ class LatencyCusum:
         return None
 
     def snapshot(self) -> dict:
-        return {"baseline": ({str(2**k): {"mean_s": m, "sd_s": s} for k, (m, s) in self.base.items()}
-                             if self.base is not None else None),
-                "cusum": self.s, "threshold": self.params.threshold, "alarms": self.alarms,
-                "unknown_intervals": self.unknown, "open": self.alarm is not None}
+        return {
+            "baseline": (
+                {str(2**k): {"mean_s": m, "sd_s": s} for k, (m, s) in self.base.items()}
+                if self.base is not None
+                else None
+            ),
+            "cusum": self.s,
+            "threshold": self.params.threshold,
+            "alarms": self.alarms,
+            "unknown_intervals": self.unknown,
+            "open": self.alarm is not None,
+        }
