@@ -145,6 +145,7 @@ class LeakVerdict:
 
 # --- building blocks ------------------------------------------------------------------------
 
+
 def segments(t: np.ndarray, v: np.ndarray, drop: float = 0.25, max_gap_s: float = math.inf) -> list[slice]:
     """Index ranges between restarts: a sudden fall of RSS by more than ``drop`` (a new process
     starts small) or a hole longer than ``max_gap_s``."""
@@ -159,8 +160,9 @@ def segments(t: np.ndarray, v: np.ndarray, drop: float = 0.25, max_gap_s: float 
     return [slice(a, b) for a, b in itertools.pairwise(bounds) if b > a]
 
 
-def floor_series(t: np.ndarray, v: np.ndarray, bucket_s: float, floor_window_s: float,
-                 origin: float | None = None) -> tuple[np.ndarray, np.ndarray]:
+def floor_series(
+    t: np.ndarray, v: np.ndarray, bucket_s: float, floor_window_s: float, origin: float | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """Minimum of ``v`` over the trailing ``floor_window_s``, one point per non-empty bucket
     (stamped at the bucket end). Removes sawtooth whose period is below the floor window."""
     if len(t) == 0:
@@ -209,8 +211,9 @@ def _acf(r: np.ndarray, nlags: int) -> np.ndarray:
     return np.array([float(np.dot(r[:-k], r[k:])) / den for k in range(1, nlags + 1)])
 
 
-def mann_kendall(x: np.ndarray, y: np.ndarray, slope: float | None = None,
-                 fitted: np.ndarray | None = None) -> tuple[float, float]:
+def mann_kendall(
+    x: np.ndarray, y: np.ndarray, slope: float | None = None, fitted: np.ndarray | None = None
+) -> tuple[float, float]:
     """Mann-Kendall trend statistic S and a z-score whose variance is inflated for serial
     correlation (Hamed & Rao 1998, on ranks of the Theil-Sen-detrended series; only lags with
     significant autocorrelation count, and the factor is never below 1)."""
@@ -232,8 +235,7 @@ def mann_kendall(x: np.ndarray, y: np.ndarray, slope: float | None = None,
     rho = _acf(ranks, nlags)
     k = np.arange(1, nlags + 1)
     sig = np.abs(rho) > 1.96 / math.sqrt(n)
-    corr = 1.0 + 2.0 / (n * (n - 1) * (n - 2)) * float(
-        np.sum(((n - k) * (n - k - 1) * (n - k - 2) * rho)[sig]))
+    corr = 1.0 + 2.0 / (n * (n - 1) * (n - 2)) * float(np.sum(((n - k) * (n - k - 1) * (n - k - 2) * rho)[sig]))
     var *= max(1.0, corr)
     if var <= 0:
         return s, 0.0
@@ -332,9 +334,8 @@ def work_rate(t_work: np.ndarray, work: np.ndarray, start: float, end: float) ->
     return float(d.sum() / span) if span > 0 else None
 
 
-
-
 # --- the floor of one segment ---------------------------------------------------------------
+
 
 def _clean(t, v) -> tuple[np.ndarray, np.ndarray]:
     """Finite, non-negative samples in time order (scrapes can arrive with NaN or out of order)."""
@@ -374,8 +375,13 @@ def _sub_minima(t: np.ndarray, v: np.ndarray, origin: float, sub: float, nsub: i
     return out
 
 
-def segment_floor(ts: np.ndarray, vs: np.ndarray, p: LeakParams, start: float | None = None,
-                  load: tuple[np.ndarray, np.ndarray] | None = None) -> SegmentFloor:
+def segment_floor(
+    ts: np.ndarray,
+    vs: np.ndarray,
+    p: LeakParams,
+    start: float | None = None,
+    load: tuple[np.ndarray, np.ndarray] | None = None,
+) -> SegmentFloor:
     """The floor of one segment (samples ``ts``, ``vs`` between two restarts)."""
     start = float(ts[0]) if start is None else float(start)
     per = 5
@@ -411,12 +417,12 @@ def segment_floor(ts: np.ndarray, vs: np.ndarray, p: LeakParams, start: float | 
         if len(gaps) < 3:
             continue
         w = p.sawtooth_factor * float(np.percentile(gaps, 75))
-        windows[j: j + 3] = min(max(w, p.floor_window_s), p.max_floor_window_s)
+        windows[j : j + 3] = min(max(w, p.floor_window_s), p.max_floor_window_s)
     raw = np.full(nb, np.nan)
     lf = np.full(nb, np.nan) if lmins is not None else None
     for j in range(nb):
         e = (j + 1) * per
-        if not np.isfinite(mins[e - per: e]).any():
+        if not np.isfinite(mins[e - per : e]).any():
             continue  # no sample in this bucket
         s = max(0, e - math.ceil(windows[j] / sub))
         raw[j] = mins[s:e].min()
@@ -438,7 +444,7 @@ def segment_floor(ts: np.ndarray, vs: np.ndarray, p: LeakParams, start: float | 
     day = 24 * HOUR * p.bucket_s / 300.0
     for j in range(1, len(raw)):
         lo = int(np.searchsorted(t, t[j] - day))
-        recent = d[max(lo - 1, 0): j - 1]
+        recent = d[max(lo - 1, 0) : j - 1]
         sd = _mad_sd(recent) if len(recent) >= 6 else 0.0
         if abs(d[j - 1]) > max(p.step_bytes, p.step_sd * sd):
             typical = float(np.median(recent)) if len(recent) >= 6 else 0.0
@@ -477,8 +483,10 @@ def _startup_removed(x: np.ndarray, y: np.ndarray, since: np.ndarray, taus: tupl
 
 # --- the test on one window -----------------------------------------------------------------
 
-def window_test(x: np.ndarray, y: np.ndarray, p: LeakParams, window_s: float | None = None,
-                min_rise: float | None = None) -> WindowResult:
+
+def window_test(
+    x: np.ndarray, y: np.ndarray, p: LeakParams, window_s: float | None = None, min_rise: float | None = None
+) -> WindowResult:
     """Leak test of one window of floor points: a ``WindowResult`` with ``leak`` and ``reason``."""
     span = window_s if window_s is not None else float(x[-1] - x[0])
     rise = p.min_rise_bytes[0] if min_rise is None else min_rise
@@ -505,6 +513,7 @@ def window_test(x: np.ndarray, y: np.ndarray, p: LeakParams, window_s: float | N
 
 
 # --- whole-series verdicts ------------------------------------------------------------------
+
 
 def _judge(f: SegmentFloor, k: int, p: LeakParams, load_coef: float | None) -> LeakVerdict:
     """The verdict at bucket ``k`` of a segment floor (no confirmation, no limit)."""
@@ -580,8 +589,9 @@ def _finish(v: LeakVerdict, f: SegmentFloor, k: int, p: LeakParams, coef, limit_
         if limit_bytes and v.slope_bps > 0:
             v.eta_s = max(0.0, (limit_bytes - float(v.floor_bytes)) / v.slope_bps)
         if work is not None:
-            rate = work_rate(np.asarray(work[0], float), np.asarray(work[1], float), float(v.at) - v.window_s,
-                             float(v.at))
+            rate = work_rate(
+                np.asarray(work[0], float), np.asarray(work[1], float), float(v.at) - v.window_s, float(v.at)
+            )
             if rate:
                 v.bytes_per_work = v.slope_bps / rate
     return v
@@ -600,9 +610,16 @@ def _segments(t, v, p: LeakParams, start_time: float | None = None):
     return out
 
 
-def assess(t: np.ndarray, v: np.ndarray, p: LeakParams = LeakParams(), *, limit_bytes: float | None = None,
-           load: tuple[np.ndarray, np.ndarray] | None = None, work: tuple[np.ndarray, np.ndarray] | None = None,
-           start_time: float | None = None) -> LeakVerdict:
+def assess(
+    t: np.ndarray,
+    v: np.ndarray,
+    p: LeakParams = LeakParams(),
+    *,
+    limit_bytes: float | None = None,
+    load: tuple[np.ndarray, np.ndarray] | None = None,
+    work: tuple[np.ndarray, np.ndarray] | None = None,
+    start_time: float | None = None,
+) -> LeakVerdict:
     """Leak verdict at the last sample of ``(t, v)`` (seconds, bytes). ``load`` (t, running
     requests) removes load-driven swings; ``work`` (t, cumulative requests) adds bytes per
     request; ``start_time`` (process start) places the warm-up when data starts later."""
@@ -623,9 +640,15 @@ def assess(t: np.ndarray, v: np.ndarray, p: LeakParams = LeakParams(), *, limit_
     return _finish(ver, f, k, p, coef, limit_bytes, work)
 
 
-def scan(t: np.ndarray, v: np.ndarray, p: LeakParams = LeakParams(), *, every_s: float | None = None,
-         limit_bytes: float | None = None, load: tuple[np.ndarray, np.ndarray] | None = None,
-         ) -> list[tuple[float, LeakVerdict]]:
+def scan(
+    t: np.ndarray,
+    v: np.ndarray,
+    p: LeakParams = LeakParams(),
+    *,
+    every_s: float | None = None,
+    limit_bytes: float | None = None,
+    load: tuple[np.ndarray, np.ndarray] | None = None,
+) -> list[tuple[float, LeakVerdict]]:
     """Replay the detector over a whole recorded series, as the guard would have run it live
     (causal: each verdict only sees data up to its time). One verdict per floor bucket (or per
     ``every_s``), restarts included. Used by ``sla-guard analyze leak`` and the benchmark."""
