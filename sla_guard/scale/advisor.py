@@ -134,6 +134,7 @@ class Advisor:
         self._proven: deque[tuple[float, float]] = deque(maxlen=512)  # (t, utilisation that met the SLA)
         self._longest: dict[str, float] = {}  # pool -> longest request seen (s)
         self._grace_t: dict[str, float] = {}
+        self._last_tail: dict[str, tuple[float, float]] = {}  # pool -> (t, last measured tail)
 
     # -- learning ------------------------------------------------------------------------------
     def _warm(self, engine: str, now: float) -> bool:
@@ -285,6 +286,16 @@ class Advisor:
         pts = [(t, v) for t, v in hist if t >= now - span_s]
         return slope([t for t, _ in pts], [v for _, v in pts])
 
+    def _recent_tail(self, pool: str, now: float, tail: float | None) -> float | None:
+        """The last tail of ``pool`` measured within its stabilisation window (``tail`` when
+        measured now): for the scale-down checks, which must not read a window without finished
+        requests as a tail that recovered."""
+        if tail is not None:
+            self._last_tail[pool] = (now, tail)
+            return tail
+        t, v = self._last_tail.get(pool, (-1e18, 0.0))
+        return v if now - t <= self._rails(pool).stabilization_down_s else None
+
     def _settled(self, pool: str, now: float, starting: int) -> bool:
         """True once no replica of ``pool`` has been starting for a whole observation window, so
         the window's tails describe the current size, not the one before the scale-up."""
@@ -306,6 +317,7 @@ class Advisor:
         obs = PrefillObs(ready=counts[0], starting=counts[1], uncached_tps=t.get("uncached_tps"),
                          requests_per_s=t.get("requests_per_s"), waiting=t.get("waiting"), waiting_slope=wslope,
                          ttft_tail_s=sig.tail_s, ttft_slo_s=sig.budget_s,
+                         last_ttft_tail_s=self._recent_tail("prefill", now, sig.tail_s),
                          peak_uncached_tps=self._peak("prefill_demand", now, t.get("uncached_tps")),
                          settled=settled,
                          # long prompts come in bursts: the window's share can be 0 between two
@@ -359,6 +371,7 @@ class Advisor:
                         waiting=t.get("waiting"), kv_usage=t.get("kv_usage"),
                         preemptions_per_s=t.get("preemptions_per_s"), accepted_len=self._accepted_len or 1.0,
                         tpot_tail_s=t.get("tpot_tail_s"), tpot_slo_s=self.slo_tpot_s,
+                        last_tpot_tail_s=self._recent_tail("decode", now, t.get("tpot_tail_s")),
                         peak_running=self._peak("decode_running", now, t.get("running")), settled=settled,
                         upstream_gain=upstream_gain)
         model = self.learned.decode
@@ -369,6 +382,10 @@ class Advisor:
             # prior bounds it at 3x (the profile is a starting point, not a ceiling elsewhere)
             model = replace(model, b=3 * prior_b)
         s = size_decode(obs, model, DecodeKnobs.from_config(cfg))
+        if cfg.profile.decode_step_base_s and s.desired is not None:
+            # a profiled step model is a prior as prefill's capacity is: the first few fitted
+            # samples do not make the advisor less sure than it was with none
+            s.confidence = max(0.5, s.confidence)
         if client is not None and s.desired is not None:
             self._decode_ttft_blame(s, client, obs)
         return s

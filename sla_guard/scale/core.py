@@ -30,6 +30,10 @@ class PrefillObs:
     waiting: float | None  # requests waiting, whole pool
     waiting_slope: float | None = None  # requests/s trend of ``waiting``
     ttft_tail_s: float | None = None  # TTFT at the control quantile (p90 default)
+    # the last tail measured within the stabilisation window, for the scale-down checks while
+    # ``ttft_tail_s`` is None (no prefill finished in the window): a tail that stopped being
+    # measured is not a tail that recovered
+    last_ttft_tail_s: float | None = None
     ttft_slo_s: float = TTFT_SLO_S
     peak_uncached_tps: float | None = None  # highest demand over the stabilisation window
     settled: bool = True  # no replica started within the observation window (its tails are current)
@@ -54,6 +58,7 @@ class DecodeObs:
     preemptions_per_s: float | None = None
     accepted_len: float = 1.0  # tokens per decode step (1 + accepted/drafts); 1 without spec decode
     tpot_tail_s: float | None = None  # TPOT at the control quantile
+    last_tpot_tail_s: float | None = None  # as ``PrefillObs.last_ttft_tail_s``
     tpot_slo_s: float = TPOT_SLO_S
     peak_running: float | None = None  # highest concurrency over the stabilisation window
     settled: bool = True
@@ -139,6 +144,10 @@ class DecodeKnobs:
 # utilisation learning act on it
 LOAD_TAIL_UTILIZATION = 0.25
 
+# an "overwhelming fit" without a latency tail (no request finished in the window yet): N-1 would
+# carry at most this share of the load the strong-fit rule allows it
+IDLE_SHARE = 0.5
+
 
 def _conf(samples: int, need: int) -> float:
     return round(min(1.0, samples / max(need, 1)), 3)
@@ -201,13 +210,24 @@ def size_prefill(obs: PrefillObs, cap: PrefillCapacity, k: PrefillKnobs) -> Sizi
         peak = max(demand, obs.peak_uncached_tps or 0.0)
         util_n1 = (peak + backlog) / (cap.tokens_per_s * (n_eff - 1))
         nums["utilization_at_n_minus_1"] = round(util_n1, 3)
-        tail_ok = obs.ttft_tail_s is None or obs.ttft_tail_s <= (1 - k.scale_down_margin) * obs.ttft_slo_s
+        # an empty pool (nothing computed, nothing waiting) has no tail to keep: the last one is
+        # only held against it while requests are still being served
+        serving = (obs.uncached_tps or 0.0) > 0 or obs.waiting > 0
+        tail = obs.ttft_tail_s if obs.ttft_tail_s is not None else obs.last_ttft_tail_s if serving else None
+        tail_ok = tail is None or tail <= (1 - k.scale_down_margin) * obs.ttft_slo_s
         fits = util_n1 <= k.target_utilization * (1 - k.scale_down_margin) and tail_ok
         if k.proven_utilization is not None:
             nums["proven_utilization"] = round(k.proven_utilization, 3)
             fits = fits and util_n1 <= max(k.proven_utilization, 0.5 * k.target_utilization)
-        strong = (util_n1 <= k.target_utilization * (1 - 2 * k.scale_down_margin)
-                  and obs.ttft_tail_s is not None and obs.ttft_tail_s <= 0.5 * obs.ttft_slo_s)
+        strong_util = k.target_utilization * (1 - 2 * k.scale_down_margin)
+        # no tail yet (too few prefills finished in the window) is no evidence against N-1 when the
+        # load is a small share of what N-1 is sized for: an operator's oversized start on a light
+        # load is then given back at once, as the baselines do, not after the break-even window
+        idle = tail is None and util_n1 <= IDLE_SHARE * strong_util and obs.waiting <= max(obs.ready, 1)
+        strong = util_n1 <= strong_util and (idle or (obs.ttft_tail_s is not None
+                                                      and obs.ttft_tail_s <= 0.5 * obs.ttft_slo_s))
+        if idle:
+            nums["idle_at_n_minus_1"] = 1.0
         if obs.long_busy_share is not None and obs.ready > 0:
             hol = head_of_line_risk(obs.long_busy_share, obs.ready, n_eff - 1)
             nums["head_of_line_risk_at_n_minus_1"] = round(hol, 4)
@@ -303,10 +323,16 @@ def size_decode(obs: DecodeObs, model: StepModel, k: DecodeKnobs) -> Sizing:
     if n_eff > 1:
         at_n1 = (max(obs.running, obs.peak_running or 0.0) + (obs.waiting or 0.0)) / (n_eff - 1)
         nums["batch_at_n_minus_1"] = round(at_n1, 2)
-        tail_ok = obs.tpot_tail_s is None or obs.tpot_tail_s <= (1 - k.scale_down_margin) * obs.tpot_slo_s
+        serving = (obs.running or 0.0) > 0 or (obs.waiting or 0.0) > 0
+        tail = obs.tpot_tail_s if obs.tpot_tail_s is not None else obs.last_tpot_tail_s if serving else None
+        tail_ok = tail is None or tail <= (1 - k.scale_down_margin) * obs.tpot_slo_s
         fits = at_n1 <= limit * (1 - k.scale_down_margin) and not pressure and tail_ok
-        strong = (at_n1 <= limit * (1 - 2 * k.scale_down_margin) and obs.tpot_tail_s is not None
-                  and obs.tpot_tail_s <= 0.8 * obs.tpot_slo_s)
+        strong_batch = limit * (1 - 2 * k.scale_down_margin)
+        idle = tail is None and at_n1 <= IDLE_SHARE * strong_batch and not pressure
+        strong = at_n1 <= strong_batch and (idle or (obs.tpot_tail_s is not None
+                                                     and obs.tpot_tail_s <= 0.8 * obs.tpot_slo_s))
+        if idle:
+            nums["idle_at_n_minus_1"] = 1.0
     if desired < n_eff:
         reasons.append("decode_over_provisioned" if fits else "decode_n_minus_1_would_not_fit")
     if unreachable:
