@@ -219,6 +219,8 @@ class RateDriftParams:
     trend_windows_s: tuple[float, ...] = (600.0, 1200.0, 2400.0, 4800.0)  # slow-drift test: mean rate over each of
     # these trailing windows against the reference, in standard errors
     trend_wander: float = 0.003  # s.d. of a slow wander of the workload mix between the reference and now (prior)
+    wander_corr_s: float = 3600.0  # its correlation time: a reference spanning S carries ~2 T / S of its variance
+    trend_tau_margin: float = 0.5  # relative s.d. of one block's jitter estimate: the window test takes it 1 s.d. high
     trend_z: float = 0.0  # > 0: the window test's threshold (standard errors); 0: from ARL0 (trend_threshold)
     ref_hold_s: float = 7200.0  # > 0: intervals this old join the reference while no test sees a change
     ref_clear_z: float = 2.0  # ... i.e. every window within this many standard errors, no alarm open
@@ -398,7 +400,8 @@ class RateCusum:
             self.trend_zs = [math.nan for _ in p.trend_windows_s]
         rows = self.trend_rows
         rows.append((t, n, x))
-        var_ref = self.ref_se**2 + p.trend_wander**2
+        var_ref = self.ref_se**2 + self._wander_var()
+        tau2 = self._tau2_high()
         best = None
         zt = p.trend_threshold
         for k, w in enumerate(p.trend_windows_s):
@@ -417,7 +420,7 @@ class RateCusum:
                 self.trend_zs[k] = math.nan
                 continue
             big_n = acc[1]
-            var = self.tau2 * acc[3] / big_n**2 + p0 * (1 - p0) / big_n + var_ref
+            var = tau2 * acc[3] / big_n**2 + p0 * (1 - p0) / big_n + var_ref
             z = (acc[2] / big_n - p0) / math.sqrt(var)
             self.trend_zs[k] = z
             side_ok = p.sides in ("both", "down" if z < 0 else "up")
@@ -429,6 +432,21 @@ class RateCusum:
             for a in self.trend_sums:
                 a[0] -= first
         return best
+
+    def _tau2_high(self) -> float:
+        """The jitter variance one standard deviation high: a block's long-run estimate has a relative
+        s.d. near trend_tau_margin (60 intervals, 10 lags), the mean of K blocks 1/sqrt(K) of that. An
+        estimate too low inflates every window's z; the threshold has no slack for it."""
+        k = max(len(self.tau2_blocks), 1)
+        return self.tau2 * (1.0 + self.params.trend_tau_margin / math.sqrt(k))
+
+    def _wander_var(self) -> float:
+        """Variance a slow wander of the mix adds to (window mean - reference): the wander of now
+        (trend_wander^2) plus the reference's own share, which a reference spanning S averages down
+        to about 2 T / S of it (T = wander_corr_s; at most all of it while S <= 2 T)."""
+        p = self.params
+        span = max(self.base_m, 1) * p.interval_s
+        return p.trend_wander**2 * (1.0 + min(1.0, 2.0 * p.wander_corr_s / span))
 
     def _hold(self, t: float, n: float, x: float) -> None:
         """The reference grows only under a test that no change is present: an interval joins it
@@ -617,7 +635,7 @@ class RateCusum:
             return True
         big_n = sum(r[1] for r in self.recent)
         n2 = sum(r[1] ** 2 for r in self.recent)
-        var = self.tau2 * n2 / big_n**2 + p0 * (1 - p0) / big_n + self.ref_se**2 + p.trend_wander**2
+        var = self._tau2_high() * n2 / big_n**2 + p0 * (1 - p0) / big_n + self.ref_se**2 + self._wander_var()
         return abs(rate - p0) < p.ref_clear_z * math.sqrt(var)
 
     def snapshot(self) -> dict:
