@@ -79,3 +79,37 @@ def test_startup_only_fit_keeps_a_line_it_cannot_explain():
     tail = 600 * MIB * (1 - np.exp(-since / 3600.0))
     out = leak._startup_removed(x, tail, since, p.startup_taus_s, p.startup_only_slack, p.startup_only_max_tau_s)
     assert np.ptp(out) < 5 * MIB
+
+
+def _swing_then_leak(seed: int, onset_h: float = 16.0, hours: float = 20.0) -> tuple[np.ndarray, np.ndarray]:
+    """One process: a 20 min start-up fill, a daily swing of +-40 MiB, the sawtooth and noise,
+    then a 48 MiB/h leak from ``onset_h``."""
+    rng = np.random.default_rng(seed)
+    t = np.arange(0.0, hours * HOUR, 30.0)
+    v = 6 * 1024 * MIB + 500 * MIB * (1 - np.exp(-t / 1200.0))
+    v += 40 * MIB * np.sin(2 * np.pi * t / (24 * HOUR))
+    v += 60 * MIB * ((t % 300.0) / 300.0) + rng.normal(0, 3 * MIB, len(t))
+    v += np.maximum(0.0, t - onset_h * HOUR) * 48 * MIB / HOUR
+    return t, v
+
+
+def _first_onset(t, v, p) -> float | None:
+    first = leak.first_detection(leak.scan(t, v, p))
+    assert first is not None
+    return first[1].onset
+
+
+def test_onset_is_searched_in_the_recent_hours_not_the_whole_day():
+    """A knot searched over 24 h of floor that holds a daily swing lands late or nowhere; the
+    last 6 h (more than the longest trend window) hold the onset of what the windows found."""
+    new = leak.LeakParams()
+    old = leak.LeakParams(onset_lookback_s=24 * HOUR)
+    onset = 16.0 * HOUR
+    old_off = 0
+    for seed in range(4):
+        t, v = _swing_then_leak(seed)
+        est = _first_onset(t, v, new)
+        assert est is not None and abs(est - onset) <= 1800, (seed, est)
+        was = _first_onset(t, v, old)
+        old_off += was is None or abs(was - onset) > 1800
+    assert old_off >= 3
