@@ -81,6 +81,7 @@ def test_analyze_drift_detects_drop_and_iso_timestamps(tmp_path):
     assert out["detected"] is True and out["direction"] == "down"
     assert 0 < out["detected_at"] - (1.8e9 + c.onset) <= 600
     assert out["baseline_rate"] == pytest.approx(0.6, abs=0.03)
+    assert out["test"] in ("cusum", "window") and out["statistic"] >= out["test_threshold"] > 0
 
 
 def test_analyze_drift_no_change(tmp_path):

@@ -150,6 +150,11 @@ def analyze_drift(cols: dict[str, np.ndarray], args) -> dict:
         "rate_after": first.after if first else cus.recent_rate(),
         "change_at": first.change_at if first else None,
         "alarms": len(alarms),
+        # which test fired: the step CUSUM (statistic and threshold in nats) or the slow-drift
+        # window test (|z| against its z threshold, in standard errors)
+        "test": first.test if first else None,
+        "statistic": first.statistic if first else None,
+        "test_threshold": first.threshold if first else None,
         "threshold_nats": cus.threshold,
         "arl0_days": args.arl0_days,
         "tau": math.sqrt(cus.tau2) if cus.p0 is not None else None,
