@@ -3,8 +3,9 @@
 The method (docs/detectors.md, "Host-memory leak"), chosen on an independent generator's tuning
 seeds and reported on its sealed seeds (bench/detectors):
 
-1. **Segments.** A fall of RSS by more than 25 % between samples, or a hole over 30 min, is a
-   restart; each segment is judged on its own, and only the latest one live.
+1. **Segments.** A fall of RSS by more than 25 % between samples, a sample more than 256 MiB
+   under its segment's 30-minute floor (a new process that starts with the model loaded), or a
+   hole over 30 min, is a restart; each segment is judged on its own, and only the latest one live.
 2. **Floor.** The minimum of RSS over a trailing window, one point per 5 min bucket. The window
    is 10 min, or 1.5 x the allocator/GC sawtooth period measured from the series' own drops
    (up to 40 min), so the sawtooth vanishes whatever its period; a leak raises the floor.
@@ -34,6 +35,7 @@ from __future__ import annotations
 import functools
 import itertools
 import math
+from collections import deque
 from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
@@ -77,6 +79,11 @@ class LeakParams:
     step_sd: float = 5.0
     persistence: float = 0.5  # last-half slope must be >= this share of the window slope
     restart_drop: float = 0.25  # a fall by more than this fraction between samples = restart
+    # ... or below the trailing floor by more than this: a new process whose first sample already
+    # holds the model (a fall of only its start-up growth, 5-10 % of the RSS) is a restart too;
+    # GC drops and the end of a spike return to the floor, memory returned (<= 192 MiB) stays above
+    restart_below_floor_bytes: float = 256 * MIB
+    restart_floor_window_s: float = 1800.0
     max_gap_s: float = 1800.0  # a hole longer than this also starts a new segment
     confirm: int = 2  # consecutive buckets whose verdict must be "leak"
 
@@ -96,6 +103,7 @@ class LeakParams:
             windows_s=tuple(w / k for w in self.windows_s),
             min_slope_bps=self.min_slope_bps * k,
             max_gap_s=self.max_gap_s / k,
+            restart_floor_window_s=self.restart_floor_window_s / k,
         )
 
     def rise_for(self, i: int) -> float:
@@ -159,18 +167,48 @@ class LeakVerdict:
 # --- building blocks ------------------------------------------------------------------------
 
 
-def segments(t: np.ndarray, v: np.ndarray, drop: float = 0.25, max_gap_s: float = math.inf) -> list[slice]:
+def segments(
+    t: np.ndarray,
+    v: np.ndarray,
+    drop: float = 0.25,
+    max_gap_s: float = math.inf,
+    below_floor_bytes: float = math.inf,
+    floor_window_s: float = 1800.0,
+) -> list[slice]:
     """Index ranges between restarts: a sudden fall of RSS by more than ``drop`` (a new process
-    starts small) or a hole longer than ``max_gap_s``."""
+    starts small), a sample more than ``below_floor_bytes`` under the minimum of its segment's
+    last ``floor_window_s`` (a new process that starts where the model is loaded, below the old
+    one's floor by its start-up growth), or a hole longer than ``max_gap_s``."""
     if len(t) == 0:
         return []
     prev = v[:-1]
     with np.errstate(divide="ignore", invalid="ignore"):
         fell = (v[1:] < prev * (1.0 - drop)) & (prev > 0)
     gap = np.diff(t) > max_gap_s
-    cuts = np.flatnonzero(fell | gap) + 1
-    bounds = [0, *cuts.tolist(), len(t)]
+    cut = np.concatenate(([False], fell | gap))
+    if math.isfinite(below_floor_bytes):
+        cut |= _under_floor(t, v, cut, below_floor_bytes, floor_window_s)
+    bounds = [0, *np.flatnonzero(cut).tolist(), len(t)]
     return [slice(a, b) for a, b in itertools.pairwise(bounds) if b > a]
+
+
+def _under_floor(t: np.ndarray, v: np.ndarray, cut: np.ndarray, below: float, window_s: float) -> np.ndarray:
+    """Samples under the trailing minimum (of their segment, over ``window_s``) by more than
+    ``below``; a trailing-minimum deque, restarted at every cut, O(n)."""
+    out = np.zeros(len(t), dtype=bool)
+    q: deque[int] = deque()  # indices of increasing values: q[0] is the window's minimum
+    for i in range(len(t)):
+        if cut[i]:
+            q.clear()
+        while q and t[q[0]] < t[i] - window_s:
+            q.popleft()
+        if q and v[i] < v[q[0]] - below:
+            out[i] = True
+            q.clear()
+        while q and v[q[-1]] >= v[i]:
+            q.pop()
+        q.append(i)
+    return out
 
 
 def floor_series(
@@ -643,7 +681,7 @@ def _finish(v: LeakVerdict, f: SegmentFloor, k: int, p: LeakParams, coef, limit_
 
 def _segments(t, v, p: LeakParams, start_time: float | None = None):
     t, v = _clean(t, v)
-    segs = segments(t, v, p.restart_drop, p.max_gap_s)
+    segs = segments(t, v, p.restart_drop, p.max_gap_s, p.restart_below_floor_bytes, p.restart_floor_window_s)
     out = []
     for i, seg in enumerate(segs):
         ts, vs = t[seg], v[seg]
