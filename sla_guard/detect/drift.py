@@ -15,7 +15,7 @@ that) and grows afterwards only under a test that no change is present (ref_hold
 its standard error widens the bands (ref_margin). Beside the step pair, a slow-drift test (issue
 16, round 3) compares the mean rate over trailing windows of 10-80 min with the reference, in
 standard errors that include the reference's own error and a slow wander of the mix, at a z set
-from the ARL0 budget; it replaces round 2's narrow-band CUSUM pair (slow_cusum). The jitter tau
+from the ARL0 budget; it replaced round 2's narrow-band CUSUM pair (in git history). The jitter tau
 keeps learning from alarm-free blocks (jitter_blocks): a 1 h estimate is too rough for the exact
 threshold. The derivation and the measurements are in docs/detectors.md.
 
@@ -209,13 +209,9 @@ class RateDriftParams:
     # the start, each once refine_hold_s passed with no alarm. Off by default (issue 16): a learning baseline absorbs a
     # slow decline; the reference is frozen at the end of warm-up and its own error widens the band (ref_margin)
     refine_hold_s: float = 1800.0
-    slow: bool = True  # slow-drift tests (ramps) beside the step CUSUMs: the window test (trend_windows_s) and,
-    # with slow_cusum, round 2's narrow-band CUSUM pair (slow_tolerance, slow_shift)
-    slow_tolerance: float = 0.01  # its band beyond the reference's own error
-    slow_shift: float = 0.02  # its design shift beyond that band
+    slow: bool = True  # the slow-drift window test (ramps, trend_windows_s) beside the step CUSUMs
     ref_margin: float = 1.0  # bands widen by this many standard errors of the frozen reference (2 lost 7 points
     # of 0.10 steps within 10 min and 8 of ramps on the tuning seeds, with no false alarm at either; 0.5 raised 3)
-    slow_cusum: bool = False  # the slow pair as a narrow-band CUSUM (round 2) instead of / beside the window test
     trend_windows_s: tuple[float, ...] = (600.0, 1200.0, 2400.0, 4800.0)  # slow-drift test: mean rate over each of
     # these trailing windows against the reference, in standard errors
     trend_wander: float = 0.003  # s.d. of a slow wander of the workload mix between the reference and now (prior)
@@ -240,7 +236,7 @@ class RateDriftParams:
     @property
     def n_family(self) -> int:
         """Detectors sharing the ARL0 budget: the family, times the step pair plus each slow test."""
-        return self.family * (1 + (self.slow and self.slow_cusum) + (self.slow and self.trend))
+        return self.family * (1 + (self.slow and self.trend))
 
     @property
     def trend(self) -> bool:
@@ -329,11 +325,6 @@ class RateCusum:
     alarms: int = 0
     skipped: int = 0
     ref_se: float = 0.0  # standard error of the frozen reference p0 (long-run jitter and binomial)
-    h_slow: float | None = None  # threshold of the slow pair
-    s_down_slow: float = 0.0
-    s_up_slow: float = 0.0
-    since_down_slow: tuple[float, float, float] = (0.0, 0.0, 0.0)
-    since_up_slow: tuple[float, float, float] = (0.0, 0.0, 0.0)
     base_n2: float = 0.0  # sum of squared interval trials behind p0 (its long-run jitter error)
     base_m: int = 0  # intervals behind p0
     trend_rows: list[tuple[float, float, float]] = field(default_factory=list)  # (t, n, x) since warm-up, trimmed
@@ -350,12 +341,12 @@ class RateCusum:
     def threshold(self) -> float:
         return self.h if self.h is not None else self.params.threshold
 
-    def _band(self, direction: str, slow: bool = False) -> tuple[float, float]:
+    def _band(self, direction: str) -> tuple[float, float]:
         """(q0, p1): the band edge and the design rate beyond it, on one side of p0. The band is
         widened by the frozen reference's own error (ref_margin standard errors)."""
         p, p0 = self.params, float(self.p0)
-        tol = (p.slow_tolerance if slow else p.tolerance) + p.ref_margin * self.ref_se
-        shift = p.slow_shift if slow else p.shift
+        tol = p.tolerance + p.ref_margin * self.ref_se
+        shift = p.shift
         if direction == "down":
             q0 = max(p0 - tol, 2e-4)
             return q0, max(q0 - shift, 1e-4)
@@ -477,14 +468,11 @@ class RateCusum:
         at the worst theta up to that cap."""
         p, p0 = self.params, float(self.p0)
         self.tau2 = max(tau2, p.min_tau**2)
-        self.h = self.h_slow = p.threshold
+        self.h = p.threshold
         if p.arl_rule == "gaussian":
             sides = [d for d in ("down", "up") if p.sides in (d, "both")]
             theta = max(max_interval_information(p0, *self._band(d), self.tau2) for d in sides)
             self.h = threshold_gaussian_arl(p.arl0_s, p.interval_s, p.n_sides, p.n_family, theta)
-            if p.slow:
-                theta = max(max_interval_information(p0, *self._band(d, True), self.tau2) for d in sides)
-                self.h_slow = threshold_gaussian_arl(p.arl0_s, p.interval_s, p.n_sides, p.n_family, theta)
 
     def _jitter_block(self, t: float, n: float, x: float, fired: bool) -> None:
         """Refine tau from blocks of warmup_s after warm-up (a 1 h warm-up has ~60 intervals: its
@@ -570,22 +558,6 @@ class RateCusum:
                 direction = "down" if z < 0 else "up"
                 since = (t - p.trend_windows_s[k], big_n, big_x)
                 new = self._fire(t, direction, abs(z), since, p.trend_threshold, "window") or new
-        if p.slow and p.slow_cusum and p.sides in ("down", "both"):
-            h0, p1 = self._band("down", True)
-            self.s_down_slow, self.since_down_slow = self._step(
-                self.s_down_slow, self.since_down_slow, t, n, x, binomial_llr(x, n, h0, p1) / phi
-            )
-            if self.s_down_slow > self._h_slow:
-                new = self._fire(t, "down", self.s_down_slow, self.since_down_slow, self._h_slow) or new
-                self.s_down_slow, self.since_down_slow = 0.0, (t, 0.0, 0.0)
-        if p.slow and p.slow_cusum and p.sides in ("up", "both"):
-            h0, p1 = self._band("up", True)
-            self.s_up_slow, self.since_up_slow = self._step(
-                self.s_up_slow, self.since_up_slow, t, n, x, binomial_llr(x, n, h0, p1) / phi
-            )
-            if self.s_up_slow > self._h_slow:
-                new = self._fire(t, "up", self.s_up_slow, self.since_up_slow, self._h_slow) or new
-                self.s_up_slow, self.since_up_slow = 0.0, (t, 0.0, 0.0)
         if p.jitter_blocks > 0:
             self._jitter_block(t, n, x, new is not None)
         if p.refine_s > 0:
@@ -603,10 +575,6 @@ class RateCusum:
         if s <= 0:
             return 0.0, (t, 0.0, 0.0)
         return s, (since[0], since[1] + n, since[2] + x)
-
-    @property
-    def _h_slow(self) -> float:
-        return self.h_slow if self.h_slow is not None else self.threshold
 
     def _fire(self, t, direction, stat, since, h: float | None = None, test: str = "cusum") -> Alarm | None:
         """A crossing opens an alarm; while the same alarm is open it only refreshes it."""
@@ -645,9 +613,6 @@ class RateCusum:
             "cusum_down": self.s_down,
             "cusum_up": self.s_up,
             "threshold": self.threshold,
-            "slow_cusum_down": self.s_down_slow,
-            "slow_cusum_up": self.s_up_slow,
-            "slow_threshold": self._h_slow,
             "reference_se": self.ref_se,
             "trend_z": {
                 f"{w:g}": (z if math.isfinite(z) else None)
