@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import subprocess
@@ -9,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import psutil
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
@@ -16,7 +18,13 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from exporters import contract as c
 from exporters.process_collector import MultiprocessMirror, SnapshotCollector, read_snapshots
-from exporters.process_sampler import classify_title, parse_proc_status, take_snapshot, write_snapshot
+from exporters.process_sampler import (
+    FreezeCount,
+    classify_title,
+    parse_proc_status,
+    take_snapshot,
+    write_snapshot,
+)
 from exporters.prometheus import ContractMetrics
 
 
@@ -139,3 +147,54 @@ def test_multiprocess_mirror_leader_sets_contract_series(tmp_path):
             for s in f.samples if s.name.endswith("_total") and s.labels["generation"] == "0"]
     assert gen0 and gen0[0].value <= json.loads((tmp_path / f"proc-{os.getpid()}.json").read_text())[
         "gc_collections"][0] + 5
+
+
+def test_freeze_count_is_read_every_sample_while_cheap_and_rarely_once_it_walks():
+    """gc.get_freeze_count() walks the permanent generation under the GIL (~250 ms in a frozen
+    vLLM process): once a read costs, reads back off (doubling, >= cost / budget, <= max gap)."""
+    now, reads, cost = [0.0], [], [0.0]
+
+    def read() -> int:
+        time.sleep(cost[0])
+        reads.append(now[0])
+        return len(reads)
+
+    fc = FreezeCount(5.0, budget=0.001, cheap_s=0.001, max_gap_s=3600.0, clock=lambda: now[0], read=read)
+    for t in range(0, 30, 5):  # nothing frozen yet: each sample reads
+        now[0] = float(t)
+        fc()
+    assert reads == [0, 5, 10, 15, 20, 25]
+    cost[0] = 0.02  # a frozen heap: 20 ms per walk -> gap >= 20 s, then doubling
+    seen = []
+    for t in range(30, 20000, 5):
+        now[0] = float(t)
+        seen.append(fc())
+    gaps = np.diff([r for r in reads if r >= 30])
+    assert gaps[0] >= 20 and all(b >= a for a, b in itertools.pairwise(gaps)), gaps
+    assert max(gaps) <= 3600 + 5 and len(reads) <= 6 + 13, reads  # 30 s, then gaps 20, 40, ... 2560, 3600 x4
+    assert seen[-1] == len(reads)  # the last value read is reported between reads
+
+
+def test_freeze_count_reads_a_real_frozen_heap_rarely():
+    """The real walk in a subprocess with ~2M frozen objects (as after vLLM's start-up
+    gc.freeze()): over 60 simulated 5 s samples the value is right and, when the walk costs
+    (>= 1 ms), it runs at most a handful of times instead of 60."""
+    code = """
+import gc, json
+from exporters.process_sampler import FreezeCount
+junk = [[i] for i in range(2_000_000)]
+gc.freeze()
+now, walks = [0.0], []
+fc = FreezeCount(5.0, clock=lambda: now[0], read=lambda: walks.append(1) or gc.get_freeze_count())
+values = []
+for i in range(60):
+    now[0] = 5.0 * i
+    values.append(fc())
+print(json.dumps({"values": sorted(set(values)), "truth": gc.get_freeze_count(), "cost": fc.last_cost_s,
+                  "walks": len(walks)}))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).resolve().parent.parent).stdout
+    got = json.loads(out)
+    assert got["values"] == [got["truth"]] and got["truth"] >= 2_000_000, got
+    assert got["walks"] <= (5 if got["cost"] >= 0.001 else 60), got
