@@ -9,10 +9,12 @@ tree (API server, EngineCore, worker) over ``--idle-s`` seconds, after a warm-up
 alternate between the two servers; each streams ``--requests`` completions one after another and
 records the gaps between token chunks as the client reads them. Printed: idle CPU as % of one
 core and the ratio plugin / baseline (goal: <= 2), and the p99 and max token gap and their ratios
-(goal: p99 <= 1.2; the max, about 1 s on both sides here, is vLLM's own and only shown). Why: until 2026-12 the process sampler read ``gc.get_freeze_count()`` every
-5 s, a ~250 ms walk under the GIL in each frozen vLLM process; this script measured, before /
-after that fix: idle CPU 9.70 vs 0.87 % (ratio 11.2) / 1.23 vs 0.83 % (1.48), token gap p99
-14.3 vs 5.0 ms (2.86) / 4.0 vs 6.0 ms (0.67). See exporters/process_sampler.py.
+(goal: p99 <= 1.2; the max, about 1 s on both sides here, is vLLM's own and only shown).
+
+Why: until 2026-12 the process sampler read ``gc.get_freeze_count()`` every 5 s, a ~250 ms
+walk under the GIL in each frozen vLLM process; this script measured, before / after that fix:
+idle CPU 9.70 vs 0.87 % (ratio 11.2) / 1.23 vs 0.83 % (1.48), token gap p99 14.3 vs 5.0 ms
+(2.86) / 4.0 vs 6.0 ms (0.67). See exporters/process_sampler.py.
 
     .venv/bin/python bench/bench_hooks_idle.py [--idle-s 30] [--rounds 4] [--requests 6]
 
