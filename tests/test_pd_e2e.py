@@ -1,12 +1,11 @@
 """The client's SLA on a REAL CPU vLLM P/D pair (issue 14's done-when), as a new user would run it.
 
 Two vLLM engines (tiny model, ExampleConnector producer and consumer sharing a directory) behind
-``sla-guard-proxy`` started as its console entry point (``python -m pd_proxy``, a subprocess). The
-test is the client: it sends streaming completions through the proxy and times the first
-streamed token itself. Then:
+``sla-guard-proxy`` started as its console entry point (``python -m pd_proxy``, a subprocess). A
+client in its own process (tests/fixtures/stream_client.py) sends streaming completions through
+the proxy and times the first streamed token itself. Then:
 
-- the proxy's client-scope TTFT mean (its own /metrics) is within 5% of the client-measured mean,
-  (or 40 ms, the host's scheduling noise; see the comment at the assertion);
+- the proxy's client-scope TTFT mean (its own /metrics) is within 5% of the client-measured mean;
 - ``sla-guard check --json`` with the DEFAULT SLOs over the three targets (prefill, decode, and
   the proxy as ``pool: client``) exits 0, with a verdict for every pool and the client scope;
 - its TTFT breakdown sums to within 10% of the client-measured mean, every stage the router
@@ -17,14 +16,17 @@ The figures are printed (pytest -s) for the closing note.
 
 from __future__ import annotations
 
+import contextlib
 import json
-import socket
+import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import httpx
 import numpy as np
+import psutil
 import pytest
 import vllm_support as vs
 import yaml
@@ -32,33 +34,38 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from exporters import contract as c
 
+STREAM_CLIENT = Path(__file__).resolve().parent / "fixtures" / "stream_client.py"
+
 N_REQUESTS = 24
+# ExampleConnector's consumer cannot load KV that was prefilled in chunks ("shape mismatch [2048]
+# vs [2432]"): room for the longest prompt and its 128 tokens in one batch
+ONE_CHUNK = ["--max-model-len", "4096", "--max-num-batched-tokens", "4096"]
 WORDS = ["the", "quick", "brown", "fox", "jumps", "over", "the", "lazy", "dog", "while", "a", "patient",
          "operator", "reads", "the", "dashboards"]
 
 
 def _prompt(i: int, rng: np.random.Generator) -> str:
-    # ~390-1,430 tokens of the tiny tokenizer (the issue's reproduction used 180-1,200 words; the
-    # 2,048-token context must prefill in one chunk, or ExampleConnector's consumer fails)
-    n = int(rng.integers(150, 550))
+    # the issue's reproduction: 180-1,200 words (~470-3,100 tokens of the tiny tokenizer); each
+    # prompt prefills in one chunk (ONE_CHUNK), or ExampleConnector's consumer fails
+    n = int(rng.integers(180, 1200))
     return f"request {i}: " + " ".join(WORDS[j % len(WORDS)] for j in rng.integers(0, len(WORDS), n))
 
 
-def _stream_ttft(client: httpx.Client, url: str, body: dict, rid: str) -> float:
-    """Seconds from sending the request to the first streamed chunk that carries text (on a kept-alive
-    connection, as a client that sends more than one request does)."""
-    t0 = time.perf_counter()
-    first, lines = None, []
-    with client.stream("POST", url + "/v1/completions", json=body, headers={"X-Request-Id": rid}) as r:
-        assert r.status_code == 200, r.read()
-        for line in r.iter_lines():
-            lines = [*lines[-3:], line]
-            if first is None and line.startswith("data: ") and line != "data: [DONE]":
-                chunk = json.loads(line[6:])
-                if any(ch.get("text") for ch in chunk.get("choices", [])):
-                    first = time.perf_counter() - t0
-    assert first is not None, f"no streamed token; the stream ended with {lines}"
-    return first
+def _lower_priority(pid: int, nice: int = 10) -> None:
+    """An engine's process tree at ``nice``. In a deployment the client and the proxy do not queue
+    for a CPU behind both engines; on this 2-core host the client's thread waited 13-83 ms in the
+    run queue in some requests (its /proc schedstat), a wait no server can see that moved the
+    mean by 2-14 % between runs. Each engine runs in its own session, and with autogroup
+    scheduling (on here) a session competes as one group whatever its threads' nice values, so
+    the group's nice is set too (/proc/PID/autogroup); per-thread values cover kernels without
+    autogroup (Linux priorities are per thread)."""
+    with contextlib.suppress(OSError):
+        Path(f"/proc/{pid}/autogroup").write_text(str(nice))
+    root = psutil.Process(pid)
+    for proc in [root, *root.children(recursive=True)]:
+        for task in proc.threads():
+            with contextlib.suppress(OSError):
+                os.setpriority(os.PRIO_PROCESS, task.id, nice)
 
 
 def _client_ttft_mean(metrics_text: str) -> tuple[float, float]:
@@ -82,7 +89,7 @@ def test_client_ttft_measured_explained_and_judged_on_a_real_pd_pair(vllm_server
     storage.mkdir()
 
     def kv_args(role: str) -> list[str]:
-        return vs.example_connector_args(role, storage)
+        return [*vs.example_connector_args(role, storage), *ONE_CHUNK]
 
     prefill = vllm_server_factory(kv_args("kv_producer"), env={"VLLM_CPU_OMP_THREADS_BIND": "0"}, wait=False)
     decode = vllm_server_factory(kv_args("kv_consumer"), env={"VLLM_CPU_OMP_THREADS_BIND": "1"}, wait=False)
@@ -93,6 +100,8 @@ def test_client_ttft_measured_explained_and_judged_on_a_real_pd_pair(vllm_server
     try:
         vs.wait_healthy(prefill)
         vs.wait_healthy(decode)
+        for server in (prefill, decode):
+            _lower_priority(server.pid)
         proxy = subprocess.Popen([sys.executable, "-m", "pd_proxy", "--prefill", prefill.base_url,
                                   "--decode", decode.base_url, "--listen", f"127.0.0.1:{port}",
                                   "--log-level", "warning"], stdout=log, stderr=subprocess.STDOUT)
@@ -108,29 +117,29 @@ def test_client_ttft_measured_explained_and_judged_on_a_real_pd_pair(vllm_server
             time.sleep(0.2)
 
         rng = np.random.default_rng(14)
-        measured = []
-        # like a latency-aware client, no Nagle delay on the request body (httpx writes it apart from
-        # the headers): a delay the client would add and no server could see
-        nodelay = httpx.HTTPTransport(socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)])
         # 128 tokens a request: with 48, one pause of ~0.6 s in a request's stream (seen on this host,
         # mean TPOT 6 ms) put its TPOT over 20 ms and the 99% TPOT attainment of 24 requests below target
-        with httpx.Client(timeout=120, transport=nodelay) as client:
-            for i in range(N_REQUESTS):
-                body = {"model": vs.MODEL_NAME, "prompt": _prompt(i, rng), "max_tokens": 128, "ignore_eos": True,
-                        "temperature": 0.0, "stream": True}
-                measured.append(_stream_ttft(client, proxy_url, body, f"e2e-{i}"))
+        requests = [{"id": f"e2e-{i}", "body": {"model": vs.MODEL_NAME, "prompt": _prompt(i, rng), "max_tokens": 128,
+                                                "ignore_eos": True, "temperature": 0.0, "stream": True}}
+                    for i in range(N_REQUESTS)]
+        (tmp_path / "requests.json").write_text(json.dumps(requests))
+        # the client runs in its own process, as a user's does (tests/fixtures/stream_client.py says why)
+        r = subprocess.run([sys.executable, str(STREAM_CLIENT), proxy_url, str(tmp_path / "requests.json")],
+                           capture_output=True, text=True, timeout=600)
+        assert r.returncode == 0, r.stderr[-2000:]
+        measured = json.loads(r.stdout)
+        assert len(measured) == N_REQUESTS
         client_mean = float(np.mean(measured))
 
         proxy_mean, proxy_n = _client_ttft_mean(httpx.get(proxy_url + "/metrics", timeout=5).text)
         assert proxy_n == N_REQUESTS
         print(f"\nclient-measured TTFT mean {client_mean * 1000:.1f} ms over {N_REQUESTS} streaming requests; "
               f"proxy client scope {proxy_mean * 1000:.1f} ms ({100 * (proxy_mean / client_mean - 1):+.1f}%)")
-        # What no server can see: the client's own send path and the client and proxy waiting for a
-        # CPU on this 2-core host (measured: socket to the proxy's first middleware 0.3 ms, so
-        # stamping at the socket gains nothing). Run alone: 1-7 ms, -0.4..-3.7%. Inside the whole
-        # CI suite once 20.3 ms (-10.1% at 201 ms); 40 ms still catches a proxy that stamps arrival
-        # after the prefill leg (~90 ms late). Issue 14 stays open for the 5% in CI.
-        assert proxy_mean == pytest.approx(client_mean, rel=0.05, abs=0.040)
+        # What no server can see (per-request probe on one monotonic clock): the client's send path
+        # to the proxy's socket, 1-2 ms, and the relay of the first token to the client, 0.2-1 ms;
+        # plus, in a few requests a run, a client waiting 10-80 ms for a CPU (see _lower_priority).
+        # The issue's 180-1,200-word prompts keep this near 1-2 % of a ~200 ms TTFT.
+        assert proxy_mean == pytest.approx(client_mean, rel=0.05)
 
         cfg = {"source": {"mode": "scrape", "targets": [
             {"url": prefill.metrics_url, "model": vs.MODEL_NAME, "pool": "prefill"},
