@@ -32,7 +32,7 @@ def build(config: GuardConfig) -> dict:
              [q(pq.series(c.GUARD_LEAK_SLOPE, matchers=GUARD_SEL), "{{pool}} {{process}}")], "Bps", w=24,
              min0=False)
         p.row("Python runtime")
-        p.ts("GC frozen objects", "Objects in the permanent generation (gc.freeze).",
+        p.ts("GC frozen objects", c.PROCESS_GC_FROZEN.help,
              [q(pq.sum_by(PROC, pq.series(c.PROCESS_GC_FROZEN, matchers=s)), LEGEND)], w=8)
         p.ts("GC collections", "Python garbage collections per second by generation.",
              [q(pq.sum_by([*PROC, "generation"], pq.rate(c.PROCESS_GC_COLLECTIONS, RATE, matchers=s)),

@@ -234,7 +234,8 @@ PROCESS_MEMORY = _m("process_memory_bytes", Ga, "RSS split by kind=anon|file|shm
                     "By", (*PL, "kind"), P)
 PROCESS_GC_COLLECTIONS = _m("process_gc_collections", C, "Python GC collections by generation.", "1",
                             (*PL, "generation"), P)
-PROCESS_GC_FROZEN = _m("process_gc_frozen_objects", Ga, "Objects in the permanent generation (gc.freeze).",
+PROCESS_GC_FROZEN = _m("process_gc_frozen_objects", Ga, "Objects in the permanent generation (gc.freeze); "
+                       "once counting them costs (a walk under the GIL), re-read at most hourly.",
                        "1", PL, P)
 PROCESS_THREADS = _m("process_threads", Ga, "OS threads of the process.", "1", PL, P)
 PROCESS_OPEN_FDS = _m("process_open_fds", Ga, "Open file descriptors of the process.", "1", PL, P)
