@@ -1,7 +1,8 @@
 """A third series generator, written from issue 16's prose alone (not from ``families.py`` or
 ``sla_guard/detect/synthetic.py``), scored through ``sla-guard analyze`` as a user would run it.
 
-    .venv/bin/python bench/detectors/prose.py [--set tuning|sealed] [--seeds N] [--code-root DIR]
+    .venv/bin/python bench/detectors/prose.py [--set tuning|tuning-more|sealed] [--seeds N]
+        [--only leak|drift] [--verbose] [--code-root DIR]
 
 Per seed, seven leak series (timestamp, rss_bytes, limit_bytes; 30 s samples, 30-36 h; start-up
 growth of 300-700 MiB with tau 10-40 min, an allocator sawtooth of 70-110 MiB every 3-7 min,
@@ -13,9 +14,9 @@ draft_tokens, accepted_tokens; 15 s samples, 40 h; 20-200 drafts/s with a daily 
 0.5-0.8 with an AR(1) request-mix term of s.d. 0.015): a 0.10 step at hour 10 and at hour 30,
 none, and declines of 0.06 over 3 h from hours 4, 12 and 20.
 
-Tuning seeds 0, 100, 200 (looked at while changing a detector); sealed seeds 10000 + 100 i
-(reported, never tuned to). ``--code-root`` scores another checkout (e.g. a worktree of an older
-commit) on the same series.
+Tuning seeds 0, 100, 200 (looked at while changing a detector; ``tuning-more``: 300-1400, for
+diagnosis); sealed seeds 10000 + 100 i (reported, never tuned to). ``--code-root`` scores another
+checkout (e.g. a worktree of an older commit) on the same series.
 """
 
 from __future__ import annotations
@@ -35,7 +36,9 @@ MIB = 2.0**20
 H = 3600.0
 T0 = 1.8e9
 REPO = Path(__file__).resolve().parents[2]
-SETS = {"tuning": [0, 100, 200], "sealed": [10000 + 100 * i for i in range(10)]}
+SETS = {"tuning": [0, 100, 200], "sealed": [10000 + 100 * i for i in range(10)],
+        # more tuning seeds, for diagnosing what the three tuning seeds never miss
+        "tuning-more": [300 + 100 * i for i in range(12)]}
 
 
 def leak_series(out: Path, name: str, seed: int, hours=30.0, leak=0.0, onset_h=None, restart_h=None,
@@ -131,6 +134,8 @@ def main() -> int:
     ap.add_argument("--set", choices=tuple(SETS), default="tuning")
     ap.add_argument("--seeds", type=int, help="only the first N seeds of the set")
     ap.add_argument("--code-root", type=Path, default=REPO)
+    ap.add_argument("--only", choices=("leak", "drift"), help="only the leak or only the acceptance series")
+    ap.add_argument("--verbose", action="store_true", help="one line per series: seed, outcome, delay")
     args = ap.parse_args()
     rows: dict[str, list[dict]] = defaultdict(list)
     with tempfile.TemporaryDirectory() as tmp:
@@ -138,11 +143,15 @@ def main() -> int:
             d = Path(tmp) / str(s)
             d.mkdir()
             for c in cases(d, s):
+                if args.only and c["kind"] != args.only:
+                    continue
                 cmd = [sys.executable, "-m", "sla_guard.cli", "analyze", c["kind"], str(d / f"{c['name']}.csv")]
                 r = subprocess.run(cmd, capture_output=True, text=True, cwd=args.code_root, timeout=300)
                 if r.returncode != 0:
                     raise SystemExit(f"analyze failed on {c['name']} seed {s}: {r.stderr[-500:]}")
                 rows[c["name"]].append(judge(c, json.loads(r.stdout)))
+                if args.verbose:
+                    print(f"    seed {s} {c['name']}: {rows[c['name']][-1]}", flush=True)
     print(f"prose.py, {args.set} set, detectors from {args.code_root}")
     for name, rs in rows.items():
         n = len(rs)
