@@ -18,6 +18,8 @@ seeds and reported on its sealed seeds (bench/detectors):
    removed before it is tested, so what remains is the part of the growth that does not slow down;
    if the curve alone (tau <= 60 min, no line) fits about as well (``startup_only_slack``), the
    window is start-up and nothing is left to test (a line would otherwise carry the tail's slope).
+   A level step down (step 3: memory given back, a warm restart too shallow for step 1) counts as
+   a start for this curve: what follows it may be a refill.
 5. **Load** (optional): the floor's co-movement with the load's own floor (``diff_load_coef``,
    differences, so a trend cannot confound it) is removed.
 6. **Trend test** on the last 2 h and 4 h: Theil-Sen slope, Mann-Kendall z (variance
@@ -63,6 +65,7 @@ class LeakParams:
     # as a 23 MiB/h leak 4.3 h after a start). < 0 turns it off.
     startup_only_slack: float = 0.5
     startup_only_max_tau_s: float = 3600.0
+    release_refill: bool = True  # after a level step down, growth is tested against a refill curve
     # the onset's knot is searched in this much history: 1.5 x the longest window (24 h, round 2,
     # let daily swings place it hours off: 54 -> 69 % within 30 min on the tuning seeds)
     onset_lookback_s: float = 6 * HOUR
@@ -416,6 +419,7 @@ class SegmentFloor:
     y: np.ndarray
     window: np.ndarray
     load: np.ndarray | None = None
+    releases: np.ndarray | None = None  # bucket ends of level steps DOWN (memory given back)
 
 
 def _sub_minima(t: np.ndarray, v: np.ndarray, origin: float, sub: float, nsub: int) -> np.ndarray:
@@ -491,6 +495,7 @@ def segment_floor(
     # level steps: jumps beyond step_bytes and step_sd robust s.d. of the recent differences
     y = raw.copy()
     offset = 0.0
+    releases = []
     d = np.diff(raw)
     day = 24 * HOUR * p.bucket_s / 300.0
     for j in range(1, len(raw)):
@@ -500,8 +505,10 @@ def segment_floor(
         if abs(d[j - 1]) > max(p.step_bytes, p.step_sd * sd):
             typical = float(np.median(recent)) if len(recent) >= 6 else 0.0
             offset += d[j - 1] - typical
+            if d[j - 1] < 0:
+                releases.append(t[j])
         y[j] = raw[j] - offset
-    return SegmentFloor(start, t, raw, y, windows, lf)
+    return SegmentFloor(start, t, raw, y, windows, lf, np.asarray(releases, float))
 
 
 def _startup_removed(
@@ -620,8 +627,10 @@ def _judge(f: SegmentFloor, k: int, p: LeakParams, load_coef: float | None) -> L
             continue
         tested = True
         x, yw = tw - tw[0], y[m]
-        if tw[0] - f.start < p.long_warmup_s:
-            yw = _startup_removed(x, yw, tw - f.start, p.startup_taus_s, p.startup_only_slack, p.startup_only_max_tau_s)
+        origin = _refill_origin(f, now, p)
+        if tw[0] - origin < p.long_warmup_s:
+            yw = _startup_removed(x, yw, np.maximum(tw - origin, 0.0), p.startup_taus_s, p.startup_only_slack,
+                                  p.startup_only_max_tau_s)
         res = window_test(x, yw, p, w, p.rise_for(i))
         v.windows.append(res)
         if res.leak and (best is None or res.z > best.z):
@@ -633,6 +642,17 @@ def _judge(f: SegmentFloor, k: int, p: LeakParams, load_coef: float | None) -> L
     v.slope_bps, v.z, v.window_s = shown.slope_bps, shown.z, shown.window_s or 0.0
     v.p_value = one_sided_p(shown.z) if shown.z > 0 else 1.0
     return v
+
+
+def _refill_origin(f: SegmentFloor, now: float, p: LeakParams) -> float:
+    """Where start-up-like growth may begin: the segment's start, or a later level step down
+    within ``long_warmup_s`` (memory given back, or a warm restart too shallow for the restart
+    rule, is refilled along a start-up curve, not a leak)."""
+    if p.release_refill and f.releases is not None and len(f.releases):
+        r = f.releases[f.releases <= now]
+        if len(r) and now - r[-1] < p.long_warmup_s:
+            return float(max(r[-1], f.start))
+    return f.start
 
 
 def _onset(f: SegmentFloor, k: int, p: LeakParams, load_coef: float | None) -> float | None:
