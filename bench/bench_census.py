@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import itertools
 import json
 import shutil
 import statistics
@@ -54,22 +53,6 @@ def install_plugin(tmp: Path) -> Path:
     return target
 
 
-def stream_itls(base_url: str, prompt: str, max_tokens: int) -> list[float]:
-    """One streamed completion; the gaps between consecutive token chunks (seconds), as the
-    client reads them (chunks read together from one network buffer have gaps near 0)."""
-    import httpx
-
-    body = {"model": vs.MODEL_NAME, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
-            "ignore_eos": True, "stream": True}
-    stamps: list[float] = []
-    with httpx.stream("POST", base_url + "/v1/completions", json=body, timeout=120) as r:
-        r.raise_for_status()
-        for line in r.iter_lines():
-            if line.startswith("data: ") and line != "data: [DONE]":
-                stamps.append(time.perf_counter())
-    return [b - a for a, b in itertools.pairwise(stamps)]
-
-
 def load_round(base_url: str, seconds: float, concurrency: int, max_tokens: int
                ) -> tuple[list[float], list[float], int]:
     """Client ITL gaps, per-request TPOT ((last - first token) / (tokens - 1)), errors."""
@@ -84,7 +67,7 @@ def load_round(base_url: str, seconds: float, concurrency: int, max_tokens: int
         while not stop.is_set():
             n += 1
             try:
-                got = stream_itls(base_url, f"client {i} request {n} " + "a b c d " * 20, max_tokens)
+                got = vs.stream_token_gaps(base_url, f"client {i} request {n} " + "a b c d " * 20, max_tokens)
             except Exception:
                 errors[0] += 1
                 time.sleep(0.2)

@@ -30,7 +30,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import httpx
 import numpy as np
 import psutil
 
@@ -52,20 +51,6 @@ def tree_cpu_s(pid: int) -> float:
         except psutil.Error:
             pass
     return total
-
-
-def token_gaps(base_url: str, prompt: str, max_tokens: int) -> list[float]:
-    body = {"model": vs.MODEL_NAME, "prompt": prompt, "max_tokens": max_tokens, "stream": True,
-            "ignore_eos": True}
-    gaps, last = [], None
-    with httpx.Client(timeout=120) as client, client.stream("POST", base_url + "/v1/completions", json=body) as r:
-        for line in r.iter_lines():
-            if line.startswith("data: ") and line != "data: [DONE]":
-                now = time.perf_counter()
-                if last is not None:
-                    gaps.append(now - last)
-                last = now
-    return gaps
 
 
 def main() -> int:
@@ -102,7 +87,7 @@ def main() -> int:
             order = list(servers) if r % 2 == 0 else list(servers)[::-1]
             for k in order:
                 for i in range(args.requests):
-                    gaps[k] += token_gaps(servers[k].base_url, f"round {r} request {i} " + "a b c d " * 40,
+                    gaps[k] += vs.stream_token_gaps(servers[k].base_url, f"round {r} request {i} " + "a b c d " * 40,
                                           args.max_tokens)
     finally:
         for s in servers.values():

@@ -15,6 +15,7 @@ head_dim 32, ``--enforce-eager``, ready after ~30 s, ~1.7 GB RSS per engine.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import signal
@@ -216,6 +217,22 @@ def complete(base_url: str, prompt: str, max_tokens: int = 16, **extra) -> dict:
     r = httpx.post(base_url + "/v1/completions", json=body, timeout=120)
     r.raise_for_status()
     return r.json()
+
+
+def stream_token_gaps(base_url: str, prompt: str, max_tokens: int) -> list[float]:
+    """One streamed completion; the gaps between consecutive token chunks (seconds), as the
+    client reads them (chunks read together from one network buffer have gaps near 0)."""
+    import httpx
+
+    body = {"model": MODEL_NAME, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
+            "ignore_eos": True, "stream": True}
+    stamps: list[float] = []
+    with httpx.stream("POST", base_url + "/v1/completions", json=body, timeout=120) as r:
+        r.raise_for_status()
+        for line in r.iter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                stamps.append(time.perf_counter())
+    return [b - a for a, b in itertools.pairwise(stamps)]
 
 
 @contextlib.contextmanager

@@ -419,7 +419,7 @@ class SegmentFloor:
     y: np.ndarray
     window: np.ndarray
     load: np.ndarray | None = None
-    releases: np.ndarray | None = None  # bucket ends of level steps DOWN (memory given back)
+    releases: np.ndarray = field(default_factory=lambda: np.empty(0))  # bucket ends of level steps DOWN
 
 
 def _sub_minima(t: np.ndarray, v: np.ndarray, origin: float, sub: float, nsub: int) -> np.ndarray:
@@ -617,6 +617,7 @@ def _judge(f: SegmentFloor, k: int, p: LeakParams, load_coef: float | None) -> L
         return v
     best: WindowResult | None = None
     tested = False
+    origin = _refill_origin(f, now, p)
     for i, w in enumerate(p.windows_s):
         m = judged & (t > now - w)
         cnt = int(m.sum())
@@ -627,7 +628,6 @@ def _judge(f: SegmentFloor, k: int, p: LeakParams, load_coef: float | None) -> L
             continue
         tested = True
         x, yw = tw - tw[0], y[m]
-        origin = _refill_origin(f, now, p)
         if tw[0] - origin < p.long_warmup_s:
             yw = _startup_removed(x, yw, np.maximum(tw - origin, 0.0), p.startup_taus_s, p.startup_only_slack,
                                   p.startup_only_max_tau_s)
@@ -648,7 +648,7 @@ def _refill_origin(f: SegmentFloor, now: float, p: LeakParams) -> float:
     """Where start-up-like growth may begin: the segment's start, or a later level step down
     within ``long_warmup_s`` (memory given back, or a warm restart too shallow for the restart
     rule, is refilled along a start-up curve, not a leak)."""
-    if p.release_refill and f.releases is not None and len(f.releases):
+    if p.release_refill:
         r = f.releases[f.releases <= now]
         if len(r) and now - r[-1] < p.long_warmup_s:
             return float(max(r[-1], f.start))
