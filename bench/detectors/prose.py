@@ -2,7 +2,7 @@
 ``sla_guard/detect/synthetic.py``), scored through ``sla-guard analyze`` as a user would run it.
 
     .venv/bin/python bench/detectors/prose.py [--set tuning|tuning-more|sealed] [--seeds N]
-        [--only leak|drift] [--verbose] [--code-root DIR]
+        [--only leak|drift] [--verbose] [--code-root DIR] [--detector production|simple]
 
 Per seed, seven leak series (timestamp, rss_bytes, limit_bytes; 30 s samples, 30-36 h; start-up
 growth of 300-700 MiB with tau 10-40 min, an allocator sawtooth of 70-110 MiB every 3-7 min,
@@ -16,7 +16,8 @@ none, and declines of 0.06 over 3 h from hours 4, 12 and 20.
 
 Tuning seeds 0, 100, 200 (looked at while changing a detector; ``tuning-more``: 300-1400, for
 diagnosis); sealed seeds 10000 + 100 i (reported, never tuned to). ``--code-root`` scores another
-checkout (e.g. a worktree of an older commit) on the same series.
+checkout (e.g. a worktree of an older commit) on the same series. ``--detector simple`` scores the
+issue's plain methods (``simple.py``) in-process on the same CSV files instead.
 """
 
 from __future__ import annotations
@@ -129,6 +130,19 @@ def judge(case: dict, out: dict) -> dict:
     return r
 
 
+def simple_analyze(kind: str, path: Path) -> dict:
+    """What ``sla-guard analyze`` reports (first detection, onset), from the simple methods."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import simple
+
+    d = np.loadtxt(path, delimiter=",", skiprows=1)
+    if kind == "leak":
+        first = next(((at, v) for at, v in simple.leak_scan(d[:, 0], d[:, 1]) if v.detected), None)
+        return {"detected_at": first[0], "onset": first[1].onset} if first else {}
+    alarms, _ = simple.rate_scan(d[:, 0], d[:, 1], d[:, 2])
+    return {"detected_at": alarms[0].at} if alarms else {}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--set", choices=tuple(SETS), default="tuning")
@@ -136,6 +150,7 @@ def main() -> int:
     ap.add_argument("--code-root", type=Path, default=REPO)
     ap.add_argument("--only", choices=("leak", "drift"), help="only the leak or only the acceptance series")
     ap.add_argument("--verbose", action="store_true", help="one line per series: seed, outcome, delay")
+    ap.add_argument("--detector", choices=("production", "simple"), default="production")
     args = ap.parse_args()
     rows: dict[str, list[dict]] = defaultdict(list)
     with tempfile.TemporaryDirectory() as tmp:
@@ -145,14 +160,18 @@ def main() -> int:
             for c in cases(d, s):
                 if args.only and c["kind"] != args.only:
                     continue
-                cmd = [sys.executable, "-m", "sla_guard.cli", "analyze", c["kind"], str(d / f"{c['name']}.csv")]
+                path = d / f"{c['name']}.csv"
+                if args.detector == "simple":
+                    rows[c["name"]].append(judge(c, simple_analyze(c["kind"], path)))
+                    continue
+                cmd = [sys.executable, "-m", "sla_guard.cli", "analyze", c["kind"], str(path)]
                 r = subprocess.run(cmd, capture_output=True, text=True, cwd=args.code_root, timeout=300)
                 if r.returncode != 0:
                     raise SystemExit(f"analyze failed on {c['name']} seed {s}: {r.stderr[-500:]}")
                 rows[c["name"]].append(judge(c, json.loads(r.stdout)))
                 if args.verbose:
                     print(f"    seed {s} {c['name']}: {rows[c['name']][-1]}", flush=True)
-    print(f"prose.py, {args.set} set, detectors from {args.code_root}")
+    print(f"prose.py, {args.set} set, {args.detector} detectors from {args.code_root}")
     for name, rs in rows.items():
         n = len(rs)
         fa = sum(r.get("false_alarm", False) for r in rs)

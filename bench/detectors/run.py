@@ -33,12 +33,16 @@ if os.environ.get("BENCH_CODE_ROOT"):
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import families as fam  # noqa: E402
+import simple  # noqa: E402
 
 from sla_guard.detect import drift, leak  # noqa: E402
 
 HOUR, DAY = fam.HOUR, fam.DAY
 LEAK_PARAMS = leak.LeakParams()
 RATE_PARAMS = drift.RateDriftParams()
+DETECTOR = "production"  # or "simple": the plain methods (bench/detectors/simple.py), RSS only
+SIMPLE_LEAK = simple.SimpleLeakParams()
+SIMPLE_RATE = simple.SimpleRateParams()
 SETS = {"tuning": fam.TUNING_SEEDS.start, "sealed": fam.SEALED_SEEDS.start}
 
 # corpus sizes per set: (full, quick)
@@ -73,7 +77,10 @@ def leak_job(args) -> dict:
            "days": ((c.onset if c.onset is not None else c.t[-1]) - c.t[0]) / DAY}
     hold = min(LEAK_PARAMS.windows_s)
     for mode, load in (("rss", None), ("load", (c.t, c.running))):
-        vs = leak.scan(c.t, c.rss, LEAK_PARAMS, limit_bytes=c.limit_bytes, load=load)
+        if DETECTOR == "simple":  # no load-aware mode: both columns are the RSS-only method
+            vs = simple.leak_scan(c.t, c.rss, SIMPLE_LEAK)
+        else:
+            vs = leak.scan(c.t, c.rss, LEAK_PARAMS, limit_bytes=c.limit_bytes, load=load)
         eps = leak.episodes(vs, hold)
         first_after = next(((at, v) for at, v in vs if v.detected and c.onset is not None and at >= c.onset), None)
         out[mode] = {"alarms": [s for s, _ in eps],
@@ -85,7 +92,10 @@ def leak_job(args) -> dict:
 def rate_job(args) -> dict:
     cohort, seed, kind, change = args
     c = fam.rate_case(seed, kind=kind, change=change)
-    alarms, _cus = drift.scan_rate(c.t, c.drafts, c.accepted, RATE_PARAMS)
+    if DETECTOR == "simple":
+        alarms, _cus = simple.rate_scan(c.t, c.drafts, c.accepted, SIMPLE_RATE)
+    else:
+        alarms, _cus = drift.scan_rate(c.t, c.drafts, c.accepted, RATE_PARAMS)
     return {"cohort": cohort, "name": c.name, "onset": c.onset, "kind": kind, "change": c.change,
             "per_hour": c.per_hour, "family": c.family, "t_end": float(c.t[-1]),
             "deadline": (c.onset + 600.0 if kind == "step" else c.deviation_time(0.04)) if c.onset else None,
@@ -275,10 +285,18 @@ def main(argv=None) -> int:
     ap.add_argument("--verbose", action="store_true", help="list misses and false alarms (tuning set only)")
     ap.add_argument("--leak-param", action="append", default=[], metavar="FIELD=VALUE")
     ap.add_argument("--rate-param", action="append", default=[], metavar="FIELD=VALUE")
+    ap.add_argument("--detector", choices=("production", "simple"), default="production",
+                    help="simple: the issue's plain methods (bench/detectors/simple.py); --leak-param and "
+                         "--rate-param then set SimpleLeakParams / SimpleRateParams fields")
     a = ap.parse_args(argv)
-    global LEAK_PARAMS, RATE_PARAMS
-    LEAK_PARAMS = _params(leak.LeakParams, a.leak_param, "--leak-param")
-    RATE_PARAMS = _params(drift.RateDriftParams, a.rate_param, "--rate-param")
+    global LEAK_PARAMS, RATE_PARAMS, DETECTOR, SIMPLE_LEAK, SIMPLE_RATE
+    DETECTOR = a.detector
+    if DETECTOR == "simple":
+        SIMPLE_LEAK = _params(simple.SimpleLeakParams, a.leak_param, "--leak-param")
+        SIMPLE_RATE = _params(simple.SimpleRateParams, a.rate_param, "--rate-param")
+    else:
+        LEAK_PARAMS = _params(leak.LeakParams, a.leak_param, "--leak-param")
+        RATE_PARAMS = _params(drift.RateDriftParams, a.rate_param, "--rate-param")
     sets = ["tuning", "sealed"] if a.set == "both" else [a.set]
     t0 = time.time()
     lsc, rsc = {}, {}
@@ -308,7 +326,7 @@ def main(argv=None) -> int:
         print(rate_table(rsc))
     print("\n(k/n; lo-hi): count and 95 % Wilson interval; false alarms: 95 % Poisson interval; "
           "ARL0 >= its lower 95 % bound")
-    print(f"{'quick' if a.quick else 'full'} run, {time.time() - t0:.0f} s, detectors from "
+    print(f"{'quick' if a.quick else 'full'} run, {time.time() - t0:.0f} s, {DETECTOR} detectors from "
           f"{Path(leak.__file__).resolve().parents[2]}")
     return 0
 
