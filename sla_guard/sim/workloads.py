@@ -5,9 +5,10 @@ A workload is a recipe, not a file: ``Workload.trace()`` builds its :class:`Trac
 seed on demand, ``Workload.profile(base)`` adapts the simulator profile (MTP acceptance level).
 The suite is deterministic: the same name and seed give the same requests.
 
-Families (each load phase outlasts a 10-minute cold start):
+Families (each load phase outlasts a 10-minute cold start, except bursty's bursts):
 
-- ``bursty``: a base rate with bursts of 2-3x lasting 4-9 minutes, 10-25 minutes apart;
+- ``bursty``: a base rate with bursts of 2-3x lasting 4-9 minutes, 10-25 minutes apart (shorter
+  than a cold start: only capacity already standing meets them);
 - ``diurnal``: a compressed day, rate = base x (1 + a sin(2 pi t / period)), 2.5-4x peak/trough;
 - ``step_up`` / ``step_down``: one step of 2-2.8x after 40-55% of the run;
 - ``ramp``: a slow linear ramp from 0.7x to 2-2.4x over the whole run;
