@@ -30,9 +30,10 @@ class SimpleLeakParams:
     window_s: float = 2 * HOUR  # the 2 h Theil-Sen slope
     min_span_s: float = 3600.0  # at least this much floor since the segment's (re)start or step
     warmup_s: float = 4 * HOUR  # nothing judged this long after a restart: prose.py's start-up growth
-    # (tau up to 40 min) still rose 100 MiB/h after 90 min (tuning: FA 25 -> 4 of 84 series at 3-4 h)
+    # (tau up to 40 min) still rises ~100 MiB/h at 90 min (tuning-more: 11-39 of 84 series alarmed
+    # early with 90 min, 4 with 3-4 h, none once a step down also restarts the warm-up)
     min_slope_mib_h: float = 16.0  # a slope at or above this is a leak
-    step_mib: float = 64.0  # a floor jump beyond this between two buckets starts a new segment
+    step_mib: float = 64.0  # a floor jump beyond this between two buckets starts a new slope window
     confirm: int = 4  # consecutive buckets that must agree
     restart_drop: float = 0.25  # a fall by more than this share between samples is a restart
     restart_below_floor_mib: float = 256.0  # ... or a sample this far under the last 30 min's minimum
