@@ -55,6 +55,6 @@ def test_simple_cusum_flags_a_step_against_the_first_hour():
     n = rng.poisson(100 * 15.0, t.size)
     p = np.where(t >= 6 * H, 0.6, 0.7)
     x = rng.binomial(n, p)
-    alarms, _ = simple.rate_scan(t, np.cumsum(n), np.cumsum(x))
+    alarms = simple.rate_scan(t, np.cumsum(n), np.cumsum(x))
     assert alarms and alarms[0].direction == "down"
     assert 6 * H <= alarms[0].at <= 6 * H + 600

@@ -32,6 +32,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
+import simple  # bench/detectors/, beside this script
 
 MIB = 2.0**20
 H = 3600.0
@@ -132,14 +133,11 @@ def judge(case: dict, out: dict) -> dict:
 
 def simple_analyze(kind: str, path: Path) -> dict:
     """What ``sla-guard analyze`` reports (first detection, onset), from the simple methods."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    import simple
-
     d = np.loadtxt(path, delimiter=",", skiprows=1)
     if kind == "leak":
         first = next(((at, v) for at, v in simple.leak_scan(d[:, 0], d[:, 1]) if v.detected), None)
         return {"detected_at": first[0], "onset": first[1].onset} if first else {}
-    alarms, _ = simple.rate_scan(d[:, 0], d[:, 1], d[:, 2])
+    alarms = simple.rate_scan(d[:, 0], d[:, 1], d[:, 2])
     return {"detected_at": alarms[0].at} if alarms else {}
 
 

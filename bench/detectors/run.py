@@ -93,7 +93,7 @@ def rate_job(args) -> dict:
     cohort, seed, kind, change = args
     c = fam.rate_case(seed, kind=kind, change=change)
     if DETECTOR == "simple":
-        alarms, _cus = simple.rate_scan(c.t, c.drafts, c.accepted, SIMPLE_RATE)
+        alarms = simple.rate_scan(c.t, c.drafts, c.accepted, SIMPLE_RATE)
     else:
         alarms, _cus = drift.scan_rate(c.t, c.drafts, c.accepted, RATE_PARAMS)
     return {"cohort": cohort, "name": c.name, "onset": c.onset, "kind": kind, "change": c.change,

@@ -99,7 +99,6 @@ class SimpleRateParams:
     shift: float = 0.025  # the CUSUM's design shift (detect declines before they are this far down)
     arl0_days: float = 30.0
     hold_s: float = 3600.0  # after an alarm (an open finding) nothing new is raised this long
-    correlated: bool = True  # inflate the interval variance by the reference hour's lag-1 correlation
 
 
 @dataclass(slots=True)
@@ -109,7 +108,7 @@ class SimpleAlarm:
 
 
 def rate_scan(t: np.ndarray, trials: np.ndarray, successes: np.ndarray,
-              p: SimpleRateParams = SimpleRateParams()) -> tuple[list[SimpleAlarm], None]:
+              p: SimpleRateParams = SimpleRateParams()) -> list[SimpleAlarm]:
     """Two one-sided Gaussian CUSUMs of the interval rate against the first hour's rate, each
     interval weighted by its variance there (binomial plus the reference hour's extra-binomial
     jitter), threshold from Lorden's bound at the ARL0 budget (two sides)."""
@@ -124,10 +123,10 @@ def rate_scan(t: np.ndarray, trials: np.ndarray, successes: np.ndarray,
     te, nn, xx = te[keep], nn[keep], xx[keep]
     alarms: list[SimpleAlarm] = []
     if len(te) == 0:
-        return alarms, None
+        return alarms
     ref = te < te[0] + p.reference_s
     if ref.sum() < 10:
-        return alarms, None
+        return alarms
     p0 = float(xx[ref].sum() / nn[ref].sum())
     r = xx[ref] / nn[ref]
     binom = p0 * (1 - p0) / nn[ref]
@@ -135,7 +134,7 @@ def rate_scan(t: np.ndarray, trials: np.ndarray, successes: np.ndarray,
     # a request mix outlives one interval: sums of correlated intervals vary more (lag-1 inflation)
     e = r - p0
     rho = float(e[1:] @ e[:-1] / (e @ e)) if float(e @ e) > 0 else 0.0
-    inflate = 1.0 + 2.0 * min(max(rho, 0.0), 0.9) if p.correlated else 1.0
+    inflate = 1.0 + 2.0 * min(max(rho, 0.0), 0.9)
     h = math.log(p.arl0_days * 86400.0 / p.interval_s * 2)
     d = p.shift
     s_dn = s_up = 0.0
@@ -154,4 +153,4 @@ def rate_scan(t: np.ndarray, trials: np.ndarray, successes: np.ndarray,
                 s_dn = s_up = 0.0
                 quiet_until = at + p.hold_s
                 break
-    return alarms, None
+    return alarms
