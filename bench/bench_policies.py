@@ -201,6 +201,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--split", choices=("tuning", "sealed"), default="sealed")
     ap.add_argument("--quick", action="store_true", help="3 short tuning workloads (a smoke run)")
     ap.add_argument("--workloads", nargs="*", help="only workloads whose name contains one of these")
+    ap.add_argument("--seeds", type=int, nargs="+",
+                    help="more tuning data: the generated families at these seeds, alternating as in the suite "
+                         "(never 100-199, the sealed seeds); the trace workloads keep their fixed plans and are left "
+                         "out")
     ap.add_argument("--policies", nargs="+", default=list(POLICIES))
     ap.add_argument("--no-static", action="store_true", help="skip the best-static search")
     ap.add_argument("--out", type=Path, default=Path("out/bench_policies"))
@@ -218,7 +222,10 @@ def main(argv: list[str] | None = None) -> int:
             r = json.loads(line)
             key = r["policy"] if r["policy"] != "static" else f"static:{r.get('size')}"
             reuse[(r["workload"], key)] = r
-    ws = quick_suite() if args.quick else suite(args.split)
+    if args.seeds and (args.split != "tuning" or any(100 <= s < 200 for s in args.seeds)):
+        ap.error("--seeds adds tuning data: use it with --split tuning and seeds outside 100-199 (sealed)")
+    ws = quick_suite() if args.quick else suite(args.split, seeds=tuple(args.seeds) if args.seeds else None,
+                                               traces=not args.seeds)
     if args.workloads:
         ws = [w for w in ws if any(k in w.name for k in args.workloads)]
     cells = []
