@@ -140,9 +140,10 @@ class FreezeCount:
 
     def __init__(self, first_gap_s: float, *, budget: float = 0.001, cheap_s: float = 0.001,
                  max_gap_s: float = 3600.0, clock: Callable[[], float] = time.monotonic,
-                 read: Callable[[], int] = gc.get_freeze_count) -> None:
+                 read: Callable[[], int] = gc.get_freeze_count,
+                 timer: Callable[[], float] = time.perf_counter) -> None:
         self.first_gap_s, self.budget, self.cheap_s, self.max_gap_s = first_gap_s, budget, cheap_s, max_gap_s
-        self._clock, self._read = clock, read
+        self._clock, self._read, self._timer = clock, read, timer
         self._gap = first_gap_s
         self._due = -math.inf
         self.value: int | None = None
@@ -152,9 +153,9 @@ class FreezeCount:
         now = self._clock()
         if now < self._due:
             return self.value
-        t0 = time.perf_counter()
+        t0 = self._timer()
         self.value = self._read()
-        self.last_cost_s = cost = time.perf_counter() - t0
+        self.last_cost_s = cost = self._timer() - t0
         if cost < self.cheap_s:
             self._gap = self.first_gap_s
         else:
