@@ -299,6 +299,30 @@ def test_head_of_line_risk_keeps_a_second_replica_for_heavy_tailed_prompts():
     assert size_prefill(light, cap, knobs).fits_at_n_minus_1
 
 
+def test_head_of_line_check_is_held_to_the_recent_long_prompt_burst():
+    """Between two bursts of long prompts the window's share is small and N-1 looks safe; the
+    share the check is held to (``hol_busy_share``, the burst seen within the recurrence horizon)
+    keeps the replica that routes around the next burst."""
+    cap = PrefillCapacity(tokens_per_s=100_000.0, samples=10)
+    between = _p(uncached_tps=16_000.0, ttft_tail_s=0.8, long_busy_share=0.01)
+    assert size_prefill(between, cap, PK).fits_at_n_minus_1
+    remembered = _p(uncached_tps=16_000.0, ttft_tail_s=0.8, long_busy_share=0.01, hol_busy_share=0.2)
+    s = size_prefill(remembered, cap, PK)
+    assert not s.fits_at_n_minus_1 and s.numbers["head_of_line_risk_at_n_minus_1"] == pytest.approx(0.4)
+
+
+def test_advisor_remembers_long_prefill_work_not_share():
+    """The remembered burst is work (share x ready replicas), so a burst seen on 2 replicas at
+    30% each is 15% on 4 replicas; it is forgotten after the recurrence horizon."""
+    from sla_guard.scale.advisor import Advisor
+
+    adv = Advisor(AdvisorConfig.model_validate({"recurrence_horizon_s": 3600}), model="*")
+    assert adv._long_busy_recent(0.0, 0.3, 2) == pytest.approx(0.3)
+    assert adv._long_busy_recent(600.0, 0.0, 4) == pytest.approx(0.15)
+    assert adv._long_busy_recent(1200.0, None, 4) == pytest.approx(0.15)  # no reading: still remembered
+    assert adv._long_busy_recent(3700.0, 0.01, 4) == pytest.approx(0.01)  # the burst is past the horizon
+
+
 def test_long_prefill_seconds_from_histogram_buckets():
     """Per-le increases (cumulative, ``increase(..._bucket[w])`` by le via promql.split_le) -> seconds spent on
     prefills longer than the threshold, at bucket midpoints (+Inf at its lower bound)."""

@@ -277,6 +277,18 @@ class Advisor:
         vals = [v for t, v in hist if t >= now - self._rails(pool).stabilization_down_s]
         return max(vals) if vals else None
 
+    def _long_busy_recent(self, now: float, share: float | None, ready: int) -> float | None:
+        """The long-prompt share per ready replica that the N-1 head-of-line check is held to: the
+        most long-prefill work (share x replicas, in replicas kept busy) seen over the recurrence
+        horizon, spread over today's ready replicas. Long prompts come in bursts further apart
+        than the stabilisation window, and a shrink judged between two bursts meets the next one
+        with one replica fewer to route around it."""
+        hist = self.learned.waiting_hist.setdefault("prefill_long_work", deque(maxlen=512))
+        if share is not None and ready > 0:
+            hist.append((now, share * ready))
+        vals = [v for t, v in hist if t >= now - self.cfg.recurrence_horizon_s]
+        return max(vals) / ready if vals and ready > 0 else None
+
     def _trend(self, hist: deque, now: float, value: float | None, span_s: float) -> float | None:
         if value is None:
             return None
@@ -322,6 +334,7 @@ class Advisor:
                          settled=settled,
                          # long prompts come in bursts: the window's share can be 0 between two
                          long_busy_share=self._peak("prefill_long_busy", now, t.get("long_busy_share")),
+                         hol_busy_share=self._long_busy_recent(now, t.get("long_busy_share"), counts[0]),
                          # half the start time: a linear trend is not trusted further than that
                          demand_slope=dslope, trend_horizon_s=0.25 * self.start_time("prefill"),
                          backlog_horizon_s=0.25 * self.start_time("prefill"))

@@ -39,6 +39,9 @@ class PrefillObs:
     settled: bool = True  # no replica started within the observation window (its tails are current)
     # share of a ready replica's time spent on prefills that alone take over half the TTFT SLA
     long_busy_share: float | None = None
+    # the long-prompt share the N-1 head-of-line check is held to: its peak over the recurrence
+    # horizon (long prompts come in bursts further apart than a window; None: the window's)
+    hol_busy_share: float | None = None
     demand_slope: float | None = None  # uncached tokens/s per second: the arrival trend
     trend_horizon_s: float = 0.0  # how far the arrival trend is projected (until ordered replicas serve)
     # replicas ordered now serve after a start time: a backlog is sized to drain over a share of it,
@@ -229,7 +232,7 @@ def size_prefill(obs: PrefillObs, cap: PrefillCapacity, k: PrefillKnobs) -> Sizi
         if idle:
             nums["idle_at_n_minus_1"] = 1.0
         if obs.long_busy_share is not None and obs.ready > 0:
-            hol = head_of_line_risk(obs.long_busy_share, obs.ready, n_eff - 1)
+            hol = head_of_line_risk(max(obs.long_busy_share, obs.hol_busy_share or 0.0), obs.ready, n_eff - 1)
             nums["head_of_line_risk_at_n_minus_1"] = round(hol, 4)
             if hol > k.hol_budget:
                 fits = strong = False
