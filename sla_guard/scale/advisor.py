@@ -268,13 +268,14 @@ class Advisor:
                      failed_size_load_ratio=cfg.failed_size_load_ratio,
                      recurrence_horizon_s=cfg.recurrence_horizon_s, no_reversal_s=cfg.no_reversal_s)
 
-    def _peak(self, key: str, now: float, value: float | None) -> float | None:
-        """Highest value over the stabilisation window (bounded history)."""
+    def _peak(self, key: str, now: float, value: float | None, span_s: float | None = None) -> float | None:
+        """Highest value over ``span_s`` (default: the stabilisation window; bounded history)."""
         hist = self.learned.waiting_hist.setdefault(key, deque(maxlen=512))
         if value is not None:
             hist.append((now, value))
-        pool = "prefill" if key.startswith("prefill") else "decode"
-        vals = [v for t, v in hist if t >= now - self._rails(pool).stabilization_down_s]
+        if span_s is None:
+            span_s = self._rails("prefill" if key.startswith("prefill") else "decode").stabilization_down_s
+        vals = [v for t, v in hist if t >= now - span_s]
         return max(vals) if vals else None
 
     def _long_busy_recent(self, now: float, share: float | None, ready: int) -> float | None:
@@ -283,11 +284,9 @@ class Advisor:
         horizon, spread over today's ready replicas. Long prompts come in bursts further apart
         than the stabilisation window, and a shrink judged between two bursts meets the next one
         with one replica fewer to route around it."""
-        hist = self.learned.waiting_hist.setdefault("prefill_long_work", deque(maxlen=512))
-        if share is not None and ready > 0:
-            hist.append((now, share * ready))
-        vals = [v for t, v in hist if t >= now - self.cfg.recurrence_horizon_s]
-        return max(vals) / ready if vals and ready > 0 else None
+        work = self._peak("prefill_long_work", now, share * ready if share is not None and ready > 0 else None,
+                          self.cfg.recurrence_horizon_s)
+        return work / ready if work is not None and ready > 0 else None
 
     def _trend(self, hist: deque, now: float, value: float | None, span_s: float) -> float | None:
         if value is None:
