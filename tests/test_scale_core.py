@@ -81,6 +81,22 @@ def test_step_model_learns_linear_step_time():
     assert m.batch_for_step_time(0.017) == pytest.approx(45, rel=0.05)
 
 
+def test_step_model_one_slow_step_does_not_reset_the_intercept():
+    """Small batches, where step time hardly moves with the batch, then one slow step (after an
+    idle spell) whose update would turn the slope negative: the slope is held at its bound and
+    the intercept moves only as far as the fit's covariance says, not to that one sample (it
+    used to: a TPOT floor over the SLA from one sample, and decode grew at a 14.5 ms tail)."""
+    m = StepModel(a=0.036, b=9.7e-5)
+    for i in range(40):
+        batch = 2 + i % 6
+        m = update_step_model(m, batch, 0.0366 + 1e-5 * batch + (0.0004 if i % 2 else -0.0004))
+    assert m.a == pytest.approx(0.0366, abs=0.002)
+    slow = update_step_model(m, 1.0, 0.066)
+    assert slow.b == pytest.approx(1e-7)
+    assert slow.a < 0.045, slow  # one sample moves it, but not to 66 ms
+    assert slow.a >= m.a
+
+
 def test_spec_decode_acceptance_raises_decode_capacity():
     m = StepModel(a=0.008, b=0.0004, samples=50)
     obs = DecodeObs(ready=2, starting=0, running=100.0, accepted_len=1.0)
