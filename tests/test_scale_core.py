@@ -440,3 +440,31 @@ def test_scale_down_waits_out_a_load_that_recurs():
         if d.direction == "down":
             break
     assert d.direction == "down" and d.desired == 2
+
+
+@pytest.mark.parametrize("interval_s", [1.0, 5.0, 15.0])
+def test_memories_cover_their_span_at_any_decision_interval(interval_s):
+    """The advisor's bounded histories hold points a span / bound apart, not one per tick: a
+    long-prefill burst stays remembered over the 2 h recurrence horizon, the 5-minute demand
+    trend is computed, and a pool's recurrence memory sees a need 100 minutes back, at 1 s
+    ticks as at 15 s (a bound of N ticks covered 43 min of the horizon at 5 s, and no demand
+    trend was ever computed below 4.7 s)."""
+    from collections import deque
+
+    from sla_guard.scale.advisor import TREND_POINTS, Advisor
+
+    adv = Advisor(AdvisorConfig.model_validate({"interval_s": interval_s}), model="*")
+    mem = PoolMemory()
+    hist: deque = deque(maxlen=TREND_POINTS)
+    ticks = [i * interval_s for i in range(int(6600 / interval_s))]
+    trends = []
+    for t in ticks:
+        adv._long_busy_recent(t, 0.4 if t == 0 else 0.01, 2)
+        mem.remember_long(t, 3 if t == 0 else 1, 7200.0)
+        trends.append(adv._trend(hist, t, 100.0 + 0.5 * t, 300.0))
+    assert adv._long_busy_recent(6600.0, 0.01, 2) == pytest.approx(0.4)
+    assert len(adv.learned.waiting_hist["prefill_long_work"]) <= 1024
+    assert trends[-1] == pytest.approx(0.5)
+    lull, _, recent = mem.lulls(1, 6600.0)
+    assert recent and lull == pytest.approx(6600.0, abs=2 * 7200.0 / 2000)
+    assert len(mem.raw_long) <= 2048

@@ -37,6 +37,7 @@ from sla_guard.scale.learn import (
     StepModel,
     adapt_target_utilization,
     ewma,
+    record,
     slope,
     update_prefill_capacity,
     update_step_model,
@@ -45,6 +46,10 @@ from sla_guard.scale.observe import ClientReading, PoolReading, Reader, sample_n
 from sla_guard.settings.advisor import AdvisorConfig
 
 POOLS = ("prefill", "decode")
+# history bounds: points kept at least 2 x span / (bound - margin) apart (learn.record), so a
+# bounded history covers its span at any decision interval
+PEAK_POINTS = 1024
+TREND_POINTS = 64
 
 
 @dataclass(slots=True)
@@ -54,7 +59,7 @@ class _Learned:
     first_seen: dict[str, float] = field(default_factory=dict)  # engine -> first time seen
     initial_engines: set[str] | None = None
     waiting_hist: dict[str, deque] = field(default_factory=dict)
-    running_hist: deque = field(default_factory=lambda: deque(maxlen=64))
+    running_hist: deque = field(default_factory=lambda: deque(maxlen=TREND_POINTS))
 
 
 def leak_restarts(findings: list[Finding] | tuple[Finding, ...], model: str) -> list[PoolRecommendation]:
@@ -270,11 +275,11 @@ class Advisor:
 
     def _peak(self, key: str, now: float, value: float | None, span_s: float | None = None) -> float | None:
         """Highest value over ``span_s`` (default: the stabilisation window; bounded history)."""
-        hist = self.learned.waiting_hist.setdefault(key, deque(maxlen=512))
-        if value is not None:
-            hist.append((now, value))
+        hist = self.learned.waiting_hist.setdefault(key, deque(maxlen=PEAK_POINTS))
         if span_s is None:
             span_s = self._rails("prefill" if key.startswith("prefill") else "decode").stabilization_down_s
+        if value is not None:
+            record(hist, now, value, 2 * span_s / (PEAK_POINTS - 32), max)
         vals = [v for t, v in hist if t >= now - span_s]
         return max(vals) if vals else None
 
@@ -291,7 +296,7 @@ class Advisor:
     def _trend(self, hist: deque, now: float, value: float | None, span_s: float) -> float | None:
         if value is None:
             return None
-        hist.append((now, value))
+        record(hist, now, value, 2 * span_s / (TREND_POINTS - 16))
         if hist[0][0] > now - span_s + 1e-6:
             return None  # no trend before a whole span has been watched (a fill is not a trend)
         pts = [(t, v) for t, v in hist if t >= now - span_s]
@@ -321,9 +326,9 @@ class Advisor:
             sig = prefill_ttft_share(client, self.slo_ttft_s)
         else:  # no client scope: the prefill pool's own TTFT, against the whole SLA
             sig = PrefillTTFT(t.get("ttft_tail_s"), t.get("ttft_learn_s"), self.slo_ttft_s)
-        hist = self.learned.waiting_hist.setdefault("prefill", deque(maxlen=64))
+        hist = self.learned.waiting_hist.setdefault("prefill", deque(maxlen=TREND_POINTS))
         wslope = self._trend(hist, now, t.get("waiting"), max(4 * cfg.interval_s, 60.0))
-        dhist = self.learned.waiting_hist.setdefault("prefill_demand_trend", deque(maxlen=64))
+        dhist = self.learned.waiting_hist.setdefault("prefill_demand_trend", deque(maxlen=TREND_POINTS))
         dslope = self._trend(dhist, now, t.get("uncached_tps"), 300.0)
         obs = PrefillObs(ready=counts[0], starting=counts[1], uncached_tps=t.get("uncached_tps"),
                          requests_per_s=t.get("requests_per_s"), waiting=t.get("waiting"), waiting_slope=wslope,

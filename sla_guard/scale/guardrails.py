@@ -15,6 +15,10 @@ import itertools
 from dataclasses import dataclass, field
 
 from sla_guard.scale.core import Sizing
+from sla_guard.scale.learn import record
+
+WINDOW_POINTS = 512  # bounds of the memories over the stabilisation window and the recurrence horizon
+LONG_POINTS = 2048
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,10 +56,10 @@ class PoolMemory:
     raw_long: list[tuple[float, int]] = field(default_factory=list)  # (t, raw desired) over the recurrence horizon
 
     def remember_long(self, t: float, raw: int, horizon_s: float) -> None:
-        self.raw_long.append((t, raw))
+        record(self.raw_long, t, raw, 2 * horizon_s / (LONG_POINTS - 48), max)
         while self.raw_long and self.raw_long[0][0] < t - horizon_s:
             self.raw_long.pop(0)
-        del self.raw_long[:-2048]
+        del self.raw_long[:-LONG_POINTS]
 
     def lulls(self, size: int, now: float, min_gap_s: float = 60.0) -> tuple[float, float, bool]:
         """For a pool of ``size`` replicas: how long no tick has wanted more than ``size`` (the
@@ -76,7 +80,8 @@ class PoolMemory:
         cutoff = t - horizon_s
         while self.history and self.history[0][0] < cutoff:
             self.history.pop(0)
-        del self.history[:-512]  # hard bound, whatever the window
+        del self.history[:-WINDOW_POINTS]  # hard bound (the window at 1.3 s ticks: desires are not folded,
+        # the stabilisation-up window takes their minimum)
 
     def watch_start(self, now: float, starting: int) -> None:
         """Track replicas starting: the last time some were, and how long ordered replicas take to
@@ -93,10 +98,10 @@ class PoolMemory:
     def peak_load(self, t: float, load: float | None, horizon_s: float) -> float | None:
         """Highest load over the window, ``load`` included (bounded like ``history``)."""
         if load is not None:
-            self.loads.append((t, load))
+            record(self.loads, t, load, 2 * horizon_s / (WINDOW_POINTS - 32), max)
         while self.loads and self.loads[0][0] < t - horizon_s:
             self.loads.pop(0)
-        del self.loads[:-512]
+        del self.loads[:-WINDOW_POINTS]
         return max(v for _, v in self.loads) if self.loads else None
 
     def failed_at(self, size: int, now: float, peak: float | None, rails: Rails) -> tuple[int, float] | None:

@@ -11,6 +11,7 @@ input of decode capacity. No clocks, no I/O: the caller decides which samples ar
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -126,6 +127,19 @@ def ewma(prev: float | None, x: float | None, alpha: float) -> float | None:
     if prev is None:
         return x
     return (1 - alpha) * prev + alpha * x
+
+
+def record(hist, t: float, v: float, resolution_s: float, fold: Callable[[float, float], float] | None = None) -> None:
+    """Append ``(t, v)`` to a bounded history, keeping its points at least ``resolution_s``
+    apart: a point closer than that to the one before the last replaces the last, folded with
+    it by ``fold`` (``max`` for a peak: it then lingers at most ``resolution_s`` longer; None:
+    the newer value). A history of N points then covers N x resolution whatever the decision
+    interval: with a plain bound of N ticks a 2 h memory covered 43 min at 5 s ticks, and a 5 min
+    trend was never computed below 4.7 s."""
+    if len(hist) >= 2 and t - hist[-2][0] < resolution_s:
+        hist[-1] = (t, fold(hist[-1][1], v) if fold else v)
+    else:
+        hist.append((t, v))
 
 
 def slope(ts: list[float], vs: list[float]) -> float | None:
