@@ -247,6 +247,15 @@ class Reader:
                 vals = [v for v in q.values() if v == v]  # drop NaN (no requests)
                 t[f"{ind}_{qname}_s"] = max(vals) if vals else None
 
+        # the scheduler-queue part of the tail: whether a TTFT breach came from load at all
+        counted = view.increase(sample_name(c.REQUEST_QUEUE, "_count"), mt, w, now, ())
+        n = sum(counted.values()) if counted else 0.0
+        t["queue_learn_s"] = None
+        if n >= tail_sample_floor(self.learn_quantile):
+            q = view.histogram_quantile(self.learn_quantile, c.REQUEST_QUEUE.name, mt, w, now, ())
+            vals = [v for v in q.values() if v == v]
+            t["queue_learn_s"] = max(vals) if vals else None
+
         # step time of a replica = mean over its data-parallel engines (each steps on its own)
         step_rates = counter_rates(view.range(sample_name(c.ENGINE_STEPS), mt, now - w, now), by="engine")
         eng_rep = {s.label("engine"): replica_of(s.labels) for s in view.range(sample_name(c.ENGINE_STEPS), mt,
