@@ -472,16 +472,17 @@ def test_memories_cover_their_span_at_any_decision_interval(interval_s):
 
 def test_only_a_tail_that_load_made_teaches_the_utilisation_target():
     """A TTFT tail over the budget teaches the target only when load made it: the utilisation /
-    queue / long-prompt gate passes and, with the queue-time tail measured, the queue's tail
-    reaches the tail's excess over the budget (a 4.5 s tail against a 2.4 s budget with an empty
-    queue is the prompts' length)."""
+    queue / long-prompt gate passes and, under the target utilisation with the queue-time tail
+    measured, the queue's tail reaches the tail's excess over the budget (a 4.5 s tail against a
+    2.4 s budget with an empty queue is the prompts' length)."""
     from sla_guard.scale.advisor import Advisor, PrefillTTFT
 
     tail = PrefillTTFT(None, 4.5, 2.4)
     assert not Advisor._tail_from_load(0.05, tail, 0.25, 0.0, 10, 0.2)  # no queueing: prompt length
     assert Advisor._tail_from_load(2.5, tail, 0.25, 0.0, 10, 0.2)  # queueing explains the excess
     assert not Advisor._tail_from_load(2.5, tail, 0.14, 0.0, 10, 0.2)  # ... but at 14% with long prompts: the gate
-    assert Advisor._tail_from_load(0.0, PrefillTTFT(None, 1.0, 2.4), 0.6, 0.0, 10, 0.2)  # within budget
+    assert Advisor._tail_from_load(0.0, PrefillTTFT(None, 1.0, 2.4), 0.3, 0.0, 10, 0.2)  # within budget
+    assert Advisor._tail_from_load(0.05, tail, 0.6, 0.0, 10, 0.2, u_target=0.5)  # over the target: sharing
     # no queue histogram: the old gate (utilisation >= 25%, or a queue, or no long prompts)
     assert Advisor._tail_from_load(None, tail, 0.25, 0.0, 10, 0.2)
     assert not Advisor._tail_from_load(None, tail, 0.10, 0.0, 10, 0.2)

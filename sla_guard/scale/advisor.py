@@ -348,7 +348,8 @@ class Advisor:
         if self.cfg.adapt_utilization and cap.samples >= 3 and counts[0] > 0 and obs.uncached_tps is not None \
                 and settled:
             u_obs = obs.uncached_tps / (cap.tokens_per_s * counts[0])
-            if self._tail_from_load(t.get("queue_learn_s"), sig, u_obs, obs.waiting, counts[0], obs.long_busy_share):
+            if self._tail_from_load(t.get("queue_learn_s"), sig, u_obs, obs.waiting, counts[0], obs.long_busy_share,
+                                    self.u_target):
                 self.u_target = adapt_target_utilization(self.u_target, u_obs, sig.learn_s, sig.budget_s)
             learn_tail = sig.learn_s
             if learn_tail is not None and learn_tail <= 0.8 * sig.budget_s:
@@ -364,18 +365,20 @@ class Advisor:
 
     @staticmethod
     def _tail_from_load(queue_s: float | None, sig: PrefillTTFT, u_obs: float, waiting: float | None, ready: int,
-                        long_share: float | None) -> bool:
+                        long_share: float | None, u_target: float = 1.0) -> bool:
         """Whether the TTFT tail may teach the utilisation target: only a tail that load made.
         A tail at low load with no queue is the prompts' length (or the hand-off), and learning
         from it spirals the target down and the pool up for misses no replica count removes.
-        The gate: utilisation at least ``LOAD_TAIL_UTILIZATION``, a queue, or no long prompts; and,
-        with the prefill queue-time histogram, the queue's tail (same quantile) at least the
-        tail's excess over the budget (with no queueing at all the tail would still be over).
-        bursty/s0 of the tuning suite: a 4.5 s tail with an empty queue at 25.0% cut the target
-        0.5 -> 0.23 and prefill grew to 16. The queue test alone (without the gate) let a 0.3 s
-        excess at 14% cut the target to its floor (bursty/s1: +46% GPU-hours)."""
+        The gate: utilisation at least ``LOAD_TAIL_UTILIZATION``, a queue, or no long prompts. Below
+        the target utilisation, with the prefill queue-time histogram, the queue's tail (same
+        quantile) must also reach the tail's excess over the budget: a pool running under its
+        target shares little of its chunked-prefill budget, so what is not queueing is the prompts'
+        own length (above the target the sharing itself may be the load's part, and the queue
+        says nothing). bursty/s0 of the tuning suite: a 4.5 s tail with a 9 ms queue p95 at 25.0%
+        cut the target 0.5 -> 0.23 and prefill grew to 16. The queue test alone (without the gate)
+        let a 0.3 s excess at 14% cut the target to its floor (bursty/s1: +46% GPU-hours)."""
         gate = u_obs >= LOAD_TAIL_UTILIZATION or (waiting or 0.0) > ready or not long_share
-        if queue_s is not None and sig.learn_s is not None:
+        if queue_s is not None and sig.learn_s is not None and u_obs < u_target:
             return gate and queue_s >= sig.learn_s - sig.budget_s
         return gate
 
