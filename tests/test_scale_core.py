@@ -487,3 +487,21 @@ def test_only_a_tail_that_load_made_teaches_the_utilisation_target():
     assert Advisor._tail_from_load(None, tail, 0.25, 0.0, 10, 0.2)
     assert not Advisor._tail_from_load(None, tail, 0.10, 0.0, 10, 0.2)
     assert Advisor._tail_from_load(None, tail, 0.10, 0.0, 10, None)
+
+
+def test_a_tail_with_no_queue_under_the_target_does_not_grow_prefill():
+    """The TTFT proportional rule grows prefill for a tail that load made. A pool at 28% (under
+    its 50% target) with nobody waiting and a queue-time tail of 10 ms has a 3.7 s tail from its
+    prompts' length: no growth (bursty/s0 of the tuning suite went 6 -> 10 on it). The same tail
+    with the queue's tail covering the excess, or with requests waiting, still grows the pool."""
+    cap = PrefillCapacity(tokens_per_s=36000.0, samples=10)
+    base = dict(ready=6, starting=0, uncached_tps=61000.0, requests_per_s=10.0, waiting=0.0, ttft_tail_s=3.7,
+                ttft_slo_s=2.4, long_busy_share=0.2, settled=True)
+    quiet = size_prefill(PrefillObs(**base, queue_tail_s=0.01), cap, PK)
+    assert "ttft_over_sla" not in quiet.reasons and quiet.desired <= 6
+    assert "ttft_tail_not_from_load" in quiet.reasons
+    queued = size_prefill(PrefillObs(**base, queue_tail_s=1.5), cap, PK)
+    assert "ttft_over_sla" in queued.reasons and queued.desired > 6
+    assert "ttft_over_sla" in size_prefill(PrefillObs(**base), cap, PK).reasons  # no queue histogram: as before
+    waiting = size_prefill(PrefillObs(**{**base, "waiting": 20.0}, queue_tail_s=0.01), cap, PK)
+    assert "ttft_over_sla" in waiting.reasons

@@ -332,7 +332,7 @@ class Advisor:
         dslope = self._trend(dhist, now, t.get("uncached_tps"), 300.0)
         obs = PrefillObs(ready=counts[0], starting=counts[1], uncached_tps=t.get("uncached_tps"),
                          requests_per_s=t.get("requests_per_s"), waiting=t.get("waiting"), waiting_slope=wslope,
-                         ttft_tail_s=sig.tail_s, ttft_slo_s=sig.budget_s,
+                         ttft_tail_s=sig.tail_s, ttft_slo_s=sig.budget_s, queue_tail_s=t.get("queue_tail_s"),
                          last_ttft_tail_s=self._recent_tail("prefill", now, sig.tail_s),
                          peak_uncached_tps=self._peak("prefill_demand", now, t.get("uncached_tps")),
                          settled=settled,

@@ -30,6 +30,7 @@ class PrefillObs:
     waiting: float | None  # requests waiting, whole pool
     waiting_slope: float | None = None  # requests/s trend of ``waiting``
     ttft_tail_s: float | None = None  # TTFT at the control quantile (p90 default)
+    queue_tail_s: float | None = None  # the pool's scheduler-queue time at that quantile (None: not exported)
     # the last tail measured within the stabilisation window, for the scale-down checks while
     # ``ttft_tail_s`` is None (no prefill finished in the window): a tail that stopped being
     # measured is not a tail that recovered
@@ -197,6 +198,13 @@ def size_prefill(obs: PrefillObs, cap: PrefillCapacity, k: PrefillKnobs) -> Sizi
     # prefill takes seconds on an idle replica): more replicas do not shorten it
     queued = obs.waiting > max(obs.ready, 1) or demand >= LOAD_TAIL_UTILIZATION * cap.tokens_per_s * max(obs.ready, 1)
     long_prompts = (obs.long_busy_share or 0.0) > 0  # prefills that alone take over half the SLA exist
+    # measured where the queue-time histogram is exported: a pool under its target utilisation
+    # with no queue now shares little of its prefill budget, so unless the queue's tail reaches
+    # the tail's excess over the SLA, the tail is the prompts' own length (as for learning)
+    if over_sla and queued and obs.queue_tail_s is not None and obs.waiting <= max(obs.ready, 1) \
+            and demand < k.target_utilization * cap.tokens_per_s * max(obs.ready, 1) \
+            and obs.queue_tail_s < obs.ttft_tail_s - obs.ttft_slo_s:
+        queued = False
     if over_sla and not queued and long_prompts:
         reasons.append("ttft_tail_not_from_load")
         over_sla = False

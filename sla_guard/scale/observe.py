@@ -250,11 +250,12 @@ class Reader:
         # the scheduler-queue part of the tail: whether a TTFT breach came from load at all
         counted = view.increase(sample_name(c.REQUEST_QUEUE, "_count"), mt, w, now, ())
         n = sum(counted.values()) if counted else 0.0
-        t["queue_learn_s"] = None
-        if n >= tail_sample_floor(self.learn_quantile):
-            q = view.histogram_quantile(self.learn_quantile, c.REQUEST_QUEUE.name, mt, w, now, ())
-            vals = [v for v in q.values() if v == v]
-            t["queue_learn_s"] = max(vals) if vals else None
+        for qname, qv in (("tail", self.tail_quantile), ("learn", self.learn_quantile)):
+            t[f"queue_{qname}_s"] = None
+            if n >= tail_sample_floor(qv):
+                q = view.histogram_quantile(qv, c.REQUEST_QUEUE.name, mt, w, now, ())
+                vals = [v for v in q.values() if v == v]
+                t[f"queue_{qname}_s"] = max(vals) if vals else None
 
         # step time of a replica = mean over its data-parallel engines (each steps on its own)
         step_rates = counter_rates(view.range(sample_name(c.ENGINE_STEPS), mt, now - w, now), by="engine")
