@@ -80,8 +80,9 @@ class PoolMemory:
         cutoff = t - horizon_s
         while self.history and self.history[0][0] < cutoff:
             self.history.pop(0)
-        del self.history[:-WINDOW_POINTS]  # hard bound (the window at 1.3 s ticks: desires are not folded,
-        # the stabilisation-up window takes their minimum)
+        # hard bound: it covers a 660 s window down to 1.3 s ticks. Desires are not folded (the
+        # stabilisation-up window takes their minimum, the down window their maximum)
+        del self.history[:-WINDOW_POINTS]
 
     def watch_start(self, now: float, starting: int) -> None:
         """Track replicas starting: the last time some were, and how long ordered replicas take to

@@ -130,12 +130,12 @@ def ewma(prev: float | None, x: float | None, alpha: float) -> float | None:
 
 
 def record(hist, t: float, v: float, resolution_s: float, fold: Callable[[float, float], float] | None = None) -> None:
-    """Append ``(t, v)`` to a bounded history, keeping its points at least ``resolution_s``
-    apart: a point closer than that to the one before the last replaces the last, folded with
-    it by ``fold`` (``max`` for a peak: it then lingers at most ``resolution_s`` longer; None:
-    the newer value). A history of N points then covers N x resolution whatever the decision
-    interval: with a plain bound of N ticks a 2 h memory covered 43 min at 5 s ticks, and a 5 min
-    trend was never computed below 4.7 s."""
+    """Append ``(t, v)`` to a bounded history, or fold it into the last point when the one
+    before the last is under ``resolution_s`` old (``fold``: ``max`` for a peak, which then
+    lingers at most ``resolution_s`` longer; None: the newer value). Every other point is then
+    at least ``resolution_s`` apart, so N points cover at least N / 2 x resolution whatever the
+    decision interval (callers pass 2 x span / N). With a plain bound of N ticks a 2 h memory
+    covered 43 min at 5 s ticks, and a 5 min trend was never computed below 4.7 s."""
     if len(hist) >= 2 and t - hist[-2][0] < resolution_s:
         hist[-1] = (t, fold(hist[-1][1], v) if fold else v)
     else:
