@@ -235,7 +235,8 @@ class Reader:
         d_tot = sum(drafts.values()) if drafts else 0.0
         t["accepted_len"] = 1.0 + sum(acc.values()) / d_tot if d_tot > 0 and acc else 1.0
         t["accepted_len_seen"] = 1.0 if d_tot > 0 else 0.0
-        for ind, metric in (("ttft", c.REQUEST_TTFT), ("tpot", c.REQUEST_TPOT)):
+        # the scheduler-queue tail tells whether a TTFT breach came from load at all
+        for ind, metric in (("ttft", c.REQUEST_TTFT), ("tpot", c.REQUEST_TPOT), ("queue", c.REQUEST_QUEUE)):
             counted = view.increase(sample_name(metric, "_count"), mt, w, now, ())
             n = sum(counted.values()) if counted else 0.0
             t[f"{ind}_requests"] = n
@@ -246,16 +247,6 @@ class Reader:
                 q = view.histogram_quantile(qv, metric.name, mt, w, now, ())
                 vals = [v for v in q.values() if v == v]  # drop NaN (no requests)
                 t[f"{ind}_{qname}_s"] = max(vals) if vals else None
-
-        # the scheduler-queue part of the tail: whether a TTFT breach came from load at all
-        counted = view.increase(sample_name(c.REQUEST_QUEUE, "_count"), mt, w, now, ())
-        n = sum(counted.values()) if counted else 0.0
-        for qname, qv in (("tail", self.tail_quantile), ("learn", self.learn_quantile)):
-            t[f"queue_{qname}_s"] = None
-            if n >= tail_sample_floor(qv):
-                q = view.histogram_quantile(qv, c.REQUEST_QUEUE.name, mt, w, now, ())
-                vals = [v for v in q.values() if v == v]
-                t[f"queue_{qname}_s"] = max(vals) if vals else None
 
         # step time of a replica = mean over its data-parallel engines (each steps on its own)
         step_rates = counter_rates(view.range(sample_name(c.ENGINE_STEPS), mt, now - w, now), by="engine")
