@@ -254,6 +254,14 @@ class Advisor:
         or the configured ``cold_start_s`` when longer (0 when neither is known)."""
         return max(self.memory[pool].start_s, self.cfg.cold_start_s or 0.0)
 
+    def _serve_in(self, pool: str, now: float, starting: int) -> float:
+        """Seconds until the capacity ordered for ``pool`` serves: what is left of the start of the
+        replicas starting (from the first tick they were), else a whole start time."""
+        since = self.memory[pool].starting_since
+        if starting > 0 and since is not None:
+            return max(0.0, self.start_time(pool) - (now - since))
+        return self.start_time(pool)
+
     def _rails(self, pool: str) -> Rails:
         lim, cfg = self.cfg.limits(pool), self.cfg
         # Break-even of a scale-down: a replica given back saves its GPUs for as long as the lull
@@ -341,7 +349,8 @@ class Advisor:
                          hol_busy_share=self._long_busy_recent(now, t.get("long_busy_share"), counts[0]),
                          # half the start time: a linear trend is not trusted further than that
                          demand_slope=dslope, trend_horizon_s=0.25 * self.start_time("prefill"),
-                         backlog_horizon_s=0.25 * self.start_time("prefill"))
+                         backlog_horizon_s=0.25 * self.start_time("prefill"),
+                         serve_in_s=self._serve_in("prefill", now, counts[1]))
         cap = self.learned.prefill
         # learn the utilisation target only against a learned capacity (a profile prior can be far
         # off) and only while the pool is settled (no replica starting)

@@ -49,6 +49,9 @@ class PrefillObs:
     # not over the configured drain horizon alone (30 s of a 600 s cold start orders for a queue
     # that the present replicas have long drained when the new ones serve)
     backlog_horizon_s: float = 0.0
+    # seconds until the capacity ordered so far serves (the replicas starting, else one ordered
+    # now): the queue keeps growing until then
+    serve_in_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,7 +171,12 @@ def size_prefill(obs: PrefillObs, cap: PrefillCapacity, k: PrefillKnobs) -> Sizi
     rps = obs.requests_per_s or 0.0
     tokens_per_req = obs.uncached_tps / rps if rps > 0 else cap.tokens_per_s * 0.1
     growth = max(0.0, obs.waiting_slope or 0.0) * tokens_per_req
-    backlog = obs.waiting * tokens_per_req / max(k.drain_horizon_s, obs.backlog_horizon_s)
+    # the queue the ordered capacity will meet: it grows until that capacity serves, and by at
+    # most what it holds already (an episode is expected to last about as long again as it has
+    # lasted: a queue built in a minute is not ordered for as if it grew for a whole cold start)
+    queued = obs.waiting * tokens_per_req
+    ahead = min(growth * obs.serve_in_s, queued)
+    backlog = (queued + ahead) / max(k.drain_horizon_s, obs.backlog_horizon_s)
     # the arrival trend, projected to when replicas ordered now would serve
     # (at most half the served demand: the ramp-in of a rate window over a step reads as a slope)
     trend = min(max(0.0, obs.demand_slope or 0.0) * obs.trend_horizon_s, 0.5 * obs.uncached_tps)
@@ -186,6 +194,7 @@ def size_prefill(obs: PrefillObs, cap: PrefillCapacity, k: PrefillKnobs) -> Sizi
         "waiting": obs.waiting,
         "replicas_needed": round(need, 3),
         "demand_trend_tokens_per_s": round(trend, 1),
+        "backlog_ahead_tokens": round(ahead, 1),
     }
     if obs.ttft_tail_s is not None:
         nums["ttft_tail_s"] = round(obs.ttft_tail_s, 4)
