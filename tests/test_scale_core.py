@@ -487,23 +487,25 @@ def test_memories_cover_their_span_at_any_decision_interval(interval_s):
     assert len(mem.raw_long) <= 2048
 
 
-def test_only_a_tail_that_load_made_teaches_the_utilisation_target():
-    """A TTFT tail over the budget teaches the target only when load made it: the utilisation /
-    queue / long-prompt gate passes and, under the target utilisation with the queue-time tail
-    measured, the queue's tail reaches the tail's excess over the budget (a 4.5 s tail against a
-    2.4 s budget with an empty queue is the prompts' length)."""
-    from sla_guard.scale.advisor import Advisor, PrefillTTFT
+def test_only_a_tail_that_load_made_counts():
+    """A TTFT tail over the budget teaches the utilisation target and feeds the proportional rule
+    only when load made it: without long prompts any tail is load's; with them, a queue or a busy
+    share of 25%, and under the target utilisation with the queue-time tail measured, the queue's
+    tail must reach the tail's excess over the budget (a 4.5 s tail against a 2.4 s budget with an
+    empty queue is the prompts' length). Arguments: utilisation, target, waiting, ready, long-prompt
+    share, queue tail, excess."""
+    from sla_guard.scale.core import tail_from_load
 
-    tail = PrefillTTFT(None, 4.5, 2.4)
-    assert not Advisor._tail_from_load(0.05, tail, 0.25, 0.0, 10, 0.2)  # no queueing: prompt length
-    assert Advisor._tail_from_load(2.5, tail, 0.25, 0.0, 10, 0.2)  # queueing explains the excess
-    assert not Advisor._tail_from_load(2.5, tail, 0.14, 0.0, 10, 0.2)  # ... but at 14% with long prompts: the gate
-    assert Advisor._tail_from_load(0.0, PrefillTTFT(None, 1.0, 2.4), 0.3, 0.0, 10, 0.2)  # within budget
-    assert Advisor._tail_from_load(0.05, tail, 0.6, 0.0, 10, 0.2, u_target=0.5)  # over the target: sharing
-    # no queue histogram: the old gate (utilisation >= 25%, or a queue, or no long prompts)
-    assert Advisor._tail_from_load(None, tail, 0.25, 0.0, 10, 0.2)
-    assert not Advisor._tail_from_load(None, tail, 0.10, 0.0, 10, 0.2)
-    assert Advisor._tail_from_load(None, tail, 0.10, 0.0, 10, None)
+    assert not tail_from_load(0.25, 0.5, 0.0, 10, 0.2, 0.05, 2.1)  # no queueing: prompt length
+    assert tail_from_load(0.25, 0.5, 0.0, 10, 0.2, 2.5, 2.1)  # queueing explains the excess
+    assert not tail_from_load(0.14, 0.5, 0.0, 10, 0.2, 2.5, 2.1)  # ... but at 14% with long prompts
+    assert tail_from_load(0.14, 0.5, 30.0, 10, 0.2, 2.5, 2.1)  # a queue: load's
+    assert tail_from_load(0.3, 0.5, 0.0, 10, 0.2, 0.0, -1.4)  # within budget: learning may raise the target
+    assert tail_from_load(0.6, 0.5, 0.0, 10, 0.2, 0.05, 2.1)  # over the target: sharing
+    assert tail_from_load(0.1, 0.5, 0.0, 10, None, 0.05, 2.1)  # no long prompts: any tail is load's
+    # no queue histogram: utilisation >= 25%, or a queue, or no long prompts
+    assert tail_from_load(0.25, 0.5, 0.0, 10, 0.2, None, 2.1)
+    assert not tail_from_load(0.10, 0.5, 0.0, 10, 0.2, None, 2.1)
 
 
 def test_a_tail_with_no_queue_under_the_target_does_not_grow_prefill():

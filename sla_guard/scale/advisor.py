@@ -22,7 +22,6 @@ from exporters import contract as c
 from sla_guard.defaults import TPOT_SLO_S, TTFT_SLO_S
 from sla_guard.model import Finding, MetricsView, PoolRecommendation
 from sla_guard.scale.core import (
-    LOAD_TAIL_UTILIZATION,
     DecodeKnobs,
     DecodeObs,
     PrefillKnobs,
@@ -30,6 +29,7 @@ from sla_guard.scale.core import (
     Sizing,
     size_decode,
     size_prefill,
+    tail_from_load,
 )
 from sla_guard.scale.guardrails import Decision, PoolMemory, Rails, apply_budget, decide
 from sla_guard.scale.learn import (
@@ -357,8 +357,9 @@ class Advisor:
         if self.cfg.adapt_utilization and cap.samples >= 3 and counts[0] > 0 and obs.uncached_tps is not None \
                 and settled:
             u_obs = obs.uncached_tps / (cap.tokens_per_s * counts[0])
-            if self._tail_from_load(t.get("queue_learn_s"), sig, u_obs, obs.waiting, counts[0], obs.long_busy_share,
-                                    self.u_target):
+            # only a tail that load made teaches the target (the same test as the proportional rule's)
+            if sig.learn_s is None or tail_from_load(u_obs, self.u_target, obs.waiting, counts[0], obs.long_busy_share,
+                                                     t.get("queue_learn_s"), sig.learn_s - sig.budget_s):
                 self.u_target = adapt_target_utilization(self.u_target, u_obs, sig.learn_s, sig.budget_s)
             learn_tail = sig.learn_s
             if learn_tail is not None and learn_tail <= 0.8 * sig.budget_s:
@@ -371,25 +372,6 @@ class Advisor:
             s.numbers["prefix_hit_ratio"] = round(float(t["prefix_hit_ratio"]), 4)
         s.numbers.update(sig.numbers)
         return s
-
-    @staticmethod
-    def _tail_from_load(queue_s: float | None, sig: PrefillTTFT, u_obs: float, waiting: float | None, ready: int,
-                        long_share: float | None, u_target: float = 1.0) -> bool:
-        """Whether the TTFT tail may teach the utilisation target: only a tail that load made.
-        A tail at low load with no queue is the prompts' length (or the hand-off), and learning
-        from it spirals the target down and the pool up for misses no replica count removes.
-        The gate: utilisation at least ``LOAD_TAIL_UTILIZATION``, a queue, or no long prompts. Below
-        the target utilisation, with the prefill queue-time histogram, the queue's tail (same
-        quantile) must also reach the tail's excess over the budget: a pool running under its
-        target shares little of its chunked-prefill budget, so what is not queueing is the prompts'
-        own length (above the target the sharing itself may be the load's part, and the queue
-        says nothing). bursty/s0 of the tuning suite: a 4.5 s tail with a 9 ms queue p95 at 25.0%
-        cut the target 0.5 -> 0.23 and prefill grew to 16. The queue test alone (without the gate)
-        let a 0.3 s excess at 14% cut the target to its floor (bursty/s1: +46% GPU-hours)."""
-        gate = u_obs >= LOAD_TAIL_UTILIZATION or (waiting or 0.0) > ready or not long_share
-        if queue_s is not None and sig.learn_s is not None and u_obs < u_target:
-            return gate and queue_s >= sig.learn_s - sig.budget_s
-        return gate
 
     @staticmethod
     def _upstream(pre: Sizing, counts: tuple[int, int]) -> tuple[float, bool]:
