@@ -221,6 +221,10 @@ def size_prefill(obs: PrefillObs, cap: PrefillCapacity, k: PrefillKnobs) -> Sizi
     if obs.ttft_tail_s is not None:
         nums["ttft_tail_s"] = round(obs.ttft_tail_s, 4)
         nums["ttft_slo_s"] = obs.ttft_slo_s
+    if obs.queue_tail_s is not None:
+        nums["queue_tail_s"] = round(obs.queue_tail_s, 4)
+    if obs.long_busy_share is not None:
+        nums["long_busy_share"] = round(obs.long_busy_share, 4)
     demand_driven = desired > n_eff
     if desired > n_eff:
         reasons.append("prefill_demand_over_capacity" if backlog < demand * 0.5 else "prefill_backlog")
