@@ -193,11 +193,10 @@ def size_prefill(obs: PrefillObs, cap: PrefillCapacity, k: PrefillKnobs) -> Sizi
     rps = obs.requests_per_s or 0.0
     tokens_per_req = obs.uncached_tps / rps if rps > 0 else cap.tokens_per_s * 0.1
     growth = max(0.0, obs.waiting_slope or 0.0) * tokens_per_req
-    # the queue the ordered capacity will meet: it grows until that capacity serves, and by at
-    # most what it holds already (an episode is expected to last about as long again as it has
-    # lasted: a queue built in a minute is not ordered for as if it grew for a whole cold start)
+    # the queue the ordered capacity will meet: it keeps growing until that capacity serves, so
+    # a surge is ordered for in one step rather than one replica each time the queue is longer
     queued = obs.waiting * tokens_per_req
-    ahead = min(growth * obs.serve_in_s, queued)
+    ahead = growth * obs.serve_in_s
     backlog = (queued + ahead) / max(k.drain_horizon_s, obs.backlog_horizon_s)
     # the arrival trend, projected to when replicas ordered now would serve
     # (at most half the served demand: the ramp-in of a rate window over a step reads as a slope)
