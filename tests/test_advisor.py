@@ -214,3 +214,24 @@ def test_reader_measures_time_spent_on_long_prefills():
     share = adv.reader.read(store, MODEL, "prefill", 60).totals["long_busy_share"]
     # 12 scrapes x 2 engines x 3.75 s over 60 s x 2 replicas (increase() extrapolates a little)
     assert share == pytest.approx(12 * 2 * 3.75 / 120, rel=0.15)
+
+
+def test_a_queue_one_engine_holds_is_read_per_engine_and_not_ordered_for():
+    """vLLM keeps each engine's queue: replicas ordered now take new arrivals, never p0's 400
+    waiting requests, so p0 counts as busy and the arrivals are sized on the others, where the
+    pool's summed queue alone would order for a backlog no new replica reaches."""
+    cfg = AdvisorConfig.model_validate({"profile": {"prefill_tokens_per_s": 10_000, "decode_step_base_s": 0.01,
+                                     "decode_step_per_request_s": 0.0002}, "window_s": 60})
+    store = _store()
+    p = [Engine("prefill", "p0"), Engine("prefill", "p1")]
+    d = [Engine("decode", "d0")]
+    queued = {"running": 4, "waiting": 400, "computed": 50_000, "prefills": 5, "ttft": 60.0, "steps": 5}
+    free = {"running": 4, "waiting": 0, "computed": 50_000, "prefills": 5, "ttft": 1.0, "steps": 5}
+    _run(p + d, store, 1000, 1120, p0=queued, p1=free, d0={"running": 10, "waiting": 0, "steps": 100, "tpot": 0.012})
+    held_adv, moved_adv = Advisor(cfg, model=MODEL), Advisor(cfg.model_copy(update={"queue_moves": True}), model=MODEL)
+    reading = held_adv.reader.read(store, MODEL, "prefill", 1120)
+    assert reading.waiting_by_engine == {"p0": 400.0, "p1": 0.0}
+    held = held_adv.step(store, 1120, {"prefill": (2, 0), "decode": (1, 0)})[0]["prefill"]
+    moved = moved_adv.step(store, 1120, {"prefill": (2, 0), "decode": (1, 0)})[0]["prefill"]
+    assert held.numbers["replicas_holding_backlog"] == 1 and held.direction == "up"
+    assert moved.numbers["replicas_holding_backlog"] == 0 and moved.desired > held.desired

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import pytest
@@ -47,22 +48,52 @@ def test_prefill_backlog_and_queue_growth_add_demand():
 
 
 def test_prefill_backlog_is_sized_for_the_queue_the_ordered_replicas_meet():
-    # 100 requests of 4k tokens waiting and 2 more a second: replicas serving in 600 s meet a
-    # queue that grew meanwhile; a queue that does not grow is sized as it is
+    # a central queue (queue_moves): 100 requests of 4k tokens waiting and 2 more a second;
+    # replicas serving in 600 s meet a queue that grew meanwhile; one that does not grow is sized as it is
+    moves = replace(PK, queue_moves=True)
     obs = _p(uncached_tps=4_000.0, requests_per_s=1.0, waiting=100.0, waiting_slope=2.0, backlog_horizon_s=150.0)
-    now = size_prefill(obs, CAP, PK)
-    ahead = size_prefill(replace(obs, serve_in_s=600.0), CAP, PK)
-    soon = size_prefill(replace(obs, serve_in_s=10.0), CAP, PK)
+    now = size_prefill(obs, CAP, moves)
+    ahead = size_prefill(replace(obs, serve_in_s=600.0), CAP, moves)
+    soon = size_prefill(replace(obs, serve_in_s=10.0), CAP, moves)
     assert now.numbers["backlog_ahead_tokens"] == 0.0
     assert ahead.numbers["backlog_ahead_tokens"] == 4_800_000.0  # 2/s x 600 s x 4k
     assert soon.numbers["backlog_ahead_tokens"] == 80_000.0  # 2/s x 10 s x 4k
     # (400k queued + 4.8M ahead) / 150 s against 400k / 150 s
     assert ahead.numbers["backlog_tokens_per_s"] == pytest.approx(13 * now.numbers["backlog_tokens_per_s"], abs=0.5)
     assert ahead.desired > now.desired and now.desired <= soon.desired <= ahead.desired
-    flat = size_prefill(replace(obs, waiting_slope=0.0, serve_in_s=600.0), CAP, PK)
+    flat = size_prefill(replace(obs, waiting_slope=0.0, serve_in_s=600.0), CAP, moves)
     assert flat.numbers["backlog_ahead_tokens"] == 0.0
+    assert all(s.numbers["replicas_holding_backlog"] == 0 for s in (now, ahead, soon, flat))
 
 
+def test_a_queue_held_by_its_engine_is_not_ordered_for():
+    # vLLM keeps each engine's queue (the default): replica 0 holds 600 requests of 4k tokens,
+    # 240 s of its 10k tok/s, longer than the 150 s horizon; it carries no new arrivals meanwhile,
+    # so the 8k tok/s of arrivals are sized on others (2 at 0.5 x 10k) and replica 0 counts as busy
+    obs = _p(uncached_tps=8_000.0, requests_per_s=2.0, waiting=600.0, queues=(600.0, 0.0), backlog_horizon_s=150.0,
+             ttft_tail_s=60.0, settled=True)
+    held = size_prefill(obs, CAP, PK)
+    assert held.numbers["replicas_holding_backlog"] == 1
+    assert held.numbers["backlog_tokens_per_s"] == 0.0
+    assert held.desired == 3 and "prefill_backlog" in held.reasons
+    # the TTFT tail is the held queue's: more replicas never reach it, so no proportional rule
+    assert "ttft_tail_from_held_queues" in held.reasons and "ttft_over_sla" not in held.reasons
+    # a central queue moves to new replicas: sized for it (2.4M tokens over 150 s), and the tail asks too
+    moved = size_prefill(obs, CAP, replace(PK, queue_moves=True))
+    assert moved.numbers["replicas_holding_backlog"] == 0 and moved.desired > held.desired
+    # a queue the replica drains within the horizon is a backlog as before, held by nobody
+    short = size_prefill(replace(obs, waiting=200.0, queues=(200.0, 0.0), ttft_tail_s=None), CAP, PK)
+    assert short.numbers["replicas_holding_backlog"] == 0
+    assert short.numbers["backlog_tokens_per_s"] == pytest.approx(200 * 4_000 / 150, abs=0.5)
+    # the growth until the ordered replicas serve lands on the replicas taking arrivals now
+    # (2/s x 4k x 600 s over 2 replicas: 240 s each) and keeps them busy when the new ones serve
+    growing = size_prefill(replace(obs, waiting=0.0, queues=(0.0, 0.0), waiting_slope=2.0, serve_in_s=600.0,
+                                   ttft_tail_s=None), CAP, PK)
+    assert growing.numbers["replicas_holding_backlog"] == 2
+    assert growing.desired == 2 + math.ceil((8_000 + 8_000) / 5_000)  # arrivals = served + the queue's growth
+    slow = size_prefill(replace(obs, waiting=0.0, queues=(0.0, 0.0), waiting_slope=1.0, serve_in_s=600.0,
+                                ttft_tail_s=None), CAP, PK)
+    assert slow.numbers["replicas_holding_backlog"] == 0  # 120 s each: drained within the horizon
 def test_prefill_scale_down_only_if_n_minus_1_fits():
     # 3 replicas, 9k tokens/s: 1.8 replicas needed, but at N-1=2 utilisation 0.45 > 0.5 x (1 - 0.2)
     assert PK.target_utilization == 0.5 and PK.scale_down_margin == 0.2

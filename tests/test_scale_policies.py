@@ -294,3 +294,26 @@ def test_decode_holds_while_prefill_grows():
     assert gain == pytest.approx(1.5) and growing
     gain, growing = Advisor._upstream(Sizing(2, ["prefill_steady"], {}), (2, 0))
     assert gain == 1.0 and not growing
+
+
+def test_a_surge_on_one_replica_is_not_ordered_for_its_pinned_queue():
+    """The simulator routes each request to a prefill replica at arrival and never moves it, as
+    vLLM engines behind a P/D proxy do. A surge of long prompts after a quiet spell piles up on
+    the one replica left: sizing for that queue (``queue_moves: true``) orders replicas that never
+    reach it; sizing the arrivals on the others buys the same attainment for far fewer GPU-hours."""
+    from sla_guard.sim import workloads
+    from sla_guard.sim.run import ReplaySpec, replay
+
+    w = workloads._gen_workload("surge_after_quiet", 2, "tuning", 1800.0)  # a tuning seed
+    trace, profile = w.trace(), w.profile(load_profile("default"))
+    out = {}
+    for moves in (False, True):
+        res = replay(ReplaySpec(profile=profile, trace=trace, policy="guard", scrape_interval_s=15.0,
+                                with_guard=False, with_detectors=False,
+                                policy_kwargs={"config": {"queue_moves": moves}}))
+        out[moves] = (res.summary, max(row[3] for row in res.dep.timeline))
+    (held, held_peak), (moved, moved_peak) = out[False], out[True]
+    assert held.aborted == moved.aborted == 0
+    assert held_peak < moved_peak
+    assert held.gpu_hours < 0.8 * moved.gpu_hours
+    assert held.slo_attainment >= moved.slo_attainment - 0.01

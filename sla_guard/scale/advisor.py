@@ -350,7 +350,8 @@ class Advisor:
                          # half the start time: a linear trend is not trusted further than that
                          demand_slope=dslope, trend_horizon_s=0.25 * self.start_time("prefill"),
                          backlog_horizon_s=0.25 * self.start_time("prefill"),
-                         serve_in_s=self._serve_in("prefill", now, counts[1]))
+                         serve_in_s=self._serve_in("prefill", now, counts[1]),
+                         queues=tuple(r.waiting_by_engine.values()))
         cap = self.learned.prefill
         # learn the utilisation target only against a learned capacity (a profile prior can be far
         # off) and only while the pool is settled (no replica starting)

@@ -52,6 +52,8 @@ class PrefillObs:
     # seconds until the capacity ordered so far serves (the replicas starting, else one ordered
     # now): the queue keeps growing until then
     serve_in_s: float = 0.0
+    # requests waiting on each ready replica (empty: unknown, the pool's queue taken as even)
+    queues: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +102,9 @@ class PrefillKnobs:
     # share of arrivals N-1 replicas may leave stuck behind long prefills (the learn quantile's
     # miss budget)
     hol_budget: float
+    # whether a queue moves to replicas that start serving (a central queue in the router) or
+    # stays on the engine each request was routed to (vLLM's own scheduler queue)
+    queue_moves: bool = False
     # highest utilisation at which the SLA was recently seen to hold (None = no evidence yet): N-1
     # may not be asked to run hotter than that or than half the target, whichever is higher
     proven_utilization: float | None = None
@@ -111,7 +116,8 @@ class PrefillKnobs:
         return cls(target_utilization=cfg.prefill_target_utilization if target_utilization is None
                    else target_utilization, proven_utilization=proven_utilization,
                    drain_horizon_s=cfg.drain_horizon_s, forecast_horizon_s=cfg.forecast_horizon_s,
-                   scale_down_margin=cfg.scale_down_margin, hol_budget=1.0 - cfg.learn_quantile)
+                   scale_down_margin=cfg.scale_down_margin, hol_budget=1.0 - cfg.learn_quantile,
+                   queue_moves=cfg.queue_moves)
 
 
 def head_of_line_risk(long_busy_share: float, ready: int, replicas: int) -> float:
@@ -182,6 +188,31 @@ def _conf(samples: int, need: int) -> float:
     return round(min(1.0, samples / max(need, 1)), 3)
 
 
+def held_queues(obs: PrefillObs, tokens_per_req: float, ahead: float, capacity: float,
+                horizon_s: float) -> tuple[int, float]:
+    """Replicas busy with their own queue for longer than ``horizon_s``, and the backlog (tokens/s
+    over the horizon) of the others.
+
+    A request waits on the engine it was routed to: vLLM keeps its own scheduler queue and the
+    P/D proxies and routers pick a replica at arrival, so a replica that starts serving takes
+    none of today's queue, only new arrivals (the router sends them where less is pending). A
+    replica whose queue, with its share of the growth until the ordered capacity serves, takes
+    longer than the horizon to drain carries nothing new meanwhile: it counts as busy, and the
+    arrivals are sized for the others. Ordering for the queue itself buys replicas that never
+    reach it (on the suite's surge, 16 prefill replicas whose 15 new ones idled beside one
+    replica's 770 waiting requests)."""
+    ready = max(obs.ready, 1)
+    queues = obs.queues or (((obs.waiting or 0.0) / ready,) * obs.ready)
+    held, rest = 0, 0.0
+    for w in queues:
+        tokens = w * tokens_per_req + ahead / ready
+        if tokens / capacity > horizon_s:
+            held += 1
+        else:
+            rest += tokens
+    return min(held, obs.ready), rest / horizon_s
+
+
 def size_prefill(obs: PrefillObs, cap: PrefillCapacity, k: PrefillKnobs) -> Sizing:
     """Replicas = ceil((demand + backlog / drain) / (capacity x target utilisation)).
 
@@ -197,13 +228,24 @@ def size_prefill(obs: PrefillObs, cap: PrefillCapacity, k: PrefillKnobs) -> Sizi
     # a surge is ordered for in one step rather than one replica each time the queue is longer
     queued = obs.waiting * tokens_per_req
     ahead = growth * obs.serve_in_s
-    backlog = (queued + ahead) / max(k.drain_horizon_s, obs.backlog_horizon_s)
+    horizon = max(k.drain_horizon_s, obs.backlog_horizon_s)
+    held = 0
+    if k.queue_moves:
+        backlog = (queued + ahead) / horizon
+    else:
+        held, backlog = held_queues(obs, tokens_per_req, ahead, cap.tokens_per_s, horizon)
     # the arrival trend, projected to when replicas ordered now would serve
     # (at most half the served demand: the ramp-in of a rate window over a step reads as a slope)
     trend = min(max(0.0, obs.demand_slope or 0.0) * obs.trend_horizon_s, 0.5 * obs.uncached_tps)
-    demand = obs.uncached_tps + growth + trend
+    arrivals = obs.uncached_tps + growth
+    if held:
+        # a replica holding its queue computes that queue, not arrivals, once new replicas take
+        # them: the arrivals are what the pool computes plus the queue's change, signed (a queue
+        # draining is work that arrived before)
+        arrivals = max(0.0, obs.uncached_tps + (obs.waiting_slope or 0.0) * tokens_per_req)
+    demand = arrivals + trend
     per_replica = cap.tokens_per_s * k.target_utilization
-    need = (demand + backlog) / per_replica
+    need = held + (demand + backlog) / per_replica
     desired = max(1, math.ceil(need - 1e-9))
     reasons: list[str] = []
     nums = {
@@ -216,6 +258,7 @@ def size_prefill(obs: PrefillObs, cap: PrefillCapacity, k: PrefillKnobs) -> Sizi
         "replicas_needed": round(need, 3),
         "demand_trend_tokens_per_s": round(trend, 1),
         "backlog_ahead_tokens": round(ahead, 1),
+        "replicas_holding_backlog": held,
     }
     if obs.ttft_tail_s is not None:
         nums["ttft_tail_s"] = round(obs.ttft_tail_s, 4)
@@ -226,12 +269,17 @@ def size_prefill(obs: PrefillObs, cap: PrefillCapacity, k: PrefillKnobs) -> Sizi
         nums["long_busy_share"] = round(obs.long_busy_share, 4)
     demand_driven = desired > n_eff
     if desired > n_eff:
-        reasons.append("prefill_demand_over_capacity" if backlog < demand * 0.5 else "prefill_backlog")
+        reasons.append("prefill_demand_over_capacity" if backlog < demand * 0.5 and not held else "prefill_backlog")
     over_sla = obs.ttft_tail_s is not None and obs.ttft_tail_s > obs.ttft_slo_s
     if over_sla and not tail_from_load(demand / (cap.tokens_per_s * max(obs.ready, 1)), k.target_utilization,
                                        obs.waiting, obs.ready, obs.long_busy_share, obs.queue_tail_s,
                                        obs.ttft_tail_s - obs.ttft_slo_s):
         reasons.append("ttft_tail_not_from_load")
+        over_sla = False
+    if over_sla and held:
+        # a tail from queues held by their engines: added replicas take new arrivals (sized
+        # above), none of the waiting requests, so the tail is no measure of how many are missing
+        reasons.append("ttft_tail_from_held_queues")
         over_sla = False
     if over_sla and obs.starting == 0 and obs.settled:
         # HPA's proportional rule applied to the tail: queueing delay falls roughly with the load

@@ -99,6 +99,7 @@ class PoolReading:
     engines: list[str] = field(default_factory=list)  # engines with a fresh sample
     totals: dict[str, float | None] = field(default_factory=dict)
     per_engine: dict[str, EngineSample] = field(default_factory=dict)
+    waiting_by_engine: dict[str, float] = field(default_factory=dict)  # requests waiting, per replica
 
 
 def long_prefill_seconds(buckets: Mapping[float, float], longer_than_s: float) -> float | None:
@@ -210,6 +211,9 @@ class Reader:
         t = r.totals
         t["running"] = sum(running.values()) if running else None
         t["waiting"] = sum(waiting.values()) if waiting else None
+        for k, v in waiting.items():
+            e = replica_of(k)
+            r.waiting_by_engine[e] = r.waiting_by_engine.get(e, 0.0) + v
         t["kv_usage"] = (sum(kv.values()) / len(kv)) if kv else None
         t["kv_usage_max"] = max(kv.values()) if kv else None
 

@@ -146,6 +146,10 @@ class AdvisorConfig(Strict):
     forecast_horizon_s: float = Field(default=d.FORECAST_HORIZON_S, ge=0,
                                       description="trend look-ahead (~ replica start time)")
     drain_horizon_s: float = Field(default=d.DRAIN_HORIZON_S, gt=0, description="time to drain a prefill backlog")
+    queue_moves: bool = Field(default=False, description=(
+        "true when the router queues requests itself and hands one to a replica only when it has room "
+        "(a central queue), so new replicas take over a backlog; false (vLLM engines behind a P/D proxy, "
+        "Dynamo or llm-d routing at arrival): a queued request stays on its engine"))
     decision_log: str | None = Field(default=None, description="JSONL path; every decision appended")
     pools: dict[Literal["prefill", "decode"], PoolLimits] = Field(
         default_factory=lambda: {"prefill": PoolLimits(), "decode": PoolLimits()})

@@ -441,7 +441,9 @@ class SloKedaPolicy:
 
 DECISION_NUMBERS = ("raw_desired", "utilization", "demand_uncached_tokens_per_s", "ttft_tail_s", "tpot_tail_s",
                     "concurrency_forecast", "batch_limit", "accepted_len", "tpot_at_empty_batch_s",
-                    "upstream_gain", "break_even_s", "lull_s", "lull_needed_s", "queue_tail_s", "long_busy_share")
+                    "upstream_gain", "break_even_s", "lull_s", "lull_needed_s", "queue_tail_s", "long_busy_share",
+                    "capacity_tokens_per_s_per_replica", "target_utilization", "backlog_tokens_per_s",
+                    "replicas_holding_backlog")
 
 
 class GuardPolicy:
