@@ -235,3 +235,16 @@ def test_a_queue_one_engine_holds_is_read_per_engine_and_not_ordered_for():
     moved = moved_adv.step(store, 1120, {"prefill": (2, 0), "decode": (1, 0)})[0]["prefill"]
     assert held.numbers["replicas_holding_backlog"] == 1 and held.direction == "up"
     assert moved.numbers["replicas_holding_backlog"] == 0 and moved.desired > held.desired
+
+
+@pytest.mark.parametrize("interval_s", [5.0, 15.0, 60.0])
+def test_proven_utilization_covers_its_hour_at_any_interval(interval_s):
+    """The utilisation at which the SLA held is evidence for an hour whatever the decision
+    interval: with a plain 512-tick bound, 5 s ticks kept 43 minutes and lost this 0.9."""
+    adv = Advisor(AdvisorConfig.model_validate({"interval_s": interval_s}), model=MODEL)
+    t = 0.0
+    while t <= 3500.0:
+        adv._remember_proven(t, 0.9 if 100.0 <= t < 100.0 + interval_s else 0.3)
+        t += interval_s
+    assert adv._proven_utilization(3600.0) == 0.9
+    assert adv._proven_utilization(3800.0) == 0.3  # more than an hour old: gone

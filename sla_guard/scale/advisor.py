@@ -49,6 +49,8 @@ POOLS = ("prefill", "decode")
 # history bounds: points kept at least 2 x span / (bound - margin) apart (learn.record), so a
 # bounded history covers its span at any decision interval
 PEAK_POINTS = 1024
+PROVEN_POINTS = 512
+PROVEN_SPAN_S = 3600.0  # how long a utilisation that held the SLA is evidence for N-1
 TREND_POINTS = 64
 
 
@@ -136,7 +138,7 @@ class Advisor:
         self.pending_timeout_s = 1800.0
         self._accepted_len: float | None = None
         self.u_target = self.cfg.prefill_target_utilization
-        self._proven: deque[tuple[float, float]] = deque(maxlen=512)  # (t, utilisation that met the SLA)
+        self._proven: deque[tuple[float, float]] = deque(maxlen=PROVEN_POINTS)  # (t, utilisation that met the SLA)
         self._longest: dict[str, float] = {}  # pool -> longest request seen (s)
         self._grace_t: dict[str, float] = {}
         self._last_tail: dict[str, tuple[float, float]] = {}  # pool -> (t, last measured tail)
@@ -301,6 +303,16 @@ class Advisor:
                           self.cfg.recurrence_horizon_s)
         return work / ready if work is not None and ready > 0 else None
 
+    def _remember_proven(self, now: float, utilization: float) -> None:
+        """A utilisation at which the SLA held, kept over ``PROVEN_SPAN_S`` at any interval (a
+        bound of 512 ticks kept 43 minutes of the hour at 5 s ticks)."""
+        record(self._proven, now, utilization, 2 * PROVEN_SPAN_S / (PROVEN_POINTS - 32), max)
+
+    def _proven_utilization(self, now: float) -> float | None:
+        """The highest utilisation the SLA was seen to hold at over the last ``PROVEN_SPAN_S``."""
+        recent = [u for ts, u in self._proven if ts >= now - PROVEN_SPAN_S]
+        return max(recent) if recent else None
+
     def _trend(self, hist: deque, now: float, value: float | None, span_s: float) -> float | None:
         if value is None:
             return None
@@ -364,9 +376,8 @@ class Advisor:
                 self.u_target = adapt_target_utilization(self.u_target, u_obs, sig.learn_s, sig.budget_s)
             learn_tail = sig.learn_s
             if learn_tail is not None and learn_tail <= 0.8 * sig.budget_s:
-                self._proven.append((now, u_obs))
-        recent = [u for ts, u in self._proven if ts >= now - 3600.0]
-        proven = max(recent) if recent else None
+                self._remember_proven(now, u_obs)
+        proven = self._proven_utilization(now)
         knobs = PrefillKnobs.from_config(cfg, target_utilization=self.u_target, proven_utilization=proven)
         s = size_prefill(obs, cap, knobs)
         if t.get("prefix_hit_ratio") is not None:
