@@ -226,12 +226,11 @@ def size_prefill(obs: PrefillObs, cap: PrefillCapacity, k: PrefillKnobs) -> Sizi
     growth = max(0.0, obs.waiting_slope or 0.0) * tokens_per_req
     # the queue the ordered capacity will meet: it keeps growing until that capacity serves, so
     # a surge is ordered for in one step rather than one replica each time the queue is longer
-    queued = obs.waiting * tokens_per_req
     ahead = growth * obs.serve_in_s
     horizon = max(k.drain_horizon_s, obs.backlog_horizon_s)
     held = 0
     if k.queue_moves:
-        backlog = (queued + ahead) / horizon
+        backlog = (obs.waiting * tokens_per_req + ahead) / horizon
     else:
         held, backlog = held_queues(obs, tokens_per_req, ahead, cap.tokens_per_s, horizon)
     # the arrival trend, projected to when replicas ordered now would serve
