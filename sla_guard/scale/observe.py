@@ -211,9 +211,7 @@ class Reader:
         t = r.totals
         t["running"] = sum(running.values()) if running else None
         t["waiting"] = sum(waiting.values()) if waiting else None
-        for k, v in waiting.items():
-            e = replica_of(k)
-            r.waiting_by_engine[e] = r.waiting_by_engine.get(e, 0.0) + v
+        r.waiting_by_engine = _by_replica(waiting)
         t["kv_usage"] = (sum(kv.values()) / len(kv)) if kv else None
         t["kv_usage_max"] = max(kv.values()) if kv else None
 
