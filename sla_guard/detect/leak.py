@@ -20,8 +20,10 @@ seeds and reported on its sealed seeds (bench/detectors):
    window is start-up and nothing is left to test (a line would otherwise carry the tail's slope).
    A level step down (step 3: memory given back, a warm restart too shallow for step 1) counts as
    a start for this curve: what follows it may be a refill.
-5. **Load** (optional): the floor's co-movement with the load's own floor (``diff_load_coef``,
-   differences, so a trend cannot confound it) is removed.
+5. **Load** (optional): the RSS that moves with the running requests is removed sample by
+   sample, before the floor is taken (``sample_load_coef``: bytes per request from the
+   sample-to-sample co-movement, so a trend cannot confound it; the minimum of a sum is not the
+   sum of the minima, so removing it from the floor afterwards left part of it in).
 6. **Trend test** on the last 2 h and 4 h: Theil-Sen slope, Mann-Kendall z (variance
    inflated for serial correlation) >= 5, slope and rise over thresholds, still growing in the
    last half, not better explained by one or two level steps than by a line or a hinge; two
@@ -351,18 +353,54 @@ def hinge_fit(x: np.ndarray, y: np.ndarray) -> tuple[float, np.ndarray] | None:
     return float(sse[k]), fitted[k]
 
 
-def diff_load_coef(y: np.ndarray, lf: np.ndarray, min_points: int = 12, lag: int = 1) -> float | None:
-    """Bytes per unit of load from co-movement: Theil-Sen slope (with intercept) of the floor's
-    ``lag``-bucket differences on the load floor's. Differencing turns a linear trend (a leak)
-    into a constant and shrinks a diurnal cycle, so time cannot confound the load the way it
-    does in one short window's regression; the median ignores the few differences that hold an
-    allocator step. A warm-up tail is not linear: fit past it. None when the load does not move
-    enough to say."""
-    dy, dl = y[lag:] - y[:-lag], lf[lag:] - lf[:-lag]
-    if len(dy) < min_points or np.count_nonzero(dl) < min_points:
+def sample_load_coef(
+    v: np.ndarray, load: np.ndarray, min_points: int = 60, span: int = 60, z_min: float = 5.0
+) -> float | None:
+    """Bytes per running request: least squares of RSS's sample-to-sample differences on the
+    load's, each less its local mean (over ``span`` differences). Differencing turns a linear
+    trend into a constant; the local means also take out a leak's onset (its differences step up)
+    and a slow load swing, which would otherwise pass for co-movement: the coefficient is
+    identified by the load's fast moves only. Differences beyond 4 robust s.d. (sawtooth
+    collections, spikes, allocator steps) are left out. None when the load does not move enough
+    to say (a coefficient under ``z_min`` standard errors: a smooth load leaves almost nothing
+    once its local mean is out), or moves RSS the wrong way."""
+    dv, dl = np.diff(v), np.diff(load)
+    if len(dv) < min_points:
         return None
-    c, _ = theil_sen(dl, dy)
-    return c if c > 0 else None
+    keep = np.abs(dv - np.median(dv)) <= 4.0 * max(_mad_sd(dv), 1.0)
+    dv, dl = dv[keep], dl[keep]
+    if len(dv) < max(min_points, span) or np.count_nonzero(dl) < min_points:
+        return None
+    box = np.ones(span) / span
+    x = dl - np.convolve(dl, box, mode="same")
+    y = dv - np.convolve(dv, box, mode="same")
+    sxx = float(x @ x)
+    if sxx <= 0:
+        return None
+    c = float(x @ y) / sxx
+    resid = y - c * x
+    se = math.sqrt(float(resid @ resid) / (len(y) - 1) / sxx)
+    return c if c > z_min * se else None
+
+
+def _load_at(ts: np.ndarray, load: tuple[np.ndarray, np.ndarray] | None) -> np.ndarray | None:
+    """The load series at the RSS sample times (the guard scrapes both; a CSV has one row each)."""
+    if load is None:
+        return None
+    lt, lv = _clean(*load)
+    if len(lt) < 3:
+        return None
+    return np.interp(ts, lt, lv)
+
+
+def _without_load(ts: np.ndarray, vs: np.ndarray, r: np.ndarray | None, now: float, p: LeakParams):
+    """RSS less its load-following part, with the coefficient learned from the last day up to
+    ``now`` (causal); and the coefficient (None without a load or a co-movement)."""
+    if r is None:
+        return vs, None
+    m = (ts <= now) & (ts > now - 24 * HOUR * p.bucket_s / 300.0)
+    coef = sample_load_coef(vs[m], r[m])
+    return (vs - coef * r if coef else vs), coef
 
 
 def hinge_onset(x: np.ndarray, y: np.ndarray, max_candidates: int = 200) -> float | None:
@@ -411,14 +449,13 @@ def _mad_sd(d: np.ndarray) -> float:
 class SegmentFloor:
     """One segment's floor, built causally (each bucket only from the samples up to its end):
     bucket ends ``t``, the floor ``raw``, the floor with level steps taken out ``y``, the floor
-    window used at each bucket ``window`` and, with a load series, the load's floor ``load``."""
+    window used at each bucket ``window``."""
 
     start: float
     t: np.ndarray
     raw: np.ndarray
     y: np.ndarray
     window: np.ndarray
-    load: np.ndarray | None = None
     releases: np.ndarray = field(default_factory=lambda: np.empty(0))  # bucket ends of level steps DOWN
 
 
@@ -435,7 +472,6 @@ def segment_floor(
     vs: np.ndarray,
     p: LeakParams,
     start: float | None = None,
-    load: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> SegmentFloor:
     """The floor of one segment (samples ``ts``, ``vs`` between two restarts)."""
     start = float(ts[0]) if start is None else float(start)
@@ -443,12 +479,6 @@ def segment_floor(
     sub = p.bucket_s / per
     nb = math.floor((ts[-1] - start) / p.bucket_s) + 1
     mins = _sub_minima(ts, vs, start, sub, nb * per)
-    lmins = None
-    if load is not None and len(load[0]) >= 3:
-        lt, lv = _clean(*load)
-        lmins = _sub_minima(lt, lv, start, sub, nb * per)
-        if not np.isfinite(lmins).any():
-            lmins = None
     # sawtooth drops: falls beyond 4 robust s.d. of the sample differences (and 8 MiB)
     dv = np.diff(vs)
     dt = np.diff(ts)
@@ -474,24 +504,14 @@ def segment_floor(
         w = p.sawtooth_factor * float(np.percentile(gaps, 75))
         windows[j : j + 3] = min(max(w, p.floor_window_s), p.max_floor_window_s)
     raw = np.full(nb, np.nan)
-    lf = np.full(nb, np.nan) if lmins is not None else None
     for j in range(nb):
         e = (j + 1) * per
         if not np.isfinite(mins[e - per : e]).any():
             continue  # no sample in this bucket
         s = max(0, e - math.ceil(windows[j] / sub))
         raw[j] = mins[s:e].min()
-        if lf is not None:
-            m = lmins[s:e]
-            m = m[np.isfinite(m)]
-            lf[j] = m.min() if len(m) else np.nan
     keep = np.isfinite(raw)
     t, raw, windows = ends[keep], raw[keep], windows[keep]
-    if lf is not None:
-        lf = lf[keep]
-        if np.isnan(lf).any():
-            good = np.isfinite(lf)
-            lf = np.interp(t, t[good], lf[good]) if good.sum() >= 2 else None
     # level steps: jumps beyond step_bytes and step_sd robust s.d. of the recent differences
     y = raw.copy()
     offset = 0.0
@@ -508,7 +528,7 @@ def segment_floor(
             if d[j - 1] < 0:
                 releases.append(t[j])
         y[j] = raw[j] - offset
-    return SegmentFloor(start, t, raw, y, windows, lf, np.asarray(releases, float))
+    return SegmentFloor(start, t, raw, y, windows, np.asarray(releases, float))
 
 
 def _startup_removed(
@@ -604,13 +624,11 @@ def window_test(
 # --- whole-series verdicts ------------------------------------------------------------------
 
 
-def _judge(f: SegmentFloor, k: int, p: LeakParams, load_coef: float | None) -> LeakVerdict:
+def _judge(f: SegmentFloor, k: int, p: LeakParams) -> LeakVerdict:
     """The verdict at bucket ``k`` of a segment floor (no confirmation, no limit)."""
     now = float(f.t[k])
     v = LeakVerdict("unknown", "warming_up", at=now, segment_start=f.start)
     t, y = f.t[: k + 1], f.y[: k + 1]
-    if load_coef is not None and f.load is not None:
-        y = y - load_coef * f.load[: k + 1]
     judged = t >= f.start + p.warmup_s
     v.floor_bytes = float(f.raw[k])
     if judged.sum() < p.min_points:
@@ -655,11 +673,9 @@ def _refill_origin(f: SegmentFloor, now: float, p: LeakParams) -> float:
     return f.start
 
 
-def _onset(f: SegmentFloor, k: int, p: LeakParams, load_coef: float | None) -> float | None:
+def _onset(f: SegmentFloor, k: int, p: LeakParams) -> float | None:
     now = float(f.t[k])
     t, y = f.t[: k + 1], f.y[: k + 1]
-    if load_coef is not None and f.load is not None:
-        y = y - load_coef * f.load[: k + 1]
     m = (t >= f.start + p.warmup_s) & (t > now - p.onset_lookback_s)
     if m.sum() < 6:
         return None
@@ -673,21 +689,10 @@ def _onset(f: SegmentFloor, k: int, p: LeakParams, load_coef: float | None) -> f
     return max(f.start, float(tm[0] + knot - f.window[k]))
 
 
-def _load_coef(f: SegmentFloor, k: int, p: LeakParams) -> float | None:
-    if f.load is None:
-        return None
-    now = float(f.t[k])
-    m = (f.t[: k + 1] >= f.start + p.warmup_s) & (f.t[: k + 1] > now - 24 * HOUR * p.bucket_s / 300.0)
-    if m.sum() < 24:
-        return None
-    lag = max(1, math.ceil(float(np.median(f.window[: k + 1][m])) / p.bucket_s))
-    return diff_load_coef(f.y[: k + 1][m], f.load[: k + 1][m], lag=lag)
-
-
-def _finish(v: LeakVerdict, f: SegmentFloor, k: int, p: LeakParams, coef, limit_bytes, work) -> LeakVerdict:
+def _finish(v: LeakVerdict, f: SegmentFloor, k: int, p: LeakParams, limit_bytes, work) -> LeakVerdict:
     v.limit_bytes = limit_bytes
     if v.detected:
-        v.onset = _onset(f, k, p, coef)
+        v.onset = _onset(f, k, p)
         if limit_bytes and v.slope_bps > 0:
             v.eta_s = max(0.0, (limit_bytes - float(v.floor_bytes)) / v.slope_bps)
         if work is not None:
@@ -729,17 +734,17 @@ def assess(
     if not segs:
         return LeakVerdict("unknown", "no_data")
     ts, vs, st = segs[-1]
-    f = segment_floor(ts, vs, p, st, load)
+    vs, _ = _without_load(ts, vs, _load_at(ts, load), float(ts[-1]), p)
+    f = segment_floor(ts, vs, p, st)
     k = len(f.t) - 1
-    coef = _load_coef(f, k, p)
-    ver = _judge(f, k, p, coef)
+    ver = _judge(f, k, p)
     ver.at = float(ts[-1])
     if ver.detected and p.confirm > 1:
         for back in range(1, p.confirm):
-            if k - back < 0 or not _judge(f, k - back, p, coef).detected:
+            if k - back < 0 or not _judge(f, k - back, p).detected:
                 ver.status, ver.reason = "ok", "unconfirmed"
                 break
-    return _finish(ver, f, k, p, coef, limit_bytes, work)
+    return _finish(ver, f, k, p, limit_bytes, work)
 
 
 def scan(
@@ -757,22 +762,28 @@ def scan(
     out: list[tuple[float, LeakVerdict]] = []
     step = every_s or p.bucket_s
     for ts, vs, st in _segments(t, v, p):
-        f = segment_floor(ts, vs, p, st, load)
+        r = _load_at(ts, load)
+        f = segment_floor(ts, vs, p, st)
         next_t = -math.inf
         run = 0  # consecutive unconfirmed leak verdicts
-        coef, coef_at = None, -math.inf
+        coef_at, coef = -math.inf, None
         onset = None
         for k in range(len(f.t)):
             now = float(f.t[k])
-            if f.load is not None and now - coef_at >= HOUR * p.bucket_s / 300.0:
-                coef, coef_at = _load_coef(f, k, p), now
-            ver = _judge(f, k, p, coef)
+            if r is not None and now - coef_at >= HOUR * p.bucket_s / 300.0:
+                # the coefficient is refreshed hourly; the floor is rebuilt from RSS less it when
+                # it moved by more than 2 % (the live guard builds the floor at every bucket)
+                coef_at = now
+                less, c = _without_load(ts, vs, r, now, p)
+                if (c is None) != (coef is None) or (c and abs(c - coef) > 0.02 * coef):
+                    f, coef = segment_floor(ts, less, p, st), c
+            ver = _judge(f, k, p)
             run = run + 1 if ver.detected else 0
             if ver.detected and run < p.confirm:
                 ver.status, ver.reason = "ok", "unconfirmed"
             if ver.detected:
                 if onset is None:  # the onset of an episode is estimated once, when it opens
-                    onset = _onset(f, k, p, coef)
+                    onset = _onset(f, k, p)
                 ver.onset = onset
                 ver.limit_bytes = limit_bytes
                 if limit_bytes and ver.slope_bps > 0:
