@@ -293,7 +293,8 @@ def rate_case(seed: int, *, kind: str = "none", change: float | None = None, per
         s, d = rng.uniform(0, span), rng.uniform(0.5, 2) * HOUR
         load = load * np.where((t >= s) & (t < s + d), rng.uniform(0.4, 2.0), 1.0)
     od = rng.uniform(0, 0.04)
-    p = base + _ar1(rng, len(t), dt, od, rng.uniform(10, 120)) + _ar1(rng, len(t), dt, rng.uniform(0, 0.004), HOUR)
+    corr_s = rng.uniform(10, 120)
+    p = base + _ar1(rng, len(t), dt, od, corr_s) + _ar1(rng, len(t), dt, rng.uniform(0, 0.004), HOUR)
     if onset is not None:
         if kind == "step":
             p = p + total * (t >= onset)
@@ -309,7 +310,7 @@ def rate_case(seed: int, *, kind: str = "none", change: float | None = None, per
         if 0 < i < len(t):
             cn[i:] -= cn[i - 1]
             cx[i:] -= cx[i - 1]
-    fam = {"drafts_s": drafts_s, "overdispersion": od, "early_onset": early and kind != "none", "dt": dt,
-           "resets": len(resets)}
+    fam = {"drafts_s": drafts_s, "overdispersion": od, "corr_s": corr_s, "early_onset": early and kind != "none",
+           "dt": dt, "resets": len(resets)}
     name = f"acc{seed}-{kind}" + (f"{total:+.2f}" if kind != "none" else "")
     return RateSeries(name, t, cn, cx, kind, total, speed, onset, base, fam)
