@@ -94,6 +94,23 @@ def test_a_queue_held_by_its_engine_is_not_ordered_for():
     slow = size_prefill(replace(obs, waiting=0.0, queues=(0.0, 0.0), waiting_slope=1.0, serve_in_s=600.0,
                                 ttft_tail_s=None), CAP, PK)
     assert slow.numbers["replicas_holding_backlog"] == 0  # 120 s each: drained within the horizon
+
+
+def test_a_tail_of_waits_longer_than_the_horizon_orders_nothing():
+    """Requests that waited longer than the backlog horizon did so on a queue their engine held
+    (a replica that drains within the horizon has none that old): replicas ordered now take none
+    of them, so the proportional rule stays out and says why (surge_after_quiet/s2 of the tuning
+    suite: a 160 s tail of requests that had waited up to 640 s on one replica took prefill
+    13 -> 16 after the last arrival). A central queue moves to new replicas: there it asks."""
+    obs = _p(ready=10, uncached_tps=8_000.0, requests_per_s=2.0, waiting=96.0, queues=(96.0,) + (0.0,) * 9,
+             backlog_horizon_s=150.0, ttft_tail_s=160.0, queue_tail_s=640.0, long_busy_share=1.0, settled=True)
+    s = size_prefill(obs, CAP, PK)
+    assert s.numbers["replicas_holding_backlog"] == 0  # 96 x 4k tokens: 38 s of p0, inside the horizon
+    assert "ttft_over_sla" not in s.reasons and "ttft_tail_from_held_queues" in s.reasons
+    assert "ttft_over_sla" in size_prefill(obs, CAP, replace(PK, queue_moves=True)).reasons
+    assert "ttft_over_sla" in size_prefill(replace(obs, queue_tail_s=100.0), CAP, PK).reasons  # as before
+
+
 def test_prefill_scale_down_only_if_n_minus_1_fits():
     # 3 replicas, 9k tokens/s: 1.8 replicas needed, but at N-1=2 utilisation 0.45 > 0.5 x (1 - 0.2)
     assert PK.target_utilization == 0.5 and PK.scale_down_margin == 0.2

@@ -15,6 +15,7 @@ otherwise the prefill pool's own TTFT is used, as before.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass, field, replace
 
@@ -371,8 +372,10 @@ class Advisor:
                 and settled:
             u_obs = obs.uncached_tps / (cap.tokens_per_s * counts[0])
             # only a tail that load made teaches the target (the same test as the proportional rule's)
+            held_wait = None if cfg.queue_moves else max(cfg.drain_horizon_s, obs.backlog_horizon_s)
             if sig.learn_s is None or tail_from_load(u_obs, self.u_target, obs.waiting, counts[0], obs.long_busy_share,
-                                                     t.get("queue_learn_s"), sig.learn_s - sig.budget_s):
+                                                     t.get("queue_learn_s"), sig.learn_s - sig.budget_s,
+                                                     held_wait or math.inf):
                 self.u_target = adapt_target_utilization(self.u_target, u_obs, sig.learn_s, sig.budget_s)
             learn_tail = sig.learn_s
             if learn_tail is not None and learn_tail <= 0.8 * sig.budget_s:

@@ -163,7 +163,8 @@ IDLE_SHARE = 0.5
 
 
 def tail_from_load(utilization: float, target_utilization: float, waiting: float | None, ready: int,
-                   long_busy_share: float | None, queue_tail_s: float | None, excess_s: float) -> bool:
+                   long_busy_share: float | None, queue_tail_s: float | None, excess_s: float,
+                   held_wait_s: float = math.inf) -> bool:
     """Whether a TTFT tail ``excess_s`` over its budget is load's doing, so that more replicas (the
     proportional rule) or a lower utilisation target (learning) would shorten it.
 
@@ -175,7 +176,14 @@ def tail_from_load(utilization: float, target_utilization: float, waiting: float
     a pool under its target utilisation with no queue now shares little of its prefill budget,
     so its queue's tail (same quantile) must also reach the excess. bursty/s0 of the tuning
     suite: a 4.5 s tail with a 9 ms queue p95 at 25% cut the target 0.5 -> 0.23 and prefill grew
-    to 16. Above the target the sharing itself may be the load's part, and the queue says nothing."""
+    to 16. Above the target the sharing itself may be the load's part, and the queue says nothing.
+
+    A queue wait over ``held_wait_s`` (the backlog horizon, where each engine keeps its own queue)
+    was spent on a queue its engine held: replicas ordered now take none of it, and the pool's
+    utilisation did not make it (surge_after_quiet/s2: a 160 s tail of requests that had waited up
+    to 640 s in one replica's queue took prefill 13 -> 16 after the last arrival)."""
+    if queue_tail_s is not None and queue_tail_s > held_wait_s:
+        return False
     if not long_busy_share:
         return True
     crowded = (waiting or 0.0) > max(ready, 1)
@@ -270,10 +278,12 @@ def size_prefill(obs: PrefillObs, cap: PrefillCapacity, k: PrefillKnobs) -> Sizi
     if desired > n_eff:
         reasons.append("prefill_demand_over_capacity" if backlog < demand * 0.5 and not held else "prefill_backlog")
     over_sla = obs.ttft_tail_s is not None and obs.ttft_tail_s > obs.ttft_slo_s
+    held_wait = math.inf if k.queue_moves else horizon
     if over_sla and not tail_from_load(demand / (cap.tokens_per_s * max(obs.ready, 1)), k.target_utilization,
                                        obs.waiting, obs.ready, obs.long_busy_share, obs.queue_tail_s,
-                                       obs.ttft_tail_s - obs.ttft_slo_s):
-        reasons.append("ttft_tail_not_from_load")
+                                       obs.ttft_tail_s - obs.ttft_slo_s, held_wait):
+        old_wait = obs.queue_tail_s is not None and obs.queue_tail_s > held_wait
+        reasons.append("ttft_tail_from_held_queues" if old_wait else "ttft_tail_not_from_load")
         over_sla = False
     if over_sla and held:
         # a tail from queues held by their engines: added replicas take new arrivals (sized
