@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -374,31 +375,129 @@ def test_long_run_jitter_variance_counts_correlation_across_intervals():
         assert lo <= drift.long_run_tau2(n, x, p0, 10) / lag0 <= hi
 
 
+def _tpot(running: float) -> float:
+    """A decode step that grows with the batch (the affine law the detector does not assume)."""
+    return 0.010 + 0.0005 * running
+
+
+def _ar1(rng, n: int, sd: float, corr_intervals: float) -> np.ndarray:
+    a = math.exp(-1.0 / corr_intervals)
+    out, acc = np.empty(n), rng.normal(0, sd)
+    for i, e in enumerate(rng.normal(0, sd * math.sqrt(1 - a * a), n)):
+        acc = a * acc + e
+        out[i] = acc
+    return out
+
+
 def test_latency_drift_conditioned_on_load():
-    params = drift.LatencyDriftParams(warmup_s=1800)
-    cus = drift.LatencyCusum(params)
+    cus = drift.LatencyDrift(drift.LatencyDriftParams(warmup_s=1800))
     rng = np.random.default_rng(1)
-
-    def tpot(running):  # a busier batch is slower: not a drift
-        return 0.010 + 0.0005 * running
-
     t = 0.0
     for i in range(120):  # warm-up over two load levels
         t += 60
         r = 4 if i % 2 else 16
-        cus.update(t, tpot(r) * rng.normal(1, 0.03), r)
+        cus.update(t, _tpot(r) * rng.normal(1, 0.03), r, 40)
     alarms = []
     for _ in range(240):  # load shifts to the high bin only: no drift
         t += 60
-        alarms.append(cus.update(t, tpot(16) * rng.normal(1, 0.03), 16))
+        alarms.append(cus.update(t, _tpot(16) * rng.normal(1, 0.03), 16, 40))
     assert not any(alarms)
     fired = None
     for i in range(60):  # same load, 30 % slower: drift
         t += 60
-        if cus.update(t, 1.3 * tpot(16) * rng.normal(1, 0.03), 16) is not None:
+        if cus.update(t, 1.3 * _tpot(16) * rng.normal(1, 0.03), 16, 40) is not None:
             fired = i
             break
     assert fired is not None and fired < 10
+    assert cus.alarm.after == pytest.approx(1.3, abs=0.08) and cus.alarm.test == "window"
+
+
+def test_latency_drift_judges_and_learns_a_load_the_warm_up_never_saw():
+    """Warm-up at a batch of 4 only, then the day's load at 32: judged from the first interval
+    (the reference extended with a model-error bound; before issue 16 such a bin stayed unknown for
+    good), no alarm for the busier batch, learned after new_load_hold_s, and a 25 % slowdown there
+    is found within 15 min."""
+    p = drift.LatencyDriftParams()
+    cus = drift.LatencyDrift(p)
+    rng = np.random.default_rng(3)
+    t = 0.0
+    for _ in range(70):
+        t += 60
+        cus.update(t, _tpot(4) * rng.normal(1, 0.02), 4, 30)
+    assert cus.ready
+    alarms = []
+    for _ in range(240):
+        t += 60
+        r = 32 * rng.uniform(0.9, 1.1)
+        alarms.append(cus.update(t, _tpot(r) * rng.normal(1, 0.02), r, 30))
+    assert cus.unknown == 0 and not any(alarms)
+    assert max(q[0] for q in cus._points()) > math.log2(20)  # the new load is part of the reference
+    fired = None
+    for i in range(60):
+        t += 60
+        r = 32 * rng.uniform(0.9, 1.1)
+        if cus.update(t, 1.25 * _tpot(r) * rng.normal(1, 0.02), r, 30) is not None:
+            fired = i
+            break
+    assert fired is not None and fired < 15
+
+
+def test_latency_drift_correlated_mix_is_not_a_drift_but_a_step_on_it_is():
+    """Two days of a request mix that moves TPOT by 5 % (s.d.) with a 5-minute memory, under a
+    daily load cycle: the windows' standard errors come from the measured autocovariances, so no
+    alarm (the per-bin CUSUM before issue 16 read such runs as drift within hours); then +25 %."""
+    rng = np.random.default_rng(7)
+    cus = drift.LatencyDrift()
+    n = 2 * 1440
+    mix = _ar1(rng, n + 120, 0.05, 5.0)
+    alarms = []
+    for i in range(n):
+        t = 60.0 * (i + 1)
+        r = 16 * (1 + 0.5 * math.sin(2 * math.pi * t / 86400))
+        alarms.append(cus.update(t, _tpot(r) * math.exp(mix[i]), r, 50))
+    assert not any(alarms), [a.at / 3600 for a in alarms if a]
+    fired = None
+    for j in range(60):
+        t = 60.0 * (n + j + 1)
+        r = 16 * (1 + 0.5 * math.sin(2 * math.pi * t / 86400))
+        if cus.update(t, 1.25 * _tpot(r) * math.exp(mix[n + j]), r, 50) is not None:
+            fired = j
+            break
+    assert fired is not None and fired < 20
+
+
+def test_scan_latency_skips_a_counter_reset_and_reads_the_mean_batch():
+    """Counters as the guard scrapes them (15 s), an engine restart at 5 h, a 30 % slowdown at
+    6 h: the reset interval is skipped (no negative TPOT, no alarm), the slowdown is found."""
+    rng = np.random.default_rng(5)
+    t = np.arange(15.0, 8 * 3600.0, 15.0)
+    running = 20 + 5 * np.sin(2 * np.pi * t / 7200)
+    k = rng.poisson(10, len(t)).astype(float)
+    tpot = np.array([_tpot(r) for r in running]) * rng.normal(1, 0.02, len(t)) * np.where(t >= 6 * 3600, 1.3, 1.0)
+    cs, cc = np.cumsum(k * tpot), np.cumsum(k)
+    i = int(np.searchsorted(t, 5 * 3600))
+    cs[i:] -= cs[i - 1] - 0.01
+    cc[i:] -= cc[i - 1] - 1
+    alarms, cus = drift.scan_latency(t, cs, cc, running)
+    assert alarms and all(a.at >= 6 * 3600 for a in alarms)
+    assert alarms[0].at <= 6 * 3600 + 900 and cus.unknown == 0
+
+
+def test_latency_drift_state_survives_a_restart():
+    """The detector's state through the guard's encoder: the copy says what the original says."""
+    from sla_guard.detect.evaluators import _DRIFT_CLASSES
+    from sla_guard.state import decode, encode
+
+    rng = np.random.default_rng(2)
+    a = drift.LatencyDrift()
+    for i in range(200):
+        a.update(60.0 * (i + 1), _tpot(8) * rng.normal(1, 0.03), 8, 20)
+    b = decode(json.loads(json.dumps(encode(a))), _DRIFT_CLASSES, {"params": a.params})
+    out = []
+    for i in range(200, 260):
+        x = _tpot(8) * rng.normal(1, 0.03) * (1.3 if i >= 230 else 1.0)
+        out.append((a.update(60.0 * (i + 1), x, 8, 20), b.update(60.0 * (i + 1), x, 8, 20)))
+    assert [x is None for x, _ in out] == [y is None for _, y in out] and any(x for x, _ in out)
 
 
 # --- issue 16: start-up growth after a restart, a slow decline in the first day ---------------

@@ -19,9 +19,8 @@ from the ARL0 budget; it replaced round 2's narrow-band CUSUM pair (in git histo
 keeps learning from alarm-free blocks (jitter_blocks): a 1 h estimate is too rough for the exact
 threshold. The derivation and the measurements are in docs/detectors.md.
 
-Latency: TPOT per interval is compared with a baseline for the same load bin (running requests,
-log2 bins) learned during warm-up, through a Gaussian-mean CUSUM on the relative increase, so a
-busier batch is not called a drift.
+Latency: TPOT per interval is compared with a reference curve of TPOT over the running batch, so a
+busier batch is not called a drift, by the mean log ratio over trailing windows (``LatencyDrift``).
 """
 
 from __future__ import annotations
@@ -676,99 +675,352 @@ def scan_rate(
 class LatencyDriftParams:
     interval_s: float = 60.0
     warmup_s: float = 3600.0
-    min_warmup_intervals: int = 5  # per load bin; bins seen less often stay unknown
-    rel_shift: float = 0.15  # design: latency 15 % above the baseline of the same load
+    min_warmup_intervals: int = 20  # intervals with finished requests before the reference exists
     arl0_s: float = 30 * DAY
     family: int = 1
-    min_cv: float = 0.02  # floor on the interval-to-interval coefficient of variation
-    resolve_s: float = 1800.0
+    min_cv: float = 0.02  # floor on the relative noise of one interval
+    resolve_s: float = 1800.0  # a finding resolves once the residuals of this long are back within ref_clear_z
+    bin_width: float = 0.5  # reference points every this many doublings of the running batch
+    min_bin_intervals: int = 10  # a bin becomes a reference point with this many intervals (5 raised false alarms:
+    # its point's error, shared by every interval near it, is not noise the windows average away)
+    windows_s: tuple[float, ...] = (600.0, 1200.0, 2400.0, 4800.0)  # trailing windows of the test
+    wander: float = 0.02  # relative s.d. of a slow wander of the mix (context lengths, acceptance) (a prior)
+    extrapolation_error: float = 0.2  # bound on the error of log TPOT per doubling of the batch beyond the
+    # reference's range, extended with its edge slope (a slope that changes by 0.2 per doubling)
+    max_slope: float = 1.2 * math.log(2.0)  # steepest edge slope (log TPOT per doubling): a little above proportional
+    lr_lags: int = 20  # autocovariance lags measured (the mix of a minute outlives it)
+    ref_hold_s: float = 7200.0  # intervals this old join the reference while no test sees a change
+    new_load_hold_s: float = 1800.0  # ... and this old at a batch beyond the reference's range, where the windows
+    # see only changes beyond the extrapolation's error: learning the load sooner buys more than it risks
+    ref_clear_z: float = 2.0  # ... i.e. every window within this many standard errors and no alarm open
+    jitter_blocks: int = 24  # noise re-estimated from this many recent blocks of warmup_s that joined the reference
 
     @property
     def threshold(self) -> float:
-        return threshold_for_arl(self.arl0_s, self.interval_s, 1, self.family)
+        """z at which the window test's false-alarm rate is one per ARL0 (Pickands: a moving mean
+        over m intervals up-crosses z about z phi(z) / m per interval, summed over the windows)."""
+        steps = self.arl0_s / self.interval_s * self.family
+        return _window_threshold(steps, sum(self.interval_s / w for w in self.windows_s))
 
 
-def load_bin(running: float) -> int:
-    """log2 bins of the running batch: 1, 2-3, 4-7, 8-15, ..."""
-    return math.floor(math.log2(max(running, 1.0)))
+def load_bin(running: float, width: float = 1.0) -> int:
+    """Bins of the running batch, ``width`` doublings wide (1: 1, 2-3, 4-7, 8-15, ...)."""
+    return math.floor(math.log2(max(running, 1.0)) / width)
+
+
+def noise_model(e: np.ndarray, k: np.ndarray, lags: int) -> tuple[list[float], float]:
+    """(autocovariances of the mix at lags 0..``lags``, per-request variance) of log-TPOT residuals.
+    E[e^2] = mix + req / k, by least squares on 1 / k (an interval's mean over k requests carries
+    their dispersion / k; the mix of contexts and batches moves every request together), both >= 0;
+    the residuals' autocovariances at lags >= 1 are the mix's alone (requests are independent
+    between intervals). The tests sum intervals, so these, not the lag-0 variance, set their noise."""
+    e, k = np.asarray(e, float), np.maximum(np.asarray(k, float), 1.0)
+    if len(e) < 3:
+        return [float(np.mean(e * e)) if len(e) else 0.0], 0.0
+    x, y = 1.0 / k, e * e
+    if np.ptp(x) > 1e-12:
+        slope, icpt = np.polyfit(x, y, 1)
+        if icpt < 0:
+            icpt, slope = 0.0, float(np.dot(x, y) / np.dot(x, x))
+        elif slope < 0:
+            icpt, slope = float(np.mean(y)), 0.0
+    else:
+        icpt, slope = float(np.mean(y)), 0.0
+    ec = e - e.mean()
+    acov = [max(float(icpt), 0.0)]
+    for lag in range(1, min(lags, len(e) - 1) + 1):
+        acov.append(float(np.dot(ec[:-lag], ec[lag:])) / len(e))
+    return acov, max(float(slope), 0.0)
+
+
+def change_point(t: np.ndarray, e: np.ndarray) -> tuple[float, float]:
+    """(time, level after it) of the likeliest single shift of the mean of ``e`` (the split that
+    maximises the between-segment difference scaled by sqrt(k (n - k) / n)): what a finding reports,
+    rather than a window's mean that still holds part of the time before the change."""
+    n = len(e)
+    if n < 2:
+        return (float(t[0]) if n else math.nan), (float(e[0]) if n else 0.0)
+    c = np.cumsum(e)
+    k = np.arange(1, n)
+    score = (c[-1] - c[k - 1]) / (n - k) - c[k - 1] / k
+    score = score * np.sqrt(k * (n - k) / n)
+    j = int(np.argmax(score)) + 1
+    return float(t[j]), float(e[j:].mean())
+
+
+def mean_variance(acov: list[float], n: int) -> float:
+    """Variance of the mean of ``n`` consecutive intervals of a series with these autocovariances
+    (beyond the last lag taken as 0), never below the independent case's acov[0] / n."""
+    n = max(int(n), 1)
+    v = acov[0] + 2.0 * sum((1.0 - j / n) * g for j, g in enumerate(acov[1:n], start=1))
+    return max(v, acov[0]) / n
 
 
 @dataclass(slots=True)
-class LatencyCusum:
-    """One-sided (slower) CUSUM of interval-mean TPOT against a per-load-bin baseline."""
+class LatencyDrift:
+    """Interval-mean TPOT against a reference curve of TPOT over the running batch, judged by the
+    mean log ratio over trailing windows of 10-80 min, in standard errors from the measured
+    autocovariances of the mix, per-request dispersion, the reference's own error and a slow wander.
+
+    The reference is the mean log TPOT of each ``bin_width``-doubling bin of the batch, joined by
+    straight lines (in log TPOT over log batch) and extended past its range with the edge slope
+    plus a bound on the model error that grows per doubling: a load the warm-up never saw is judged
+    (with that bound taken off on the safe side) instead of staying unknown. The reference is
+    learned in the warm-up and grows afterwards only under a test that no change is present
+    (``ref_hold_s``, ``ref_clear_z``), as the rate detectors' reference does: a reference that keeps
+    learning absorbs a slow drift. Until issue 16 this was a CUSUM against per-bin means of the
+    warm-up only; docs/detectors.md has what it missed."""
 
     params: LatencyDriftParams = field(default_factory=LatencyDriftParams)
     started: float | None = None
-    warm: dict[int, list[float]] = field(default_factory=dict)
-    base: dict[int, tuple[float, float]] | None = None  # bin -> (mean, sd)
-    s: float = 0.0
-    since: tuple[float, float, float] = (0.0, 0.0, 0.0)  # (t0, sum of ratios, intervals)
-    recent: list[tuple[float, float]] = field(default_factory=list)  # (t, ratio to baseline)
+    warm_rows: list[tuple[float, float, float, float]] = field(default_factory=list)  # (t, log tpot, log2 batch, k)
+    bins: dict[int, list[float]] | None = None  # bin -> [intervals, sum of log2 batch, sum of log tpot]
+    mix_acov: list[float] = field(default_factory=lambda: [0.0])  # autocovariances of the mix in log TPOT, lags 0..
+    req_var: float = 0.0  # per-request variance (an interval of k requests carries req_var / k)
+    noise_blocks: list[tuple[list[float], float]] = field(default_factory=list)  # (acov, req) per block
+    block: list[tuple[float, float]] = field(default_factory=list)  # (residual, k) joined since the last block
+    rows: list[tuple[float, ...]] = field(default_factory=list)  # (t, residual, reference variance, model error
+    # bound, requests) over the longest window
+    held: list[tuple[float, float, float, float]] = field(default_factory=list)  # (due, log tpot, log2 batch, k)
+    window_z: list[float] = field(default_factory=list)  # per window: (mean - bound) / s.e., the test's z
+    window_lo: list[float] = field(default_factory=list)  # per window: (mean + bound) / s.e.
     alarm: Alarm | None = None
     alarms: int = 0
     unknown: int = 0
 
-    def update(self, t: float, mean_tpot: float, running: float) -> Alarm | None:
+    @property
+    def ready(self) -> bool:
+        return self.bins is not None
+
+    @property
+    def mix_var(self) -> float:
+        """Long-run variance of the mix (Bartlett weights over the measured lags): one interval's
+        share of a long sum, as the reference's points are."""
+        a, lags = self.mix_acov, len(self.mix_acov) - 1
+        return max(a[0] + 2.0 * sum((1.0 - j / (lags + 1.0)) * g for j, g in enumerate(a[1:], start=1)), a[0])
+
+    def update(self, t: float, mean_tpot: float, running: float, requests: float = 1.0) -> Alarm | None:
+        """One interval: the mean TPOT of the ``requests`` that finished in it, at ``running`` per
+        engine (the mean over the interval). Returns a new alarm, else None."""
         p = self.params
-        if not (mean_tpot > 0 and math.isfinite(mean_tpot) and running >= 0):
+        if not (mean_tpot > 0 and math.isfinite(mean_tpot) and running >= 0 and math.isfinite(running)):
             self.unknown += 1
             return None
         if self.started is None:
             self.started = t
-        b = load_bin(running)
-        if self.base is None:
-            self.warm.setdefault(b, []).append(mean_tpot)
-            if t - self.started >= p.warmup_s:
-                self.base = {
-                    k: (float(np.mean(v)), float(np.std(v, ddof=1)))
-                    for k, v in self.warm.items()
-                    if len(v) >= p.min_warmup_intervals
-                }
-                self.warm.clear()
-                self.since = (t, 0.0, 0.0)
+        y, u, k = math.log(mean_tpot), math.log2(max(running, 1.0)), max(float(requests), 1.0)
+        if self.bins is None:
+            self.warm_rows.append((t, y, u, k))
+            if t - self.started >= p.warmup_s and len(self.warm_rows) >= p.min_warmup_intervals:
+                self._learn()
             return None
-        if b not in self.base:
+        pred = self._predict(u)
+        if pred is None:
             self.unknown += 1
             return None
-        mu, sd = self.base[b]
-        sd = max(sd, p.min_cv * mu)
-        d = p.rel_shift * mu
-        llr = d / sd**2 * (mean_tpot - mu - d / 2)
-        ratio = mean_tpot / mu
-        self.recent.append((t, ratio))
-        while self.recent and self.recent[0][0] <= t - p.resolve_s:
-            self.recent.pop(0)
-        self.s += llr
-        if self.s <= 0:
-            self.s, self.since = 0.0, (t, 0.0, 0.0)
-        else:
-            self.since = (self.since[0], self.since[1] + ratio, self.since[2] + 1)
-        if self.s > p.threshold:
-            after = self.since[1] / self.since[2] if self.since[2] else float("nan")
-            fresh = self.alarm is None
-            if fresh:
-                self.alarm = Alarm(t, "up", 1.0, after, self.since[0], self.s, p.threshold)
+        mu, ref_var, bound = pred
+        self.rows.append((t, y - mu, ref_var, bound, k))
+        self._hold(t, y, u, k)
+        fired = self._window(t)
+        if fired is not None:
+            if self.alarm is None:
+                self.alarm = fired
                 self.alarms += 1
-            else:
-                self.alarm.after, self.alarm.statistic = after, self.s
-            self.s, self.since = 0.0, (t, 0.0, 0.0)
-            return self.alarm if fresh else None
-        if self.alarm is not None and self.recent and t - self.alarm.at >= p.resolve_s:
-            r = float(np.mean([q for _, q in self.recent]))
-            if r < 1 + p.rel_shift / 2:
-                self.alarm = None
+                self.held.clear()
+                return fired
+            self.alarm.after, self.alarm.statistic = fired.after, fired.statistic
+            return None
+        if self.alarm is not None and t - self.alarm.at >= p.resolve_s and self._calm_since(t - p.resolve_s):
+            self.alarm = None
         return None
 
+    def _learn(self) -> None:
+        p = self.params
+        self.bins = {}
+        for _, y, u, _k in self.warm_rows:
+            self._add(y, u)
+        res = [(y - self._predict(u)[0], k) for _, y, u, k in self.warm_rows]
+        e = np.array([r for r, _ in res])
+        k = np.array([q for _, q in res])
+        # in-sample residuals are smaller than the true noise by the points the curve spends
+        inflate = len(e) / max(len(e) - len(self._points()), 1)
+        acov, req = noise_model(e, k, p.lr_lags)
+        self.noise_blocks = [([g * inflate for g in acov], req * inflate)]
+        self.mix_acov, self.req_var = self.noise_blocks[0]
+        self.window_z = [math.nan for _ in p.windows_s]
+        self.window_lo = [math.nan for _ in p.windows_s]
+        self.warm_rows = []
+
+    def _add(self, y: float, u: float) -> None:
+        b = self.bins.setdefault(load_bin(2.0**u, self.params.bin_width), [0.0, 0.0, 0.0])
+        b[0] += 1
+        b[1] += u
+        b[2] += y
+
+    def _points(self) -> list[tuple[float, float, float]]:
+        """(mean log2 batch, mean log TPOT, intervals) of each bin with enough intervals, by batch."""
+        m = self.params.min_bin_intervals
+        pts = [(b[1] / b[0], b[2] / b[0], b[0]) for b in self.bins.values() if b[0] >= m]
+        if not pts and self.bins:  # a warm-up spread thin: the best-filled bin alone
+            b = max(self.bins.values(), key=lambda v: v[0])
+            pts = [(b[1] / b[0], b[2] / b[0], b[0])]
+        return sorted(pts)
+
+    def _predict(self, u: float) -> tuple[float, float, float] | None:
+        """(reference log TPOT, its variance, a bound on its model error) at log2 batch ``u``:
+        interpolated between the two neighbouring points, or extended from the edge with the edge
+        slope and a model error that grows per doubling beyond it. The bound is a bias, not noise:
+        the test takes it off on the safe side."""
+        pts = self._points()
+        if not pts:
+            return None
+        p = self.params
+        point_var = self.mix_var + self.req_var / 8.0  # one interval's variance, ~8 requests (conservative)
+        us = [q[0] for q in pts]
+        i = int(np.searchsorted(us, u))
+        if 0 < i < len(pts):
+            (ua, ya, na), (ub, yb, nb) = pts[i - 1], pts[i]
+            w = (u - ua) / (ub - ua) if ub > ua else 0.5
+            return ya + w * (yb - ya), point_var * ((1 - w) ** 2 / na + w * w / nb), 0.0
+        edge_u, edge_y, edge_n = pts[0] if i == 0 else pts[-1]
+        # the edge slope from the farthest point within two doublings; points closer than one doubling
+        # say little about it: then it is somewhere between flat and proportional (half, +- half)
+        near = [q for q in pts if 1.0 <= abs(q[0] - edge_u) <= 2.0]
+        d = abs(u - edge_u)
+        if not near:
+            half = 0.5 * math.log(2.0)
+            return edge_y + half * (u - edge_u), point_var / edge_n, half * d
+        ou, oy, _ = max(near, key=lambda q: abs(q[0] - edge_u))
+        slope = min(max((edge_y - oy) / (edge_u - ou), 0.0), p.max_slope)
+        return edge_y + slope * (u - edge_u), point_var / edge_n, p.extrapolation_error * d
+
+    def _window(self, t: float) -> Alarm | None:
+        """The mean residual over each trailing window (once judging has lasted that long), less the
+        model-error bound, in standard errors (``_stats``). The most extreme window beyond the
+        threshold, if any."""
+        p = self.params
+        keep = t - max(p.windows_s, default=0.0)
+        while self.rows and self.rows[0][0] <= keep:
+            self.rows.pop(0)
+        if not p.windows_s:
+            return None
+        arr = np.array(self.rows, dtype=float).reshape(-1, 5)
+        if len(self.window_lo) != len(p.windows_s):
+            self.window_lo = [math.nan for _ in p.windows_s]
+        zt = p.threshold
+        best = None
+        for j, w in enumerate(p.windows_s):
+            sel = arr[arr[:, 0] > t - w]
+            if t - self._judged_since() < w - 0.5 * p.interval_s or len(sel) == 0:
+                self.window_z[j] = self.window_lo[j] = math.nan
+                continue
+            m, se, bound = self._stats(sel)
+            z = (m - bound) / se
+            self.window_z[j], self.window_lo[j] = z, (m + bound) / se
+            if z > zt and (best is None or z > best[1]):
+                best = (w, z, m)
+        if best is None:
+            return None
+        change_at, level = change_point(arr[:, 0], arr[:, 1])
+        return Alarm(t, "up", 1.0, math.exp(level), change_at, best[1], zt, test="window")
+
+    def _judged_since(self) -> float:
+        """When judging began: the warm-up's end (windows are judged once full)."""
+        return self.started + self.params.warmup_s if self.started is not None else math.inf
+
+    def _calm_since(self, t0: float) -> bool:
+        """The residuals since ``t0`` are within ref_clear_z standard errors of the reference."""
+        sel = np.array([r for r in self.rows if r[0] > t0], dtype=float).reshape(-1, 5)
+        if not len(sel):
+            return False
+        m, se, bound = self._stats(sel)
+        return (m - bound) / se < self.params.ref_clear_z
+
+    def _stats(self, sel: np.ndarray) -> tuple[float, float, float]:
+        """(mean residual, its standard error, mean model-error bound) of consecutive rows: the mix's
+        autocovariances over the window's length, each interval's per-request noise, the reference's
+        error (shared by the window: not averaged down) and the wander."""
+        n = len(sel)
+        noise = mean_variance(self.mix_acov, n) + self.req_var * float((1.0 / sel[:, 4]).sum()) / n**2
+        noise = max(noise, self.params.min_cv**2 / n)
+        se = math.sqrt(noise + float(sel[:, 2].mean()) + self.params.wander**2)
+        return float(sel[:, 1].mean()), se, float(sel[:, 3].mean())
+
+    def _hold(self, t: float, y: float, u: float, k: float) -> None:
+        """An interval joins the reference once ref_hold_s old if no alarm was open since it came and
+        every window is then within ref_clear_z standard errors; otherwise it is dropped. Joined
+        intervals also re-estimate the noise, a block of warmup_s at a time."""
+        p = self.params
+        if self.alarm is not None:
+            self.held.clear()
+            return
+        pred = self._predict(u)
+        outside = pred is not None and pred[2] > 0.0
+        self.held.append((t + (p.new_load_hold_s if outside else p.ref_hold_s), y, u, k))
+        # calm: no window sees a change beyond the model's own uncertainty, up or down
+        calm = all(not (z >= p.ref_clear_z) for z in self.window_z) and \
+            all(not (z <= -p.ref_clear_z) for z in self.window_lo)
+        due = [h for h in self.held if h[0] <= t]
+        if not due:
+            return
+        self.held = [h for h in self.held if h[0] > t]
+        for _, y0, u0, k0 in due:
+            if not calm:
+                continue
+            pred = self._predict(u0)
+            if pred is not None and pred[2] == 0.0:  # noise is learned inside the reference's range only
+                self.block.append((y0 - pred[0], k0))
+            self._add(y0, u0)
+        if p.jitter_blocks > 0 and len(self.block) * p.interval_s >= p.warmup_s:
+            e = np.array([r for r, _ in self.block])
+            kk = np.array([q for _, q in self.block])
+            self.noise_blocks = [*self.noise_blocks, noise_model(e, kk, p.lr_lags)][-p.jitter_blocks:]
+            self.block = []
+            lags = min(len(a) for a, _ in self.noise_blocks)
+            acov = np.mean([a[:lags] for a, _ in self.noise_blocks], axis=0)
+            req = float(np.mean([r for _, r in self.noise_blocks]))
+            # the mean of K block estimates is itself uncertain: taken one s.d. high (~0.5 / sqrt K)
+            high = 1.0 + 0.5 / math.sqrt(len(self.noise_blocks))
+            self.mix_acov, self.req_var = [float(g) * high for g in acov], req * high
+
     def snapshot(self) -> dict:
+        pts = self._points() if self.bins is not None else []
         return {
-            "baseline": (
-                {str(2**k): {"mean_s": m, "sd_s": s} for k, (m, s) in self.base.items()}
-                if self.base is not None
-                else None
-            ),
-            "cusum": self.s,
+            "reference": [{"running": round(2.0**u, 2), "tpot_s": math.exp(y), "intervals": int(n)} for u, y, n in pts]
+            or None,
+            "noise": {"mix_sd": math.sqrt(self.mix_acov[0]), "mix_long_run_sd": math.sqrt(self.mix_var),
+                      "per_request_sd": math.sqrt(self.req_var)},
             "threshold": self.params.threshold,
+            "window_z": [None if math.isnan(z) else round(z, 2) for z in self.window_z],
             "alarms": self.alarms,
             "unknown_intervals": self.unknown,
             "open": self.alarm is not None,
         }
+
+
+def scan_latency(t: np.ndarray, tpot_sum: np.ndarray, tpot_count: np.ndarray, running: np.ndarray,
+                 params: LatencyDriftParams = LatencyDriftParams()) -> tuple[list[Alarm], LatencyDrift]:
+    """Replay recorded TPOT histogram counters (``_sum``, ``_count``) and the running-requests
+    gauge as the guard reads them: every ``interval_s`` the mean TPOT of the requests that finished
+    in it and the mean of the running requests sampled in it; an interval with a counter reset is
+    skipped."""
+    t = np.asarray(t, float)
+    order = np.argsort(t, kind="stable")
+    t, tpot_sum, tpot_count, running = (t[order], np.asarray(tpot_sum, float)[order],
+                                        np.asarray(tpot_count, float)[order], np.asarray(running, float)[order])
+    cus = LatencyDrift(params)
+    alarms: list[Alarm] = []
+    if len(t) < 2:
+        return alarms, cus
+    ends = np.arange(t[0] + params.interval_s, t[-1] + 1e-9, params.interval_s)
+    idx = np.searchsorted(t, ends, side="right") - 1
+    prev = int(np.searchsorted(t, t[0], side="right") - 1)
+    for te, i in zip(ends, idx, strict=True):
+        ds, dc = tpot_sum[i] - tpot_sum[prev], tpot_count[i] - tpot_count[prev]
+        run = float(np.mean(running[prev + 1:i + 1])) if i > prev else float(running[i])
+        prev = int(i)
+        if dc > 0 and ds >= 0:
+            a = cus.update(float(te), float(ds / dc), run, float(dc))
+            if a is not None:
+                alarms.append(a)
+    return alarms, cus

@@ -169,8 +169,10 @@ class LeakEvaluator:
 
 # --- crash-safe state of the drift evaluators --------------------------------------------------
 
-_DRIFT_CLASSES = {k.__name__: k for k in (drift.RateCusum, drift.LatencyCusum, drift.Alarm, drift.RateDriftParams,
+_DRIFT_CLASSES = {k.__name__: k for k in (drift.RateCusum, drift.LatencyDrift, drift.Alarm, drift.RateDriftParams,
                                           drift.LatencyDriftParams)}
+# state saved before issue 16's TPOT rework: its open alarm and counts carry over, the reference is relearned
+_DRIFT_CLASSES["LatencyCusum"] = drift.LatencyDrift
 
 
 class _DriftState:
@@ -286,18 +288,19 @@ class RateDriftEvaluator(_DriftState):
 
 
 class TpotDriftEvaluator(_DriftState):
-    """Mean TPOT per interval vs the baseline at the same batch size -> latency-drift findings."""
+    """Mean TPOT per interval vs the reference at the same batch size -> latency-drift findings."""
 
     name = "tpot_drift"
 
     def __init__(self, book: FindingsBook, cfg: TpotConfig = TpotConfig()) -> None:
         self.book, self.cfg = book, cfg
         self.params = drift.LatencyDriftParams(interval_s=cfg.interval_s, warmup_s=cfg.warmup_s,
-                                               rel_shift=cfg.rel_shift, arl0_s=cfg.arl0_days * drift.DAY)
+                                               arl0_s=cfg.arl0_days * drift.DAY)
         self._s, self._n = _Counters(), _Counters()
         self._next: float | None = None
         self._acc: dict[tuple, list[float]] = defaultdict(lambda: [0.0, 0.0])
-        self.cusums: dict[tuple, drift.LatencyCusum] = {}
+        self.cusums: dict[tuple, drift.LatencyDrift] = {}
+        self._running: dict[tuple, list[float]] = defaultdict(lambda: [0.0, 0.0])  # (sum, ticks) this interval
 
     def evaluate(self, view: MetricsView, now: float) -> None:
         if not self.cfg.enabled:
@@ -308,26 +311,33 @@ class TpotDriftEvaluator(_DriftState):
         for k, n in dn.items():
             self._acc[k][0] += ds.get(k, 0.0)
             self._acc[k][1] += n
+        # the batch the interval's requests ran at: the engines' mean, averaged over the interval's ticks
+        # (the value at its end alone reads a load change inside it as a slowdown at the new batch)
+        per_pool: dict[tuple, list[float]] = defaultdict(list)
+        for labels, v in view.instant(c.REQUESTS_RUNNING.name, {}, now).items():
+            if math.isfinite(v):
+                per_pool[tuple(_lab(labels, x) for x in by)].append(v)
+        for k, vs in per_pool.items():
+            self._running[k][0] += float(np.mean(vs))
+            self._running[k][1] += 1
         if self._next is None or now < self._next:
             self._next = self._next or now + self.params.interval_s
             return
         self._next = now + self.params.interval_s
-        running: dict[tuple, list[float]] = defaultdict(list)
-        for labels, v in view.instant(c.REQUESTS_RUNNING.name, {}, now).items():
-            running[tuple(_lab(labels, x) for x in by)].append(v)
+        running, self._running = self._running, defaultdict(lambda: [0.0, 0.0])
         for k, (s, n) in list(self._acc.items()):
             self._acc[k] = [0.0, 0.0]
-            if n <= 0 or k not in running:
+            if n <= 0 or not running.get(k, (0.0, 0))[1]:
                 continue
-            cus = self.cusums.setdefault(k, drift.LatencyCusum(self.params))
+            cus = self.cusums.setdefault(k, drift.LatencyDrift(self.params))
             was_open = cus.alarm is not None
-            cus.update(now, s / n, float(np.mean(running[k])))
+            cus.update(now, s / n, running[k][0] / running[k][1], n)
             key = "/".join(("tpot_drift", *k))
             labels = dict(zip(by, k, strict=True))
             if cus.alarm is not None:
                 a = cus.alarm
                 self.book.raise_("tpot_drift", key, "warning",
-                                 f"TPOT of {k[0]}/{k[1]} is {100 * (a.after - 1):.0f}% above its baseline at the same "
+                                 f"TPOT of {k[0]}/{k[1]} is {100 * (a.after - 1):.0f}% above its reference at the same "
                                  "batch size", labels,
                                  {"before": 1.0, "after": a.after, "what": "TPOT relative to baseline at same load",
                                   "unit": "x", "change_at": a.change_at, "threshold": self.params.threshold,

@@ -7,9 +7,9 @@ guard and ``analyze drift`` agree.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from sla_guard import defaults as d
 from sla_guard.spec_base import Strict
@@ -47,9 +47,16 @@ class RateConfig(Strict):
 class TpotConfig(Strict):
     enabled: bool = True
     arl0_days: float = Field(default=30.0, gt=0)
-    rel_shift: float = Field(default=0.15, gt=0)
     warmup_s: float = Field(default=3600.0, gt=0)
     interval_s: float = Field(default=60.0, gt=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _removed_keys(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "rel_shift" in data:
+            raise ValueError("rel_shift was removed (issue 16): the TPOT drift test compares trailing windows with "
+                             "the reference in standard errors and has no design shift; delete the key")
+        return data
 
 
 class DetectorsConfig(Strict):
