@@ -30,3 +30,4 @@ generate: setup
 bench: setup-full
 	for b in bench/bench_*.py; do .venv/bin/python $$b || exit 1; done
 	.venv/bin/python bench/detectors/run.py
+	.venv/bin/python bench/detectors/tpot.py

@@ -32,10 +32,10 @@ if os.environ.get("BENCH_CODE_ROOT"):
     sys.path.insert(0, os.environ["BENCH_CODE_ROOT"])
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import numpy as np  # noqa: E402
-import tpot_families as fam  # noqa: E402
+import numpy as np
+import tpot_families as fam
 
-from sla_guard.detect import drift  # noqa: E402
+from sla_guard.detect import drift
 
 INTERVAL_S = 60.0
 # the detector before this bench (BENCH_CODE_ROOT at an older commit): another name, no request count

@@ -717,6 +717,12 @@ def noise_model(e: np.ndarray, k: np.ndarray, lags: int) -> tuple[list[float], f
     e, k = np.asarray(e, float), np.maximum(np.asarray(k, float), 1.0)
     if len(e) < 3:
         return [float(np.mean(e * e)) if len(e) else 0.0], 0.0
+    # winsorised at 4 robust s.d.: a few odd intervals (a start-up's first requests, a stall) would
+    # otherwise set the noise of every window; the windows' means are not that heavy-tailed
+    med = float(np.median(e))
+    mad = 1.4826 * float(np.median(np.abs(e - med)))
+    if mad > 0:
+        e = np.clip(e, med - 4 * mad, med + 4 * mad)
     x, y = 1.0 / k, e * e
     if np.ptp(x) > 1e-12:
         slope, icpt = np.polyfit(x, y, 1)
@@ -778,6 +784,7 @@ class LatencyDrift:
     mix_acov: list[float] = field(default_factory=lambda: [0.0])  # autocovariances of the mix in log TPOT, lags 0..
     req_var: float = 0.0  # per-request variance (an interval of k requests carries req_var / k)
     noise_blocks: list[tuple[list[float], float]] = field(default_factory=list)  # (acov, req) per block
+    warm_dropped: bool = False  # the warm-up's noise estimate has been replaced by measured blocks
     block: list[tuple[float, float]] = field(default_factory=list)  # (residual, k) joined since the last block
     rows: list[tuple[float, ...]] = field(default_factory=list)  # (t, residual, reference variance, model error
     # bound, requests) over the longest window
@@ -844,7 +851,8 @@ class LatencyDrift:
         k = np.array([q for _, q in res])
         # in-sample residuals are smaller than the true noise by the points the curve spends
         inflate = len(e) / max(len(e) - len(self._points()), 1)
-        acov, req = noise_model(e, k, p.lr_lags)
+        # an hour holds few independent stretches: lags up to a sixth of it
+        acov, req = noise_model(e, k, min(p.lr_lags, len(e) // 6))
         self.noise_blocks = [([g * inflate for g in acov], req * inflate)]
         self.mix_acov, self.req_var = self.noise_blocks[0]
         self.window_z = [math.nan for _ in p.windows_s]
@@ -921,7 +929,8 @@ class LatencyDrift:
                 best = (w, z, m)
         if best is None:
             return None
-        change_at, level = change_point(arr[:, 0], arr[:, 1])
+        sel = arr[arr[:, 0] > t - best[0]]  # the change point inside the window that fired
+        change_at, level = change_point(sel[:, 0], sel[:, 1])
         return Alarm(t, "up", 1.0, math.exp(level), change_at, best[1], zt, test="window")
 
     def _judged_since(self) -> float:
@@ -974,7 +983,11 @@ class LatencyDrift:
         if p.jitter_blocks > 0 and len(self.block) * p.interval_s >= p.warmup_s:
             e = np.array([r for r, _ in self.block])
             kk = np.array([q for _, q in self.block])
-            self.noise_blocks = [*self.noise_blocks, noise_model(e, kk, p.lr_lags)][-p.jitter_blocks:]
+            fresh = noise_model(e, kk, min(p.lr_lags, len(e) // 3))
+            # the warm-up's estimate (the first block) is kept only until two measured blocks replace it
+            kept = self.noise_blocks[1:] if len(self.noise_blocks) == 2 and not self.warm_dropped else self.noise_blocks
+            self.warm_dropped = self.warm_dropped or kept is not self.noise_blocks
+            self.noise_blocks = [*kept, fresh][-p.jitter_blocks:]
             self.block = []
             lags = min(len(a) for a, _ in self.noise_blocks)
             acov = np.mean([a[:lags] for a, _ in self.noise_blocks], axis=0)
