@@ -466,6 +466,29 @@ def test_latency_drift_correlated_mix_is_not_a_drift_but_a_step_on_it_is():
     assert fired is not None and fired < 20
 
 
+def test_latency_drift_learns_a_speed_up_so_the_next_slowdown_shows():
+    """TPOT 20 % faster after the warm-up (an upgrade; or a warm-up during the engines' fill-up)
+    joins the reference; a slowdown back to 96 % of the warm-up's level is then a drift. A
+    reference that refused the speed-up would keep that slowdown under it."""
+    rng = np.random.default_rng(11)
+    cus = drift.LatencyDrift()
+    t = 0.0
+    for _ in range(60):
+        t += 60
+        cus.update(t, _tpot(8) * rng.normal(1, 0.02), 8, 30)
+    for _ in range(8 * 60):  # the reference is a mean of what joined: the new level outweighs the old in hours
+        t += 60
+        assert cus.update(t, 0.8 * _tpot(8) * rng.normal(1, 0.02), 8, 30) is None
+    fired = None
+    for i in range(60):
+        t += 60
+        if cus.update(t, 0.96 * _tpot(8) * rng.normal(1, 0.02), 8, 30) is not None:
+            fired = i
+            break
+    # 30 min: the hours that carried the reference down also widened the noise estimate
+    assert fired is not None and fired < 30
+
+
 def test_scan_latency_skips_a_counter_reset_and_reads_the_mean_batch():
     """Counters as the guard scrapes them (15 s), an engine restart at 5 h, a 30 % slowdown at
     6 h: the reset interval is skipped (no negative TPOT, no alarm), the slowdown is found."""
