@@ -1,4 +1,4 @@
-"""`sla-guard analyze leak|drift` on generated CSVs and on bad input (the real CLI entry point
+"""`sla-guard analyze leak|drift|tpot` on generated CSVs and on bad input (the real CLI entry point
 in a subprocess, as CI and post-mortems run it)."""
 
 from __future__ import annotations
@@ -119,3 +119,43 @@ def test_analyze_missing_and_binary_file(tmp_path):
     (tmp_path / "bin.csv").write_bytes(np.random.default_rng(0).bytes(256))
     r = _run("drift", tmp_path / "bin.csv")
     assert r.returncode == 2 and "bin.csv" in r.stderr
+
+
+def _tpot_csv(path: Path, slowdown_at_h: float | None, seed: int = 4) -> None:
+    """6 h of a decode pool as scraped every 15 s: the TPOT histogram's cumulative _sum and _count
+    and the running requests, whose daily swing moves TPOT (a busier batch is slower, no drift)."""
+    rng = np.random.default_rng(seed)
+    t = np.arange(15.0, 6 * 3600.0, 15.0)
+    running = 24 + 12 * np.sin(2 * np.pi * t / 14400)
+    k = rng.poisson(8, len(t)).astype(float)
+    tpot = (0.010 + 0.0004 * running) * rng.normal(1, 0.02, len(t))
+    if slowdown_at_h is not None:
+        tpot = tpot * np.where(t >= slowdown_at_h * 3600, 1.3, 1.0)
+    rows = ["timestamp,tpot_sum_seconds,tpot_count,running_requests"]
+    for ts, s, c, r in zip(t, np.cumsum(k * tpot), np.cumsum(k), running, strict=True):
+        rows.append(f"{1.8e9 + ts:.3f},{s:.6f},{c:.0f},{r:.2f}")
+    path.write_text("\n".join(rows) + "\n")
+
+
+def test_analyze_tpot_finds_a_slowdown_at_the_same_batch(tmp_path):
+    _tpot_csv(tmp_path / "tpot.csv", slowdown_at_h=4.0)
+    r = _run("tpot", tmp_path / "tpot.csv")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["detected"] is True and out["intervals_unknown"] == 0
+    assert 0 < out["detected_at"] - (1.8e9 + 4 * 3600) <= 900
+    assert out["slowdown"] == pytest.approx(1.3, abs=0.08)
+
+
+def test_analyze_tpot_quiet_when_only_the_load_moves(tmp_path):
+    _tpot_csv(tmp_path / "tpot.csv", slowdown_at_h=None)
+    r = _run("tpot", tmp_path / "tpot.csv")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["detected"] is False and out["reference_learned"] is True
+
+
+def test_analyze_tpot_names_the_missing_column(tmp_path):
+    (tmp_path / "x.csv").write_text("timestamp,tpot_sum_seconds,tpot_count\n1,0.1,1\n2,0.2,2\n")
+    r = _run("tpot", tmp_path / "x.csv")
+    assert r.returncode == 2 and "running_requests" in r.stderr

@@ -1,4 +1,4 @@
-"""`sla-guard analyze leak|drift FILE.csv`: run a detector offline over a recorded series, as the
+"""`sla-guard analyze leak|drift|tpot FILE.csv`: run a detector offline over a recorded series, as the
 guard would have run it live, for post-mortems and CI. Prints one JSON object; exit code 0
 whether or not something was detected, 2 when the input cannot be read."""
 
@@ -49,6 +49,14 @@ def add_parser(sub) -> argparse.ArgumentParser:
                     help="re-estimate jitter over this many blocks after warm-up (0: warm-up only)")
     dr.add_argument("--refine-s", type=float, default=d.refine_s,
                     help="keep learning the baseline until this long after the start (0: warm-up only)")
+    tp = kinds.add_parser("tpot", help="CSV columns: timestamp,tpot_sum_seconds,tpot_count,running_requests "
+                                       "(the TPOT histogram's _sum and _count, cumulative; the pool's running "
+                                       "requests per engine)")
+    tp.add_argument("file", type=Path)
+    t = drift.LatencyDriftParams()
+    tp.add_argument("--arl0-days", type=float, default=t.arl0_s / 86400, help="mean time between false alarms (days)")
+    tp.add_argument("--warmup-s", type=float, default=t.warmup_s, help="reference learning span (s)")
+    tp.add_argument("--interval-s", type=float, default=t.interval_s, help="one interval of the test (s)")
     return p
 
 
@@ -163,6 +171,31 @@ def analyze_drift(cols: dict[str, np.ndarray], args) -> dict:
     }
 
 
+def analyze_tpot(cols: dict[str, np.ndarray], args) -> dict:
+    if not (args.arl0_days > 0 and args.warmup_s > 0 and args.interval_s > 0):
+        raise InputError("bad option: --arl0-days, --warmup-s and --interval-s must be > 0")
+    params = drift.LatencyDriftParams(interval_s=args.interval_s, warmup_s=args.warmup_s,
+                                      arl0_s=args.arl0_days * drift.DAY, ref_hold_s=2.0 * args.warmup_s,
+                                      new_load_hold_s=0.5 * args.warmup_s)
+    alarms, det = drift.scan_latency(cols["timestamp"], cols["tpot_sum_seconds"], cols["tpot_count"],
+                                     cols["running_requests"], params)
+    first = alarms[0] if alarms else None
+    snap = det.snapshot()
+    return {
+        "detected": first is not None,
+        "detected_at": first.at if first else None,
+        "slowdown": first.after if first else None,  # TPOT / reference at the same batch, after change_at
+        "change_at": first.change_at if first else None,
+        "alarms": len(alarms),
+        "z": first.statistic if first else None,
+        "z_threshold": params.threshold,
+        "arl0_days": args.arl0_days,
+        "reference_learned": det.ready,
+        "reference": snap["reference"],
+        "intervals_unknown": det.unknown,
+    }
+
+
 def _finite(v):
     """JSON has no NaN/inf: report them as null."""
     if isinstance(v, float | np.floating):
@@ -182,6 +215,9 @@ def run(args) -> int:
                     raise InputError(str(err)) from None
                 slope = result["slope_mib_per_h"] * 2**20 if result["detected"] else None
                 result.update(census.census_summary(data, slope))
+        elif args.kind == "tpot":
+            cols = read_csv(args.file, ("timestamp", "tpot_sum_seconds", "tpot_count", "running_requests"))
+            result = analyze_tpot(cols, args)
         else:
             cols = read_csv(args.file, ("timestamp", "draft_tokens", "accepted_tokens"))
             result = analyze_drift(cols, args)
