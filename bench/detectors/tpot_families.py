@@ -27,6 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
+from families import _ar1, _loguniform  # the issue-16 generator's helpers (this file's directory)
 
 HOUR = 3600.0
 DAY = 86400.0
@@ -54,23 +55,6 @@ class TpotSeries:
         if self.kind == "step":
             return 1.0 + self.change
         return 1.0 + min(self.change, (t - self.onset) / HOUR * self.per_hour)
-
-
-def _loguniform(rng, lo: float, hi: float) -> float:
-    return float(np.exp(rng.uniform(np.log(lo), np.log(hi))))
-
-
-def _ar1(rng, n: int, dt: float, sd: float, corr_s: float) -> np.ndarray:
-    if sd <= 0:
-        return np.zeros(n)
-    a = np.exp(-dt / corr_s)
-    e = rng.normal(0, sd * np.sqrt(1 - a * a), n)
-    out = np.empty(n)
-    acc = rng.normal(0, sd)
-    for i, x in enumerate(e):
-        acc = a * acc + x
-        out[i] = acc
-    return out
 
 
 def tpot_case(seed: int, *, kind: str = "none", change: float | None = None, per_hour: float | None = None,
