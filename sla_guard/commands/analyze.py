@@ -175,8 +175,7 @@ def analyze_tpot(cols: dict[str, np.ndarray], args) -> dict:
     if not (args.arl0_days > 0 and args.warmup_s > 0 and args.interval_s > 0):
         raise InputError("bad option: --arl0-days, --warmup-s and --interval-s must be > 0")
     params = drift.LatencyDriftParams(interval_s=args.interval_s, warmup_s=args.warmup_s,
-                                      arl0_s=args.arl0_days * drift.DAY, ref_hold_s=2.0 * args.warmup_s,
-                                      new_load_hold_s=0.5 * args.warmup_s)
+                                      arl0_s=args.arl0_days * drift.DAY)
     alarms, det = drift.scan_latency(cols["timestamp"], cols["tpot_sum_seconds"], cols["tpot_count"],
                                      cols["running_requests"], params)
     first = alarms[0] if alarms else None

@@ -689,11 +689,20 @@ class LatencyDriftParams:
     # reference's range, extended with its edge slope (a slope that changes by 0.2 per doubling)
     max_slope: float = 1.2 * math.log(2.0)  # steepest edge slope (log TPOT per doubling): a little above proportional
     lr_lags: int = 20  # autocovariance lags measured (the mix of a minute outlives it)
-    ref_hold_s: float = 7200.0  # intervals this old join the reference while no test sees a change
-    new_load_hold_s: float = 1800.0  # ... and this old at a batch beyond the reference's range, where the windows
+    ref_hold_warmups: float = 2.0  # intervals this many warm-ups old (2 h) join the reference while no test sees a
+    # slowdown; scaled with the warm-up so a shortened one (the demo's 15 min) re-measures its noise within the run
+    new_load_hold_warmups: float = 0.5  # ... and this old at a batch beyond the reference's range, where the windows
     # see only changes beyond the extrapolation's error: learning the load sooner buys more than it risks
-    ref_clear_z: float = 2.0  # ... i.e. every window within this many standard errors and no alarm open
+    ref_clear_z: float = 2.0  # ... i.e. no window beyond this many standard errors and no alarm open
     jitter_blocks: int = 24  # noise re-estimated from this many recent blocks of warmup_s that joined the reference
+
+    @property
+    def ref_hold_s(self) -> float:
+        return self.ref_hold_warmups * self.warmup_s
+
+    @property
+    def new_load_hold_s(self) -> float:
+        return self.new_load_hold_warmups * self.warmup_s
 
     @property
     def threshold(self) -> float:
@@ -799,7 +808,6 @@ class LatencyDrift:
     # bound, requests) over the longest window
     held: list[tuple[float, float, float, float]] = field(default_factory=list)  # (due, log tpot, log2 batch, k)
     window_z: list[float] = field(default_factory=list)  # per window: (mean - bound) / s.e., the test's z
-    window_lo: list[float] = field(default_factory=list)  # per window: (mean + bound) / s.e.
     alarm: Alarm | None = None
     alarms: int = 0
     unknown: int = 0
@@ -865,7 +873,6 @@ class LatencyDrift:
         self.noise_blocks = [([g * inflate for g in acov], req * inflate)]
         self.mix_acov, self.req_var = self.noise_blocks[0]
         self.window_z = [math.nan for _ in p.windows_s]
-        self.window_lo = [math.nan for _ in p.windows_s]
         self.warm_rows = []
 
     def _add(self, y: float, u: float) -> None:
@@ -913,7 +920,7 @@ class LatencyDrift:
 
     def _window(self, t: float) -> Alarm | None:
         """The mean residual over each trailing window (once judging has lasted that long), less the
-        model-error bound, in standard errors (``_stats``). The most extreme window beyond the
+        model-error bound, in standard errors (``_z``). The most extreme window beyond the
         threshold, if any."""
         p = self.params
         keep = t - max(p.windows_s, default=0.0)
@@ -922,20 +929,17 @@ class LatencyDrift:
         if not p.windows_s:
             return None
         arr = np.array(self.rows, dtype=float).reshape(-1, 5)
-        if len(self.window_lo) != len(p.windows_s):
-            self.window_lo = [math.nan for _ in p.windows_s]
         zt = p.threshold
         best = None
         for j, w in enumerate(p.windows_s):
             sel = arr[arr[:, 0] > t - w]
             if t - self._judged_since() < w - 0.5 * p.interval_s or len(sel) == 0:
-                self.window_z[j] = self.window_lo[j] = math.nan
+                self.window_z[j] = math.nan
                 continue
-            m, se, bound = self._stats(sel)
-            z = (m - bound) / se
-            self.window_z[j], self.window_lo[j] = z, (m + bound) / se
+            z = self._z(sel)
+            self.window_z[j] = z
             if z > zt and (best is None or z > best[1]):
-                best = (w, z, m)
+                best = (w, z)
         if best is None:
             return None
         sel = arr[arr[:, 0] > t - best[0]]  # the change point inside the window that fired
@@ -949,20 +953,17 @@ class LatencyDrift:
     def _calm_since(self, t0: float) -> bool:
         """The residuals since ``t0`` are within ref_clear_z standard errors of the reference."""
         sel = np.array([r for r in self.rows if r[0] > t0], dtype=float).reshape(-1, 5)
-        if not len(sel):
-            return False
-        m, se, bound = self._stats(sel)
-        return (m - bound) / se < self.params.ref_clear_z
+        return bool(len(sel)) and self._z(sel) < self.params.ref_clear_z
 
-    def _stats(self, sel: np.ndarray) -> tuple[float, float, float]:
-        """(mean residual, its standard error, mean model-error bound) of consecutive rows: the mix's
-        autocovariances over the window's length, each interval's per-request noise, the reference's
-        error (shared by the window: not averaged down) and the wander."""
+    def _z(self, sel: np.ndarray) -> float:
+        """(mean residual - mean model-error bound) / standard error of consecutive rows: the mix's
+        autocovariances over their length, each interval's per-request noise, the reference's error
+        (shared by the rows: not averaged down) and the wander."""
         n = len(sel)
         noise = mean_variance(self.mix_acov, n) + self.req_var * float((1.0 / sel[:, 4]).sum()) / n**2
         noise = max(noise, self.params.min_cv**2 / n)
         se = math.sqrt(noise + float(sel[:, 2].mean()) + self.params.wander**2)
-        return float(sel[:, 1].mean()), se, float(sel[:, 3].mean())
+        return (float(sel[:, 1].mean()) - float(sel[:, 3].mean())) / se
 
     def _hold(self, t: float, y: float, u: float, k: float) -> None:
         """An interval joins the reference once ref_hold_s old if no alarm was open since it came and

@@ -294,11 +294,8 @@ class TpotDriftEvaluator(_DriftState):
 
     def __init__(self, book: FindingsBook, cfg: TpotConfig = TpotConfig()) -> None:
         self.book, self.cfg = book, cfg
-        # the reference's hold scales with the warm-up (2 h and 30 min at the default hour), so a
-        # shortened warm-up (the demo's 15 min) re-measures its noise within the run
         self.params = drift.LatencyDriftParams(interval_s=cfg.interval_s, warmup_s=cfg.warmup_s,
-                                               arl0_s=cfg.arl0_days * drift.DAY, ref_hold_s=2.0 * cfg.warmup_s,
-                                               new_load_hold_s=0.5 * cfg.warmup_s)
+                                               arl0_s=cfg.arl0_days * drift.DAY)
         self._s, self._n = _Counters(), _Counters()
         self._next: float | None = None
         self._acc: dict[tuple, list[float]] = defaultdict(lambda: [0.0, 0.0])
