@@ -34,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np
 import tpot_families as fam
+from run import poisson_ci, wilson  # the issue-16 protocol's intervals
 
 from sla_guard.detect import drift
 
@@ -83,26 +84,6 @@ def _cases(base: int, quick: bool) -> list[tuple[str, fam.TpotSeries]]:
     return out
 
 
-def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
-    if n == 0:
-        return (math.nan, math.nan)
-    p = k / n
-    d = 1 + z * z / n
-    c = (p + z * z / (2 * n)) / d
-    h = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / d
-    return (c - h, c + h)
-
-
-def poisson_upper(k: int, alpha: float = 0.025) -> float:
-    """The rate whose chance of k or fewer events is ``alpha`` (the upper end of a 95 % interval)."""
-    lo, hi = 0.0, 10.0 + 5.0 * k
-    for _ in range(60):
-        lam = 0.5 * (lo + hi)
-        cdf = sum(math.exp(-lam + i * math.log(lam) - math.lgamma(i + 1)) for i in range(k + 1))
-        lo, hi = (lam, hi) if cdf > alpha else (lo, lam)
-    return hi
-
-
 def _pct(k: int, n: int) -> str:
     lo, hi = wilson(k, n)
     return f"{100 * k / max(n, 1):5.1f} % ({k}/{n}, {100 * lo:.0f}-{100 * hi:.0f})"
@@ -143,7 +124,7 @@ def score(rows: list[tuple[str, dict]], verbose: bool = False) -> dict[str, str]
         if verbose and (first > (600 if cohort != "ramp" else 0.10 / r["per_hour"] * fam.HOUR)):
             print(f"  late {r['name']} ({cohort}): {first / 60:.0f} min {r['family']}")
     arl = days / fa if fa else math.inf
-    lo = days / poisson_upper(fa)
+    lo = days / poisson_ci(fa)[1]
     return {
         "+20 % step within 10 min": _pct(*hits["step20_10"]),
         "+20 % step within 30 min": _pct(*hits["step20_30"]),
