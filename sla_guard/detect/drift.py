@@ -214,11 +214,17 @@ class RateDriftParams:
     trend_windows_s: tuple[float, ...] = (600.0, 1200.0, 2400.0, 4800.0)  # slow-drift test: mean rate over each of
     # these trailing windows against the reference, in standard errors
     trend_wander: float = 0.003  # s.d. of a slow wander of the workload mix between the reference and now (prior)
+    measured_wander_blocks: int = 0  # > 0: once this many jitter blocks exist, the wander is at least what their
+    # means (hours) show around the reference beyond their own noise (a prefix-hit rate moves with the mix by
+    # several points over hours, where a 0.003 prior reads every afternoon as a drift)
     wander_corr_s: float = 3600.0  # its correlation time: a reference spanning S carries ~2 T / S of its variance
     trend_tau_margin: float = 0.5  # relative s.d. of one block's jitter estimate: the window test takes it 1 s.d. high
     trend_z: float = 0.0  # > 0: the window test's threshold (standard errors); 0: from ARL0 (trend_threshold)
     ref_hold_s: float = 7200.0  # > 0: intervals this old join the reference while no test sees a change
     ref_clear_z: float = 2.0  # ... i.e. every window within this many standard errors, no alarm open
+    reset_hold_s: float = 0.0  # > 0: after a counter reset (an engine restart) intervals this long are not judged
+    # nor learned: a restarted engine's prefix cache is empty and refills as sessions come back (0: acceptance,
+    # which a restart does not move)
 
     def __post_init__(self) -> None:
         if self.arl_rule not in ("gaussian", "lorden"):
@@ -314,6 +320,7 @@ class RateCusum:
     block: list[tuple[float, float]] = field(default_factory=list)  # (n, x) of the current jitter block
     block_start: float = 0.0
     tau2_blocks: list[float] = field(default_factory=list)  # warm-up's and recent blocks' estimates
+    block_means: list[tuple[float, float]] = field(default_factory=list)  # (rate, variance of it) per recent block
     s_down: float = 0.0
     s_up: float = 0.0
     since_down: tuple[float, float, float] = (0.0, 0.0, 0.0)  # (t of last zero, n, x) since then
@@ -331,10 +338,25 @@ class RateCusum:
     trend_zs: list[float] = field(default_factory=list)  # last z per window (nan until the window is full)
     held: list[tuple[float, float, float]] = field(default_factory=list)  # (t, n, x) waiting to join p0
     trend_start: float = 0.0  # end of warm-up: windows are judged once full
+    cold_until: float | None = None  # intervals up to this time follow a restart (reset_hold_s) and are skipped
+    cold: int = 0  # intervals skipped so far after restarts
 
     @property
     def ready(self) -> bool:
         return self.p0 is not None
+
+    def restarted(self, t: float) -> None:
+        """An engine behind these counters restarted at ``t`` (a counter reset). With reset_hold_s the
+        intervals until t + reset_hold_s are neither judged nor learned, and the step CUSUMs and the
+        jitter block start over: a cold prefix cache is not a drift."""
+        p = self.params
+        if p.reset_hold_s <= 0:
+            return
+        self.cold_until = max(self.cold_until or -math.inf, t + p.reset_hold_s)
+        self.s_down = self.s_up = 0.0
+        self.since_down = self.since_up = (t, 0.0, 0.0)
+        self.block.clear()
+        self.block_start = self.cold_until
 
     @property
     def threshold(self) -> float:
@@ -345,6 +367,9 @@ class RateCusum:
         widened by the frozen reference's own error (ref_margin standard errors)."""
         p, p0 = self.params, float(self.p0)
         tol = p.tolerance + p.ref_margin * self.ref_se
+        excess = self._wander2() - p.trend_wander**2  # a measured wander beyond the prior widens the band by 2 s.d.
+        if excess > 0:
+            tol += 2.0 * math.sqrt(excess)
         shift = p.shift
         if direction == "down":
             q0 = max(p0 - tol, 2e-4)
@@ -436,7 +461,19 @@ class RateCusum:
         to about 2 T / S of it (T = wander_corr_s; at most all of it while S <= 2 T)."""
         p = self.params
         span = max(self.base_m, 1) * p.interval_s
-        return p.trend_wander**2 * (1.0 + min(1.0, 2.0 * p.wander_corr_s / span))
+        return self._wander2() * (1.0 + min(1.0, 2.0 * p.wander_corr_s / span))
+
+    def _wander2(self) -> float:
+        """The wander's variance: the prior, or what the recent blocks' means show around the
+        reference beyond their own noise (measured_wander_blocks), whichever is larger."""
+        p = self.params
+        prior = p.trend_wander**2
+        k = p.measured_wander_blocks
+        if k <= 0 or len(self.block_means) < k or self.p0 is None:
+            return prior
+        dev = np.array([m - float(self.p0) for m, _ in self.block_means])
+        noise = float(np.mean([v for _, v in self.block_means]))
+        return max(prior, float(np.mean(dev * dev)) - noise - self.ref_se**2)
 
     def _hold(self, t: float, n: float, x: float) -> None:
         """The reference grows only under a test that no change is present: an interval joins it
@@ -491,6 +528,9 @@ class RateCusum:
         pb = _rate(rows[:, 1].sum(), rows[:, 0].sum())
         self.tau2_blocks = [*self.tau2_blocks, long_run_tau2(rows[:, 0], rows[:, 1], pb, p.lr_lags)]
         del self.tau2_blocks[: -p.jitter_blocks]
+        nb = float(rows[:, 0].sum())
+        var_mean = self.tau2_blocks[-1] * float((rows[:, 0] ** 2).sum()) / nb**2 + pb * (1 - pb) / nb
+        self.block_means = [*self.block_means, (pb, var_mean)][-p.jitter_blocks:]
         self._set_jitter(float(np.mean(self.tau2_blocks)))
         self.block.clear()
         self.block_start = t
@@ -518,6 +558,9 @@ class RateCusum:
         p = self.params
         if not (n > 0) or not (0 <= x <= n) or not math.isfinite(n + x):
             self.skipped += 1
+            return None
+        if self.cold_until is not None and t <= self.cold_until:
+            self.cold += 1
             return None
         if self.started is None:
             self.started = t
@@ -621,6 +664,7 @@ class RateCusum:
             "recent_rate": self.recent_rate(),
             "alarms": self.alarms,
             "skipped_intervals": self.skipped,
+            "intervals_after_restart_skipped": self.cold,
             "open": self.alarm is not None,
         }
 
@@ -657,14 +701,17 @@ def scan_rate(
     t, trials, successes = t[order], np.asarray(trials, float)[order], np.asarray(successes, float)[order]
     ti, dn = counter_increments(t, trials)
     _, dx = counter_increments(t, successes)
+    resets = list(ti[(np.diff(trials) < 0) | (np.diff(successes) < 0)])
     ok = (dn >= 0) & (dx >= 0) & (dx <= dn)
     te, nn, xx = bin_counts(ti[ok], dn[ok], dx[ok], params.interval_s)
     cus = RateCusum(params)
-    alarms = [
-        a
-        for a in (cus.update(float(a), float(b), float(c)) for a, b, c in zip(te, nn, xx, strict=True))
-        if a is not None
-    ]
+    alarms = []
+    for a, b, c in zip(te, nn, xx, strict=True):
+        while resets and resets[0] <= a:  # the restart is seen with the interval that holds it
+            cus.restarted(float(resets.pop(0)))
+        fired = cus.update(float(a), float(b), float(c))
+        if fired is not None:
+            alarms.append(fired)
     return alarms, cus
 
 

@@ -208,9 +208,11 @@ class _Counters:
 
     def __init__(self) -> None:
         self.last: dict = {}
+        self.resets: set[tuple] = set()  # groups with a counter reset (an engine restart) in the last step
 
     def step(self, values: dict, by: tuple[str, ...]) -> dict[tuple, float]:
         out: dict[tuple, float] = defaultdict(float)
+        self.resets = set()
         for labels, v in values.items():
             if not math.isfinite(v):
                 continue
@@ -218,7 +220,10 @@ class _Counters:
             self.last[labels] = v
             if prev is None:
                 continue
-            out[tuple(_lab(labels, k) for k in by)] += v - prev if v >= prev else v
+            key = tuple(_lab(labels, k) for k in by)
+            if v < prev:
+                self.resets.add(key)
+            out[key] += v - prev if v >= prev else v
         return out
 
 
@@ -235,7 +240,9 @@ class RateDriftEvaluator(_DriftState):
         self.params = drift.RateDriftParams(interval_s=cfg.interval_s, warmup_s=cfg.warmup_s, shift=cfg.shift,
                                             tolerance=cfg.tolerance, sides=sides, arl0_s=cfg.arl0_days * drift.DAY,
                                             family=family, arl_rule=cfg.arl_rule, jitter_blocks=cfg.jitter_blocks,
-                                            refine_s=cfg.refine_s)
+                                            refine_s=cfg.refine_s, reset_hold_s=cfg.reset_hold_s,
+                                            trend_wander=cfg.wander,
+                                            measured_wander_blocks=cfg.measured_wander_blocks)
         self._n, self._x = _Counters(), _Counters()
         self._acc: dict[tuple, list[float]] = defaultdict(lambda: [0.0, 0.0])
         self._next: float | None = None
@@ -250,6 +257,9 @@ class RateDriftEvaluator(_DriftState):
             acc = self._acc[k]
             acc[0] += n
             acc[1] += dx.get(k, 0.0)
+        for k in self._n.resets | self._x.resets:
+            if k in self.cusums:
+                self.cusums[k].restarted(now)
         if self._next is None:
             self._next = now + self.params.interval_s
             return

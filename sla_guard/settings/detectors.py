@@ -42,6 +42,16 @@ class RateConfig(Strict):
                             description="the baseline keeps learning from alarm-free intervals until this "
                                         "long after the start (0, the default since issue 16: frozen after "
                                         "warm-up, so a slow decline cannot be absorbed)")
+    reset_hold_s: float = Field(default=0.0, ge=0,
+                                description="after a counter reset (an engine restart) intervals this long are not "
+                                            "judged: a restarted engine's prefix cache is empty and refills "
+                                            "(prefix_hit: 3600; acceptance: 0, a restart does not move it)")
+    wander: float = Field(default=0.003, ge=0, lt=1,
+                          description="prior s.d. of a slow wander of the rate with the workload mix")
+    measured_wander_blocks: int = Field(default=0, ge=0,
+                                        description="> 0: once this many hours of jitter blocks exist, the wander is "
+                                                    "at least what their means show around the reference "
+                                                    "(prefix_hit: 2)")
 
 
 class TpotConfig(Strict):
@@ -62,5 +72,8 @@ class TpotConfig(Strict):
 class DetectorsConfig(Strict):
     leak: LeakConfig = Field(default_factory=LeakConfig)
     acceptance: RateConfig = Field(default_factory=RateConfig)
-    prefix_hit: RateConfig = Field(default_factory=lambda: RateConfig(per_position=False))
+    # the prefix-cache hit rate moves with the workload mix by points over hours and falls to ~0 when an engine
+    # restarts (bench/detectors/prefix.py; docs/detectors.md, "Prefix-cache hit rate out of sample")
+    prefix_hit: RateConfig = Field(default_factory=lambda: RateConfig(per_position=False, reset_hold_s=3600.0,
+                                                                      wander=0.01, measured_wander_blocks=2))
     tpot: TpotConfig = Field(default_factory=TpotConfig)
