@@ -31,3 +31,4 @@ bench: setup-full
 	for b in bench/bench_*.py; do .venv/bin/python $$b || exit 1; done
 	.venv/bin/python bench/detectors/run.py
 	.venv/bin/python bench/detectors/tpot.py
+	.venv/bin/python bench/detectors/prefix.py
