@@ -93,6 +93,40 @@ def test_analyze_drift_no_change(tmp_path):
     assert out["detected"] is False and out["baseline_learned"] is True
 
 
+def _prefix_csv(path, restart_h: float, drop_h: float | None, hours: float = 7.0, seed: int = 3):
+    """Prefix-cache counters as a CSV (15 s samples): request-clustered hits around 0.5, an engine
+    restart (counters start over, the cache refills with a 10-min time constant), a 0.2 drop."""
+    rng = np.random.default_rng(seed)
+    rows, q, h = ["timestamp,queries_tokens,hits_tokens"], 0.0, 0.0
+    for t in np.arange(15.0, hours * 3600, 15.0):
+        if t - 15.0 < restart_h * 3600 <= t:
+            q = h = 0.0
+        lengths = rng.integers(1000, 8000, rng.poisson(4))
+        since = t - restart_h * 3600
+        share = 0.555 * (1 - np.exp(-since / 600.0)) if since >= 0 else 0.555
+        if drop_h is not None and t >= drop_h * 3600:
+            share -= 0.222
+        q += float(lengths.sum())
+        h += float((0.9 * lengths * (rng.random(len(lengths)) < share)).sum())
+        rows.append(f"{t:.0f},{q:.0f},{h:.0f}")
+    path.write_text("\n".join(rows) + "\n")
+    return path
+
+
+def test_analyze_prefix_waits_out_a_restart_and_finds_a_drop(tmp_path):
+    """`analyze prefix` judges as the guard's prefix_hit_drift does: the cold cache after a restart
+    is not a drift (with --reset-hold-s 0 it is), a 0.2 drop two hours later is."""
+    quiet = json.loads(_run("prefix", _prefix_csv(tmp_path / "a.csv", 3.0, None)).stdout)
+    assert quiet["detected"] is False and quiet["intervals_after_restarts_not_judged"] > 0
+    cold = json.loads(_run("prefix", tmp_path / "a.csv", "--reset-hold-s", "0").stdout)
+    assert cold["detected"] is True and 3 * 3600 <= cold["detected_at"] <= 3.5 * 3600
+    r = _run("prefix", _prefix_csv(tmp_path / "b.csv", 3.0, 5.0))
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["detected"] is True and out["direction"] == "down" and 5 * 3600 <= out["detected_at"] <= 5.5 * 3600
+    assert out["baseline_rate"] == pytest.approx(0.5, abs=0.05)
+
+
 @pytest.mark.parametrize(("content", "needle"), [
     ("time,rss\n1,2\n", "missing column(s) timestamp, rss_bytes"),
     ("timestamp,rss_bytes\n1,2\n2,lots\n", "row 3, column rss_bytes: 'lots' is not a number"),

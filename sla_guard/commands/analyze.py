@@ -1,4 +1,4 @@
-"""`sla-guard analyze leak|drift|tpot FILE.csv`: run a detector offline over a recorded series, as the
+"""`sla-guard analyze leak|drift|prefix|tpot FILE.csv`: run a detector offline over a recorded series, as the
 guard would have run it live, for post-mortems and CI. Prints one JSON object; exit code 0
 whether or not something was detected, 2 when the input cannot be read."""
 
@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from sla_guard.detect import census, drift, leak
+from sla_guard.settings.detectors import DetectorsConfig
 
 
 class InputError(ValueError):
@@ -49,6 +50,15 @@ def add_parser(sub) -> argparse.ArgumentParser:
                     help="re-estimate jitter over this many blocks after warm-up (0: warm-up only)")
     dr.add_argument("--refine-s", type=float, default=d.refine_s,
                     help="keep learning the baseline until this long after the start (0: warm-up only)")
+    px = kinds.add_parser("prefix", help="CSV columns: timestamp,queries_tokens,hits_tokens (the prefix cache's "
+                                         "query and hit counters, cumulative; judged downward, as in the guard)")
+    px.add_argument("file", type=Path)
+    pc = DetectorsConfig().prefix_hit  # the guard's defaults for the prefix-cache hit rate
+    px.add_argument("--arl0-days", type=float, default=pc.arl0_days, help="mean time between false alarms (days)")
+    px.add_argument("--warmup-s", type=float, default=pc.warmup_s, help="baseline learning span (s)")
+    px.add_argument("--interval-s", type=float, default=pc.interval_s, help="one interval of the test (s)")
+    px.add_argument("--reset-hold-s", type=float, default=pc.reset_hold_s,
+                    help="after a counter reset (an engine restart: an empty cache) this long is not judged (s)")
     tp = kinds.add_parser("tpot", help="CSV columns: timestamp,tpot_sum_seconds,tpot_count,running_requests "
                                        "(the TPOT histogram's _sum and _count, cumulative; the pool's running "
                                        "requests per engine)")
@@ -148,7 +158,25 @@ def analyze_drift(cols: dict[str, np.ndarray], args) -> dict:
             jitter_blocks=args.jitter_blocks, refine_s=args.refine_s)
     except ValueError as err:
         raise InputError(f"bad option: {err}") from None
-    alarms, cus = drift.scan_rate(cols["timestamp"], cols["draft_tokens"], cols["accepted_tokens"], params)
+    return _rate_result(cols["timestamp"], cols["draft_tokens"], cols["accepted_tokens"], params, args.arl0_days)
+
+
+def analyze_prefix(cols: dict[str, np.ndarray], args) -> dict:
+    """The prefix-cache hit rate as the guard's ``prefix_hit_drift`` evaluator judges it: downward,
+    with its wander and its hold after a counter reset (docs/detectors.md)."""
+    if not (args.arl0_days > 0 and args.warmup_s > 0 and args.interval_s > 0 and args.reset_hold_s >= 0):
+        raise InputError("bad option: --arl0-days, --warmup-s and --interval-s must be > 0, --reset-hold-s >= 0")
+    pc = DetectorsConfig().prefix_hit
+    params = drift.RateDriftParams(
+        interval_s=args.interval_s, warmup_s=args.warmup_s, shift=pc.shift, tolerance=pc.tolerance, sides="down",
+        arl0_s=args.arl0_days * drift.DAY, arl_rule=pc.arl_rule, jitter_blocks=pc.jitter_blocks,
+        refine_s=pc.refine_s, reset_hold_s=args.reset_hold_s, trend_wander=pc.wander,
+        measured_wander_blocks=pc.measured_wander_blocks)
+    return _rate_result(cols["timestamp"], cols["queries_tokens"], cols["hits_tokens"], params, args.arl0_days)
+
+
+def _rate_result(t, trials, successes, params: drift.RateDriftParams, arl0_days: float) -> dict:
+    alarms, cus = drift.scan_rate(t, trials, successes, params)
     first = alarms[0] if alarms else None
     return {
         "detected": first is not None,
@@ -164,10 +192,11 @@ def analyze_drift(cols: dict[str, np.ndarray], args) -> dict:
         "statistic": first.statistic if first else None,
         "test_threshold": first.threshold if first else None,
         "threshold_nats": cus.threshold,
-        "arl0_days": args.arl0_days,
+        "arl0_days": arl0_days,
         "tau": math.sqrt(cus.tau2) if cus.p0 is not None else None,
         "baseline_learned": cus.p0 is not None,
         "intervals_skipped": cus.skipped,
+        "intervals_after_restarts_not_judged": cus.cold,
     }
 
 
@@ -214,6 +243,9 @@ def run(args) -> int:
                     raise InputError(str(err)) from None
                 slope = result["slope_mib_per_h"] * 2**20 if result["detected"] else None
                 result.update(census.census_summary(data, slope))
+        elif args.kind == "prefix":
+            cols = read_csv(args.file, ("timestamp", "queries_tokens", "hits_tokens"))
+            result = analyze_prefix(cols, args)
         elif args.kind == "tpot":
             cols = read_csv(args.file, ("timestamp", "tpot_sum_seconds", "tpot_count", "running_requests"))
             result = analyze_tpot(cols, args)
