@@ -92,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
         dep.submit(trace.scaled(duration_s=sim_s - k * span).with_hash_offset(k * stride), offset_s=k * span)
     store = make_store(retention_s=sim_s + 3600, interval_s=args.scrape_interval)
     # detectors' warm-ups shortened to fit the run (their defaults learn baselines for an hour)
-    detectors, book = replay_detectors(min(900.0, sim_s / 4))
+    detectors, book = replay_detectors(min(900.0, sim_s / 4), min(5400.0, sim_s / 4))
     guard = build_guard(store, dep.slo_ttft_s, dep.slo_tpot_s, args.scrape_interval, detectors)
     live = None if args.no_http else LiveEndpoints(dep)
     loop = ClosedLoop(dep, store=store, policy=policy, guard=guard, fetch=live.fetch if live else None,

@@ -138,9 +138,12 @@ def build_guard(store, slo_ttft_s: float = TTFT_SLO_S, slo_tpot_s: float = TPOT_
     return Guard.for_store(guard_config(slo_ttft_s, slo_tpot_s, eval_interval_s), store, list(evaluators))
 
 
-def detectors(warmup_s: float | None = None) -> tuple[list, FindingsBook]:
+def detectors(warmup_s: float | None = None, leak_warmup_s: float | None = None) -> tuple[list, FindingsBook]:
     """The detectors' evaluators and their findings book (``warmup_s``: a shorter warm-up of the
-    drift detectors, for runs shorter than the default hour)."""
-    cfg = {} if warmup_s is None else {k: {"warmup_s": warmup_s} for k in ("acceptance", "prefix_hit", "tpot")}
+    drift detectors, for runs shorter than the default hour; ``leak_warmup_s``: the same for the
+    leak detector's 90 min after a process start)."""
+    cfg: dict = {} if warmup_s is None else {k: {"warmup_s": warmup_s} for k in ("acceptance", "prefix_hit", "tpot")}
+    if leak_warmup_s is not None:
+        cfg["leak"] = {"warmup_s": leak_warmup_s}
     book = FindingsBook()
     return build_evaluators(book, DetectorsConfig.model_validate(cfg)), book
