@@ -263,6 +263,16 @@ def _ar1(rng, n: int, dt: float, sd: float, corr_s: float) -> np.ndarray:
     return out
 
 
+def daily_load(rng, t: np.ndarray, span: float) -> np.ndarray:
+    """Relative load: a daily cycle (x 1 +- 0.3..0.7) with 0.5..2 h bursts or lulls (x 0.4..2, one
+    per 8 h on average)."""
+    load = 1 + rng.uniform(0.3, 0.7) * np.sin(2 * np.pi * t / DAY + rng.uniform(0, 2 * np.pi))
+    for _ in range(int(rng.poisson(span / (8 * HOUR)))):
+        s, d = rng.uniform(0, span), rng.uniform(0.5, 2) * HOUR
+        load = load * np.where((t >= s) & (t < s + d), rng.uniform(0.4, 2.0), 1.0)
+    return load
+
+
 def rate_case(seed: int, *, kind: str = "none", change: float | None = None, per_hour: float | None = None,
               hours: float | None = None, early_onset: bool | None = None) -> RateSeries:
     """Acceptance counters. ``kind``: "none", "step" (``change``, default +-0.05..0.2), "ramp"
@@ -288,10 +298,7 @@ def rate_case(seed: int, *, kind: str = "none", change: float | None = None, per
             span = onset + dur + 3 * HOUR
     t = np.arange(dt, span + dt, dt)
     drafts_s = _loguniform(rng, 5, 500)
-    load = 1 + rng.uniform(0.3, 0.7) * np.sin(2 * np.pi * t / DAY + rng.uniform(0, 2 * np.pi))
-    for _ in range(int(rng.poisson(span / (8 * HOUR)))):
-        s, d = rng.uniform(0, span), rng.uniform(0.5, 2) * HOUR
-        load = load * np.where((t >= s) & (t < s + d), rng.uniform(0.4, 2.0), 1.0)
+    load = daily_load(rng, t, span)
     od = rng.uniform(0, 0.04)
     corr_s = rng.uniform(10, 120)
     p = base + _ar1(rng, len(t), dt, od, corr_s) + _ar1(rng, len(t), dt, rng.uniform(0, 0.004), HOUR)

@@ -17,12 +17,9 @@ Scores (95 % Wilson intervals; false alarms as a Poisson rate):
 
 from __future__ import annotations
 
-import argparse
-import dataclasses
 import math
 import os
 import sys
-import time
 from multiprocessing import Pool
 from pathlib import Path
 
@@ -32,7 +29,7 @@ if os.environ.get("BENCH_CODE_ROOT"):
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import prefix_families as fam
-from run import poisson_ci, wilson  # the issue-16 protocol's intervals
+from run import arl0_text, rate_text, score_sets, set_parser, with_overrides  # the issue-16 protocol's helpers
 
 from sla_guard.detect import drift
 from sla_guard.settings.detectors import DetectorsConfig
@@ -72,11 +69,6 @@ def replay(job: tuple[str, int, str, float | None]) -> dict:
             "opened": [a.at for a in alarms if a.direction == "down"]}
 
 
-def _pct(k: int, n: int) -> str:
-    lo, hi = wilson(k, n)
-    return f"{100 * k / max(n, 1):5.1f} % ({k}/{n}, {100 * lo:.0f}-{100 * hi:.0f})"
-
-
 def score(rows: list[dict], verbose: bool = False) -> dict[str, str]:
     fa = after_restart = 0
     days = 0.0
@@ -101,45 +93,24 @@ def score(rows: list[dict], verbose: bool = False) -> dict[str, str]:
         if verbose and first > limit:
             print(f"  late {r['name']} onset {onset / 3600:.1f} h: {first / 60:.0f} min "
                   f"(limit {limit / 60:.0f}) {r['family']}")
-    arl = days / fa if fa else math.inf
-    lo = days / poisson_ci(fa)[1]
     return {
-        "-0.10 step within 10 min": _pct(*hits["step10"]),
-        "-0.05..-0.3 step within 10 min": _pct(*hits["step_any"]),
-        "ramp flagged before 0.04 down": _pct(*hits["ramp"]),
-        "ARL0 (days per false alarm)": (f"{arl:6.1f} d ({fa} in {days:.0f} d)" if fa else f"inf (0 in {days:.0f} d)")
-        + f", >= {lo:.0f} d at 95 %",
+        "-0.10 step within 10 min": rate_text(*hits["step10"]),
+        "-0.05..-0.3 step within 10 min": rate_text(*hits["step_any"]),
+        "ramp flagged before 0.04 down": rate_text(*hits["ramp"]),
+        "ARL0 (days per false alarm)": arl0_text(fa, days),
         "  of the false alarms, <= 2 h after a restart": f"{after_restart}",
     }
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--set", choices=("tuning", "sealed", "both"), default="both")
-    ap.add_argument("--verbose", action="store_true", help="list false alarms and late detections (tuning only)")
+    ap = set_parser(__doc__, "RateDriftParams")
     ap.add_argument("--jobs", type=int, default=2)
-    ap.add_argument("--param", action="append", default=[], metavar="FIELD=VALUE",
-                    help="a RateDriftParams field for this run (repeatable)")
     args = ap.parse_args(argv)
     global PARAMS
-    for kv in args.param:
-        k, v = kv.split("=", 1)
-        cur = getattr(PARAMS, k)
-        val = (tuple(float(x) for x in v.split(",")) if isinstance(cur, tuple)
-               else v.lower() in ("1", "true", "yes") if isinstance(cur, bool) else type(cur)(v))
-        PARAMS = dataclasses.replace(PARAMS, **{k: val})
-    t0 = time.perf_counter()
-    names = ("tuning", "sealed") if args.set == "both" else (args.set,)
-    cols = {}
+    PARAMS = with_overrides(PARAMS, args.param, "--param")
     with Pool(args.jobs) as pool:
-        for name in names:
-            rows = pool.map(replay, _cases(SETS[name], args.quick), chunksize=4)
-            cols[name] = score(rows, verbose=args.verbose and name == "tuning")
-    print(f"{'case':46s} " + " | ".join(f"{n:36s}" for n in names))
-    for k in cols[names[0]]:
-        print(f"{k:46s} " + " | ".join(f"{cols[n][k]:36s}" for n in names))
-    print(f"wall {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+        score_sets(args.set, lambda n: pool.map(replay, _cases(SETS[n], args.quick), chunksize=4), score,
+                   args.verbose, 46)
     return 0
 
 

@@ -31,7 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
-from families import _loguniform  # the issue-16 generator's helper (this file's directory)
+from families import RateSeries, _ar1, _loguniform, daily_load  # the issue-16 generator's helpers
 
 HOUR = 3600.0
 DAY = 86400.0
@@ -54,26 +54,7 @@ class PrefixSeries:
     restarts: list[float] = field(default_factory=list)
     family: dict = field(default_factory=dict)
 
-    def deviation_time(self, amount: float) -> float | None:
-        """When the change first reaches ``amount`` below its start."""
-        if self.onset is None:
-            return None
-        if self.kind == "step":
-            return self.onset
-        return self.onset + amount / abs(self.per_hour) * HOUR
-
-
-def _smooth(rng, t: np.ndarray, sd: float, corr_s: float) -> np.ndarray:
-    """An AR(1) path on the sample grid (exact discretisation)."""
-    dt = float(t[1] - t[0]) if len(t) > 1 else 1.0
-    a = float(np.exp(-dt / corr_s))
-    e = rng.normal(0.0, sd * np.sqrt(1 - a * a), len(t))
-    out = np.empty(len(t))
-    acc = rng.normal(0.0, sd)
-    for i, x in enumerate(e):
-        acc = a * acc + x
-        out[i] = acc
-    return out
+    deviation_time = RateSeries.deviation_time  # when the change first reaches ``amount`` below its start
 
 
 def prefix_case(seed: int, *, kind: str = "none", change: float | None = None, hours: float | None = None,
@@ -94,11 +75,9 @@ def prefix_case(seed: int, *, kind: str = "none", change: float | None = None, h
     t = np.arange(dt, span + dt, dt)
 
     rps = _loguniform(rng, 0.2, 10.0)
-    load = 1 + rng.uniform(0.3, 0.7) * np.sin(2 * np.pi * t / DAY + rng.uniform(0, 2 * np.pi))
-    for _ in range(int(rng.poisson(span / (8 * HOUR)))):
-        s, d = rng.uniform(0, span), rng.uniform(0.5, 2) * HOUR
-        load = load * np.where((t >= s) & (t < s + d), rng.uniform(0.4, 2.0), 1.0)
-    share = np.clip(rng.uniform(0.2, 0.8) + _smooth(rng, t, rng.uniform(0, 0.06), rng.uniform(1, 3) * HOUR), 0.02, 0.98)
+    load = daily_load(rng, t, span)
+    share = np.clip(rng.uniform(0.2, 0.8) + _ar1(rng, len(t), dt, rng.uniform(0, 0.06), rng.uniform(1, 3) * HOUR),
+                    0.02, 0.98)
     session_hit = rng.uniform(0.6, 0.95)
     system_hit = rng.uniform(0.02, 0.3)
     pressure = rng.uniform(0, 0.3) if rng.random() < 0.5 else 0.0

@@ -52,7 +52,12 @@ SIZES = {"leak_none": (60, 10), "leak48": (100, 16), "leak24": (60, 10), "leak_a
 
 def _params(cls, overrides: list[str], flag: str):
     """``KEY=VALUE`` strings -> a params dataclass, each value parsed as its field's default type."""
-    p = cls()
+    return with_overrides(cls(), overrides, flag)
+
+
+def with_overrides(p, overrides: list[str], flag: str):
+    """``p`` (a params dataclass) with ``KEY=VALUE`` strings applied, each parsed as its field's type."""
+    cls = type(p)
     kw = {}
     for item in overrides:
         key, sep, val = item.partition("=")
@@ -245,6 +250,47 @@ def _q(v, unit: float = 1.0) -> str:
     if not len(v):
         return "-"
     return f"{np.median(v):.2f} / {np.percentile(v, 95):.2f} / {v.max():.2f}"
+
+
+def set_parser(doc: str, params_name: str) -> argparse.ArgumentParser:
+    """The options tpot.py and prefix.py share: --quick, --set, --verbose, --param."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--set", choices=("tuning", "sealed", "both"), default="both")
+    ap.add_argument("--verbose", action="store_true", help="list false alarms and late detections (tuning only)")
+    ap.add_argument("--param", action="append", default=[], metavar="FIELD=VALUE",
+                    help=f"a {params_name} field for this run (repeatable)")
+    return ap
+
+
+def rate_text(k: int, n: int) -> str:
+    """``k`` of ``n`` as a percentage with its count and 95 % Wilson interval (tpot.py, prefix.py)."""
+    lo, hi = wilson(k, n)
+    return f"{100 * k / max(n, 1):5.1f} % ({k}/{n}, {100 * lo:.0f}-{100 * hi:.0f})"
+
+
+def arl0_text(fa: int, days: float) -> str:
+    """Days per false alarm, with the lower end of its 95 % Poisson interval."""
+    lo = days / poisson_ci(fa)[1]
+    head = f"{days / fa:6.1f} d ({fa} in {days:.0f} d)" if fa else f"inf (0 in {days:.0f} d)"
+    return head + f", >= {lo:.0f} d at 95 %"
+
+
+def score_sets(which: str, rows_for, score, verbose: bool, label_width: int) -> None:
+    """Score the tuning and/or sealed set (``rows_for(name)`` replays one) and print them side by
+    side, with the wall time on stderr (tpot.py, prefix.py)."""
+    t0 = time.perf_counter()
+    names = ("tuning", "sealed") if which == "both" else (which,)
+    print_sets({n: score(rows_for(n), verbose=verbose and n == "tuning") for n in names}, label_width)
+    print(f"wall {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+
+
+def print_sets(cols: dict[str, dict[str, str]], label_width: int) -> None:
+    """One row per case, one column per seed set (tuning, sealed), as tpot.py and prefix.py print."""
+    names = list(cols)
+    print(f"{'case':{label_width}s} " + " | ".join(f"{n:36s}" for n in names))
+    for k in cols[names[0]]:
+        print(f"{k:{label_width}s} " + " | ".join(f"{cols[n][k]:36s}" for n in names))
 
 
 def _render(title: str, rows: list[tuple]) -> str:

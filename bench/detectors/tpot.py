@@ -18,13 +18,10 @@ Scores (with 95 % Wilson intervals; false alarms as a Poisson rate):
 
 from __future__ import annotations
 
-import argparse
-import dataclasses
 import inspect
 import math
 import os
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -34,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np
 import tpot_families as fam
-from run import poisson_ci, wilson  # the issue-16 protocol's intervals
+from run import arl0_text, rate_text, score_sets, set_parser, with_overrides  # the issue-16 protocol's helpers
 
 from sla_guard.detect import drift
 
@@ -84,11 +81,6 @@ def _cases(base: int, quick: bool) -> list[tuple[str, fam.TpotSeries]]:
     return out
 
 
-def _pct(k: int, n: int) -> str:
-    lo, hi = wilson(k, n)
-    return f"{100 * k / max(n, 1):5.1f} % ({k}/{n}, {100 * lo:.0f}-{100 * hi:.0f})"
-
-
 def score(rows: list[tuple[str, dict]], verbose: bool = False) -> dict[str, str]:
     fa, days, judged, late = 0, 0.0, 0, 0
     hits = {"step20_10": [0, 0], "step20_30": [0, 0], "step_any_10": [0, 0], "ramp_10pct": [0, 0],
@@ -123,44 +115,23 @@ def score(rows: list[tuple[str, dict]], verbose: bool = False) -> dict[str, str]
                 hits["step20_30"][1] += 1
         if verbose and (first > (600 if cohort != "ramp" else 0.10 / r["per_hour"] * fam.HOUR)):
             print(f"  late {r['name']} ({cohort}): {first / 60:.0f} min {r['family']}")
-    arl = days / fa if fa else math.inf
-    lo = days / poisson_ci(fa)[1]
     return {
-        "+20 % step within 10 min": _pct(*hits["step20_10"]),
-        "+20 % step within 30 min": _pct(*hits["step20_30"]),
-        "+10..40 % step within 10 min": _pct(*hits["step_any_10"]),
-        "ramp flagged before +10 %": _pct(*hits["ramp_10pct"]),
-        "ramp flagged before +20 %": _pct(*hits["ramp_20pct"]),
-        "ARL0 (days per false alarm)": (f"{arl:6.1f} d ({fa} in {days:.0f} d)" if fa else f"inf (0 in {days:.0f} d)")
-        + f", >= {lo:.0f} d at 95 %",
-        "coverage after 3 h (no change)": _pct(judged, late),
+        "+20 % step within 10 min": rate_text(*hits["step20_10"]),
+        "+20 % step within 30 min": rate_text(*hits["step20_30"]),
+        "+10..40 % step within 10 min": rate_text(*hits["step_any_10"]),
+        "ramp flagged before +10 %": rate_text(*hits["ramp_10pct"]),
+        "ramp flagged before +20 %": rate_text(*hits["ramp_20pct"]),
+        "ARL0 (days per false alarm)": arl0_text(fa, days),
+        "coverage after 3 h (no change)": rate_text(judged, late),
     }
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--set", choices=("tuning", "sealed", "both"), default="both")
-    ap.add_argument("--verbose", action="store_true", help="list false alarms and late detections (tuning only)")
-    ap.add_argument("--param", action="append", default=[], metavar="FIELD=VALUE",
-                    help="a LatencyDriftParams field for this run (repeatable)")
+    ap = set_parser(__doc__, "LatencyDriftParams")
     args = ap.parse_args(argv)
     global PARAMS
-    for kv in args.param:
-        k, v = kv.split("=", 1)
-        cur = getattr(PARAMS, k)
-        val = tuple(float(x) for x in v.split(",")) if isinstance(cur, tuple) else type(cur)(float(v))
-        PARAMS = dataclasses.replace(PARAMS, **{k: val})
-    t0 = time.perf_counter()
-    names = ("tuning", "sealed") if args.set == "both" else (args.set,)
-    cols = {}
-    for name in names:
-        rows = [(c, replay(s)) for c, s in _cases(SETS[name], args.quick)]
-        cols[name] = score(rows, verbose=args.verbose and name == "tuning")
-    print(f"{'case':34s} " + " | ".join(f"{n:36s}" for n in names))
-    for k in cols[names[0]]:
-        print(f"{k:34s} " + " | ".join(f"{cols[n][k]:36s}" for n in names))
-    print(f"wall {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+    PARAMS = with_overrides(PARAMS, args.param, "--param")
+    score_sets(args.set, lambda n: [(c, replay(s)) for c, s in _cases(SETS[n], args.quick)], score, args.verbose, 34)
     return 0
 
 
