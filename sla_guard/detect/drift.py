@@ -664,7 +664,7 @@ class RateCusum:
             "recent_rate": self.recent_rate(),
             "alarms": self.alarms,
             "skipped_intervals": self.skipped,
-            "intervals_after_restart_skipped": self.cold,
+            "intervals_after_restarts_not_judged": self.cold,
             "open": self.alarm is not None,
         }
 
