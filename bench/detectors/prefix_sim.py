@@ -6,9 +6,12 @@ eviction), scraped every 15 s and fed to the guard's real ``prefix_hit_drift`` e
 
 Per generated workload (``sla_guard.sim.workloads.generated``, seeds >= 500, never the advisor's
 suite; the default cases are the first two seeds of diurnal and bursty whose mix shares prefixes)
-two runs on a static 2P2D: no fault, and a crash of prefill replica p0 at half the run
-(it restarts after the profile's cold start with fresh counters and an empty cache). Neither
-has a real drift, so every finding is a false alarm. Each run feeds two evaluators side by side:
+three runs on a static 2P2D: no fault; a crash of prefill replica p0 at half the run (it
+restarts after the profile's cold start with fresh counters and an empty cache); and from half
+the run 40 % of the requests share no prefix any more (``unshare``: an application that began
+stamping each prompt with a request id), a real drop of the hit rate. In the first two every
+finding is a false alarm; in the third the first finding after the change is the detection.
+Each run feeds two evaluators side by side:
 the detector before session 16 (the acceptance parameters, downward) and the default
 ``detectors.prefix_hit`` config. Nothing is tuned on these runs.
 """
@@ -16,8 +19,10 @@ the detector before session 16 (the acceptance parameters, downward) and the def
 from __future__ import annotations
 
 import argparse
+import random
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -39,9 +44,16 @@ CONFIGS = {"before": RateConfig(per_position=False), "now": DetectorsConfig().pr
 def run(family: str, seed: int, hours: float, fault: str) -> dict:
     span = hours * 3600.0
     crash_at = span / 2
-    faults = {"none": [], "crash": [{"kind": "crash", "replica": "p0", "at_s": crash_at}]}[fault]
+    faults = {"none": [], "unshare": [], "crash": [{"kind": "crash", "replica": "p0", "at_s": crash_at}]}[fault]
     dep = Deployment(load_profile("default"), 2, 2, faults=FaultSchedule(faults), seed=seed)
-    dep.submit(generated(family, seed, span))
+    trace = generated(family, seed, span)
+    if fault == "unshare":  # from half the run 40 % of the requests carry only blocks of their own
+        rng = random.Random(seed)
+        fresh = iter(range(2_000_000_000, 3_000_000_000))
+        trace = replace(trace, requests=tuple(
+            replace(r, hash_ids=tuple(next(fresh) for _ in r.hash_ids)) if r.t >= crash_at and rng.random() < 0.4
+            else r for r in trace.requests))
+    dep.submit(trace)
     store = make_store(retention_s=span + 3600, interval_s=15)
     books = {name: FindingsBook() for name in CONFIGS}
     evs = [RateDriftEvaluator(books[name], f"prefix_hit_drift_{name}", "prefix_hit_drift", c.PREFIX_CACHE_QUERIES,
@@ -72,14 +84,14 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--hours", type=float, default=9.0)
     ap.add_argument("--cases", nargs="+", default=["diurnal/500", "diurnal/504", "bursty/502", "bursty/504"])
-    ap.add_argument("--faults", nargs="+", default=["none", "crash"])
+    ap.add_argument("--faults", nargs="+", default=["none", "crash", "unshare"])
     args = ap.parse_args(argv)
     for case in args.cases:
         fam, seed = case.split("/")[0], int(case.split("/")[1])
         for fault in args.faults:
             t0 = time.perf_counter()
             r = run(fam, seed, args.hours, fault)
-            print(f"{fam}/s{seed} {fault:5s} crash {r['crash_h']} h, reference {r['reference']}: "
+            print(f"{fam}/s{seed} {fault:7s} fault at {r['crash_h']} h, reference {r['reference']}: "
                   f"findings (h, before, after, pool) {r['findings']} [{time.perf_counter() - t0:.0f} s]",
                   flush=True)
     return 0
