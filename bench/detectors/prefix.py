@@ -32,23 +32,14 @@ import prefix_families as fam
 from run import arl0_text, rate_text, score_sets, set_parser, with_overrides  # the issue-16 protocol's helpers
 
 from sla_guard.detect import drift
+from sla_guard.detect.evaluators import rate_params
 from sla_guard.settings.detectors import DetectorsConfig
 
 SIZES = {"none": (100, 16), "step10": (100, 16), "step_any": (60, 10), "ramp": (100, 16)}
 SETS = {"tuning": fam.TUNING_SEEDS.start, "sealed": fam.SEALED_SEEDS.start}
 
 
-def production_params() -> drift.RateDriftParams:
-    """What ``evaluators.build_evaluators`` gives the prefix-hit evaluator, from the default config."""
-    cfg = DetectorsConfig().prefix_hit
-    return drift.RateDriftParams(interval_s=cfg.interval_s, warmup_s=cfg.warmup_s, shift=cfg.shift,
-                                 tolerance=cfg.tolerance, sides="down", arl0_s=cfg.arl0_days * drift.DAY,
-                                 family=1, arl_rule=cfg.arl_rule, jitter_blocks=cfg.jitter_blocks,
-                                 refine_s=cfg.refine_s, reset_hold_s=cfg.reset_hold_s, trend_wander=cfg.wander,
-                                 measured_wander_blocks=cfg.measured_wander_blocks)
-
-
-PARAMS = production_params()
+PARAMS = rate_params(DetectorsConfig().prefix_hit, "down")  # what the guard's prefix_hit_drift evaluator runs
 
 
 def _cases(base: int, quick: bool) -> list[tuple[str, int, str, float | None]]:

@@ -43,15 +43,15 @@ CONFIGS = {"before": RateConfig(per_position=False), "now": DetectorsConfig().pr
 
 def run(family: str, seed: int, hours: float, fault: str) -> dict:
     span = hours * 3600.0
-    crash_at = span / 2
-    faults = {"none": [], "unshare": [], "crash": [{"kind": "crash", "replica": "p0", "at_s": crash_at}]}[fault]
+    fault_at = span / 2
+    faults = {"none": [], "unshare": [], "crash": [{"kind": "crash", "replica": "p0", "at_s": fault_at}]}[fault]
     dep = Deployment(load_profile("default"), 2, 2, faults=FaultSchedule(faults), seed=seed)
     trace = generated(family, seed, span)
     if fault == "unshare":  # from half the run 40 % of the requests carry only blocks of their own
         rng = random.Random(seed)
         fresh = iter(range(2_000_000_000, 3_000_000_000))
         trace = replace(trace, requests=tuple(
-            replace(r, hash_ids=tuple(next(fresh) for _ in r.hash_ids)) if r.t >= crash_at and rng.random() < 0.4
+            replace(r, hash_ids=tuple(next(fresh) for _ in r.hash_ids)) if r.t >= fault_at and rng.random() < 0.4
             else r for r in trace.requests))
     dep.submit(trace)
     store = make_store(retention_s=span + 3600, interval_s=15)
@@ -74,7 +74,7 @@ def run(family: str, seed: int, hours: float, fault: str) -> dict:
     ClosedLoop(dep, store=store, scrape_interval_s=15, guard=guard, on_tick=watch)
     dep.run_until(span)
     rate = {ev.name: next(iter(ev.cusums.values())).p0 if ev.cusums else None for ev in evs}
-    return {"family": family, "seed": seed, "fault": fault, "crash_h": crash_at / 3600 if fault != "none" else None,
+    return {"family": family, "seed": seed, "fault": fault, "fault_h": fault_at / 3600 if fault != "none" else None,
             "reference": {k: round(v, 3) if v is not None else None for k, v in rate.items()},
             "findings": {name: sorted((round(t / 3600, 2), round(b or 0, 3), round(a or 0, 3), pool)
                                       for t, b, a, pool in o.values()) for name, o in opened.items()}}
@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         for fault in args.faults:
             t0 = time.perf_counter()
             r = run(fam, seed, args.hours, fault)
-            print(f"{fam}/s{seed} {fault:7s} fault at {r['crash_h']} h, reference {r['reference']}: "
+            print(f"{fam}/s{seed} {fault:7s} fault at {r['fault_h']} h, reference {r['reference']}: "
                   f"findings (h, before, after, pool) {r['findings']} [{time.perf_counter() - t0:.0f} s]",
                   flush=True)
     return 0

@@ -166,12 +166,12 @@ def analyze_prefix(cols: dict[str, np.ndarray], args) -> dict:
     with its wander and its hold after a counter reset (docs/detectors.md)."""
     if not (args.arl0_days > 0 and args.warmup_s > 0 and args.interval_s > 0 and args.reset_hold_s >= 0):
         raise InputError("bad option: --arl0-days, --warmup-s and --interval-s must be > 0, --reset-hold-s >= 0")
-    pc = DetectorsConfig().prefix_hit
-    params = drift.RateDriftParams(
-        interval_s=args.interval_s, warmup_s=args.warmup_s, shift=pc.shift, tolerance=pc.tolerance, sides="down",
-        arl0_s=args.arl0_days * drift.DAY, arl_rule=pc.arl_rule, jitter_blocks=pc.jitter_blocks,
-        refine_s=pc.refine_s, reset_hold_s=args.reset_hold_s, trend_wander=pc.wander,
-        measured_wander_blocks=pc.measured_wander_blocks)
+    from sla_guard.detect.evaluators import rate_params
+
+    cfg = DetectorsConfig().prefix_hit.model_copy(update={
+        "interval_s": args.interval_s, "warmup_s": args.warmup_s, "arl0_days": args.arl0_days,
+        "reset_hold_s": args.reset_hold_s})
+    params = rate_params(cfg, "down")
     return _rate_result(cols["timestamp"], cols["queries_tokens"], cols["hits_tokens"], params, args.arl0_days)
 
 

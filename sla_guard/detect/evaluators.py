@@ -227,6 +227,16 @@ class _Counters:
         return out
 
 
+def rate_params(cfg: RateConfig, sides: str, family: int = 1) -> drift.RateDriftParams:
+    """The rate detector's parameters from its config section: the one mapping the guard, `analyze
+    prefix` and the benchmarks share, so offline and online verdicts agree."""
+    return drift.RateDriftParams(interval_s=cfg.interval_s, warmup_s=cfg.warmup_s, shift=cfg.shift,
+                                 tolerance=cfg.tolerance, sides=sides, arl0_s=cfg.arl0_days * drift.DAY,
+                                 family=family, arl_rule=cfg.arl_rule, jitter_blocks=cfg.jitter_blocks,
+                                 refine_s=cfg.refine_s, reset_hold_s=cfg.reset_hold_s, trend_wander=cfg.wander,
+                                 measured_wander_blocks=cfg.measured_wander_blocks)
+
+
 class RateDriftEvaluator(_DriftState):
     """A ratio of two counters (successes / trials) per (model, pool[, position]) -> CUSUM."""
 
@@ -237,12 +247,7 @@ class RateDriftEvaluator(_DriftState):
         self.trials, self.successes, self.cfg = trials, successes, cfg
         self.what, self.matchers = what, matchers or {}
         self.by = ("model", "pool", "position") if by_position else ("model", "pool")
-        self.params = drift.RateDriftParams(interval_s=cfg.interval_s, warmup_s=cfg.warmup_s, shift=cfg.shift,
-                                            tolerance=cfg.tolerance, sides=sides, arl0_s=cfg.arl0_days * drift.DAY,
-                                            family=family, arl_rule=cfg.arl_rule, jitter_blocks=cfg.jitter_blocks,
-                                            refine_s=cfg.refine_s, reset_hold_s=cfg.reset_hold_s,
-                                            trend_wander=cfg.wander,
-                                            measured_wander_blocks=cfg.measured_wander_blocks)
+        self.params = rate_params(cfg, sides, family)
         self._n, self._x = _Counters(), _Counters()
         self._acc: dict[tuple, list[float]] = defaultdict(lambda: [0.0, 0.0])
         self._next: float | None = None
