@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -153,6 +154,53 @@ def test_no_leak_flat_step_and_warmup():
     assert not any(ver.detected for _, ver in leak.scan(t, v))
     t, v = _series(48.0, onset_h=0.0, hours=0.4)
     assert leak.assess(t, v).status == "unknown"  # still warming up: never "ok"
+
+
+def _hourly_swing(seed: int, leak_mib_h: float = 48.0, onset_h: float = 8.0, hours: float = 12.0):
+    """A sawtooth (3-7 min, 90 MiB) over a 10 MiB hourly swing: the swing moves the floor by up
+    to 63 MiB/h, as much as the leak."""
+    rng = np.random.default_rng(seed)
+    t = np.arange(0, hours * HOUR, 30.0)
+    v = 6e9 + 500 * MIB * (1 - np.exp(-t / 1200.0))
+    saw, last, nxt = np.zeros_like(t), 0.0, 300.0
+    for i, x in enumerate(t):
+        if x >= nxt:
+            last, nxt = x, x + rng.uniform(180, 420)
+        saw[i] = 90 * MIB * (x - last) / 300.0
+    v += saw + 10 * MIB * np.sin(2 * np.pi * t / HOUR + rng.uniform(0, 6.3)) + rng.normal(0, 4 * MIB, t.size)
+    v += np.where(t >= onset_h * HOUR, leak_mib_h * MIB * (t - onset_h * HOUR) / HOUR, 0.0)
+    return t, v
+
+
+def test_seasonal_removed_takes_out_an_hourly_swing_and_leaves_noise_alone():
+    rng = np.random.default_rng(0)
+    t = np.arange(0, 12 * HOUR, 300.0)
+    trend = 3e6 * (t / HOUR) ** 1.5  # a slow, bending trend stays
+    swing = 10 * MIB * np.sin(2 * np.pi * t / HOUR + 1.0)
+    y = 6e9 + trend + swing + rng.normal(0, 2 * MIB, t.size)
+    p = leak.LeakParams()
+    out = leak.seasonal_removed(t, y, 0.0, p)
+    left = out - (y - swing)
+    assert np.abs(left).max() < 2 * MIB  # the swing is gone, the trend and noise are not touched
+    noise = 6e9 + trend + rng.normal(0, 2 * MIB, t.size)
+    assert leak.seasonal_removed(t, noise, 0.0, p) is noise  # no significant swing: unchanged
+    short = y[t < 2 * HOUR]
+    assert leak.seasonal_removed(t[t < 2 * HOUR], short, 0.0, p) is short
+
+
+def test_leak_under_an_hourly_swing_found_sooner_with_the_swing_taken_out():
+    off = replace(leak.LeakParams(), seasonal_period_s=0.0)
+    on_delays, off_delays = [], []
+    for seed in range(4):
+        t, v = _hourly_swing(seed)
+        for p, out in ((leak.LeakParams(), on_delays), (off, off_delays)):
+            first = leak.first_detection(leak.scan(t, v, p))
+            assert first is not None
+            out.append((first[0] - 8 * HOUR) / HOUR)
+        t0, v0 = _hourly_swing(seed, leak_mib_h=0.0, hours=30.0)
+        assert leak.first_detection(leak.scan(t0, v0)) is None  # the swing alone is no leak
+    assert max(on_delays) <= 1.5
+    assert sum(off_delays) - sum(on_delays) > 4 * 0.25  # a quarter of an hour sooner on average
 
 
 def test_restart_starts_a_new_segment():

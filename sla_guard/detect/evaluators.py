@@ -52,7 +52,8 @@ class LeakEvaluator:
         if cfg.warmup_s is not None:
             base = dataclasses.replace(base, warmup_s=cfg.warmup_s, long_warmup_s=max(base.long_warmup_s, cfg.warmup_s))
         self.params = base.scaled(cfg.time_scale)
-        self.lookback_s = max(self.params.windows_s) + self.params.long_warmup_s + self.params.floor_window_s
+        p = self.params
+        self.lookback_s = max(max(p.windows_s) + p.long_warmup_s, p.seasonal_lookback_s) + p.floor_window_s
         self.metrics = None
         self.verdicts: dict[str, leak.LeakVerdict] = {}
         self._last_bucket: dict[str, int] = {}

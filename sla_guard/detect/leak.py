@@ -91,6 +91,12 @@ class LeakParams:
     restart_floor_window_s: float = 1800.0
     max_gap_s: float = 1800.0  # a hole longer than this also starts a new segment
     confirm: int = 2  # consecutive buckets whose verdict must be "leak"
+    # periodic swings (an hourly job, a cache flush) taken out of the floor before the tests when
+    # a harmonic fit over the last ``seasonal_lookback_s`` of judged floor finds them
+    seasonal_period_s: float = HOUR  # 0: off
+    seasonal_lookback_s: float = 12 * HOUR
+    seasonal_min_span_s: float = 3 * HOUR
+    seasonal_p: float = 1e-6
 
     def scaled(self, k: float) -> LeakParams:
         if k <= 0:
@@ -109,6 +115,9 @@ class LeakParams:
             min_slope_bps=self.min_slope_bps * k,
             max_gap_s=self.max_gap_s / k,
             restart_floor_window_s=self.restart_floor_window_s / k,
+            seasonal_period_s=self.seasonal_period_s / k,
+            seasonal_lookback_s=self.seasonal_lookback_s / k,
+            seasonal_min_span_s=self.seasonal_min_span_s / k,
         )
 
     def rise_for(self, i: int) -> float:
@@ -624,12 +633,45 @@ def window_test(
 # --- whole-series verdicts ------------------------------------------------------------------
 
 
+def seasonal_removed(t: np.ndarray, y: np.ndarray, since: float, p: LeakParams) -> np.ndarray:
+    """``y`` less its periodic swing (``p.seasonal_period_s``), fitted by least squares with a
+    cubic trend over the judged floor of the last ``seasonal_lookback_s``; unchanged unless the
+    harmonics are significant (F-test at ``p.seasonal_p``). An hourly swing of 10 MiB moves the
+    floor by up to 63 MiB/h: a leak's floor rises in stairs that a step fit follows, and a flat
+    floor rises for half an hour."""
+    if p.seasonal_period_s <= 0:
+        return y
+    now = float(t[-1])
+    m = (t >= since) & (t > now - p.seasonal_lookback_s)
+    if m.sum() < 24 or float(t[m][-1] - t[m][0]) < p.seasonal_min_span_s:
+        return y
+    tm, ym = t[m], y[m]
+    u = (tm - tm.mean()) / max(float(np.ptp(tm)), 1.0)
+    trend = np.column_stack([np.ones_like(u), u, u * u, u * u * u])
+    w = 2 * np.pi / p.seasonal_period_s
+    waves = np.column_stack([np.sin(w * tm), np.cos(w * tm)])
+    full = np.hstack([trend, waves])
+    beta, *_ = np.linalg.lstsq(full, ym, rcond=None)
+    r_full = ym - full @ beta
+    b0, *_ = np.linalg.lstsq(trend, ym, rcond=None)
+    r0 = ym - trend @ b0
+    sse1, sse0 = float(r_full @ r_full), float(r0 @ r0)
+    df2 = len(ym) - full.shape[1]
+    if sse1 <= 0 or df2 <= 0:
+        return y
+    # F(2, df2) upper tail in closed form: (1 + 2F/df2)^(-df2/2) = (sse1 / sse0)^(df2/2)
+    if (sse1 / sse0) ** (df2 / 2.0) > p.seasonal_p:
+        return y
+    return y - np.column_stack([np.sin(w * t), np.cos(w * t)]) @ beta[trend.shape[1]:]
+
+
 def _judge(f: SegmentFloor, k: int, p: LeakParams) -> LeakVerdict:
     """The verdict at bucket ``k`` of a segment floor (no confirmation, no limit)."""
     now = float(f.t[k])
     v = LeakVerdict("unknown", "warming_up", at=now, segment_start=f.start)
     t, y = f.t[: k + 1], f.y[: k + 1]
     judged = t >= f.start + p.warmup_s
+    y = seasonal_removed(t, y, f.start + p.warmup_s, p)
     v.floor_bytes = float(f.raw[k])
     if judged.sum() < p.min_points:
         return v
@@ -676,6 +718,7 @@ def _refill_origin(f: SegmentFloor, now: float, p: LeakParams) -> float:
 def _onset(f: SegmentFloor, k: int, p: LeakParams) -> float | None:
     now = float(f.t[k])
     t, y = f.t[: k + 1], f.y[: k + 1]
+    y = seasonal_removed(t, y, f.start + p.warmup_s, p)
     m = (t >= f.start + p.warmup_s) & (t > now - p.onset_lookback_s)
     if m.sum() < 6:
         return None
