@@ -74,6 +74,9 @@ class DetectorsConfig(Strict):
     acceptance: RateConfig = Field(default_factory=RateConfig)
     # the prefix-cache hit rate moves with the workload mix by points over hours and falls to ~0 when an engine
     # restarts (bench/detectors/prefix.py; docs/detectors.md, "Prefix-cache hit rate out of sample")
+    # tolerance 0.03 (session 17): the hit rate's indifference band; at 0.02 the step CUSUMs read the mix's wander as
+    # drops (8.5 d per false alarm on the tuning seeds; 23.7 d at 0.03, every alarm left a window test's)
     prefix_hit: RateConfig = Field(default_factory=lambda: RateConfig(per_position=False, reset_hold_s=3600.0,
-                                                                      wander=0.01, measured_wander_blocks=2))
+                                                                      tolerance=0.03, wander=0.01,
+                                                                      measured_wander_blocks=2))
     tpot: TpotConfig = Field(default_factory=TpotConfig)
