@@ -41,6 +41,19 @@ def test_analyze_leak_detects_48_mib_per_hour(tmp_path):
     assert out["limit_bytes"] == pytest.approx(8 * 2**30) and out["eta_s"] > 0
 
 
+def test_analyze_leak_reports_the_hourly_swing_it_took_out(tmp_path):
+    """A 12 MiB hourly swing under a 5-min sawtooth, no leak: quiet, and the swing is reported."""
+    rng = np.random.default_rng(7)
+    t = np.arange(0, 14 * 3600, 30.0)
+    v = 6e9 + 90 * 2**20 * ((t / 300.0) % 1.0) + 12 * 2**20 * np.sin(2 * np.pi * t / 3600 + 0.4)
+    v += rng.normal(0, 3 * 2**20, t.size)
+    (tmp_path / "rss.csv").write_text("timestamp,rss_bytes\n" + "".join(f"{1.8e9 + a:.0f},{b:.0f}\n" for a, b in
+                                                                       zip(t, v, strict=True)))
+    out = json.loads(_run("leak", tmp_path / "rss.csv").stdout)
+    assert out["detected"] is False and out["status_at_end"] == "ok"
+    assert out["hourly_swing_mib"] == pytest.approx(12, rel=0.2)
+
+
 def test_analyze_leak_quiet_on_non_leaking_series(tmp_path):
     _leak_csv(tmp_path / "rss.csv", 0.0, seed=4, with_limit=False)
     r = _run("leak", tmp_path / "rss.csv")

@@ -179,13 +179,15 @@ def test_seasonal_removed_takes_out_an_hourly_swing_and_leaves_noise_alone():
     swing = 10 * MIB * np.sin(2 * np.pi * t / HOUR + 1.0)
     y = 6e9 + trend + swing + rng.normal(0, 2 * MIB, t.size)
     p = leak.LeakParams()
-    out = leak.seasonal_removed(t, y, 0.0, p)
+    out, amp = leak.seasonal_removed(t, y, 0.0, p)
     left = out - (y - swing)
     assert np.abs(left).max() < 2 * MIB  # the swing is gone, the trend and noise are not touched
+    assert amp == pytest.approx(10 * MIB, rel=0.1)
     noise = 6e9 + trend + rng.normal(0, 2 * MIB, t.size)
-    assert leak.seasonal_removed(t, noise, 0.0, p) is noise  # no significant swing: unchanged
+    out, amp = leak.seasonal_removed(t, noise, 0.0, p)
+    assert out is noise and amp == 0.0  # no significant swing: unchanged
     short = y[t < 2 * HOUR]
-    assert leak.seasonal_removed(t[t < 2 * HOUR], short, 0.0, p) is short
+    assert leak.seasonal_removed(t[t < 2 * HOUR], short, 0.0, p)[0] is short
 
 
 def test_leak_under_an_hourly_swing_found_sooner_with_the_swing_taken_out():

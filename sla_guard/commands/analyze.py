@@ -142,6 +142,8 @@ def analyze_leak(cols: dict[str, np.ndarray], limit_bytes: float | None, time_sc
         "floor_bytes": shown.floor_bytes,
         "limit_bytes": limit_bytes,
         "eta_s": shown.eta_s,
+        # the periodic (hourly) swing taken out of the floor before the tests, half-amplitude
+        "hourly_swing_mib": round(shown.hourly_swing_bytes / leak.MIB, 1),
         "alarms": episodes,
         "samples": len(t),
         "span_s": float(t.max() - t.min()),

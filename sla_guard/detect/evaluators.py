@@ -135,7 +135,8 @@ class LeakEvaluator:
                        f"{v.slope_mib_per_h:.1f} MiB/h")
             details = {"slope_mib_per_h": round(v.slope_mib_per_h, 3), "slope_bytes_per_s": v.slope_bps,
                        "confidence": v.confidence, "z": v.z, "window_s": v.window_s, "onset": v.onset,
-                       "floor_bytes": v.floor_bytes, "limit_bytes": limit, "limit_source": source, "eta_s": v.eta_s}
+                       "floor_bytes": v.floor_bytes, "limit_bytes": limit, "limit_source": source, "eta_s": v.eta_s,
+                       "hourly_swing_bytes": v.hourly_swing_bytes}
             self.book.raise_("leak", key, sev, summary, labels, details, now)
             return
         f = self.book.get(key)

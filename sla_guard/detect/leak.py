@@ -156,6 +156,7 @@ class LeakVerdict:
     eta_s: float | None = None
     bytes_per_work: float | None = None
     segment_start: float | None = None
+    hourly_swing_bytes: float = 0.0  # half-amplitude of the periodic swing taken out of the floor (0: none found)
     windows: list[WindowResult] = field(default_factory=list)
 
     @property
@@ -633,18 +634,18 @@ def window_test(
 # --- whole-series verdicts ------------------------------------------------------------------
 
 
-def seasonal_removed(t: np.ndarray, y: np.ndarray, since: float, p: LeakParams) -> np.ndarray:
-    """``y`` less its periodic swing (``p.seasonal_period_s``), fitted by least squares with a
-    cubic trend over the judged floor of the last ``seasonal_lookback_s``; unchanged unless the
-    harmonics are significant (F-test at ``p.seasonal_p``). An hourly swing of 10 MiB moves the
-    floor by up to 63 MiB/h: a leak's floor rises in stairs that a step fit follows, and a flat
-    floor rises for half an hour."""
+def seasonal_removed(t: np.ndarray, y: np.ndarray, since: float, p: LeakParams) -> tuple[np.ndarray, float]:
+    """``y`` less its periodic swing (``p.seasonal_period_s``) and the swing's half-amplitude (0: none
+    found). The swing is fitted by least squares with a cubic trend over the judged floor of the last
+    ``seasonal_lookback_s`` and taken out only when significant (F-test at ``p.seasonal_p``). An
+    hourly swing of 10 MiB moves the floor by up to 63 MiB/h: a leak's floor rises in stairs that a
+    step fit follows, and a flat floor rises for half an hour."""
     if p.seasonal_period_s <= 0:
-        return y
+        return y, 0.0
     now = float(t[-1])
     m = (t >= since) & (t > now - p.seasonal_lookback_s)
     if m.sum() < 24 or float(t[m][-1] - t[m][0]) < p.seasonal_min_span_s:
-        return y
+        return y, 0.0
     tm, ym = t[m], y[m]
     u = (tm - tm.mean()) / max(float(np.ptp(tm)), 1.0)
     trend = np.column_stack([np.ones_like(u), u, u * u, u * u * u])
@@ -658,11 +659,12 @@ def seasonal_removed(t: np.ndarray, y: np.ndarray, since: float, p: LeakParams) 
     sse1, sse0 = float(r_full @ r_full), float(r0 @ r0)
     df2 = len(ym) - full.shape[1]
     if sse1 <= 0 or df2 <= 0:
-        return y
+        return y, 0.0
     # F(2, df2) upper tail in closed form: (1 + 2F/df2)^(-df2/2) = (sse1 / sse0)^(df2/2)
     if (sse1 / sse0) ** (df2 / 2.0) > p.seasonal_p:
-        return y
-    return y - np.column_stack([np.sin(w * t), np.cos(w * t)]) @ beta[trend.shape[1]:]
+        return y, 0.0
+    ab = beta[trend.shape[1]:]
+    return y - np.column_stack([np.sin(w * t), np.cos(w * t)]) @ ab, float(np.hypot(ab[0], ab[1]))
 
 
 def _judge(f: SegmentFloor, k: int, p: LeakParams) -> LeakVerdict:
@@ -671,7 +673,7 @@ def _judge(f: SegmentFloor, k: int, p: LeakParams) -> LeakVerdict:
     v = LeakVerdict("unknown", "warming_up", at=now, segment_start=f.start)
     t, y = f.t[: k + 1], f.y[: k + 1]
     judged = t >= f.start + p.warmup_s
-    y = seasonal_removed(t, y, f.start + p.warmup_s, p)
+    y, v.hourly_swing_bytes = seasonal_removed(t, y, f.start + p.warmup_s, p)
     v.floor_bytes = float(f.raw[k])
     if judged.sum() < p.min_points:
         return v
@@ -718,7 +720,7 @@ def _refill_origin(f: SegmentFloor, now: float, p: LeakParams) -> float:
 def _onset(f: SegmentFloor, k: int, p: LeakParams) -> float | None:
     now = float(f.t[k])
     t, y = f.t[: k + 1], f.y[: k + 1]
-    y = seasonal_removed(t, y, f.start + p.warmup_s, p)
+    y, _ = seasonal_removed(t, y, f.start + p.warmup_s, p)
     m = (t >= f.start + p.warmup_s) & (t > now - p.onset_lookback_s)
     if m.sum() < 6:
         return None
