@@ -742,8 +742,6 @@ class LatencyDriftParams:
     # see only changes beyond the extrapolation's error: learning the load sooner buys more than it risks
     ref_clear_z: float = 2.0  # ... i.e. no window beyond this many standard errors and no alarm open
     jitter_blocks: int = 24  # noise re-estimated from this many recent blocks of warmup_s that joined the reference
-    arl0_margin: float = 1.5  # the threshold is set for this x arl0_s: the measured ARL0 at a nominal 30 d was
-    # 30.5 d on the tuning seeds and 26.7 d on the sealed ones (the residuals' noise is estimated, not known)
 
     @property
     def ref_hold_s(self) -> float:
@@ -757,7 +755,7 @@ class LatencyDriftParams:
     def threshold(self) -> float:
         """z at which the window test's false-alarm rate is one per ARL0 (Pickands: a moving mean
         over m intervals up-crosses z about z phi(z) / m per interval, summed over the windows)."""
-        steps = self.arl0_margin * self.arl0_s / self.interval_s * self.family
+        steps = self.arl0_s / self.interval_s * self.family
         return _window_threshold(steps, sum(self.interval_s / w for w in self.windows_s))
 
 
