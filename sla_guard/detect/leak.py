@@ -673,10 +673,10 @@ def _judge(f: SegmentFloor, k: int, p: LeakParams) -> LeakVerdict:
     v = LeakVerdict("unknown", "warming_up", at=now, segment_start=f.start)
     t, y = f.t[: k + 1], f.y[: k + 1]
     judged = t >= f.start + p.warmup_s
-    y, v.hourly_swing_bytes = seasonal_removed(t, y, f.start + p.warmup_s, p)
     v.floor_bytes = float(f.raw[k])
     if judged.sum() < p.min_points:
         return v
+    y, v.hourly_swing_bytes = seasonal_removed(t, y, f.start + p.warmup_s, p)
     best: WindowResult | None = None
     tested = False
     origin = _refill_origin(f, now, p)
