@@ -29,14 +29,13 @@ if os.environ.get("BENCH_CODE_ROOT"):
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import prefix_families as fam
-from run import arl0_text, rate_text, score_sets, set_parser, with_overrides  # the issue-16 protocol's helpers
+from run import SETS, arl0_text, rate_text, score_sets, set_parser, with_overrides  # the issue-16 protocol
 
 from sla_guard.detect import drift
 from sla_guard.detect.evaluators import rate_params
 from sla_guard.settings.detectors import DetectorsConfig
 
 SIZES = {"none": (100, 16), "step10": (100, 16), "step_any": (60, 10), "ramp": (100, 16)}
-SETS = {"tuning": fam.TUNING_SEEDS.start, "sealed": fam.SEALED_SEEDS.start}
 
 
 PARAMS = rate_params(DetectorsConfig().prefix_hit, "down")  # what the guard's prefix_hit_drift evaluator runs
@@ -71,7 +70,7 @@ def score(rows: list[dict], verbose: bool = False) -> dict[str, str]:
         early = [a for a in r["opened"] if a < end]
         fa += len(early)
         after_restart += sum(1 for a in early if any(0 <= a - x <= 2 * fam.HOUR for x in r["restarts"]))
-        days += max(0.0, end - warm) / fam.DAY
+        days += max(0.0, end - warm) / drift.DAY
         if verbose and early:
             print(f"  FA {r['name']} at {[round(a / 3600, 2) for a in early]} h, restarts "
                   f"{[round(x / 3600, 2) for x in r['restarts']]} h {r['family']}")

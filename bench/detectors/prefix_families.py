@@ -23,7 +23,7 @@ interval's rate moves with which requests happened to arrive, and long prompts w
   0.02..0.1 per hour until 0.06..0.15 down, starting 1..3 h in (a third) or 3..24 h in; a change
   scales every request's hit fraction, so its size is absolute on the token-weighted rate.
 
-``TUNING_SEEDS`` and ``SEALED_SEEDS`` are disjoint: tune on the first, report the second.
+Seeds follow families.py's split (``TUNING_SEEDS``, ``SEALED_SEEDS``): tune on the first, report the second.
 """
 
 from __future__ import annotations
@@ -31,13 +31,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
-from families import RateSeries, _ar1, _loguniform, daily_load  # the issue-16 generator's helpers
+from families import HOUR, RateSeries, _ar1, _loguniform, daily_load  # the issue-16 generator's helpers
 
-HOUR = 3600.0
-DAY = 86400.0
 BLOCK = 16
-TUNING_SEEDS = range(0, 100_000)
-SEALED_SEEDS = range(900_000, 1_000_000)
 
 
 @dataclass

@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np
 import tpot_families as fam
-from run import arl0_text, rate_text, score_sets, set_parser, with_overrides  # the issue-16 protocol's helpers
+from run import SETS, arl0_text, rate_text, score_sets, set_parser, with_overrides  # the issue-16 protocol
 
 from sla_guard.detect import drift
 
@@ -41,7 +41,6 @@ DETECTOR = getattr(drift, "LatencyDrift", None) or drift.LatencyCusum
 COUNTS = "requests" in inspect.signature(DETECTOR.update).parameters
 MEAN_RUNNING = COUNTS  # ... and read the running requests at the interval's end, not their mean over it
 SIZES = {"none": (120, 16), "step20": (100, 16), "step_any": (60, 10), "ramp": (100, 16)}
-SETS = {"tuning": fam.TUNING_SEEDS.start, "sealed": fam.SEALED_SEEDS.start}
 
 
 PARAMS = drift.LatencyDriftParams()

@@ -19,7 +19,7 @@ the per-request TPOT histogram and the running-requests gauge, sampled every 15 
 * changes (relative to what the load would give): steps of +10..40 % (a fixed +20 % cohort) and
   ramps of +3..15 % per hour until +15..40 %, starting 1..3 h in (a third) or 3..24 h in.
 
-``TUNING_SEEDS`` and ``SEALED_SEEDS`` are disjoint: tune on the first, report the second.
+Seeds follow families.py's split (``TUNING_SEEDS``, ``SEALED_SEEDS``): tune on the first, report the second.
 """
 
 from __future__ import annotations
@@ -27,12 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
-from families import _ar1, _loguniform  # the issue-16 generator's helpers (this file's directory)
-
-HOUR = 3600.0
-DAY = 86400.0
-TUNING_SEEDS = range(0, 100_000)
-SEALED_SEEDS = range(900_000, 1_000_000)
+from families import DAY, HOUR, _ar1, _loguniform  # the issue-16 generator's helpers (this file's directory)
 
 
 @dataclass
