@@ -23,12 +23,12 @@ class Engine:
 
     def tick(self, *, running: int, waiting: int, kv: float = 0.3, steps: int = 0, computed: int = 0,
              prefills: int = 0, tpot: float | None = None, ttft: float | None = None, preempted: int = 0,
-             drafts: int = 0, accepted: int = 0) -> None:
+             drafts: int = 0, accepted: int = 0, hit: int = 0) -> None:
         self.rec.scheduler(running, waiting, kv)
         for _ in range(max(steps - 1, 0)):
             self.rec.steps.inc()
-        if computed:
-            self.rec.tokens(0, computed=computed)
+        if computed or hit:
+            self.rec.tokens(0, computed=computed, local_hit=hit)
         for _ in range(prefills):
             self.rec.finished(FinishedRequest(e2e_s=0.5, queue_s=0.1, prefill_s=0.4, decode_s=0.0, tpot_s=0.0,
                                               prompt_tokens=computed // max(prefills, 1), cached_tokens=0,

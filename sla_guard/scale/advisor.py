@@ -339,6 +339,32 @@ class Advisor:
         last = self.memory[pool].last_starting_t  # as of the previous tick: decide() updates it
         return starting == 0 and (last is None or now - last >= self.cfg.window_s)
 
+    def _demand_tps(self, r: PoolReading, now: float) -> tuple[float | None, float]:
+        """Uncached prompt tokens/s as prefill demand, and the cold-cache work left out of it.
+
+        A replica that began serving less than a start time ago has an empty prefix cache: the
+        sessions routed to it recompute their whole history until their next turns have filled
+        it. That work is real but passing, and replicas ordered for it serve after it has gone
+        (step_down/s5 of the tuning suite: the pool computed 164k tokens/s against 35k arriving
+        while seven new replicas filled their caches, and prefill was ordered to 16). So a young
+        replica's prompt tokens count at the miss ratio of the replicas already warm; with no warm
+        replica (a fresh deployment) the computed rate stands."""
+        total = r.totals.get("uncached_tps")
+        if total is None:
+            return None, 0.0
+        L, young_s = self.learned, self.start_time("prefill")
+        young, warm = [], []
+        for e, s in r.per_engine.items():
+            if s.computed_tps is None or not s.prompt_tps:
+                continue
+            fresh = e not in (L.initial_engines or ()) and now - L.first_seen.get(e, now) < young_s
+            (young if fresh else warm).append(s)
+        if not young or not warm:
+            return total, 0.0
+        miss = sum(s.computed_tps for s in warm) / sum(s.prompt_tps for s in warm)
+        cold = sum(max(0.0, s.computed_tps - miss * s.prompt_tps) for s in young)
+        return max(0.0, total - cold), cold
+
     def _size_prefill(self, now: float, r: PoolReading, counts: tuple[int, int],
                       client: ClientReading | None = None) -> Sizing:
         t, cfg = r.totals, self.cfg
@@ -350,12 +376,13 @@ class Advisor:
         hist = self.learned.waiting_hist.setdefault("prefill", deque(maxlen=TREND_POINTS))
         wslope = self._trend(hist, now, t.get("waiting"), max(4 * cfg.interval_s, 60.0))
         dhist = self.learned.waiting_hist.setdefault("prefill_demand_trend", deque(maxlen=TREND_POINTS))
-        dslope = self._trend(dhist, now, t.get("uncached_tps"), 300.0)
-        obs = PrefillObs(ready=counts[0], starting=counts[1], uncached_tps=t.get("uncached_tps"),
+        demand_tps, cold_tps = self._demand_tps(r, now)
+        dslope = self._trend(dhist, now, demand_tps, 300.0)
+        obs = PrefillObs(ready=counts[0], starting=counts[1], uncached_tps=demand_tps,
                          requests_per_s=t.get("requests_per_s"), waiting=t.get("waiting"), waiting_slope=wslope,
                          ttft_tail_s=sig.tail_s, ttft_slo_s=sig.budget_s, queue_tail_s=t.get("queue_tail_s"),
                          last_ttft_tail_s=self._recent_tail("prefill", now, sig.tail_s),
-                         peak_uncached_tps=self._peak("prefill_demand", now, t.get("uncached_tps")),
+                         peak_uncached_tps=self._peak("prefill_demand", now, demand_tps),
                          settled=settled,
                          # long prompts come in bursts: the window's share can be 0 between two
                          long_busy_share=self._peak("prefill_long_busy", now, t.get("long_busy_share")),
@@ -367,10 +394,12 @@ class Advisor:
                          queues=tuple(r.waiting_by_engine.values()))
         cap = self.learned.prefill
         # learn the utilisation target only against a learned capacity (a profile prior can be far
-        # off) and only while the pool is settled (no replica starting)
-        if self.cfg.adapt_utilization and cap.samples >= 3 and counts[0] > 0 and obs.uncached_tps is not None \
+        # off) and only while the pool is settled (no replica starting); against all the work the
+        # replicas did, cold-cache recompute included, since that is what they queued behind
+        raw_tps = t.get("uncached_tps")
+        if self.cfg.adapt_utilization and cap.samples >= 3 and counts[0] > 0 and raw_tps is not None \
                 and settled:
-            u_obs = obs.uncached_tps / (cap.tokens_per_s * counts[0])
+            u_obs = raw_tps / (cap.tokens_per_s * counts[0])
             # only a tail that load made teaches the target (the same test as the proportional rule's)
             held_wait = None if cfg.queue_moves else max(cfg.drain_horizon_s, obs.backlog_horizon_s)
             if sig.learn_s is None or tail_from_load(u_obs, self.u_target, obs.waiting, counts[0], obs.long_busy_share,
@@ -383,6 +412,8 @@ class Advisor:
         proven = self._proven_utilization(now)
         knobs = PrefillKnobs.from_config(cfg, target_utilization=self.u_target, proven_utilization=proven)
         s = size_prefill(obs, cap, knobs)
+        if cold_tps > 0:
+            s.numbers["cold_cache_tokens_per_s"] = round(cold_tps, 1)
         if t.get("prefix_hit_ratio") is not None:
             s.numbers["prefix_hit_ratio"] = round(float(t["prefix_hit_ratio"]), 4)
         s.numbers.update(sig.numbers)

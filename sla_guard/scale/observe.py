@@ -84,6 +84,7 @@ class EngineSample:
     engine: str
     pool: str
     computed_tps: float | None = None
+    prompt_tps: float | None = None  # every prompt token, prefix-cache hits included
     waiting_busy_share: float | None = None  # share of samples with requests waiting
     busy_share: float | None = None  # share of samples with a running batch
     running_mean: float | None = None
@@ -219,6 +220,7 @@ class Reader:
         comp_mt = {**mt, "source": "computed"}
         computed = counter_rates(view.range(sample_name(c.PROMPT_TOKENS), comp_mt, now - w, now))
         t["uncached_tps"] = sum(computed.values()) if computed else (0.0 if r.engines else None)
+        prompt_rates = counter_rates(view.range(sample_name(c.PROMPT_TOKENS), mt, now - w, now))
         prompt_all = view.increase(sample_name(c.PROMPT_TOKENS), mt, w, now, ())
         comp_inc = view.increase(sample_name(c.PROMPT_TOKENS), comp_mt, w, now, ())
         if prompt_all and comp_inc:
@@ -266,6 +268,8 @@ class Reader:
             s = EngineSample(engine=e, pool=pool)
             if e in computed:
                 s.computed_tps = computed[e]
+            if e in prompt_rates:
+                s.prompt_tps = prompt_rates[e]
             ws = wait_series.get(e)
             if ws is not None and len(ws[1]):
                 s.waiting_busy_share = float((ws[1] > 0).mean())
