@@ -444,7 +444,8 @@ DECISION_NUMBERS = ("raw_desired", "utilization", "demand_uncached_tokens_per_s"
                     "upstream_gain", "break_even_s", "lull_s", "lull_needed_s", "queue_tail_s", "long_busy_share",
                     "capacity_tokens_per_s_per_replica", "target_utilization", "backlog_tokens_per_s",
                     "replicas_holding_backlog", "batch_at_n_minus_1", "idle_at_n_minus_1", "concurrency",
-                    "batch_limit_tpot", "batch_limit_kv", "tpot_predicted_s", "cold_cache_tokens_per_s")
+                    "batch_limit_tpot", "batch_limit_kv", "tpot_predicted_s", "cold_cache_tokens_per_s",
+                    "head_of_line_risk_at_n_minus_1", "utilization_at_n_minus_1")
 
 
 class GuardPolicy:
