@@ -220,12 +220,12 @@ class Reader:
         comp_mt = {**mt, "source": "computed"}
         computed = counter_rates(view.range(sample_name(c.PROMPT_TOKENS), comp_mt, now - w, now))
         t["uncached_tps"] = sum(computed.values()) if computed else (0.0 if r.engines else None)
+        # every prompt token (hits included), per replica: the pool's hit ratio and each replica's
+        # miss ratio (a new replica's empty cache, advisor._demand_tps) come from the same rates
         prompt_rates = counter_rates(view.range(sample_name(c.PROMPT_TOKENS), mt, now - w, now))
-        prompt_all = view.increase(sample_name(c.PROMPT_TOKENS), mt, w, now, ())
-        comp_inc = view.increase(sample_name(c.PROMPT_TOKENS), comp_mt, w, now, ())
-        if prompt_all and comp_inc:
-            tot = sum(prompt_all.values())
-            t["prefix_hit_ratio"] = 1.0 - (sum(comp_inc.values()) / tot) if tot > 0 else None
+        if prompt_rates and computed:
+            tot = sum(prompt_rates.values())
+            t["prefix_hit_ratio"] = 1.0 - sum(computed.values()) / tot if tot > 0 else None
         prefills = counter_rates(view.range(sample_name(c.REQUEST_PREFILL, "_count"), mt, now - w, now))
         t["requests_per_s"] = sum(prefills.values()) if prefills else None
         by_le = promql.split_le(view.increase(sample_name(c.REQUEST_PREFILL, "_bucket"), mt, w, now, ("le",)))
