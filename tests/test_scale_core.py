@@ -413,6 +413,8 @@ def test_long_prefill_seconds_from_histogram_buckets():
     # over 1.0 s: 4 in (1, 2.5] at 1.75, 2 in (2.5, 5] at 3.75, 1 above 5 at 5
     assert long_prefill_seconds(b, 1.0) == pytest.approx(4 * 1.75 + 2 * 3.75 + 5.0)
     assert long_prefill_seconds(b, 2.5) == pytest.approx(2 * 3.75 + 5.0)
+    # over 1.25 s (half a 2.5 s SLA, inside the (1, 2.5] bucket): 5/6 of its 4 prefills, at 1.875
+    assert long_prefill_seconds(b, 1.25) == pytest.approx(4 * (1.25 / 1.5) * 1.875 + 2 * 3.75 + 5.0)
     assert long_prefill_seconds({}, 1.0) is None
 
 

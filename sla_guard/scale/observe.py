@@ -106,7 +106,12 @@ class PoolReading:
 def long_prefill_seconds(buckets: Mapping[float, float], longer_than_s: float) -> float | None:
     """Seconds of prefill spent in the window on requests whose prefill took longer than
     ``longer_than_s``, from the histogram's {upper bound: cumulative increase} (bucket
-    midpoints; the +Inf bucket at its lower bound). None without buckets."""
+    midpoints; the +Inf bucket at its lower bound). None without buckets.
+
+    The bucket across the threshold counts its part above it, as if spread evenly: with the
+    contract's buckets the 1.25 s threshold (half a 2.5 s SLA) falls inside (1, 2.5], and
+    counting whole buckets only left every prefill of 1.25-2.5 s out of the share (a first
+    minute with such prefills read as free of long prompts, and prefill shrank on it)."""
     if not buckets:
         return None
     total, lo, below = 0.0, 0.0, 0.0
@@ -115,6 +120,9 @@ def long_prefill_seconds(buckets: Mapping[float, float], longer_than_s: float) -
         below = max(below, cum)
         if lo >= longer_than_s and n > 0:
             total += n * (lo if hi == float("inf") else (lo + hi) / 2)
+        elif lo < longer_than_s < hi != float("inf") and n > 0:
+            # the bucket across the threshold: its part above, taken as spread evenly
+            total += n * (hi - longer_than_s) / (hi - lo) * (longer_than_s + hi) / 2
         lo = hi
     return total
 
