@@ -225,6 +225,10 @@ class RateDriftParams:
     reset_hold_s: float = 0.0  # > 0: after a counter reset (an engine restart) intervals this long are not judged
     # nor learned: a restarted engine's prefix cache is empty and refills as sessions come back (0: acceptance,
     # which a restart does not move)
+    load_hold_ratio: float = 0.0  # > 0: while the trials per interval over the last load_window_s exceed this
+    # many times the reference's, intervals are neither judged nor learned: a prefix cache evicts at a load it was
+    # not seen at, and that fall is capacity, not a drift of the workload (0: acceptance, which load does not move)
+    load_window_s: float = 1800.0
 
     def __post_init__(self) -> None:
         if self.arl_rule not in ("gaussian", "lorden"):
@@ -340,6 +344,8 @@ class RateCusum:
     trend_start: float = 0.0  # end of warm-up: windows are judged once full
     cold_until: float | None = None  # intervals up to this time follow a restart (reset_hold_s) and are skipped
     cold: int = 0  # intervals skipped so far after restarts
+    loads: list[tuple[float, float]] = field(default_factory=list)  # (t, n) over load_window_s
+    loaded: int = 0  # intervals not judged at a load above the reference's
 
     @property
     def ready(self) -> bool:
@@ -573,6 +579,13 @@ class RateCusum:
                 self.since_down = self.since_up = (t, 0.0, 0.0)
                 self.block_start = self.trend_start = t
             return None
+        if p.load_hold_ratio > 0 and self.base_m > 0:
+            self.loads.append((t, n))
+            while self.loads and self.loads[0][0] <= t - p.load_window_s:
+                self.loads.pop(0)
+            if sum(v for _, v in self.loads) / len(self.loads) > p.load_hold_ratio * self.base_n / self.base_m:
+                self.loaded += 1
+                return None
         p0 = self.p0
         phi = 1.0 + n * self.tau2 / (p0 * (1 - p0))
         self.recent.append((t, n, x))
@@ -665,6 +678,7 @@ class RateCusum:
             "alarms": self.alarms,
             "skipped_intervals": self.skipped,
             "intervals_after_restarts_not_judged": self.cold,
+            "intervals_at_high_load_not_judged": self.loaded,
             "open": self.alarm is not None,
         }
 

@@ -236,7 +236,8 @@ def rate_params(cfg: RateConfig, sides: str, family: int = 1) -> drift.RateDrift
                                  tolerance=cfg.tolerance, sides=sides, arl0_s=cfg.arl0_days * drift.DAY,
                                  family=family, arl_rule=cfg.arl_rule, jitter_blocks=cfg.jitter_blocks,
                                  refine_s=cfg.refine_s, reset_hold_s=cfg.reset_hold_s, trend_wander=cfg.wander,
-                                 measured_wander_blocks=cfg.measured_wander_blocks)
+                                 measured_wander_blocks=cfg.measured_wander_blocks,
+                                 load_hold_ratio=cfg.load_hold_ratio)
 
 
 class RateDriftEvaluator(_DriftState):

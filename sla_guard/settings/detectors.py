@@ -52,6 +52,11 @@ class RateConfig(Strict):
                                         description="> 0: once this many hours of jitter blocks exist, the wander is "
                                                     "at least what their means show around the reference "
                                                     "(prefix_hit: 2)")
+    load_hold_ratio: float = Field(default=0.0, ge=0,
+                                   description="> 0: while the trials per interval over the last 30 min exceed this "
+                                               "many times the reference's, intervals are not judged: a prefix "
+                                               "cache evicts at a load it was not seen at (prefix_hit: 1.6; "
+                                               "acceptance: 0)")
 
 
 class TpotConfig(Strict):
@@ -76,7 +81,10 @@ class DetectorsConfig(Strict):
     # restarts (bench/detectors/prefix.py; docs/detectors.md, "Prefix-cache hit rate out of sample")
     # tolerance 0.03 (session 17): the hit rate's indifference band; at 0.02 the step CUSUMs read the mix's wander as
     # drops (8.5 d per false alarm on the tuning seeds; 23.7 d at 0.03, every alarm left a window test's)
+    # load_hold_ratio 1.6 (session 19): a hit rate that falls at a load 1.6x the reference's is the cache evicting;
+    # not judged there (47 d per false alarm on the tuning seeds; 1.5-1.8 gave 39-47 d, 1.3 and 2.0 30 d)
     prefix_hit: RateConfig = Field(default_factory=lambda: RateConfig(per_position=False, reset_hold_s=3600.0,
                                                                       tolerance=0.03, wander=0.01,
-                                                                      measured_wander_blocks=2))
+                                                                      measured_wander_blocks=2,
+                                                                      load_hold_ratio=1.6))
     tpot: TpotConfig = Field(default_factory=TpotConfig)
