@@ -118,11 +118,11 @@ def long_prefill_seconds(buckets: Mapping[float, float], longer_than_s: float) -
     for hi, cum in sorted(buckets.items()):
         n = max(0.0, cum - below)
         below = max(below, cum)
-        if lo >= longer_than_s and n > 0:
-            total += n * (lo if hi == float("inf") else (lo + hi) / 2)
-        elif lo < longer_than_s < hi != float("inf") and n > 0:
-            # the bucket across the threshold: its part above, taken as spread evenly
-            total += n * (hi - longer_than_s) / (hi - lo) * (longer_than_s + hi) / 2
+        start = max(lo, longer_than_s)  # the part of the bucket above the threshold
+        if n > 0 and hi == float("inf"):
+            total += n * lo if lo >= longer_than_s else 0.0
+        elif n > 0 and hi > start:
+            total += n * (hi - start) / (hi - lo) * (start + hi) / 2
         lo = hi
     return total
 
