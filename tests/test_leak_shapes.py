@@ -173,7 +173,8 @@ def _shallow_warm_restart(seed: int, leak_mib_h: float = 0.0, onset_h: float = 1
 def test_refill_after_a_shallow_warm_restart_is_not_a_leak():
     """The level step down is a possible release: the rise after it is first tested against a
     start-up (refill) curve from the step, as after a segment start."""
-    old = leak.LeakParams(release_refill=False)
+    # the ramped-step test (session 20) also rejects most such refills: off here, so the case stays
+    old = leak.LeakParams(release_refill=False, ramp_step_ratio=0.0)
     old_alarms = 0
     for seed in range(10):
         t, v = _shallow_warm_restart(seed)
