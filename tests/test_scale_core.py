@@ -235,6 +235,21 @@ def test_no_reversal_within_window_and_cooldown():
     assert "hold_cooldown" in d.reasons
 
 
+def test_a_forecast_does_not_undo_a_scale_down_within_the_no_reversal_span():
+    """bursty/s2 of the tuning suite: decode went 2 -> 1 after a 21-min lull and 1 -> 2 75 s later
+    on a burst's concurrency trend (52 running against a limit of 70, forecast 81), the TPOT tail
+    inside the SLA. Within the no-reversal span a scale-up needs what is measured now."""
+    rails = Rails(no_reversal_s=600, cooldown_s=0, stabilization_up_s=0)
+    obs = DecodeObs(ready=1, starting=0, running=52.0, running_slope=0.5, waiting=0.0, tpot_tail_s=0.018)
+    sized = size_decode(obs, StepModel(a=0.012, b=0.0001, samples=50), DK)
+    assert sized.desired > 1 and sized.desired_now == 1  # the trend asks, the batch now does not
+    mem = PoolMemory(first_t=0.0, last_down_t=2100.0, last_action_t=2100.0)
+    d = decide("decode", 2175, 1, 0, sized, mem, rails)
+    assert d.direction == "none" and "hold_forecast_within_no_reversal" in d.reasons
+    assert decide("decode", 2175, 1, 0, _sz(2), PoolMemory(first_t=0.0, last_down_t=2100.0), rails).direction == "up"
+    assert decide("decode", 2800, 1, 0, sized, mem, rails).direction == "up"  # after the span
+
+
 def test_starting_replicas_count_no_double_scaling():
     mem, rails = PoolMemory(), Rails(cooldown_s=60)
     d = decide("prefill", 0, 2, 0, _sz(3), mem, rails)

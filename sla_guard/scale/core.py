@@ -88,6 +88,9 @@ class Sizing:
     strong_fit: bool = False  # N-1 fits with twice the margin and the tail is far inside the SLA
     load: float | None = None  # the load the sizing served (prefill: uncached tokens/s; decode: concurrency)
     demand_driven: bool = False  # desired > current because of measured demand (not a tail rule)
+    # replicas that what is measured now needs (no trend projected; tails and queues count): a
+    # scale-up within the no-reversal span after a scale-down needs this, not a forecast
+    desired_now: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -254,6 +257,7 @@ def size_prefill(obs: PrefillObs, cap: PrefillCapacity, k: PrefillKnobs) -> Sizi
     per_replica = cap.tokens_per_s * k.target_utilization
     need = held + (demand + backlog) / per_replica
     desired = max(1, math.ceil(need - 1e-9))
+    desired_now = max(1, math.ceil(held + (arrivals + backlog) / per_replica - 1e-9))
     reasons: list[str] = []
     nums = {
         "demand_uncached_tokens_per_s": round(demand, 1),
@@ -297,6 +301,7 @@ def size_prefill(obs: PrefillObs, cap: PrefillCapacity, k: PrefillKnobs) -> Sizi
         if prop > desired:
             desired = prop
             reasons.append("ttft_over_sla")
+        desired_now = max(desired_now, prop)
     # re-predict at N-1: the peak load of the window on the remaining replicas, with headroom
     fits = strong = False
     if n_eff > 1:
@@ -331,7 +336,8 @@ def size_prefill(obs: PrefillObs, cap: PrefillCapacity, k: PrefillKnobs) -> Sizi
     if not reasons:
         reasons.append("prefill_steady")
     conf = _conf(cap.samples, 5) if cap.prior <= 0 else max(0.5, _conf(cap.samples, 5))
-    return Sizing(desired, reasons, nums, fits, conf, strong and fits, demand + backlog, demand_driven)
+    return Sizing(desired, reasons, nums, fits, conf, strong and fits, demand + backlog, demand_driven,
+                  desired_now)
 
 
 def tpot_unreachable(obs: DecodeObs, model: StepModel, k: DecodeKnobs) -> bool:
@@ -386,6 +392,7 @@ def size_decode(obs: DecodeObs, model: StepModel, k: DecodeKnobs) -> Sizing:
     limit, nums = decode_batch_limit(obs, model, k)
     need = conc / limit
     desired = max(1, math.ceil(need - 1e-9))
+    desired_now = max(1, math.ceil((obs.running + (obs.waiting or 0.0)) / limit - 1e-9))
     per_replica_now = obs.running / max(obs.ready, 1)
     nums.update({
         "concurrency": round(obs.running, 2),
@@ -412,6 +419,7 @@ def size_decode(obs: DecodeObs, model: StepModel, k: DecodeKnobs) -> Sizing:
     if (pressure or over_sla) and desired <= n_eff and obs.starting == 0 and obs.settled:
         desired = n_eff + 1
         reasons.append("kv_preemptions" if pressure else "tpot_over_sla")
+        desired_now = desired
     fits = strong = False
     if n_eff > 1:
         at_n1 = (max(obs.running, obs.peak_running or 0.0) + (obs.waiting or 0.0)) / (n_eff - 1)
@@ -434,4 +442,4 @@ def size_decode(obs: DecodeObs, model: StepModel, k: DecodeKnobs) -> Sizing:
     if not reasons:
         reasons.append("decode_steady")
     conf = _conf(model.samples, 10) if model.samples else 0.5
-    return Sizing(desired, reasons, nums, fits, conf, strong and fits, conc, demand_driven)
+    return Sizing(desired, reasons, nums, fits, conf, strong and fits, conc, demand_driven, desired_now)

@@ -174,7 +174,12 @@ def decide(pool: str, now: float, ready: int, starting: int, sizing: Sizing, mem
     elif raw > current:
         window = [d for t, d in mem.history if t >= now - rails.stabilization_up_s]
         target = min(window) if rails.stabilization_up_s > 0 and window else raw
-        if target > current:
+        if target > current and _recent(mem.last_down_t, now, rails.no_reversal_s) \
+                and sizing.desired_now is not None and sizing.desired_now <= current:
+            # a forecast (the concurrency or arrival trend, prefill's growth ahead) does not undo
+            # a scale-down within the no-reversal span: what is measured now must ask for it
+            reasons.append("hold_forecast_within_no_reversal")
+        elif target > current:
             # the sizing counts starting replicas as present (n_eff), so a desire above ready +
             # starting is capacity still missing: a surge is met at once, not one replica per
             # cold start. Only the tail rules (which cannot see the starting replicas' effect)
