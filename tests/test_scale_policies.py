@@ -147,7 +147,7 @@ class _Proxy:
         store.ingest_samples(self.m.samples(), t, {"instance": "test-proxy"})
 
 
-def _client_case(prefill_leg: float | None, decode_leg: float = 0.08):
+def _client_case(prefill_leg: float | None, decode_leg: float = 0.08, decode_shrunk_at: float | None = None):
     """2 prefill engines, lightly loaded, whose own TTFT is 0.5 s (inside the 2.5 s SLA), one
     decode engine; a proxy measuring ``prefill_leg`` + ``decode_leg`` per request (none if
     ``prefill_leg`` is None). Returns the advisor's decisions after two minutes."""
@@ -156,6 +156,8 @@ def _client_case(prefill_leg: float | None, decode_leg: float = 0.08):
     cfg = AdvisorConfig.model_validate({"profile": {"prefill_tokens_per_s": 10_000, "decode_step_base_s": 0.01,
                                                     "decode_step_per_request_s": 0.0002}, "window_s": 60})
     adv = Advisor(cfg, model="m", slo_ttft_s=2.5)
+    if decode_shrunk_at is not None:
+        adv.memory["decode"].last_down_t = decode_shrunk_at
     store = _store()
     engines = [Engine("prefill", "p0"), Engine("prefill", "p1"), Engine("decode", "d0")]
     # running 0 at every scrape: too idle to learn capacity from, so the prior (10k tokens/s) holds
@@ -201,6 +203,9 @@ def test_a_slow_decode_leg_is_blamed_on_decode_not_prefill():
     assert pre.numbers["client_ttft_tail_s"] > 2.5 and pre.numbers["ttft_tail_s"] < pre.numbers["ttft_slo_s"]
     assert dec.direction == "up" and "client_ttft_over_sla_decode_leg" in dec.reasons
     assert dec.numbers["decode_first_leg_tail_s"] > dec.numbers["prefill_leg_tail_s"]
+    # a measured tail, not a forecast: it undoes a decode scale-down even within the no-reversal span
+    dec = _client_case(prefill_leg=0.4, decode_leg=3.4, decode_shrunk_at=1000.0)["decode"]
+    assert dec.direction == "up" and "hold_forecast_within_no_reversal" not in dec.reasons
 
 
 def test_issue15_baselines_are_registered():

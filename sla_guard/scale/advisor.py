@@ -477,7 +477,7 @@ class Advisor:
         s.fits_at_n_minus_1 = s.strong_fit = False
         n_eff = obs.ready + obs.starting
         if s.desired <= n_eff and obs.starting == 0 and obs.settled:
-            s.desired = n_eff + 1
+            s.desired = s.desired_now = n_eff + 1  # a measured tail: it may undo a scale-down
             s.reasons = [x for x in s.reasons if x not in ("decode_steady", "decode_over_provisioned",
                                                            "decode_n_minus_1_would_not_fit")]
             s.reasons.append("client_ttft_over_sla_decode_leg")
