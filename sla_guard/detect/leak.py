@@ -356,32 +356,29 @@ def ramp_step_sse(x: np.ndarray, y: np.ndarray, min_flat_s: float, max_ramp_s: f
     if not ok.any():
         return math.inf
     k1, k2 = k1[ok], k2[ok]
-    g = np.clip(x[None, :], k1[:, None], k2[:, None]) - k1[:, None]
+    sse, _ = _rising_fits(np.clip(x[None, :], k1[:, None], k2[:, None]) - k1[:, None], y)
+    return float(sse.min())
+
+
+def _rising_fits(g: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Least squares of ``y`` on a + b x g for each row of ``g`` (one shape per row): (SSE per row,
+    fitted values per row). Rows whose best b is not positive get an infinite SSE."""
     gm = g.mean(axis=1, keepdims=True)
     ym = y.mean()
     var = ((g - gm) ** 2).sum(axis=1)
     cov = ((g - gm) * (y - ym)[None, :]).sum(axis=1)
     with np.errstate(divide="ignore", invalid="ignore"):
         b = np.where(var > 0, cov / var, 0.0)
-    sse = ((y - ym) ** 2).sum() - np.where(var > 0, cov * b, 0.0)
+    fitted = ym + b[:, None] * (g - gm)
+    sse = ((y[None, :] - fitted) ** 2).sum(axis=1)
     sse[b <= 0] = np.inf
-    return float(sse.min())
+    return sse, fitted
 
 
 def _hinge_fits(x: np.ndarray, y: np.ndarray, knots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Least-squares flat-then-rising fits, one per knot: (SSE per knot, fitted values per knot).
     Knots whose best slope is not positive get an infinite SSE."""
-    h = np.maximum(0.0, x[None, :] - knots[:, None])  # knots x points
-    hm = h.mean(axis=1, keepdims=True)
-    ym = y.mean()
-    var = ((h - hm) ** 2).sum(axis=1)
-    cov = ((h - hm) * (y - ym)[None, :]).sum(axis=1)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        s = np.where(var > 0, cov / var, 0.0)
-    fitted = ym + s[:, None] * (h - hm)
-    sse = ((y[None, :] - fitted) ** 2).sum(axis=1)
-    sse[s <= 0] = np.inf
-    return sse, fitted
+    return _rising_fits(np.maximum(0.0, x[None, :] - knots[:, None]), y)  # knots x points
 
 
 def hinge_fit(x: np.ndarray, y: np.ndarray) -> tuple[float, np.ndarray] | None:
