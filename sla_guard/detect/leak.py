@@ -418,8 +418,11 @@ def sample_load_coef(
     if len(dv) < max(min_points, span) or np.count_nonzero(dl) < min_points:
         return None
     box = np.ones(span) / span
-    x = dl - np.convolve(dl, box, mode="same")
-    y = dv - np.convolve(dv, box, mode="same")
+
+    def local(a: np.ndarray) -> np.ndarray:  # less its local mean
+        return a - np.convolve(a, box, mode="same")
+
+    x, y = local(dl), local(dv)
     sxx = float(x @ x)
     if sxx <= 0:
         return None
@@ -428,10 +431,7 @@ def sample_load_coef(
     se = math.sqrt(float(resid @ resid) / (len(y) - 1) / sxx)
     if c <= z_min * se:
         return None
-    # the 4 s.d. cut above is on RSS's differences, which a strong coupling's own moves (a load
-    # burst's edges) exceed, biasing the coefficient low: refit with the cut on the fit's residuals
-    x0 = dl0 - np.convolve(dl0, box, mode="same")
-    y0 = dv0 - np.convolve(dv0, box, mode="same")
+    x0, y0 = local(dl0), local(dv0)  # the refit: the cut on the fit's residuals (see above)
     for _ in range(3):
         r0 = y0 - c * x0
         k2 = np.abs(r0 - np.median(r0)) <= 4.0 * max(_mad_sd(r0), 1.0)
