@@ -142,11 +142,23 @@ def _spikes(rng, t: np.ndarray) -> np.ndarray:
     return out
 
 
+LEAK_PARTS = ("startup", "sawtooth", "spikes", "steps", "daily", "hourly", "coupling")
+
+
 def leak_case(seed: int, *, leak_mib_h: float | None = 0.0, hours: float | None = None,
-              restarts: bool | None = None, early_onset: bool | None = None) -> LeakSeries:
+              restarts: bool | None = None, early_onset: bool | None = None,
+              without: frozenset[str] = frozenset()) -> LeakSeries:
     """One process's RSS. ``leak_mib_h``: 0 = no leak, None = a random rate of 10..200 MiB/h,
     else that rate. ``hours``: length (default 48 h without a leak, onset + 6 h with one).
-    ``restarts`` / ``early_onset``: force the family (None: drawn)."""
+    ``restarts`` / ``early_onset``: force the family (None: drawn). ``without``: parts of
+    ``LEAK_PARTS`` left out (drawn all the same, so the rest of the series is unchanged), for
+    ``leak_ablation.py``'s question of which part costs a detector what."""
+    if unknown := set(without) - set(LEAK_PARTS):
+        raise ValueError(f"unknown parts {sorted(unknown)}; known: {LEAK_PARTS}")
+
+    def part(name: str, x):
+        return 0.0 * x if name in without else x
+
     rng = np.random.default_rng([16, seed, 0 if leak_mib_h == 0 else 1])
     dt = float(rng.choice([15.0, 30.0, 60.0]))
     rate = _loguniform(rng, 10, 200) if leak_mib_h is None else float(leak_mib_h)
@@ -184,14 +196,15 @@ def leak_case(seed: int, *, leak_mib_h: float | None = 0.0, hours: float | None 
     base = rng.uniform(3, 12) * GIB
     k = np.searchsorted(starts, t, side="right") - 1
     since = t - np.asarray(starts)[k]
-    v = base + _startup(rng, since)
-    v += _sawtooth(rng, t) + _spikes(rng, t) + _steps(rng, t)
-    v += rng.uniform(0, 40) * MIB * np.sin(2 * np.pi * t / DAY + rng.uniform(0, 2 * np.pi))
-    v += rng.uniform(0, 15) * MIB * np.sin(2 * np.pi * t / HOUR + rng.uniform(0, 2 * np.pi))
+    v = base + part("startup", _startup(rng, since))
+    v += part("sawtooth", _sawtooth(rng, t)) + part("spikes", _spikes(rng, t)) + part("steps", _steps(rng, t))
+    v += part("daily", rng.uniform(0, 40) * MIB * np.sin(2 * np.pi * t / DAY + rng.uniform(0, 2 * np.pi)))
+    v += part("hourly", rng.uniform(0, 15) * MIB * np.sin(2 * np.pi * t / HOUR + rng.uniform(0, 2 * np.pi)))
     coupled = bool(rng.random() < 0.5)
     if coupled:
         rm = running.mean()
-        v += rng.uniform(10, 80) * MIB * (running - rm) / max(float(np.percentile(running, 95)) - rm, 1e-9)
+        v += part("coupling", rng.uniform(10, 80) * MIB * (running - rm)
+                  / max(float(np.percentile(running, 95)) - rm, 1e-9))
     v += rng.normal(0, rng.uniform(1, 8) * MIB, len(t))
     shape = "none"
     if rate > 0:
