@@ -184,6 +184,39 @@ def test_leak_48_mib_h_detected_with_slope_eta_and_onset():
     assert first is not None and 3 * HOUR < first[0] <= 5 * HOUR
 
 
+def test_the_onset_is_searched_near_the_window_that_found_the_leak():
+    """An allocator plateau reached over 20 min, 3.5 h before a 48 MiB/h leak's onset: the onset
+    fit over the 6 h before the detection read plateau and leak as one rise and put the onset at
+    the plateau, 4 h early, on 3 of these 6 seeds. The search now spans the window that found the
+    trend plus 2 h."""
+    for seed in range(6):
+        rng = np.random.default_rng(seed)
+        t = np.arange(0.0, 13 * HOUR, 30.0)
+        v = 6 * 2**30 + rng.normal(0, 3 * MIB, len(t)) + 60 * MIB * ((t / 300.0) % 1.0)
+        v += 120 * MIB * np.clip((t - 5.5 * HOUR) / 1200.0, 0.0, 1.0)
+        v += np.maximum(0.0, t - 9 * HOUR) * 48 * MIB / HOUR
+        first = leak.first_detection(leak.scan(t, v))
+        assert first is not None and first[1].window_s == 2 * HOUR
+        assert abs(first[1].onset - 9 * HOUR) <= 0.25 * HOUR, (seed, first[1].onset / HOUR)
+
+
+def test_the_onset_is_placed_where_the_floors_minimum_was_sampled():
+    """Under a 20-min sawtooth the floor is a minimum over 30 min, and while RSS rises that
+    minimum is the window's oldest sample: the floor lags its bucket by up to the window. Taking
+    the whole window off the knot (before) put onsets 5-25 min early (mean 10 min on these
+    seeds); each floor point now carries the time its minimum was sampled."""
+    errors = []
+    for seed in range(6):
+        rng = np.random.default_rng(seed)
+        t = np.arange(0.0, 12 * HOUR, 30.0)
+        v = 6 * 2**30 + rng.normal(0, 3 * MIB, len(t)) + 150 * MIB * ((t / 1200.0) % 1.0)
+        v += np.maximum(0.0, t - 8 * HOUR) * 48 * MIB / HOUR
+        first = leak.first_detection(leak.scan(t, v))
+        assert first is not None
+        errors.append(abs(first[1].onset - 8 * HOUR))
+    assert np.mean(errors) < 360.0, errors
+
+
 def test_no_leak_flat_step_and_warmup():
     t, v = _series(0.0, hours=10.0)
     assert leak.assess(t, v).status == "ok"

@@ -101,9 +101,10 @@ def _first_onset(t, v, p) -> float | None:
 
 def test_onset_is_searched_in_the_recent_hours_not_the_whole_day():
     """A knot searched over 24 h of floor that holds a daily swing lands late or nowhere; the
-    last 6 h (more than the longest trend window) hold the onset of what the windows found."""
+    last 6 h (more than the longest trend window; since session 21 the window that found the
+    trend plus 2 h) hold the onset of what the windows found."""
     new = leak.LeakParams()
-    old = leak.LeakParams(onset_lookback_s=24 * HOUR)
+    old = leak.LeakParams(onset_lookback_s=24 * HOUR, onset_margin_s=24 * HOUR)
     onset = 16.0 * HOUR
     old_off = 0
     for seed in range(4):

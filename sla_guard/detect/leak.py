@@ -71,6 +71,7 @@ class LeakParams:
     # the onset's knot is searched in this much history: 1.5 x the longest window (24 h, round 2,
     # let daily swings place it hours off: 54 -> 69 % within 30 min on the tuning seeds)
     onset_lookback_s: float = 6 * HOUR
+    onset_margin_s: float = 2 * HOUR  # ... or the window that found the trend plus this, if shorter
     windows_s: tuple[float, ...] = (2 * HOUR, 4 * HOUR)  # an 8 h window (for ~10 MiB/h) read the daily swing
     # and start-up tails as leaks: 1.6 more false alarms per 30 process-days on the tuning seeds
     min_rise_bytes: tuple[float, ...] = (48 * MIB, 64 * MIB)  # per window
@@ -119,6 +120,7 @@ class LeakParams:
             startup_taus_s=tuple(x / k for x in self.startup_taus_s),
             startup_only_max_tau_s=self.startup_only_max_tau_s / k,
             onset_lookback_s=self.onset_lookback_s / k,
+            onset_margin_s=self.onset_margin_s / k,
             windows_s=tuple(w / k for w in self.windows_s),
             min_slope_bps=self.min_slope_bps * k,
             max_gap_s=self.max_gap_s / k,
@@ -508,7 +510,9 @@ def _mad_sd(d: np.ndarray) -> float:
 class SegmentFloor:
     """One segment's floor, built causally (each bucket only from the samples up to its end):
     bucket ends ``t``, the floor ``raw``, the floor with level steps taken out ``y``, the floor
-    window used at each bucket ``window``."""
+    window used at each bucket ``window``, and when each bucket's minimum was sampled ``at`` (a
+    rising series' minimum is the window's oldest sample: the floor lags the bucket end by up
+    to the window, and the onset is placed by these times)."""
 
     start: float
     t: np.ndarray
@@ -516,14 +520,23 @@ class SegmentFloor:
     y: np.ndarray
     window: np.ndarray
     releases: np.ndarray = field(default_factory=lambda: np.empty(0))  # bucket ends of level steps DOWN
+    at: np.ndarray = field(default_factory=lambda: np.empty(0))
 
 
-def _sub_minima(t: np.ndarray, v: np.ndarray, origin: float, sub: float, nsub: int) -> np.ndarray:
+def _sub_minima(
+    t: np.ndarray, v: np.ndarray, origin: float, sub: float, nsub: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """The minimum of ``v`` in each sub-bucket and the time of its first sample at that minimum."""
     idx = np.floor((t - origin) / sub).astype(np.int64)
     ok = (idx >= 0) & (idx < nsub)
     out = np.full(nsub, np.inf)
     np.minimum.at(out, idx[ok], v[ok])
-    return out
+    when = origin + (np.arange(nsub) + 1.0) * sub
+    i, ti = idx[ok], t[ok]
+    first = np.flatnonzero(v[ok] == out[i])
+    first = first[np.unique(i[first], return_index=True)[1]]  # samples are in time order
+    when[i[first]] = ti[first]
+    return out, when
 
 
 def segment_floor(
@@ -537,7 +550,7 @@ def segment_floor(
     per = 5
     sub = p.bucket_s / per
     nb = math.floor((ts[-1] - start) / p.bucket_s) + 1
-    mins = _sub_minima(ts, vs, start, sub, nb * per)
+    mins, when = _sub_minima(ts, vs, start, sub, nb * per)
     # sawtooth drops: falls beyond 4 robust s.d. of the sample differences (and 8 MiB)
     dv = np.diff(vs)
     dt = np.diff(ts)
@@ -563,14 +576,16 @@ def segment_floor(
         w = p.sawtooth_factor * float(np.percentile(gaps, 75))
         windows[j : j + 3] = min(max(w, p.floor_window_s), p.max_floor_window_s)
     raw = np.full(nb, np.nan)
+    at = ends.copy()
     for j in range(nb):
         e = (j + 1) * per
         if not np.isfinite(mins[e - per : e]).any():
             continue  # no sample in this bucket
         s = max(0, e - math.ceil(windows[j] / sub))
-        raw[j] = mins[s:e].min()
+        i = s + int(np.argmin(mins[s:e]))
+        raw[j], at[j] = mins[i], when[i]
     keep = np.isfinite(raw)
-    t, raw, windows = ends[keep], raw[keep], windows[keep]
+    t, raw, windows, at = ends[keep], raw[keep], windows[keep], at[keep]
     # level steps: jumps beyond step_bytes and step_sd robust s.d. of the recent differences
     y = raw.copy()
     offset = 0.0
@@ -587,7 +602,7 @@ def segment_floor(
             if d[j - 1] < 0:
                 releases.append(t[j])
         y[j] = raw[j] - offset
-    return SegmentFloor(start, t, raw, y, windows, np.asarray(releases, float))
+    return SegmentFloor(start, t, raw, y, windows, np.asarray(releases, float), np.maximum.accumulate(at))
 
 
 def _startup_removed(
@@ -768,11 +783,12 @@ def _refill_origin(f: SegmentFloor, now: float, p: LeakParams) -> float:
     return f.start
 
 
-def _onset(f: SegmentFloor, k: int, p: LeakParams) -> float | None:
+def _onset(f: SegmentFloor, k: int, p: LeakParams, window_s: float = math.inf) -> float | None:
     now = float(f.t[k])
-    t, y = f.t[: k + 1], f.y[: k + 1]
+    lookback = min(p.onset_lookback_s, window_s + p.onset_margin_s)
+    t, y = f.at[: k + 1], f.y[: k + 1]  # each floor point where its minimum was sampled
     y, _ = seasonal_removed(t, y, f.start + p.warmup_s, p)
-    m = (t >= f.start + p.warmup_s) & (t > now - p.onset_lookback_s)
+    m = (f.t[: k + 1] >= f.start + p.warmup_s) & (t > now - lookback)
     if m.sum() < 6:
         return None
     tm, ym = t[m], y[m]
@@ -782,13 +798,13 @@ def _onset(f: SegmentFloor, k: int, p: LeakParams) -> float | None:
     knot = hinge_onset(x, ym)
     if knot is None:
         return None
-    return max(f.start, float(tm[0] + knot - f.window[k]))
+    return max(f.start, float(tm[0] + knot))
 
 
 def _finish(v: LeakVerdict, f: SegmentFloor, k: int, p: LeakParams, limit_bytes, work) -> LeakVerdict:
     v.limit_bytes = limit_bytes
     if v.detected:
-        v.onset = _onset(f, k, p)
+        v.onset = _onset(f, k, p, v.window_s)
         if limit_bytes and v.slope_bps > 0:
             v.eta_s = max(0.0, (limit_bytes - float(v.floor_bytes)) / v.slope_bps)
         if work is not None:
@@ -879,7 +895,7 @@ def scan(
                 ver.status, ver.reason = "ok", "unconfirmed"
             if ver.detected:
                 if onset is None:  # the onset of an episode is estimated once, when it opens
-                    onset = _onset(f, k, p)
+                    onset = _onset(f, k, p, ver.window_s)
                 ver.onset = onset
                 ver.limit_bytes = limit_bytes
                 if limit_bytes and ver.slope_bps > 0:
