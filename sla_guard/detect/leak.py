@@ -28,8 +28,9 @@ seeds and reported on its sealed seeds (bench/detectors):
    inflated for serial correlation) >= 5, slope and rise over thresholds, still growing in the
    last half, not better explained by one or two level steps than by a line or a hinge; two
    consecutive buckets must agree (a transient says "leak" once).
-7. **Onset**: the knot of the best flat-then-rising fit of the floor over the last 6 h since the
-   exclusion, less the floor window (the floor lags the raw series by it).
+7. **Onset**: the knot of the best flat-then-rising fit of the floor since the exclusion, over
+   the window that found the trend plus 2 h (at most 6 h), each floor point placed at the time
+   its minimum was sampled (while RSS rises that is the floor window's oldest sample).
 
 A positive verdict carries slope, confidence, onset and the projected time to the memory limit.
 """
@@ -68,10 +69,12 @@ class LeakParams:
     startup_only_slack: float = 0.5
     startup_only_max_tau_s: float = 3600.0
     release_refill: bool = True  # after a level step down, growth is tested against a refill curve
-    # the onset's knot is searched in this much history: 1.5 x the longest window (24 h, round 2,
-    # let daily swings place it hours off: 54 -> 69 % within 30 min on the tuning seeds)
+    # the onset's knot is searched over the window that found the trend plus ``onset_margin_s``, at
+    # most ``onset_lookback_s`` (24 h, round 2, let daily swings place it hours off: 54 -> 69 %
+    # within 30 min on the tuning seeds; a flat 6 h until session 21 let a plateau 3-4 h before
+    # the onset pull the knot to it: 67.8 -> 75.6 % with the minimum's sample times)
     onset_lookback_s: float = 6 * HOUR
-    onset_margin_s: float = 2 * HOUR  # ... or the window that found the trend plus this, if shorter
+    onset_margin_s: float = 2 * HOUR
     windows_s: tuple[float, ...] = (2 * HOUR, 4 * HOUR)  # an 8 h window (for ~10 MiB/h) read the daily swing
     # and start-up tails as leaks: 1.6 more false alarms per 30 process-days on the tuning seeds
     min_rise_bytes: tuple[float, ...] = (48 * MIB, 64 * MIB)  # per window
@@ -602,6 +605,7 @@ def segment_floor(
             if d[j - 1] < 0:
                 releases.append(t[j])
         y[j] = raw[j] - offset
+    # a floor window that grew may reach back before the last bucket's minimum: times never go back
     return SegmentFloor(start, t, raw, y, windows, np.asarray(releases, float), np.maximum.accumulate(at))
 
 
