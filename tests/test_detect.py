@@ -217,6 +217,36 @@ def test_the_onset_is_placed_where_the_floors_minimum_was_sampled():
     assert np.mean(errors) < 360.0, errors
 
 
+def _ratchet(seed: int, leak_mib_h: float = 0.0, onset_h: float = 12.0, hours: float = 24.0):
+    """An 80 MiB sawtooth every 4-6 min whose collections each leave 25 MiB behind until a full
+    collection every 8th cycle: the floor climbs 175 MiB over ~40 min and falls back at once."""
+    rng = np.random.default_rng(seed)
+    t = np.arange(0.0, hours * HOUR, 30.0)
+    marks = np.cumsum(rng.uniform(240, 360, int(hours * HOUR / 200)))
+    k = np.searchsorted(marks, t, side="right")
+    since = t - np.concatenate([[0.0], marks])[k]
+    v = 6 * 2**30 + 400 * MIB * (1 - np.exp(-t / 1200)) + rng.normal(0, 3 * MIB, len(t))
+    v += 80 * MIB * since / 300.0 + 25 * MIB * (k % 8)
+    return t, v + np.maximum(0.0, t - onset_h * HOUR) * leak_mib_h * MIB / HOUR
+
+
+def test_a_floor_that_climbs_and_falls_back_is_an_excursion_not_a_staircase():
+    """Found on blind.py's series (session 21; 35 false alarms on 84 of its tuning series): the
+    level-step rule took each full collection's fall out of the floor and kept the climb before
+    it, so a flat process's floor rose 175 MiB per excursion and alarmed within hours. A fall back
+    to a level the floor held in the last 6 h now ends the excursion instead."""
+    old = leak.LeakParams(return_memory_s=0.0)
+    old_alarms = 0
+    for seed in range(4):
+        t, v = _ratchet(seed)
+        assert leak.episodes(leak.scan(t, v), 2 * HOUR) == []
+        old_alarms += len(leak.episodes(leak.scan(t, v, old), 2 * HOUR))
+        t, v = _ratchet(seed, leak_mib_h=48.0)
+        first = leak.first_detection(leak.scan(t, v))
+        assert first is not None and first[0] > 12 * HOUR  # found, late: the excursions hide 5 h of it
+    assert old_alarms >= 4
+
+
 def test_no_leak_flat_step_and_warmup():
     t, v = _series(0.0, hours=10.0)
     assert leak.assess(t, v).status == "ok"

@@ -3,6 +3,7 @@
 
     .venv/bin/python bench/detectors/prose.py [--set tuning|tuning-more|sealed] [--seeds N]
         [--only leak|drift] [--verbose] [--code-root DIR] [--detector production|simple]
+        [--generator prose|blind]
 
 Per seed, seven leak series (timestamp, rss_bytes, limit_bytes; 30 s samples, 30-36 h; start-up
 growth of 300-700 MiB with tau 10-40 min, an allocator sawtooth of 70-110 MiB every 3-7 min,
@@ -17,7 +18,9 @@ none, and declines of 0.06 over 3 h from hours 4, 12 and 20.
 Tuning seeds 0, 100, 200 (looked at while changing a detector; ``tuning-more``: 300-1400, for
 diagnosis); sealed seeds 10000 + 100 i (reported, never tuned to). ``--code-root`` scores another
 checkout (e.g. a worktree of an older commit) on the same series. ``--detector simple`` scores the
-issue's plain methods (``simple.py``) in-process on the same CSV files instead.
+issue's plain methods (``simple.py``) in-process on the same CSV files instead. ``--generator blind``
+scores the same 13 cases drawn by ``blind.py`` (session 21), a generator written by a helper who
+read only the issue's specification; its seeds are reported, never tuned to.
 """
 
 from __future__ import annotations
@@ -149,13 +152,20 @@ def main() -> int:
     ap.add_argument("--only", choices=("leak", "drift"), help="only the leak or only the acceptance series")
     ap.add_argument("--verbose", action="store_true", help="one line per series: seed, outcome, delay")
     ap.add_argument("--detector", choices=("production", "simple"), default="production")
+    ap.add_argument("--generator", choices=("prose", "blind"), default="prose",
+                    help="blind: the same 13 cases from blind.py, written apart from everything else here")
     args = ap.parse_args()
+    make = cases
+    if args.generator == "blind":
+        import blind  # bench/detectors/, beside this script
+
+        make = blind.cases
     rows: dict[str, list[dict]] = defaultdict(list)
     with tempfile.TemporaryDirectory() as tmp:
         for s in SETS[args.set][: args.seeds]:
             d = Path(tmp) / str(s)
             d.mkdir()
-            for c in cases(d, s):
+            for c in make(d, s):
                 if args.only and c["kind"] != args.only:
                     continue
                 path = d / f"{c['name']}.csv"
@@ -169,7 +179,7 @@ def main() -> int:
                 rows[c["name"]].append(judge(c, json.loads(r.stdout)))
                 if args.verbose:
                     print(f"    seed {s} {c['name']}: {rows[c['name']][-1]}", flush=True)
-    print(f"prose.py, {args.set} set, {args.detector} detectors from {args.code_root}")
+    print(f"prose.py, {args.generator} series, {args.set} set, {args.detector} detectors from {args.code_root}")
     for name, rs in rows.items():
         n = len(rs)
         fa = sum(r.get("false_alarm", False) for r in rs)

@@ -109,6 +109,7 @@ class LeakParams:
     ramp_step_ratio: float = 1.0
     ramp_min_flat_s: float = 1200.0
     ramp_max_s: float = HOUR
+    return_memory_s: float = 6 * HOUR  # a fall back to a level held this recently ends an excursion
 
     def scaled(self, k: float) -> LeakParams:
         if k <= 0:
@@ -133,6 +134,7 @@ class LeakParams:
             seasonal_min_span_s=self.seasonal_min_span_s / k,
             ramp_min_flat_s=self.ramp_min_flat_s / k,
             ramp_max_s=self.ramp_max_s / k,
+            return_memory_s=self.return_memory_s / k,
         )
 
     def rise_for(self, i: int) -> float:
@@ -592,6 +594,7 @@ def segment_floor(
     # level steps: jumps beyond step_bytes and step_sd robust s.d. of the recent differences
     y = raw.copy()
     offset = 0.0
+    offsets = np.zeros(len(raw))
     releases = []
     d = np.diff(raw)
     day = 24 * HOUR * p.bucket_s / 300.0
@@ -601,12 +604,25 @@ def segment_floor(
         sd = _mad_sd(recent) if len(recent) >= 6 else 0.0
         if abs(d[j - 1]) > max(p.step_bytes, p.step_sd * sd):
             typical = float(np.median(recent)) if len(recent) >= 6 else 0.0
-            offset += d[j - 1] - typical
+            back = _returned_to(raw, t, j, p.return_memory_s) if d[j - 1] < 0 and p.return_memory_s > 0 else None
+            offset = offsets[back] if back is not None else offset + d[j - 1] - typical
             if d[j - 1] < 0:
                 releases.append(t[j])
+        offsets[j] = offset
         y[j] = raw[j] - offset
     # a floor window that grew may reach back before the last bucket's minimum: times never go back
     return SegmentFloor(start, t, raw, y, windows, np.asarray(releases, float), np.maximum.accumulate(at))
+
+
+def _returned_to(raw: np.ndarray, t: np.ndarray, j: int, memory_s: float) -> int | None:
+    """The bucket whose level a fall at ``j`` returns the floor to, if it undoes a rise since then.
+    A floor that climbs over many buckets (survivors of partial collections piling up, a step
+    reached over minutes) and falls back at once is one excursion, not a level step: taking the
+    fall out alone would keep the climb and, excursion after excursion, build a staircase."""
+    a = int(np.searchsorted(t, t[j] - memory_s))
+    fall = raw[j - 1] - raw[j]
+    low = np.flatnonzero(raw[a : j - 1] <= raw[j] + 0.5 * fall)  # the floor last stood this low
+    return a + int(low[-1]) if len(low) else None
 
 
 def _startup_removed(
