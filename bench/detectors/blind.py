@@ -1,8 +1,9 @@
 """Blind synthetic series for checking the leak and drift detectors on data they were never tuned on.
 
 This generator was written blind, from a specification only (issue 16's text), without reading the project's
-detectors, their tests or the other bench generators. Its seeds are only ever reported, never tuned to: a
-detector that fails on some seed here must be fixed (or the failure reported), not the seed changed.
+detectors, their tests or the other bench generators. ``prose.py --generator blind`` scores it on prose.py's
+seed sets: the sealed seeds are only ever reported, never tuned to (a detector that fails on one must be fixed
+on other seeds, or the failure reported, not the seed changed); session 21 diagnosed on the tuning-more seeds.
 
 Two families, 13 cases in all (``cases`` writes one CSV per case and returns its ground truth):
 
