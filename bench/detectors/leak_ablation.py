@@ -34,22 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import run  # bench/detectors/run.py: sets the path and thread limits, scores
 
 fam = run.fam
-leak = run.leak
 COHORTS = {"none": (0, 60, 0.0), "48": (10_000, 100, 48.0)}
-
-
-def job(args) -> dict:
-    cohort, seed, rate, without = args
-    c = fam.leak_case(seed, leak_mib_h=rate, without=without)
-    out = {"cohort": cohort, "name": c.name, "onset": c.onset, "rate": c.leak_mib_h, "family": c.family,
-           "days": ((c.onset if c.onset is not None else c.t[-1]) - c.t[0]) / run.DAY}
-    hold = min(run.LEAK_PARAMS.windows_s)
-    for mode, load in (("rss", None), ("load", (c.t, c.running))):
-        vs = leak.scan(c.t, c.rss, run.LEAK_PARAMS, limit_bytes=c.limit_bytes, load=load)
-        first = next(((at, v) for at, v in vs if v.detected and c.onset is not None and at >= c.onset), None)
-        out[mode] = {"alarms": [s for s, _ in leak.episodes(vs, hold)],
-                     "first": first[0] if first else None, "onset_est": first[1].onset if first else None}
-    return out
 
 
 def variants(parts: list[str], alone: bool) -> list[tuple[str, frozenset[str]]]:
@@ -77,7 +62,7 @@ def main(argv=None) -> int:
             print(f"\n## {name} set (seeds from {base})")
             for label, without in variants(parts, a.alone):
                 jobs = [(c, base + off + s, rate, without) for c, (off, n, rate) in COHORTS.items() for s in range(n)]
-                res = pool.map(job, jobs)
+                res = pool.map(run.leak_job, jobs)
                 cols = []
                 for mode in ("rss", "load"):
                     sc = run.leak_scores(res, mode)

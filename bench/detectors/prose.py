@@ -34,8 +34,9 @@ import tempfile
 from collections import defaultdict
 from pathlib import Path
 
+import blind  # bench/detectors/, beside this script
 import numpy as np
-import simple  # bench/detectors/, beside this script
+import simple
 
 MIB = 2.0**20
 H = 3600.0
@@ -155,11 +156,7 @@ def main() -> int:
     ap.add_argument("--generator", choices=("prose", "blind"), default="prose",
                     help="blind: the same 13 cases from blind.py, written apart from everything else here")
     args = ap.parse_args()
-    make = cases
-    if args.generator == "blind":
-        import blind  # bench/detectors/, beside this script
-
-        make = blind.cases
+    make = blind.cases if args.generator == "blind" else cases
     rows: dict[str, list[dict]] = defaultdict(list)
     with tempfile.TemporaryDirectory() as tmp:
         for s in SETS[args.set][: args.seeds]:

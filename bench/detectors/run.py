@@ -76,8 +76,9 @@ def with_overrides(p, overrides: list[str], flag: str):
 # --- jobs ------------------------------------------------------------------------------------
 
 def leak_job(args) -> dict:
-    cohort, seed, rate = args
-    c = fam.leak_case(seed, leak_mib_h=rate)
+    """(cohort, seed, rate[, parts left out]) -> alarms, first detection and onset per mode."""
+    cohort, seed, rate, *without = args
+    c = fam.leak_case(seed, leak_mib_h=rate, without=without[0] if without else frozenset())
     out = {"cohort": cohort, "name": c.name, "onset": c.onset, "rate": c.leak_mib_h, "family": c.family,
            "days": ((c.onset if c.onset is not None else c.t[-1]) - c.t[0]) / DAY}
     hold = min(LEAK_PARAMS.windows_s)

@@ -524,8 +524,8 @@ class SegmentFloor:
     raw: np.ndarray
     y: np.ndarray
     window: np.ndarray
+    at: np.ndarray
     releases: np.ndarray = field(default_factory=lambda: np.empty(0))  # bucket ends of level steps DOWN
-    at: np.ndarray = field(default_factory=lambda: np.empty(0))
 
 
 def _sub_minima(
@@ -611,7 +611,7 @@ def segment_floor(
         offsets[j] = offset
         y[j] = raw[j] - offset
     # a floor window that grew may reach back before the last bucket's minimum: times never go back
-    return SegmentFloor(start, t, raw, y, windows, np.asarray(releases, float), np.maximum.accumulate(at))
+    return SegmentFloor(start, t, raw, y, windows, np.maximum.accumulate(at), np.asarray(releases, float))
 
 
 def _returned_to(raw: np.ndarray, t: np.ndarray, j: int, memory_s: float) -> int | None:
