@@ -208,18 +208,6 @@ def bucket_quantile(q: float, uppers: Sequence[float], counts: Sequence[float]) 
     return start + (end - start) * (rank / count)
 
 
-def bucket_error_bound(q_value: float, uppers: Sequence[float]) -> float:
-    """Width of the bucket a quantile estimate falls in: the most it can be off the true
-    quantile (the interpolation error allowed when comparing two estimators)."""
-    us = sorted(u for u in uppers if math.isfinite(u))
-    lo = 0.0
-    for u in us:
-        if q_value <= u:
-            return u - lo
-        lo = u
-    return math.inf
-
-
 def mean_from_sum_count(sum_increase: float, count_increase: float) -> float:
     """``increase(x_sum) / increase(x_count)``; NaN when no observation fell in the window."""
     if not count_increase or math.isnan(count_increase) or math.isnan(sum_increase):

@@ -241,17 +241,30 @@ def test_means_quantiles_and_gauges_agree(world):
         n = _store_by(store.increase(COUNT, {}, w, at, ("pool",)), "pool")
         for k, v in want.items():
             assert _close(s[k] / n[k], v), ("mean", w, k)
+        bucket_rates = f"sum by (le, pool) (rate({c.REQUEST_TTFT.series('_bucket')}[{d}]))"
+        prom_buckets = promql.split_le({tuple(sorted(r["metric"].items())): float(r["value"][1])
+                                        for r in prom.query(bucket_rates, at)})
+        mine = store.bucket_increase(c.REQUEST_TTFT.series(), {}, w, at, ("pool",))
         for q in (0.5, 0.9, 0.99):
-            want = _by(prom.query(f"histogram_quantile({q}, sum by (le, pool) "
-                                  f"(rate({c.REQUEST_TTFT.series('_bucket')}[{d}])))", at), "pool")
+            want = _by(prom.query(f"histogram_quantile({q}, {bucket_rates})", at), "pool")
             got = _store_by(store.histogram_quantile(q, c.REQUEST_TTFT.series(), {}, w, at, ("pool",)), "pool")
+            # the math, exactly: our bucket_quantile on Prometheus's own bucket rates
+            on_prom = _store_by(promql.group_quantiles(q, prom_buckets), "pool")
             for k, v in want.items():
                 if math.isnan(v):
-                    assert k not in got
+                    assert k not in got and k not in on_prom
                     continue
-                bound = promql.bucket_error_bound(v, c.TTFT_BUCKETS)
-                assert abs(got[k] - v) <= bound, (q, w, k, got[k], v)
-                assert _close(got[k], v), (q, w, k, got[k], v)  # in practice equal
+                assert math.isclose(on_prom[k], v, rel_tol=1e-12), (q, w, k, on_prom[k], v)
+                # the guard's own data: its bucket increases agree within 1% (test above), so
+                # its rank may sit up to 2% off Prometheus's against its bucket counts. Where
+                # the rank lies on a bucket's cumulative count (a tie the extrapolation breaks
+                # either way) the quantile jumps a whole bucket (2.5 against 1.5 s seen once in
+                # a full run): Prometheus's value must lie among the guard's quantiles over
+                # that band of ranks (a single value wherever no tie is near)
+                (buckets,) = [b for key, b in mine.items() if dict(key).get("pool") == k]
+                band = [promql.bucket_quantile(min(1.0, q * f), list(buckets), list(buckets.values()))
+                        for f in (0.98, 1.02)]
+                assert band[0] - 1e-9 <= v <= band[1] + 1e-9, (q, w, k, got[k], v, band)
     assert compared >= 3
     for at in world["ats"]:
         want = _by(prom.query(KV, at), "instance")
