@@ -247,6 +247,26 @@ def test_a_floor_that_climbs_and_falls_back_is_an_excursion_not_a_staircase():
     assert old_alarms >= 4
 
 
+def test_a_floor_window_that_changes_is_not_a_move_of_the_floor():
+    """Found in the demo (session 22): the floor window grew from 10 to 30 min when a sawtooth's
+    drops were first counted and shrank back later. Under a fast leak the minimum over the longer
+    window lies 20 min back, so the floor fell 107 MiB and later jumped; the fall was kept (an
+    excursion's end), the jump taken out as a level step, and the 200 MiB/h leak read 26 MiB/h
+    for an hour. A bucket's change is now measured over one window, and the window's own change
+    goes into the offset."""
+    t = np.arange(0, 5 * HOUR, 30.0)
+    rng = np.random.default_rng(3)
+    v = 6e9 + 300 * MIB * t / HOUR + rng.normal(0, 2 * MIB, t.size)
+    saw = (t > 1.5 * HOUR) & (t < 3 * HOUR)  # a 20-min, 60 MiB sawtooth for 1.5 h only
+    v[saw] += 60 * MIB * ((t[saw] % 1200.0) / 1200.0)
+    f = leak.segment_floor(t, v, leak.LeakParams(), 0.0)
+    assert f.window.max() >= 1800 > f.window.min()  # the window did grow (the case under test)
+    late = f.t > HOUR
+    assert np.diff(f.y[late]).min() > -40 * MIB  # no fall from the window's growth
+    slope = np.polyfit(f.t[late], f.y[late], 1)[0] * HOUR / MIB
+    assert 250 < slope < 350, slope  # the leak's 300 MiB/h, not less the windows' jumps
+
+
 def test_no_leak_flat_step_and_warmup():
     t, v = _series(0.0, hours=10.0)
     assert leak.assess(t, v).status == "ok"

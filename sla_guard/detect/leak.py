@@ -581,30 +581,42 @@ def segment_floor(
         w = p.sawtooth_factor * float(np.percentile(gaps, 75))
         windows[j : j + 3] = min(max(w, p.floor_window_s), p.max_floor_window_s)
     raw = np.full(nb, np.nan)
+    prev = np.full(nb, np.nan)  # the previous bucket's floor over this bucket's window
     at = ends.copy()
+    last = -1
     for j in range(nb):
         e = (j + 1) * per
         if not np.isfinite(mins[e - per : e]).any():
             continue  # no sample in this bucket
-        s = max(0, e - math.ceil(windows[j] / sub))
+        span = math.ceil(windows[j] / sub)
+        s = max(0, e - span)
         i = s + int(np.argmin(mins[s:e]))
         raw[j], at[j] = mins[i], when[i]
+        if last >= 0:
+            e0 = (last + 1) * per
+            prev[j] = raw[last] if windows[last] == windows[j] else float(np.min(mins[max(0, e0 - span) : e0]))
+        last = j
     keep = np.isfinite(raw)
-    t, raw, windows, at = ends[keep], raw[keep], windows[keep], at[keep]
-    # level steps: jumps beyond step_bytes and step_sd robust s.d. of the recent differences
+    t, raw, prev, windows, at = ends[keep], raw[keep], prev[keep], windows[keep], at[keep]
+    # level steps: jumps beyond step_bytes and step_sd robust s.d. of the recent differences. Each
+    # bucket's change is measured over one window: when the window grows (shrinks), a rising
+    # floor falls (jumps) by the slope x the difference, which is the floor's definition moving,
+    # not memory; it goes into the offset (a demo leak lost its trend to such a pair)
     y = raw.copy()
     offset = 0.0
     offsets = np.zeros(len(raw))
     releases = []
-    d = np.diff(raw)
+    d = raw[1:] - prev[1:]
     day = 24 * HOUR * p.bucket_s / 300.0
     for j in range(1, len(raw)):
+        offset += prev[j] - raw[j - 1]
         lo = int(np.searchsorted(t, t[j] - day))
         recent = d[max(lo - 1, 0) : j - 1]
         sd = _mad_sd(recent) if len(recent) >= 6 else 0.0
         if abs(d[j - 1]) > max(p.step_bytes, p.step_sd * sd):
             typical = float(np.median(recent)) if len(recent) >= 6 else 0.0
-            back = _returned_to(raw, t, j, p.return_memory_s) if d[j - 1] < 0 and p.return_memory_s > 0 else None
+            back = (_returned_to(raw, t, j, -d[j - 1], p.return_memory_s)
+                    if d[j - 1] < 0 and p.return_memory_s > 0 else None)
             offset = offsets[back] if back is not None else offset + d[j - 1] - typical
             if d[j - 1] < 0:
                 releases.append(t[j])
@@ -614,13 +626,12 @@ def segment_floor(
     return SegmentFloor(start, t, raw, y, windows, np.maximum.accumulate(at), np.asarray(releases, float))
 
 
-def _returned_to(raw: np.ndarray, t: np.ndarray, j: int, memory_s: float) -> int | None:
+def _returned_to(raw: np.ndarray, t: np.ndarray, j: int, fall: float, memory_s: float) -> int | None:
     """The bucket whose level a fall at ``j`` returns the floor to, if it undoes a rise since then.
     A floor that climbs over many buckets (survivors of partial collections piling up, a step
     reached over minutes) and falls back at once is one excursion, not a level step: taking the
     fall out alone would keep the climb and, excursion after excursion, build a staircase."""
     a = int(np.searchsorted(t, t[j] - memory_s))
-    fall = raw[j - 1] - raw[j]
     low = np.flatnonzero(raw[a : j - 1] <= raw[j] + 0.5 * fall)  # the floor last stood this low
     return a + int(low[-1]) if len(low) else None
 
