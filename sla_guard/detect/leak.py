@@ -110,6 +110,9 @@ class LeakParams:
     ramp_min_flat_s: float = 1200.0
     ramp_max_s: float = HOUR
     return_memory_s: float = 6 * HOUR  # a fall back to a level held this recently ends an excursion
+    excursion_envelope_s: float = 2 * HOUR  # longest running minimum over repeated excursions (0: off)
+    excursion_lookback_s: float = 6 * HOUR
+    excursion_min_count: int = 2
 
     def scaled(self, k: float) -> LeakParams:
         if k <= 0:
@@ -526,6 +529,7 @@ class SegmentFloor:
     window: np.ndarray
     at: np.ndarray
     releases: np.ndarray = field(default_factory=lambda: np.empty(0))  # bucket ends of level steps DOWN
+    excursions: np.ndarray = field(default_factory=lambda: np.empty((0, 2)))  # (start, end) of each excursion
 
 
 def _sub_minima(
@@ -606,6 +610,7 @@ def segment_floor(
     offset = 0.0
     offsets = np.zeros(len(raw))
     releases = []
+    excursions = []
     d = raw[1:] - prev[1:]
     day = 24 * HOUR * p.bucket_s / 300.0
     for j in range(1, len(raw)):
@@ -618,12 +623,15 @@ def segment_floor(
             back = (_returned_to(raw, t, j, -d[j - 1], p.return_memory_s)
                     if d[j - 1] < 0 and p.return_memory_s > 0 else None)
             offset = offsets[back] if back is not None else offset + d[j - 1] - typical
+            if back is not None:
+                excursions.append((t[back], t[j]))
             if d[j - 1] < 0:
                 releases.append(t[j])
         offsets[j] = offset
         y[j] = raw[j] - offset
     # a floor window that grew may reach back before the last bucket's minimum: times never go back
-    return SegmentFloor(start, t, raw, y, windows, np.maximum.accumulate(at), np.asarray(releases, float))
+    return SegmentFloor(start, t, raw, y, windows, np.maximum.accumulate(at), np.asarray(releases, float),
+                        np.asarray(excursions, float).reshape(-1, 2))
 
 
 def _returned_to(raw: np.ndarray, t: np.ndarray, j: int, fall: float, memory_s: float) -> int | None:
@@ -774,6 +782,7 @@ def _judge(f: SegmentFloor, k: int, p: LeakParams) -> LeakVerdict:
     if judged.sum() < p.min_points:
         return v
     y, v.hourly_swing_bytes = seasonal_removed(t, y, f.start + p.warmup_s, p)
+    env = _excursion_envelope(f, t, y, now, p)
     best: WindowResult | None = None
     tested = False
     origin = _refill_origin(f, now, p)
@@ -786,7 +795,7 @@ def _judge(f: SegmentFloor, k: int, p: LeakParams) -> LeakVerdict:
         if float(tw[-1] - tw[0]) + p.bucket_s < (p.short_coverage if i == 0 else p.min_coverage) * w:
             continue
         tested = True
-        x, yw = tw - tw[0], y[m]
+        x, yw = tw - tw[0], (env if env is not None and i == len(p.windows_s) - 1 else y)[m]
         if tw[0] - origin < p.long_warmup_s:
             yw = _startup_removed(x, yw, np.maximum(tw - origin, 0.0), p.startup_taus_s, p.startup_only_slack,
                                   p.startup_only_max_tau_s)
@@ -801,6 +810,24 @@ def _judge(f: SegmentFloor, k: int, p: LeakParams) -> LeakVerdict:
     v.slope_bps, v.z, v.window_s = shown.slope_bps, shown.z, shown.window_s or 0.0
     v.p_value = one_sided_p(shown.z) if shown.z > 0 else 1.0
     return v
+
+
+def _excursion_envelope(f: SegmentFloor, t: np.ndarray, y: np.ndarray, now: float, p: LeakParams):
+    """The floor's lower envelope over its recent excursions' length, or None without repeated
+    excursions. Survivors of partial collections pile up for 30-90 min until a full collection:
+    the floor climbs and falls back each time, and a leak under it shows only in the levels it
+    falls back to. The longest window's test reads those, through a running minimum."""
+    if p.excursion_envelope_s <= 0:
+        return None
+    e = f.excursions[(f.excursions[:, 1] <= now) & (f.excursions[:, 1] > now - p.excursion_lookback_s)]
+    if len(e) < p.excursion_min_count:
+        return None
+    span = min(float((e[:, 1] - e[:, 0]).max()), p.excursion_envelope_s)
+    k = max(1, math.ceil(span / p.bucket_s))
+    out = y.copy()
+    for j in range(1, k + 1):
+        out[j:] = np.minimum(out[j:], y[:-j])
+    return out
 
 
 def _refill_origin(f: SegmentFloor, now: float, p: LeakParams) -> float:
