@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import replace
+from dataclasses import asdict, replace
 
 import numpy as np
 import pytest
@@ -352,6 +352,12 @@ def test_scaled_params_compress_time_only():
     q = p.scaled(60)
     assert q.windows_s[0] == p.windows_s[0] / 60 and q.min_slope_bps == p.min_slope_bps * 60
     assert q.min_rise_bytes == p.min_rise_bytes and q.z_crit == p.z_crit
+    assert q.excursion_envelope_s == p.excursion_envelope_s / 60  # added after scaled() was written
+    for name, v in asdict(p).items():  # every duration scales, nothing else does
+        if name.endswith("_s") or name.endswith("_bps"):
+            assert getattr(q, name) != v, name
+        else:
+            assert getattr(q, name) == v, name
 
 
 def test_synthetic_leak_case_detected_and_sawtooth_case_quiet():

@@ -41,7 +41,7 @@ import functools
 import itertools
 import math
 from collections import deque
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 
 import numpy as np
 
@@ -115,30 +115,19 @@ class LeakParams:
     excursion_min_count: int = 2
 
     def scaled(self, k: float) -> LeakParams:
+        """Every duration (a field named ``*_s``) divided by ``k`` and every slope (``*_bps``)
+        multiplied by it; bytes, z and shape thresholds unchanged. By the names, so a new
+        duration cannot be left on the real clock."""
         if k <= 0:
             raise ValueError("time scale must be > 0")
-        return replace(
-            self,
-            bucket_s=self.bucket_s / k,
-            floor_window_s=self.floor_window_s / k,
-            max_floor_window_s=self.max_floor_window_s / k,
-            warmup_s=self.warmup_s / k,
-            long_warmup_s=self.long_warmup_s / k,
-            startup_taus_s=tuple(x / k for x in self.startup_taus_s),
-            startup_only_max_tau_s=self.startup_only_max_tau_s / k,
-            onset_lookback_s=self.onset_lookback_s / k,
-            onset_margin_s=self.onset_margin_s / k,
-            windows_s=tuple(w / k for w in self.windows_s),
-            min_slope_bps=self.min_slope_bps * k,
-            max_gap_s=self.max_gap_s / k,
-            restart_floor_window_s=self.restart_floor_window_s / k,
-            seasonal_period_s=self.seasonal_period_s / k,
-            seasonal_lookback_s=self.seasonal_lookback_s / k,
-            seasonal_min_span_s=self.seasonal_min_span_s / k,
-            ramp_min_flat_s=self.ramp_min_flat_s / k,
-            ramp_max_s=self.ramp_max_s / k,
-            return_memory_s=self.return_memory_s / k,
-        )
+        out = {}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if f.name.endswith("_s"):
+                out[f.name] = tuple(x / k for x in v) if isinstance(v, tuple) else v / k
+            elif f.name.endswith("_bps"):
+                out[f.name] = v * k
+        return replace(self, **out)
 
     def rise_for(self, i: int) -> float:
         r = self.min_rise_bytes
