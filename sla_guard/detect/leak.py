@@ -813,9 +813,13 @@ def _excursion_envelope(f: SegmentFloor, t: np.ndarray, y: np.ndarray, now: floa
         return None
     span = min(float((e[:, 1] - e[:, 0]).max()), p.excursion_envelope_s)
     k = max(1, math.ceil(span / p.bucket_s))
+    lo = max(0, int(np.searchsorted(t, now - max(p.windows_s))) - k)  # only the tail a window reads
+    tail = y[lo:]
+    env = tail.copy()
+    for j in range(1, min(k, len(tail) - 1) + 1):
+        env[j:] = np.minimum(env[j:], tail[:-j])
     out = y.copy()
-    for j in range(1, k + 1):
-        out[j:] = np.minimum(out[j:], y[:-j])
+    out[lo:] = env
     return out
 
 
