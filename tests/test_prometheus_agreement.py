@@ -265,6 +265,7 @@ def test_means_quantiles_and_gauges_agree(world):
                 band = [promql.bucket_quantile(min(1.0, q * f), list(buckets), list(buckets.values()))
                         for f in (0.98, 1.02)]
                 assert band[0] - 1e-9 <= v <= band[1] + 1e-9, (q, w, k, got[k], v, band)
+                assert band[0] <= got[k] <= band[1], (q, w, k, got[k], band)  # the guard's own answer
     assert compared >= 3
     for at in world["ats"]:
         want = _by(prom.query(KV, at), "instance")
