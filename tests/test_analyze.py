@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from test_detect import _ratchet
 
 from sla_guard.detect import synthetic as sy
 
@@ -52,6 +53,18 @@ def test_analyze_leak_reports_the_hourly_swing_it_took_out(tmp_path):
     out = json.loads(_run("leak", tmp_path / "rss.csv").stdout)
     assert out["detected"] is False and out["status_at_end"] == "ok"
     assert out["hourly_swing_mib"] == pytest.approx(12, rel=0.2)
+    assert out["excursion_envelope_min"] == 0  # no excursions: the 4 h window read the floor itself
+
+
+def test_analyze_leak_says_when_it_read_the_levels_excursions_fall_back_to(tmp_path):
+    """Survivors of partial collections pile up and fall back at each full collection: the leak
+    under them is found from the levels the floor falls back to, and the output says so."""
+    t, v = _ratchet(0, leak_mib_h=48.0)
+    (tmp_path / "rss.csv").write_text("timestamp,rss_bytes\n" + "".join(f"{1.8e9 + a:.0f},{b:.0f}\n" for a, b in
+                                                                       zip(t, v, strict=True)))
+    out = json.loads(_run("leak", tmp_path / "rss.csv").stdout)
+    assert out["detected"] is True and 12 * 3600 < out["detected_at"] - 1.8e9 < 15.5 * 3600
+    assert 20 <= out["excursion_envelope_min"] <= 120
 
 
 def test_analyze_leak_quiet_on_non_leaking_series(tmp_path):

@@ -144,6 +144,9 @@ def analyze_leak(cols: dict[str, np.ndarray], limit_bytes: float | None, time_sc
         "eta_s": shown.eta_s,
         # the periodic (hourly) swing taken out of the floor before the tests, half-amplitude
         "hourly_swing_mib": round(shown.hourly_swing_bytes / leak.MIB, 1),
+        # > 0: after repeated excursions (a climb, then a fall back to an earlier level) the 4 h
+        # window read the floor's running minimum over this many minutes: the levels it falls back to
+        "excursion_envelope_min": round(shown.excursion_envelope_s / 60, 1),
         "alarms": episodes,
         "samples": len(t),
         "span_s": float(t.max() - t.min()),

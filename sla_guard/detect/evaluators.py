@@ -136,7 +136,7 @@ class LeakEvaluator:
             details = {"slope_mib_per_h": round(v.slope_mib_per_h, 3), "slope_bytes_per_s": v.slope_bps,
                        "confidence": v.confidence, "z": v.z, "window_s": v.window_s, "onset": v.onset,
                        "floor_bytes": v.floor_bytes, "limit_bytes": limit, "limit_source": source, "eta_s": v.eta_s,
-                       "hourly_swing_bytes": v.hourly_swing_bytes}
+                       "hourly_swing_bytes": v.hourly_swing_bytes, "excursion_envelope_s": v.excursion_envelope_s}
             self.book.raise_("leak", key, sev, summary, labels, details, now)
             return
         f = self.book.get(key)

@@ -166,6 +166,7 @@ class LeakVerdict:
     bytes_per_work: float | None = None
     segment_start: float | None = None
     hourly_swing_bytes: float = 0.0  # half-amplitude of the periodic swing taken out of the floor (0: none found)
+    excursion_envelope_s: float = 0.0  # the 4 h window read the floor's minimum over this span (0: the floor)
     windows: list[WindowResult] = field(default_factory=list)
 
     @property
@@ -771,7 +772,7 @@ def _judge(f: SegmentFloor, k: int, p: LeakParams) -> LeakVerdict:
     if judged.sum() < p.min_points:
         return v
     y, v.hourly_swing_bytes = seasonal_removed(t, y, f.start + p.warmup_s, p)
-    env = _excursion_envelope(f, t, y, now, p)
+    env, v.excursion_envelope_s = _excursion_envelope(f, t, y, now, p)
     best: WindowResult | None = None
     tested = False
     origin = _refill_origin(f, now, p)
@@ -801,16 +802,18 @@ def _judge(f: SegmentFloor, k: int, p: LeakParams) -> LeakVerdict:
     return v
 
 
-def _excursion_envelope(f: SegmentFloor, t: np.ndarray, y: np.ndarray, now: float, p: LeakParams):
-    """The floor's lower envelope over its recent excursions' length, or None without repeated
-    excursions. Survivors of partial collections pile up for 30-90 min until a full collection:
+def _excursion_envelope(
+    f: SegmentFloor, t: np.ndarray, y: np.ndarray, now: float, p: LeakParams
+) -> tuple[np.ndarray | None, float]:
+    """The floor's lower envelope over its recent excursions' length and that length, or (None,
+    0) without repeated excursions. Survivors of partial collections pile up for 30-90 min until a full collection:
     the floor climbs and falls back each time, and a leak under it shows only in the levels it
     falls back to. The longest window's test reads those, through a running minimum."""
     if p.excursion_envelope_s <= 0:
-        return None
+        return None, 0.0
     e = f.excursions[(f.excursions[:, 1] <= now) & (f.excursions[:, 1] > now - p.excursion_lookback_s)]
     if len(e) < p.excursion_min_count:
-        return None
+        return None, 0.0
     span = min(float((e[:, 1] - e[:, 0]).max()), p.excursion_envelope_s)
     k = max(1, math.ceil(span / p.bucket_s))
     lo = max(0, int(np.searchsorted(t, now - max(p.windows_s))) - k)  # only the tail a window reads
@@ -820,7 +823,7 @@ def _excursion_envelope(f: SegmentFloor, t: np.ndarray, y: np.ndarray, now: floa
         env[j:] = np.minimum(env[j:], tail[:-j])
     out = y.copy()
     out[lo:] = env
-    return out
+    return out, span
 
 
 def _refill_origin(f: SegmentFloor, now: float, p: LeakParams) -> float:
