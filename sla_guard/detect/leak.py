@@ -248,14 +248,19 @@ def floor_series(
     nb = int(idx[-1]) + 1
     mins = np.full(nb, np.inf)
     np.minimum.at(mins, idx, v)
-    k = max(1, math.ceil(floor_window_s / bucket_s))
-    # rolling min over k buckets (missing buckets are +inf and so ignored)
-    roll = mins.copy()
-    for j in range(1, k):
-        roll[j:] = np.minimum(roll[j:], mins[:-j])
+    # rolling min over the window's buckets (missing buckets are +inf and so ignored)
+    roll = _trailing_min(mins, max(1, math.ceil(floor_window_s / bucket_s)))
     present = np.isfinite(mins)
     ends = t0 + (np.arange(nb) + 1.0) * bucket_s
     return ends[present], roll[present]
+
+
+def _trailing_min(a: np.ndarray, n: int) -> np.ndarray:
+    """The minimum of each point and the ``n - 1`` before it (fewer at the start)."""
+    out = a.copy()
+    for j in range(1, min(n, len(a))):
+        out[j:] = np.minimum(out[j:], a[:-j])
+    return out
 
 
 @functools.lru_cache(maxsize=512)
@@ -805,10 +810,10 @@ def _judge(f: SegmentFloor, k: int, p: LeakParams) -> LeakVerdict:
 def _excursion_envelope(
     f: SegmentFloor, t: np.ndarray, y: np.ndarray, now: float, p: LeakParams
 ) -> tuple[np.ndarray | None, float]:
-    """The floor's lower envelope over its recent excursions' length and that length, or (None,
-    0) without repeated excursions. Survivors of partial collections pile up for 30-90 min until a full collection:
-    the floor climbs and falls back each time, and a leak under it shows only in the levels it
-    falls back to. The longest window's test reads those, through a running minimum."""
+    """The floor's lower envelope over its recent excursions' length, and that length; (None, 0)
+    without repeated excursions. Survivors of partial collections pile up for 30-90 min until a
+    full collection: the floor climbs and falls back each time, and a leak under it shows only in
+    the levels it falls back to. The longest window's test reads those, through a running minimum."""
     if p.excursion_envelope_s <= 0:
         return None, 0.0
     e = f.excursions[(f.excursions[:, 1] <= now) & (f.excursions[:, 1] > now - p.excursion_lookback_s)]
@@ -817,12 +822,8 @@ def _excursion_envelope(
     span = min(float((e[:, 1] - e[:, 0]).max()), p.excursion_envelope_s)
     k = max(1, math.ceil(span / p.bucket_s))
     lo = max(0, int(np.searchsorted(t, now - max(p.windows_s))) - k)  # only the tail a window reads
-    tail = y[lo:]
-    env = tail.copy()
-    for j in range(1, min(k, len(tail) - 1) + 1):
-        env[j:] = np.minimum(env[j:], tail[:-j])
     out = y.copy()
-    out[lo:] = env
+    out[lo:] = _trailing_min(y[lo:], k + 1)
     return out, span
 
 
