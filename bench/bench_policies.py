@@ -19,6 +19,7 @@ cell and the summary figure (guard GPU-hours / best static's, the figure llm-d r
     .venv/bin/python bench/bench_policies.py --quick            # 2 short tuning workloads
     .venv/bin/python bench/bench_policies.py --split tuning     # tune on these
     .venv/bin/python bench/bench_policies.py --split sealed     # report these, never tune to them
+    .venv/bin/python bench/bench_policies.py --generator blind --split sealed  # another generator's workloads
 
 Run time: a run costs in proportion to simulated time x replicas (slo-keda's 10-16 replica
 excursions are the slowest); 10-60 s per policy-run on a quiet core, so a half of the suite
@@ -224,6 +225,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--split", choices=("tuning", "sealed"), default="sealed")
     ap.add_argument("--quick", action="store_true", help="3 short tuning workloads (a smoke run)")
+    ap.add_argument("--generator", choices=("suite", "blind"), default="suite",
+                    help="blind: bench/workloads_blind.py, a generator written without reading the suite's or the "
+                         "advisor's code (its tuning half is 'tuning-more')")
     ap.add_argument("--workloads", nargs="*", help="only workloads whose name contains one of these")
     ap.add_argument("--seeds", type=int, nargs="+",
                     help="more tuning data: the generated families at these seeds, alternating as in the suite "
@@ -248,8 +252,15 @@ def main(argv: list[str] | None = None) -> int:
             reuse[(r["workload"], key)] = r
     if args.seeds and (args.split != "tuning" or any(100 <= s < 200 for s in args.seeds)):
         ap.error("--seeds adds tuning data: use it with --split tuning and seeds outside 100-199 (sealed)")
-    ws = quick_suite() if args.quick else suite(args.split, seeds=tuple(args.seeds) if args.seeds else None,
-                                               traces=not args.seeds)
+    if args.generator == "blind":
+        if args.quick or args.seeds:
+            ap.error("--generator blind has its own seeds: use it without --quick and --seeds")
+        import workloads_blind  # bench/workloads_blind.py, beside this script
+
+        ws = workloads_blind.suite("tuning-more" if args.split == "tuning" else "sealed")
+    else:
+        ws = quick_suite() if args.quick else suite(args.split, seeds=tuple(args.seeds) if args.seeds else None,
+                                                   traces=not args.seeds)
     if args.workloads:
         ws = [w for w in ws if any(k in w.name for k in args.workloads)]
     cells = []
