@@ -471,6 +471,22 @@ def test_scale_down_window_stretches_to_the_observed_start_time():
     assert adv._rails("decode").stabilization_down_s == 300  # per pool
 
 
+def test_observed_start_time_runs_from_the_last_order_not_the_first():
+    """Orders staggered over a surge (3 replicas at 0 s, 2 more at 420 s, 600 s cold starts) are
+    two starts of 600 s, not one of 1020 s: the start time is measured from the last order seen
+    (starting count rising) to the first tick with nothing starting. Measured from the first
+    order, the scale-down window (start + cooldown) doubled after every staggered surge."""
+    from sla_guard.scale.advisor import Advisor
+    from sla_guard.settings.advisor import AdvisorConfig
+
+    adv = Advisor(AdvisorConfig(stabilization_down_s=300), model="*")
+    mem = adv.memory["prefill"]
+    for t, starting in ((0.0, 3), (300.0, 3), (420.0, 5), (600.0, 2), (900.0, 2), (1020.0, 0)):
+        mem.watch_start(t, starting)
+    assert mem.start_s == 600.0
+    assert adv._rails("prefill").stabilization_down_s == 660.0
+
+
 def test_prefill_is_held_to_the_client_sla_minus_the_time_outside_prefill():
     """With a client scope the prefill pool's TTFT signal is the client's tail minus the mean time
     spent outside prefill (decode first leg + proxy), against the SLA minus the same: over budget

@@ -48,6 +48,8 @@ class PoolMemory:
     first_t: float | None = None  # first decision: no scale-down before a full window was seen
     last_starting_t: float | None = None  # last time replicas were still starting
     starting_since: float | None = None  # first tick of the current start-up
+    last_order_t: float | None = None  # last tick at which more replicas were starting than before
+    starting_seen: int = 0  # replicas starting at the last tick
     start_s: float = 0.0  # observed time from ordering replicas to their serving (cold start)
     loads: list[tuple[float, float]] = field(default_factory=list)  # (t, load) over the window
     last_down_to: int | None = None
@@ -86,15 +88,22 @@ class PoolMemory:
 
     def watch_start(self, now: float, starting: int) -> None:
         """Track replicas starting: the last time some were, and how long ordered replicas take to
-        serve (first tick with replicas starting to the first without), kept as the larger of
-        the new observation and half the previous one."""
+        serve, kept as the larger of the new observation and half the previous one. The
+        observation runs from the last order seen (the last tick at which more replicas were
+        starting than the tick before) to the first tick with none starting: the last replica
+        ordered is the last to serve. Measured from the first order instead, orders staggered
+        over a surge read as one start of their whole span (600 s cold starts ordered over 14
+        minutes read as a 24-minute start, and the scale-down window, the break-even, doubled)."""
         if starting > 0:
             self.last_starting_t = now
             if self.starting_since is None:
                 self.starting_since = now
+            if starting > self.starting_seen:
+                self.last_order_t = now
         elif self.starting_since is not None:
-            self.start_s = max(self.start_s * 0.5, now - self.starting_since)
+            self.start_s = max(self.start_s * 0.5, now - (self.last_order_t or self.starting_since))
             self.starting_since = None
+        self.starting_seen = starting
 
     def peak_load(self, t: float, load: float | None, horizon_s: float) -> float | None:
         """Highest load over the window, ``load`` included (bounded like ``history``)."""
