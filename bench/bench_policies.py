@@ -250,15 +250,20 @@ def main(argv: list[str] | None = None) -> int:
             r = json.loads(line)
             key = r["policy"] if r["policy"] != "static" else f"static:{r.get('size')}"
             reuse[(r["workload"], key)] = r
-    if args.seeds and (args.split != "tuning" or any(100 <= s < 200 for s in args.seeds)):
-        ap.error("--seeds adds tuning data: use it with --split tuning and seeds outside 100-199 (sealed)")
     if args.generator == "blind":
-        if args.quick or args.seeds:
-            ap.error("--generator blind has its own seeds: use it without --quick and --seeds")
         import workloads_blind  # bench/workloads_blind.py, beside this script
 
-        ws = workloads_blind.suite("tuning-more" if args.split == "tuning" else "sealed")
+        if args.quick:
+            ap.error("--quick is the suite's smoke run: use --generator blind without it")
+        if args.seeds and (args.split != "tuning" or not all(800 <= s < 900 for s in args.seeds)):
+            ap.error("--seeds with --generator blind adds tuning-more data: use --split tuning and seeds 800-899 "
+                     "(900-999 are its sealed seeds)")
+        ws = ([workloads_blind.workload(f, s, "tuning-more") for s in args.seeds
+               for f in (*workloads_blind.FAMILIES, workloads_blind.TRACE_FAMILY)] if args.seeds
+              else workloads_blind.suite("tuning-more" if args.split == "tuning" else "sealed"))
     else:
+        if args.seeds and (args.split != "tuning" or any(100 <= s < 200 for s in args.seeds)):
+            ap.error("--seeds adds tuning data: use it with --split tuning and seeds outside 100-199 (sealed)")
         ws = quick_suite() if args.quick else suite(args.split, seeds=tuple(args.seeds) if args.seeds else None,
                                                    traces=not args.seeds)
     if args.workloads:

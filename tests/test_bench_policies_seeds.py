@@ -22,6 +22,16 @@ def test_seeds_refuse_the_sealed_half(argv, capsys):
     assert "sealed" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("argv", [["--split", "sealed", "--seeds", "810"],
+                                  ["--split", "tuning", "--seeds", "810", "907"]])
+def test_blind_seeds_refuse_the_blind_sealed_half(argv, capsys):
+    """The blind generator's --seeds add tuning-more cells (800-899); its sealed seeds are 900-999."""
+    with pytest.raises(SystemExit) as e:
+        bp.main(["--generator", "blind", *argv, "--policies", "guard", "--no-static"])
+    assert e.value.code == 2
+    assert "sealed" in capsys.readouterr().err
+
+
 def test_more_seeds_give_new_generated_cells_only():
     more = suite("tuning", seeds=(2, 3), traces=False)
     base = suite("tuning")
