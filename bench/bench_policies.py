@@ -255,12 +255,13 @@ def main(argv: list[str] | None = None) -> int:
 
         if args.quick:
             ap.error("--quick is the suite's smoke run: use --generator blind without it")
-        if args.seeds and (args.split != "tuning" or not all(800 <= s < 900 for s in args.seeds)):
-            ap.error("--seeds with --generator blind adds tuning-more data: use --split tuning and seeds 800-899 "
-                     "(900-999 are its sealed seeds)")
-        ws = ([workloads_blind.workload(f, s, "tuning-more") for s in args.seeds
-               for f in (*workloads_blind.FAMILIES, workloads_blind.TRACE_FAMILY)] if args.seeds
-              else workloads_blind.suite("tuning-more" if args.split == "tuning" else "sealed"))
+        if args.seeds and args.split != "tuning":
+            ap.error("--seeds with --generator blind adds tuning-more data: use --split tuning, never sealed")
+        try:
+            ws = workloads_blind.suite("tuning-more" if args.split == "tuning" else "sealed",
+                                       seeds=tuple(args.seeds) if args.seeds else None)
+        except ValueError as e:  # a seed outside 800-899: the sealed half's 900-999 included
+            ap.error(f"--seeds: {e} (900-999 are the blind sealed seeds)")
     else:
         if args.seeds and (args.split != "tuning" or any(100 <= s < 200 for s in args.seeds)):
             ap.error("--seeds adds tuning data: use it with --split tuning and seeds outside 100-199 (sealed)")

@@ -604,7 +604,15 @@ def workload(family: str, seed: int, split: str) -> Workload:
                     m["acceptance"], note)
 
 
-def suite(split: str) -> list[Workload]:
+def suite(split: str, seeds: tuple[int, ...] | None = None) -> list[Workload]:
+    """One workload per kind at the split's fixed seeds, or (``seeds``) every kind at each of
+    these, which must lie in the split's range (more cells to diagnose on, never the other split's)."""
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
-    return [workload(f, _seed(split, f), split) for f in (*FAMILIES, TRACE_FAMILY)]
+    kinds = (*FAMILIES, TRACE_FAMILY)
+    if seeds is None:
+        return [workload(f, _seed(split, f), split) for f in kinds]
+    lo = SEED_BASE[split]
+    if bad := [s for s in seeds if not lo <= s < lo + 100]:
+        raise ValueError(f"seeds {bad} are outside the {split} seeds {lo}-{lo + 99}")
+    return [workload(f, s, split) for s in seeds for f in kinds]

@@ -101,7 +101,9 @@ class PoolMemory:
             if starting > self.starting_seen:
                 self.last_order_t = now
         elif self.starting_since is not None:
-            self.start_s = max(self.start_s * 0.5, now - (self.last_order_t or self.starting_since))
+            # the first tick of a start-up is an order too, so last_order_t is set whenever starting_since is
+            since = self.last_order_t if self.last_order_t is not None else self.starting_since
+            self.start_s = max(self.start_s * 0.5, now - since)
             self.starting_since = None
         self.starting_seen = starting
 
