@@ -96,6 +96,28 @@ def test_a_queue_held_by_its_engine_is_not_ordered_for():
     assert slow.numbers["replicas_holding_backlog"] == 0  # 120 s each: drained within the horizon
 
 
+def test_a_draining_prefill_queue_is_not_read_as_arrivals():
+    """Replicas that came up after an overloaded start compute the new arrivals while the old
+    ones empty the prefills they admitted: the pool computes more than arrives, and the excess is
+    the queue's drain (waiting + running shrinking), not demand (blind step_down/s810)."""
+    # 4 replicas computing 36k tok/s at 4 prefills/s (9k tokens each); the unfinished prefills
+    # shrink by 2/s, so 18k tok/s of it is the drain and 18k arrives: 18k / (10k x 0.5) = 4
+    # (the advisor passes the computed rate's peak over the window as peak_uncached_tps)
+    obs = _p(ready=4, uncached_tps=36_000.0, requests_per_s=4.0, waiting=0.0, drain_slope=-2.0,
+             peak_uncached_tps=36_000.0)
+    drained = size_prefill(obs, CAP, PK)
+    assert drained.numbers["demand_uncached_tokens_per_s"] == pytest.approx(18_000.0)
+    assert drained.numbers["queue_drain_tokens_per_s"] == pytest.approx(18_000.0)  # in the reasons' numbers
+    assert drained.desired == 4
+    computed = size_prefill(replace(obs, drain_slope=0.0), CAP, PK)
+    assert computed.desired == 8  # read as arrivals, the drain orders 4 more
+    # the drain shrinks nothing: N-1 is judged on the computed peak
+    assert drained.numbers["utilization_at_n_minus_1"] == computed.numbers["utilization_at_n_minus_1"]
+    # a growing queue adds its growth as before (the drain slope is only ever <= 0)
+    grows = size_prefill(replace(obs, drain_slope=0.0, waiting=10.0, waiting_slope=0.5), CAP, PK)
+    assert grows.numbers["demand_uncached_tokens_per_s"] >= 36_000.0 + 0.5 * 9_000.0
+
+
 def test_a_tail_of_waits_longer_than_the_horizon_orders_nothing():
     """Requests that waited longer than the backlog horizon did so on a queue their engine held
     (a replica that drains within the horizon has none that old): replicas ordered now take none

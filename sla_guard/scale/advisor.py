@@ -375,6 +375,8 @@ class Advisor:
             sig = PrefillTTFT(t.get("ttft_tail_s"), t.get("ttft_learn_s"), self.slo_ttft_s)
         hist = self.learned.waiting_hist.setdefault("prefill", deque(maxlen=TREND_POINTS))
         wslope = self._trend(hist, now, t.get("waiting"), max(4 * cfg.interval_s, 60.0))
+        uhist = self.learned.waiting_hist.setdefault("prefill_unfinished", deque(maxlen=TREND_POINTS))
+        uslope = self._trend(uhist, now, r.unfinished, max(4 * cfg.interval_s, 60.0))
         dhist = self.learned.waiting_hist.setdefault("prefill_demand_trend", deque(maxlen=TREND_POINTS))
         demand_tps, cold_tps = self._demand_tps(r, now)
         dslope = self._trend(dhist, now, demand_tps, 300.0)
@@ -391,7 +393,7 @@ class Advisor:
                          demand_slope=dslope, trend_horizon_s=0.25 * self.start_time("prefill"),
                          backlog_horizon_s=0.25 * self.start_time("prefill"),
                          serve_in_s=self._serve_in("prefill", now, counts[1]),
-                         queues=tuple(r.waiting_by_engine.values()))
+                         queues=tuple(r.waiting_by_engine.values()), drain_slope=min(0.0, uslope or 0.0))
         cap = self.learned.prefill
         # learn the utilisation target only against a learned capacity (a profile prior can be far
         # off) and only while the pool is settled (no replica starting); against all the work the

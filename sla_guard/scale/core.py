@@ -54,6 +54,9 @@ class PrefillObs:
     serve_in_s: float = 0.0
     # requests waiting on each ready replica (empty: unknown, the pool's queue taken as even)
     queues: tuple[float, ...] = ()
+    # requests/s by which the prefills not yet finished (waiting + running) are shrinking, <= 0:
+    # while they drain the pool computes more than arrives
+    drain_slope: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -247,7 +250,13 @@ def size_prefill(obs: PrefillObs, cap: PrefillCapacity, k: PrefillKnobs) -> Sizi
     # the arrival trend, projected to when replicas ordered now would serve
     # (at most half the served demand: the ramp-in of a rate window over a step reads as a slope)
     trend = min(max(0.0, obs.demand_slope or 0.0) * obs.trend_horizon_s, 0.5 * obs.uncached_tps)
-    arrivals = obs.uncached_tps + growth
+    # a queue draining is work that arrived before: the arrivals are what the pool computes less
+    # the drain (blind step_down/s810 of the tuning-more workloads: after an overloaded start the
+    # pool computed 142k tokens/s against 70k arriving while the old replicas emptied their 250
+    # running prefills, and prefill was ordered 6 -> 9 for it). The growth is the waiting queue's:
+    # orders for the running queue's growth came after the bursts that made it (tuning suite
+    # GPU-hours +4.9 %, bursty/s0-s4 +10-29 %). The scale-down check keeps the computed peak.
+    arrivals = max(0.0, obs.uncached_tps + growth + min(0.0, obs.drain_slope) * tokens_per_req)
     if held:
         # a replica holding its queue computes that queue, not arrivals, once new replicas take
         # them: the arrivals are what the pool computes plus the queue's change, signed (a queue
@@ -269,6 +278,7 @@ def size_prefill(obs: PrefillObs, cap: PrefillCapacity, k: PrefillKnobs) -> Sizi
         "replicas_needed": round(need, 3),
         "demand_trend_tokens_per_s": round(trend, 1),
         "backlog_ahead_tokens": round(ahead, 1),
+        "queue_drain_tokens_per_s": round(-min(0.0, obs.drain_slope) * tokens_per_req, 1),
         "replicas_holding_backlog": held,
     }
     if obs.ttft_tail_s is not None:

@@ -102,6 +102,18 @@ class PoolReading:
     per_engine: dict[str, EngineSample] = field(default_factory=dict)
     waiting_by_engine: dict[str, float] = field(default_factory=dict)  # requests waiting, per replica
 
+    @property
+    def unfinished(self) -> float | None:
+        """Requests the pool holds and has not finished: waiting plus running.
+
+        On a prefill engine every one of them still owes its prompt: with chunked prefill vLLM
+        admits up to ``max_num_seqs`` requests into the running batch and computes their prompts
+        a token budget per step, in order, so an overloaded prefill engine's queue sits mostly in
+        ``running`` (blind step_down/s810 of the tuning-more workloads: 250 running against 30-50
+        waiting on two replicas). On a decode engine running is the batch, not a queue."""
+        w, r = self.totals.get("waiting"), self.totals.get("running")
+        return None if w is None and r is None else (w or 0.0) + (r or 0.0)
+
 
 def long_prefill_seconds(buckets: Mapping[float, float], longer_than_s: float) -> float | None:
     """Seconds of prefill spent in the window on requests whose prefill took longer than
