@@ -22,7 +22,7 @@ class Engine:
         self.instance = instance  # scrape target (one vLLM server; several DP engines share it)
 
     def tick(self, *, running: int, waiting: int, kv: float = 0.3, steps: int = 0, computed: int = 0,
-             prefills: int = 0, tpot: float | None = None, ttft: float | None = None, preempted: int = 0,
+             prefills: int = 0, tpot: float | list[float] | None = None, ttft: float | None = None, preempted: int = 0,
              drafts: int = 0, accepted: int = 0, hit: int = 0) -> None:
         self.rec.scheduler(running, waiting, kv)
         for _ in range(max(steps - 1, 0)):
@@ -33,9 +33,9 @@ class Engine:
             self.rec.finished(FinishedRequest(e2e_s=0.5, queue_s=0.1, prefill_s=0.4, decode_s=0.0, tpot_s=0.0,
                                               prompt_tokens=computed // max(prefills, 1), cached_tokens=0,
                                               generated_tokens=1))
-        if tpot is not None:
-            for _ in range(5):
-                self.rec.finished(FinishedRequest(e2e_s=5, queue_s=0, prefill_s=0, decode_s=5, tpot_s=tpot,
+        if tpot is not None:  # one value: 5 requests at it; a list: one request at each
+            for v in [tpot] * 5 if isinstance(tpot, int | float) else tpot:
+                self.rec.finished(FinishedRequest(e2e_s=5, queue_s=0, prefill_s=0, decode_s=5, tpot_s=v,
                                                   prompt_tokens=1000, cached_tokens=0, generated_tokens=300))
         if ttft is not None:
             self.rec.observe_ttfts([ttft] * 5)

@@ -248,3 +248,34 @@ def test_proven_utilization_covers_its_hour_at_any_interval(interval_s):
         t += interval_s
     assert adv._proven_utilization(3600.0) == 0.9
     assert adv._proven_utilization(3800.0) == 0.3  # more than an hour old: gone
+
+
+def _decode_headroom(tpots: list[float], **cfg_extra) -> dict[str, float]:
+    """Decode numbers after 10 minutes of requests whose TPOTs are ``tpots`` each 5 s tick."""
+    cfg = AdvisorConfig.model_validate({"window_s": 60, "profile": {"decode_step_base_s": 0.01,
+                                                                    "decode_step_per_request_s": 0.0001},
+                                        **cfg_extra})
+    adv = Advisor(cfg, model=MODEL, slo_tpot_s=0.020)
+    store = _store()
+    d0, p0 = Engine("decode", "d0"), Engine("prefill", "p0")
+    dec = None
+    for t0 in range(0, 600, 60):
+        _run([d0, p0], store, t0, t0 + 55, d0={"running": 40, "waiting": 0, "steps": 250, "tpot": tpots},
+             p0={"running": 0, "waiting": 0})
+        decs, _ = adv.step(store, t0 + 55, {"prefill": (1, 0), "decode": (2, 0)})
+        dec = decs["decode"]
+    return dec.numbers
+
+
+def test_decode_headroom_is_learned_from_how_far_requests_tpot_scatter():
+    """The same mean TPOT (16 ms against a 20 ms SLA), two spreads: requests within +-4 % of the
+    mean leave room up to ~0.93 x SLA at p95; requests at 0.6-1.4x the mean leave less than the
+    configured 0.85. The histogram's exact bucket shares carry it, not its interpolated quantile."""
+    tight = [0.016 * f for f in (0.96, 0.98, 0.99, 1.0, 1.0, 1.0, 1.01, 1.02, 1.04, 1.0)]
+    wide = [0.016 * f for f in (0.6, 0.75, 0.85, 0.95, 1.0, 1.0, 1.05, 1.15, 1.25, 1.4)]
+    t, w = _decode_headroom(tight), _decode_headroom(wide)
+    assert t["tpot_spread_sigma"] < 0.05 < w["tpot_spread_sigma"]
+    assert t["tpot_headroom"] > 0.9 and w["tpot_headroom"] < 0.85
+    assert t["batch_limit_tpot"] > w["batch_limit_tpot"]
+    fixed = _decode_headroom(wide, learn_tpot_spread=False)
+    assert fixed["tpot_headroom"] == 0.85 and "tpot_spread_sigma" not in fixed

@@ -627,3 +627,24 @@ def test_a_tail_with_no_queue_under_the_target_does_not_grow_prefill():
     assert "ttft_over_sla" in size_prefill(PrefillObs(**base), cap, PK).reasons  # no queue histogram: as before
     waiting = size_prefill(PrefillObs(**{**base, "waiting": 20.0}, queue_tail_s=0.01), cap, PK)
     assert "ttft_over_sla" in waiting.reasons
+
+
+def test_tpot_spread_recovers_the_per_request_scatter_from_histogram_buckets():
+    import numpy as np
+
+    from exporters.contract import TPOT_BUCKETS
+    from sla_guard.scale.learn import TpotSpread, tpot_headroom, update_tpot_spread
+
+    rng = np.random.default_rng(7)
+    edges = (*TPOT_BUCKETS, math.inf)
+    for sigma in (0.03, 0.08, 0.25):
+        sp = TpotSpread()
+        assert sp.sigma() is None  # no evidence: the configured headroom stands
+        for _ in range(15):  # windows of 80 requests at means spread over 13-19 ms
+            mean = rng.uniform(0.013, 0.019)
+            x = mean * np.exp(rng.normal(-sigma ** 2 / 2, sigma, 80))
+            sp = update_tpot_spread(sp, {e: float((x <= e).sum()) for e in edges}, float(x.mean()))
+        assert sp.sigma() == pytest.approx(sigma, rel=0.3)
+    # p95 of a lognormal factor with mean 1: exp(-s^2/2 + 1.645 s); the headroom is its inverse
+    assert tpot_headroom(0.1, 0.95) == pytest.approx(math.exp(0.005 - 1.6449 * 0.1), rel=1e-3)
+    assert tpot_headroom(0.0, 0.95) == pytest.approx(1.0)

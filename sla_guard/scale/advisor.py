@@ -36,12 +36,15 @@ from sla_guard.scale.guardrails import Decision, PoolMemory, Rails, apply_budget
 from sla_guard.scale.learn import (
     PrefillCapacity,
     StepModel,
+    TpotSpread,
     adapt_target_utilization,
     ewma,
     record,
     slope,
+    tpot_headroom,
     update_prefill_capacity,
     update_step_model,
+    update_tpot_spread,
 )
 from sla_guard.scale.observe import ClientReading, PoolReading, Reader, sample_name
 from sla_guard.settings.advisor import AdvisorConfig
@@ -63,6 +66,8 @@ class _Learned:
     initial_engines: set[str] | None = None
     waiting_hist: dict[str, deque] = field(default_factory=dict)
     running_hist: deque = field(default_factory=lambda: deque(maxlen=TREND_POINTS))
+    tpot_spread: TpotSpread = field(default_factory=TpotSpread)
+    tpot_spread_t: float | None = None  # when the last window joined it (windows do not overlap)
 
 
 def leak_restarts(findings: list[Finding] | tuple[Finding, ...], model: str) -> list[PoolRecommendation]:
@@ -455,7 +460,7 @@ class Advisor:
             # variance, not the batch, moves TPOT) can come out many times the profiled one; the
             # prior bounds it at 3x (the profile is a starting point, not a ceiling elsewhere)
             model = replace(model, b=3 * prior_b)
-        s = size_decode(obs, model, DecodeKnobs.from_config(cfg))
+        s = size_decode(obs, model, self._decode_knobs(now, r))
         if cfg.profile.decode_step_base_s and s.desired is not None:
             # a profiled step model is a prior as prefill's capacity is: the first few fitted
             # samples do not make the advisor less sure than it was with none
@@ -463,6 +468,25 @@ class Advisor:
         if client is not None and s.desired is not None:
             self._decode_ttft_blame(s, client, obs)
         return s
+
+    def _decode_knobs(self, now: float, r: PoolReading) -> DecodeKnobs:
+        """The decode knobs, the TPOT headroom learned: the mean TPOT at which the learning
+        quantile of requests (p95) meets the SLA, from how far single requests' TPOT scatter
+        around the mean (``TpotSpread``). The configured headroom (0.85) stands until enough
+        requests were seen, and the learned one is held within [0.5, 0.95] (the step-time fit's
+        own error). Blind bursty/s807: per-request TPOT 1.07-1.10x the mean at p95, so a fixed
+        0.85 held decode to 55-60 sequences a replica where 85 met the SLA, and decode ran 4-5
+        replicas where a static 2 reached a higher attainment."""
+        knobs, cfg, L = DecodeKnobs.from_config(self.cfg), self.cfg, self.learned
+        mean, n = r.totals.get("tpot_mean_s"), r.totals.get("tpot_requests") or 0.0
+        if mean and n >= 20 and r.tpot_le and (L.tpot_spread_t is None or now - L.tpot_spread_t >= cfg.window_s):
+            L.tpot_spread = update_tpot_spread(L.tpot_spread, r.tpot_le, mean)
+            L.tpot_spread_t = now
+        sigma = L.tpot_spread.sigma() if cfg.learn_tpot_spread else None
+        if sigma is None:
+            return knobs
+        return replace(knobs, tpot_headroom=min(0.95, max(0.5, tpot_headroom(sigma, cfg.learn_quantile))),
+                       tpot_spread_sigma=sigma)
 
     def _decode_ttft_blame(self, s: Sizing, client: ClientReading, obs: DecodeObs) -> None:
         """The client's TTFT tail over the SLA with the decode first leg (KV hand-off, decode

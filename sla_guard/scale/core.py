@@ -150,6 +150,7 @@ class DecodeKnobs:
     forecast_horizon_s: float
     scale_down_margin: float
     max_batch: float = 1024.0
+    tpot_spread_sigma: float | None = None  # learned per-request TPOT spread behind tpot_headroom (None: configured)
     tpot_floor_margin: float = 0.05  # TPOT within this of the empty-batch floor: unreachable by scaling
 
     @classmethod
@@ -414,7 +415,10 @@ def size_decode(obs: DecodeObs, model: StepModel, k: DecodeKnobs) -> Sizing:
         "step_per_request_s": round(model.b, 8),
         "tpot_predicted_s": round(model.step_time(per_replica_now) / max(obs.accepted_len, 1.0), 5),
         "replicas_needed": round(need, 3),
+        "tpot_headroom": round(k.tpot_headroom, 4),
     })
+    if k.tpot_spread_sigma is not None:
+        nums["tpot_spread_sigma"] = round(k.tpot_spread_sigma, 4)
     reasons: list[str] = []
     unreachable = tpot_unreachable(obs, model, k)
     demand_driven = desired > n_eff

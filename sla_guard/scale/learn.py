@@ -11,6 +11,7 @@ input of decode capacity. No clocks, no I/O: the caller decides which samples ar
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
@@ -158,3 +159,67 @@ def slope(ts: list[float], vs: list[float]) -> float | None:
     if not ok.any():
         return None
     return float(np.median((v[j] - v[i])[ok] / dt[ok]))
+
+
+# ---- spread of per-request TPOT around its mean (decode headroom) ----
+
+SPREAD_GRID = np.geomspace(0.01, 1.0, 81)  # sigma of log TPOT searched over
+MIN_SPREAD_REQUESTS = 300  # requests before the learned spread replaces the configured headroom
+
+
+@dataclass(frozen=True, slots=True)
+class TpotSpread:
+    """How far single requests' TPOT scatter around the window's mean, learned from the TPOT
+    histogram: per-request TPOT as the mean times a lognormal factor of mean 1 and log-s.d. sigma
+    (speculative acceptance and context length differ per request, multiplying its step time).
+
+    Each window adds the log-likelihood of its bucket counts given its exact mean (_sum/_count)
+    for every sigma of a grid; older windows fade (``forget`` per window). The histogram's
+    bucket edges are exact (the SLA is one of them), so the share over the SLA constrains sigma
+    without interpolation inside a bucket, which the histogram's quantile cannot do."""
+
+    loglik: tuple[float, ...] = ()
+    requests: float = 0.0
+
+    def sigma(self) -> float | None:
+        if self.requests < MIN_SPREAD_REQUESTS or not self.loglik:
+            return None
+        return float(SPREAD_GRID[int(np.argmax(self.loglik))])
+
+
+_erf = np.vectorize(math.erf, otypes=[float])
+
+
+def update_tpot_spread(sp: TpotSpread, buckets: dict[float, float], mean_s: float, forget: float = 0.97
+                       ) -> TpotSpread:
+    """Add one window: ``buckets`` maps each upper edge (``le``, +Inf included) to the cumulative
+    count of requests in the window, ``mean_s`` is their mean TPOT."""
+    edges = sorted(b for b in buckets if b > 0)
+    if mean_s <= 0 or not edges:
+        return sp
+    counts, prev = [], 0.0
+    for b in edges:
+        c = max(0.0, buckets[b] - prev)
+        counts.append(c)
+        prev = max(prev, buckets[b])
+    n = sum(counts)
+    if n <= 0:
+        return sp
+    sig = SPREAD_GRID[:, None]
+    finite = np.array([b for b in edges if np.isfinite(b)], dtype=float)
+    z = (np.log(finite / mean_s)[None, :] + sig ** 2 / 2) / sig
+    cdf = 0.5 * (1.0 + _erf(z / np.sqrt(2.0)))
+    if len(finite) < len(edges):
+        cdf = np.concatenate([cdf, np.ones((len(SPREAD_GRID), 1))], axis=1)
+    p = np.diff(np.concatenate([np.zeros((len(SPREAD_GRID), 1)), cdf], axis=1), axis=1)
+    ll = (np.log(np.maximum(p, 1e-12)) * np.array(counts)[None, :]).sum(axis=1)
+    old = np.array(sp.loglik) if sp.loglik else np.zeros(len(SPREAD_GRID))
+    return TpotSpread(tuple(float(v) for v in forget * old + ll), forget * sp.requests + n)
+
+
+def tpot_headroom(sigma: float, quantile: float) -> float:
+    """Mean TPOT, as a share of the SLA, at which the ``quantile`` of requests meets the SLA."""
+    from statistics import NormalDist
+
+    z = NormalDist().inv_cdf(quantile)
+    return float(np.exp(sigma ** 2 / 2 - z * sigma))

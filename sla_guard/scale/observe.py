@@ -101,6 +101,8 @@ class PoolReading:
     totals: dict[str, float | None] = field(default_factory=dict)
     per_engine: dict[str, EngineSample] = field(default_factory=dict)
     waiting_by_engine: dict[str, float] = field(default_factory=dict)  # requests waiting, per replica
+    # the window's TPOT histogram, whole pool: cumulative request count at each bucket edge (le)
+    tpot_le: dict[float, float] = field(default_factory=dict)
 
     @property
     def unfinished(self) -> float | None:
@@ -272,6 +274,11 @@ class Reader:
                 vals = [v for v in q.values() if v == v]  # drop NaN (no requests)
                 t[f"{ind}_{qname}_s"] = max(vals) if vals else None
 
+        r.tpot_le = promql.split_le(view.increase(sample_name(c.REQUEST_TPOT, "_bucket"), mt, w, now,
+                                                  ("le",))).get((), {})
+        tsum = view.increase(sample_name(c.REQUEST_TPOT, "_sum"), mt, w, now, ())
+        n_tpot = t.get("tpot_requests") or 0.0
+        t["tpot_mean_s"] = sum(tsum.values()) / n_tpot if tsum and n_tpot > 0 else None
         # step time of a replica = mean over its data-parallel engines (each steps on its own)
         step_rates = counter_rates(view.range(sample_name(c.ENGINE_STEPS), mt, now - w, now), by="engine")
         eng_rep = {s.label("engine"): replica_of(s.labels) for s in view.range(sample_name(c.ENGINE_STEPS), mt,

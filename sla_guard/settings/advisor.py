@@ -140,6 +140,9 @@ class AdvisorConfig(Strict):
                                               "(a 5% miss budget): slower, sizing-level feedback")
     decode_tpot_headroom: float = Field(default=d.DECODE_TPOT_HEADROOM, gt=0, le=1,
                                         description="size decode so predicted TPOT <= headroom x SLA")
+    learn_tpot_spread: bool = Field(default=True, description=(
+        "learn decode's TPOT headroom from how far single requests' TPOT scatter around the mean (the TPOT "
+        "histogram), so that the learn_quantile of requests meets the SLA; false: decode_tpot_headroom throughout"))
     kv_target_usage: float = Field(default=d.KV_TARGET_USAGE, gt=0, le=1)
     scale_down_margin: float = Field(default=d.SCALE_DOWN_MARGIN, ge=0, lt=1,
                                      description="N-1 must fit with this extra headroom")
