@@ -408,6 +408,8 @@ def test_advisor_memory_and_decision_tail_round_trip(tmp_path):
     got = fresh.advisors["llama"]
     assert got.learned.decode == adv.learned.decode and got.learned.decode.samples > 0
     assert got.learned.prefill == adv.learned.prefill
+    # the TPOT spread behind decode's headroom (5 requests a scrape at one TPOT: learned, near 0)
+    assert got.learned.tpot_spread == adv.learned.tpot_spread and adv.learned.tpot_spread.requests > 0
     assert got.memory == adv.memory and got.memory["decode"].failed == {2: (1300.0, 0.8)}
     assert got.learned.first_seen == adv.learned.first_seen
     assert list(fresh.history) == records

@@ -23,7 +23,7 @@ from sla_guard.model import Finding, MetricsView, PoolRecommendation
 from sla_guard.scale.actuators import ActuationError, Actuator, StandbyError, idempotency_key
 from sla_guard.scale.advisor import Advisor, _Learned, to_recommendation
 from sla_guard.scale.guardrails import PoolMemory
-from sla_guard.scale.learn import PrefillCapacity, StepModel
+from sla_guard.scale.learn import PrefillCapacity, StepModel, TpotSpread
 from sla_guard.settings.advisor import AdvisorConfig
 
 log = logging.getLogger(__name__)
@@ -228,7 +228,7 @@ class AdvisorEvaluator:
 
 # what an Advisor learns (and must not relearn after a restart); the rest is configuration
 _ADVISOR_STATE = ("learned", "memory", "pending", "_accepted_len", "u_target", "_proven")
-_ADVISOR_CLASSES = {k.__name__: k for k in (_Learned, PrefillCapacity, StepModel, PoolMemory)}
+_ADVISOR_CLASSES = {k.__name__: k for k in (_Learned, PrefillCapacity, StepModel, TpotSpread, PoolMemory)}
 
 
 def rec_json(r: PoolRecommendation) -> dict:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from statistics import NormalDist
 
 import numpy as np
 
@@ -219,7 +220,5 @@ def update_tpot_spread(sp: TpotSpread, buckets: dict[float, float], mean_s: floa
 
 def tpot_headroom(sigma: float, quantile: float) -> float:
     """Mean TPOT, as a share of the SLA, at which the ``quantile`` of requests meets the SLA."""
-    from statistics import NormalDist
-
     z = NormalDist().inv_cdf(quantile)
     return float(np.exp(sigma ** 2 / 2 - z * sigma))
