@@ -178,6 +178,12 @@ class Advisor:
                 step = s.tpot_mean_s * (s.accepted_len or 1.0)
             if step and s.running_mean and s.running_mean >= 1:
                 L.decode = update_step_model(L.decode, s.running_mean, step)
+        # the TPOT spread behind decode's headroom, one window at a time (windows do not overlap)
+        d = readings["decode"]
+        mean, n = d.totals.get("tpot_mean_s"), d.totals.get("tpot_requests") or 0.0
+        if mean and n >= 20 and d.tpot_le and (L.tpot_spread_t is None or now - L.tpot_spread_t >= self.cfg.window_s):
+            L.tpot_spread = update_tpot_spread(L.tpot_spread, d.tpot_le, mean)
+            L.tpot_spread_t = now
 
     # -- one tick ------------------------------------------------------------------------------
     def step(self, view: MetricsView | None, now: float, counts: dict[str, tuple[int, int]],
@@ -460,7 +466,7 @@ class Advisor:
             # variance, not the batch, moves TPOT) can come out many times the profiled one; the
             # prior bounds it at 3x (the profile is a starting point, not a ceiling elsewhere)
             model = replace(model, b=3 * prior_b)
-        s = size_decode(obs, model, self._decode_knobs(now, r))
+        s = size_decode(obs, model, self._decode_knobs())
         if cfg.profile.decode_step_base_s and s.desired is not None:
             # a profiled step model is a prior as prefill's capacity is: the first few fitted
             # samples do not make the advisor less sure than it was with none
@@ -469,20 +475,16 @@ class Advisor:
             self._decode_ttft_blame(s, client, obs)
         return s
 
-    def _decode_knobs(self, now: float, r: PoolReading) -> DecodeKnobs:
-        """The decode knobs, the TPOT headroom learned: the mean TPOT at which the learning
+    def _decode_knobs(self) -> DecodeKnobs:
+        """The decode knobs with the TPOT headroom learned (``_learn``): the mean TPOT at which the learning
         quantile of requests (p95) meets the SLA, from how far single requests' TPOT scatter
         around the mean (``TpotSpread``). The configured headroom (0.85) stands until enough
         requests were seen, and the learned one is held within [0.5, 0.95] (the step-time fit's
         own error). Blind bursty/s807: per-request TPOT 1.07-1.10x the mean at p95, so a fixed
         0.85 held decode to 55-60 sequences a replica where 85 met the SLA, and decode ran 4-5
         replicas where a static 2 reached a higher attainment."""
-        knobs, cfg, L = DecodeKnobs.from_config(self.cfg), self.cfg, self.learned
-        mean, n = r.totals.get("tpot_mean_s"), r.totals.get("tpot_requests") or 0.0
-        if mean and n >= 20 and r.tpot_le and (L.tpot_spread_t is None or now - L.tpot_spread_t >= cfg.window_s):
-            L.tpot_spread = update_tpot_spread(L.tpot_spread, r.tpot_le, mean)
-            L.tpot_spread_t = now
-        sigma = L.tpot_spread.sigma() if cfg.learn_tpot_spread else None
+        knobs, cfg = DecodeKnobs.from_config(self.cfg), self.cfg
+        sigma = self.learned.tpot_spread.sigma() if cfg.learn_tpot_spread else None
         if sigma is None:
             return knobs
         return replace(knobs, tpot_headroom=min(0.95, max(0.5, tpot_headroom(sigma, cfg.learn_quantile))),
