@@ -405,3 +405,27 @@ def test_client_scope_is_served_scraped_and_labelled_as_the_contract_says(moonca
     got = store.increase(c.CLIENT_TTFT.series("_count"), {"pool": "client", "route": "pd"}, 900, at, ("instance",))
     assert list(got) and all(dict(k)["instance"] == "sim-proxy" for k in got)
     assert not store.increase(c.CLIENT_TTFT.series("_count"), {"pool": "prefill"}, 900, at, ())
+
+
+def test_a_prefill_queue_waits_in_waiting_as_in_vllm_v1():
+    """vLLM V1's scheduler gives the step's token budget to the running requests first and admits a
+    waiting request only while budget is left, so behind a long prompt the queue is `waiting`, not
+    `running`, and each prompt's prefill time is its own compute. (Admitting up to max_num_seqs at
+    once put a queue in `running` and stretched every prefill time by the prompts admitted before.)"""
+    reqs = tuple(TraceRequest(i * 0.001, 30_000, 2) for i in range(10))
+    dep = Deployment(PROFILE, 1, 1, record=False)
+    dep.submit(Trace("docs", reqs))
+    pre = next(r for r in dep.replicas if r.pool == "prefill")
+    seen = []
+    for t in (0.05, 0.3, 0.6, 1.0, 2.0):
+        dep.run_until(t)
+        seen.append((len(pre.running), len(pre.waiting)))
+    fits = 1 + PROFILE.prefill.chunk_tokens // 30_000  # prompts one step's budget reaches
+    assert max(run for run, _ in seen) <= fits, seen
+    assert seen[0][1] >= 8, seen
+    dep.run_until(120)
+    phases = [r.p_done - r.p_sched for r in dep.done]
+    assert len(phases) == 10
+    # a prompt shares a step with the one or two others the budget reaches (2.6x a lone prompt's
+    # phase on average here), not with the whole queue (5x when all ten were admitted at once)
+    assert sum(phases) / len(phases) < 3.5 * min(phases), phases

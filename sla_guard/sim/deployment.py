@@ -210,9 +210,15 @@ class PrefillReplica(Replica):
             self._step(now)
 
     def _admit(self, now: float) -> None:
+        """Move waiting requests into the running batch as vLLM V1's scheduler does: the running
+        requests take the step's token budget first (FIFO), and a waiting request is admitted only
+        while budget is left for its first chunk (and a slot and KV space). So while a long prompt
+        computes, the queue behind it stays in ``waiting`` and each request's prefill time is its own
+        compute, not the wait for the prompts admitted before it."""
         prof = self.dep.profile
         bt = self.block_tokens
-        while self.waiting and len(self.running) < prof.prefill.max_num_seqs:
+        left = prof.prefill.chunk_tokens - sum(r.remaining for r in self.running)
+        while self.waiting and len(self.running) < prof.prefill.max_num_seqs and left > 0:
             r = self.waiting[0]
             if self.active_tokens + r.input_len > self.capacity and self.running:
                 break  # wait for KV to free up
@@ -232,6 +238,7 @@ class PrefillReplica(Replica):
             r.p_kv = r.input_len
             self.active_tokens += r.input_len
             self.running.append(r)
+            left -= r.remaining
             if self.metrics is not None:
                 self.metrics.rec.prefix_cache("local", r.input_len, hit)
             r.status = "prefill"
