@@ -108,11 +108,10 @@ class PoolReading:
     def unfinished(self) -> float | None:
         """Requests the pool holds and has not finished: waiting plus running.
 
-        On a prefill engine every one of them still owes its prompt: with chunked prefill vLLM
-        admits up to ``max_num_seqs`` requests into the running batch and computes their prompts
-        a token budget per step, in order, so an overloaded prefill engine's queue sits mostly in
-        ``running`` (blind step_down/s810 of the tuning-more workloads: 250 running against 30-50
-        waiting on two replicas). On a decode engine running is the batch, not a queue."""
+        On a prefill engine every one of them still owes its prompt, and the split between the two
+        says little: vLLM V1 admits a waiting request once the step's token budget has room for its
+        first chunk, so a running prefill may still be most of its prompt away. On a decode engine
+        running is the batch, not a queue."""
         w, r = self.totals.get("waiting"), self.totals.get("running")
         return None if w is None and r is None else (w or 0.0) + (r or 0.0)
 
