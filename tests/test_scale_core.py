@@ -272,6 +272,20 @@ def test_a_forecast_does_not_undo_a_scale_down_within_the_no_reversal_span():
     assert decide("decode", 2800, 1, 0, sized, mem, rails).direction == "up"  # after the span
 
 
+def test_decode_forecast_projects_at_most_half_the_batch():
+    """A burst's ramp-in reads as a steep concurrency slope: projected over the whole forecast
+    horizon it ordered decode for 1.6x the burst's peak (blind bursty/s807: 267 against a peak of
+    167). The projection is held to half the batch, as prefill's arrival trend is held to half the
+    served demand; a gentle slope is projected in full."""
+    model = StepModel(a=0.012, b=0.0001, samples=50)
+    steep = size_decode(DecodeObs(ready=2, starting=0, running=100.0, running_slope=2.0, waiting=0.0,
+                                  tpot_tail_s=0.015), model, DK)
+    assert steep.numbers["concurrency_forecast"] == pytest.approx(150.0)
+    gentle = size_decode(DecodeObs(ready=2, starting=0, running=100.0, running_slope=0.1, waiting=0.0,
+                                   tpot_tail_s=0.015), model, DK)
+    assert gentle.numbers["concurrency_forecast"] == pytest.approx(100.0 + 0.1 * DK.forecast_horizon_s)
+
+
 def test_starting_replicas_count_no_double_scaling():
     mem, rails = PoolMemory(), Rails(cooldown_s=60)
     d = decide("prefill", 0, 2, 0, _sz(3), mem, rails)

@@ -253,8 +253,8 @@ def size_prefill(obs: PrefillObs, cap: PrefillCapacity, k: PrefillKnobs) -> Sizi
     trend = min(max(0.0, obs.demand_slope or 0.0) * obs.trend_horizon_s, 0.5 * obs.uncached_tps)
     # a queue draining is work that arrived before: the arrivals are what the pool computes less
     # the drain (blind step_down/s810 of the tuning-more workloads: after an overloaded start the
-    # pool computed 142k tokens/s against 70k arriving while the old replicas emptied their 250
-    # running prefills, and prefill was ordered 6 -> 9 for it). The growth is the waiting queue's:
+    # pool computed 142k tokens/s against 70k arriving while the old replicas emptied their
+    # queues, and prefill was ordered 6 -> 9 for it). The growth is the waiting queue's:
     # orders for the running queue's growth came after the bursts that made it (tuning suite
     # GPU-hours +4.9 %, bursty/s0-s4 +10-29 %). The scale-down check keeps the computed peak.
     arrivals = max(0.0, obs.uncached_tps + growth + min(0.0, obs.drain_slope) * tokens_per_req)
@@ -398,7 +398,10 @@ def size_decode(obs: DecodeObs, model: StepModel, k: DecodeKnobs) -> Sizing:
     if obs.running is None or (model.samples == 0 and model.a <= 0):
         return Sizing(None, ["hold_missing_data"], {})
     n_eff = obs.ready + obs.starting
-    trend = max(0.0, obs.running_slope or 0.0) * k.forecast_horizon_s
+    # the concurrency trend, projected over the forecast horizon; at most half the batch, as
+    # prefill's arrival trend is held to half the served demand (a burst's ramp-in read as a slope
+    # ordered decode for 1.6x the burst's peak: blind bursty/s807, forecast 267 against a peak of 167)
+    trend = min(max(0.0, obs.running_slope or 0.0) * k.forecast_horizon_s, 0.5 * obs.running)
     conc = (obs.running + (obs.waiting or 0.0)) * max(1.0, obs.upstream_gain) + trend
     limit, nums = decode_batch_limit(obs, model, k)
     need = conc / limit
