@@ -37,7 +37,7 @@ def test_demo_rejects_bad_options(capsys, tmp_path):
 
 def test_demo_fault_story_ends_in_every_finding(tmp_path, capsys):
     """The default 3-hour story, as fast as the CPU runs it (in-process scraping): the injected
-    acceptance drop, the TPOT it costs at the same batch and d0's 200 MiB/h leak each end in a
+    acceptance drop, the TPOT it costs at the same batch and the decode engines' 200 MiB/h leak each end in a
     finding, after their onsets (60, 60 and 9 min). Session 16 found the default demo raising
     neither the TPOT finding (a thin warm-up's noise estimate) nor the leak one (the leak
     detector's 90-min start-up exclusion, not shortened to the run like the drift warm-ups)."""

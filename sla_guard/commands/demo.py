@@ -26,7 +26,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help="scaling policy acting on the deployment (default guard: the advisor at work)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--leak-mib-per-hour", type=float, default=200.0,
-                   help="RSS leak injected into d0's EngineCore (default 200; the leak in 'From Day 0 "
+                   help="RSS leak injected into the decode EngineCores (default 200; the leak in 'From Day 0 "
                         "to Production SLAs' (DaoCloud) was ~48)")
     p.add_argument("--surge", type=float, default=2.0,
                    help="arrival-rate factor of the load surge over the second sixth of the run (default 2; 1 = none)")
@@ -46,11 +46,13 @@ def default_trace() -> str:
 
 
 def demo_faults(sim_s: float, leak_mib_h: float, drift_to: float, surge: float = 1.0) -> list[dict]:
-    """The demo's schedule, scaled to the simulated span: a leak from 5% of the run on d0's
-    EngineCore, a load surge over the second sixth (``surge`` x the arrivals), an acceptance
-    drift over the middle third on every decode replica."""
-    out = [{"kind": "leak", "replica": "d0", "role": "engine_core", "mib_per_hour": leak_mib_h,
-            "start_s": round(0.05 * sim_s, 1)}]
+    """The demo's schedule, scaled to the simulated span: a leak from 5% of the run in the
+    EngineCore of both decode replicas of the 2P2D start (a leak is in the code every replica
+    runs; and the advisor may give either one back before the onset: it drains the less loaded),
+    a load surge over the second sixth (``surge`` x the arrivals), an acceptance drift over the
+    middle third on every decode replica."""
+    out = [{"kind": "leak", "replica": name, "role": "engine_core", "mib_per_hour": leak_mib_h,
+            "start_s": round(0.05 * sim_s, 1)} for name in ("d0", "d1")]
     if surge > 1.0:
         out.append({"kind": "load_spike", "start_s": round(sim_s / 6, 1), "end_s": round(sim_s / 3, 1),
                     "factor": surge})
