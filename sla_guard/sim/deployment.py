@@ -213,8 +213,8 @@ class PrefillReplica(Replica):
         """Move waiting requests into the running batch as vLLM V1's scheduler does: the running
         requests take the step's token budget first (FIFO), and a waiting request is admitted only
         while budget is left for its first chunk (and a slot and KV space). So while a long prompt
-        computes, the queue behind it stays in ``waiting`` and each request's prefill time is its own
-        compute, not the wait for the prompts admitted before it."""
+        computes, the queue behind it stays in ``waiting``, and a request's prefill time is its own
+        compute shared with the one or two others the budget reaches, not the whole queue's."""
         prof = self.dep.profile
         bt = self.block_tokens
         left = prof.prefill.chunk_tokens - sum(r.remaining for r in self.running)
