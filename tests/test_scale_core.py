@@ -455,6 +455,24 @@ def test_advisor_remembers_long_prefill_work_not_share():
     assert adv._long_busy_recent(3700.0, 0.01, 4) == pytest.approx(0.01)  # the burst is past the horizon
 
 
+def test_advisor_does_not_remember_long_work_read_while_a_backlog_drained():
+    """A replica working through a backlog is busy all the time and shares each step among the
+    prompts it admitted, so every prefill reads as long whatever its length: such a window is
+    not remembered as long-prompt work (it held step_down/s4's start of 12 replicas for 40
+    minutes). A wait of a few seconds behind long prompts is their work, and is remembered."""
+    from sla_guard.scale.advisor import Advisor
+
+    adv = Advisor(AdvisorConfig(), model="*", slo_ttft_s=2.5)
+    backlog = {"long_busy_share": 1.0, "queue_tail_s": 150.0, "waiting": 300.0}
+    behind_long = {"long_busy_share": 0.8, "queue_tail_s": 3.0, "waiting": 5.0}
+    assert adv._queued(backlog, 12) and not adv._queued(behind_long, 2)
+    assert adv._queued({"queue_tail_s": None, "waiting": 30.0}, 12) is True  # no queue histogram: the queue now
+    assert adv._long_busy_recent(0.0, 1.0, 12, queued=True) is None
+    assert adv._long_busy_recent(600.0, 0.1, 12) == pytest.approx(0.1)
+    assert adv._long_busy_recent(900.0, 0.8, 2) == pytest.approx(0.8)  # the long prompts' own work
+    assert adv._long_busy_recent(1200.0, 0.05, 4) == pytest.approx(0.4)
+
+
 def test_long_prefill_seconds_from_histogram_buckets():
     """Per-le increases (cumulative, ``increase(..._bucket[w])`` by le via promql.split_le) -> seconds spent on
     prefills longer than the threshold, at bucket midpoints (+Inf at its lower bound)."""

@@ -56,6 +56,8 @@ PEAK_POINTS = 1024
 PROVEN_POINTS = 512
 PROVEN_SPAN_S = 3600.0  # how long a utilisation that held the SLA is evidence for N-1
 TREND_POINTS = 64
+# a queue-time tail over this many TTFT SLAs is a backlog, not waiting behind a long prompt
+BACKLOG_WAIT_SLO = 4.0
 
 
 @dataclass(slots=True)
@@ -305,15 +307,33 @@ class Advisor:
         vals = [v for t, v in hist if t >= now - span_s]
         return max(vals) if vals else None
 
-    def _long_busy_recent(self, now: float, share: float | None, ready: int) -> float | None:
+    def _long_busy_recent(self, now: float, share: float | None, ready: int, *, queued: bool = False) -> float | None:
         """The long-prompt share per ready replica that the N-1 head-of-line check is held to: the
         most long-prefill work (share x replicas, in replicas kept busy) seen over the recurrence
         horizon, spread over today's ready replicas. Long prompts come in bursts further apart
         than the stabilisation window, and a shrink judged between two bursts meets the next one
-        with one replica fewer to route around it."""
-        work = self._peak("prefill_long_work", now, share * ready if share is not None and ready > 0 else None,
+        with one replica fewer to route around it.
+
+        A window whose requests ``queued`` is not remembered: a replica working through a queue
+        is busy all the time and shares each step among the prompts it admitted, so every prefill
+        takes long whatever its length (step_down/s4 of the tuning suite: a share of 1.0 on 12
+        replicas draining an overloaded start's queue held 11 replicas at 8 % utilisation for 40
+        minutes)."""
+        work = self._peak("prefill_long_work", now,
+                          share * ready if share is not None and ready > 0 and not queued else None,
                           self.cfg.recurrence_horizon_s)
         return work / ready if work is not None and ready > 0 else None
+
+    def _queued(self, t: dict, ready: int) -> bool:
+        """Whether the window's requests waited behind a backlog: a queue-time tail over
+        ``BACKLOG_WAIT_SLO`` times the TTFT SLA (without one, more requests waiting than replicas
+        now). Waiting behind a long prompt is not a backlog: it costs the one or two prompts
+        ahead (step_up/s4 of the tuning suite: tails of 1.7-3.4 s at 10-50 % utilisation, against
+        35-180 s while step_down/s4's start drained its queue)."""
+        q = t.get("queue_tail_s")
+        if q is not None:
+            return q > BACKLOG_WAIT_SLO * self.slo_ttft_s
+        return (t.get("waiting") or 0.0) > max(ready, 1)
 
     def _remember_proven(self, now: float, utilization: float) -> None:
         """A utilisation at which the SLA held, kept over ``PROVEN_SPAN_S`` at any interval (a
@@ -399,7 +419,8 @@ class Advisor:
                          settled=settled,
                          # long prompts come in bursts: the window's share can be 0 between two
                          long_busy_share=self._peak("prefill_long_busy", now, t.get("long_busy_share")),
-                         hol_busy_share=self._long_busy_recent(now, t.get("long_busy_share"), counts[0]),
+                         hol_busy_share=self._long_busy_recent(now, t.get("long_busy_share"), counts[0],
+                                                               queued=self._queued(t, counts[0])),
                          # half the start time: a linear trend is not trusted further than that
                          demand_slope=dslope, trend_horizon_s=0.25 * self.start_time("prefill"),
                          backlog_horizon_s=0.25 * self.start_time("prefill"),
