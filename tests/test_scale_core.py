@@ -66,6 +66,28 @@ def test_prefill_backlog_is_sized_for_the_queue_the_ordered_replicas_meet():
     assert all(s.numbers["replicas_holding_backlog"] == 0 for s in (now, ahead, soon, flat))
 
 
+def test_a_queue_the_ready_replicas_clear_before_a_new_one_serves_is_not_ordered_for():
+    # 8 ready replicas of 10k tok/s with 20k tok/s arriving have 60k to spare: 300 requests of 4k
+    # tokens (1.2M) are computed in 20 s, long before a replica ordered now serves (600 s); with
+    # the pool busy (79k computed, 1k to spare) half the queue is still there then
+    # -- when the queue is an old one (requests waited 150 s) and no longer grows; a queue of 3 s
+    # waits is a burst's, the early sign of a load that keeps queueing, and a growing one a
+    # surge's: both stay backlog
+    obs = _p(ready=8, uncached_tps=20_000.0, requests_per_s=5.0, waiting=300.0, backlog_horizon_s=150.0,
+             queue_tail_s=150.0, waiting_slope=-0.5)
+    now = size_prefill(obs, CAP, PK)
+    later = size_prefill(replace(obs, start_s=600.0), CAP, PK)
+    busy = size_prefill(replace(obs, uncached_tps=79_000.0, requests_per_s=19.75, start_s=600.0), CAP, PK)
+    assert now.numbers["backlog_tokens_per_s"] == pytest.approx(8_000.0)  # 1.2M over 150 s, start unknown
+    assert later.numbers["spare_tokens_per_s"] == pytest.approx(60_000.0)
+    assert later.numbers["backlog_tokens_per_s"] == 0.0 and later.desired < now.desired
+    assert busy.numbers["backlog_tokens_per_s"] == pytest.approx(4_000.0)  # 600k left over 150 s
+    burst = size_prefill(replace(obs, start_s=600.0, queue_tail_s=3.0), CAP, PK)
+    assert burst.numbers["backlog_tokens_per_s"] == pytest.approx(8_000.0) and burst.desired == now.desired
+    growing = size_prefill(replace(obs, start_s=600.0, waiting_slope=0.5), CAP, PK)
+    assert growing.numbers["spare_tokens_per_s"] == 0.0 and growing.numbers["backlog_tokens_per_s"] > 0.0
+
+
 def test_a_queue_held_by_its_engine_is_not_ordered_for():
     # vLLM keeps each engine's queue (the default): replica 0 holds 600 requests of 4k tokens,
     # 240 s of its 10k tok/s, longer than the 150 s horizon; it carries no new arrivals meanwhile,
@@ -620,6 +642,24 @@ def test_memories_cover_their_span_at_any_decision_interval(interval_s):
     lull, _, recent = mem.lulls(1, 6600.0)
     assert recent and lull == pytest.approx(6600.0, abs=2 * 7200.0 / 2000)
     assert len(mem.raw_long) <= 2048
+
+
+def test_a_tail_from_a_backlog_that_is_gone_is_not_load_now():
+    """A 137 s tail whose requests waited 137 s in a queue that has since drained (one request
+    waiting on 7 replicas) is an old backlog's: replicas ordered now meet none of it, so neither
+    the proportional rule nor the utilisation target acts on it (step_down/s5 of the tuning suite
+    went 7 -> 11 prefill replicas for it). While the queue is still there, or with a wait a burst
+    makes (a few seconds), the tail stays load's."""
+    from sla_guard.scale.core import tail_from_load
+
+    # utilisation, target, waiting, ready, long share, queue tail, excess, held wait, backlog wait
+    assert not tail_from_load(0.37, 0.5, 1.0, 7, None, 137.0, 134.5, 150.0, 10.0)
+    assert tail_from_load(0.37, 0.5, 300.0, 7, None, 137.0, 134.5, 150.0, 10.0)  # the queue is still there
+    assert tail_from_load(0.37, 0.5, 1.0, 7, None, 6.0, 5.0, 150.0, 10.0)  # a burst's wait
+    gone = _p(ready=7, uncached_tps=25_000.0, requests_per_s=6.0, waiting=1.0, ttft_tail_s=137.0,
+              queue_tail_s=137.0, backlog_horizon_s=150.0, settled=True)
+    s = size_prefill(gone, CAP, PK)
+    assert "ttft_over_sla" not in s.reasons and "ttft_tail_not_from_load" in s.reasons and s.desired <= 7
 
 
 def test_only_a_tail_that_load_made_counts():

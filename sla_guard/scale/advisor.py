@@ -23,6 +23,7 @@ from exporters import contract as c
 from sla_guard.defaults import TPOT_SLO_S, TTFT_SLO_S
 from sla_guard.model import Finding, MetricsView, PoolRecommendation
 from sla_guard.scale.core import (
+    BACKLOG_WAIT_SLO,
     DecodeKnobs,
     DecodeObs,
     PrefillKnobs,
@@ -56,8 +57,6 @@ PEAK_POINTS = 1024
 PROVEN_POINTS = 512
 PROVEN_SPAN_S = 3600.0  # how long a utilisation that held the SLA is evidence for N-1
 TREND_POINTS = 64
-# a queue-time tail over this many TTFT SLAs is a backlog, not waiting behind a long prompt
-BACKLOG_WAIT_SLO = 4.0
 
 
 @dataclass(slots=True)
@@ -424,7 +423,7 @@ class Advisor:
                          # half the start time: a linear trend is not trusted further than that
                          demand_slope=dslope, trend_horizon_s=0.25 * self.start_time("prefill"),
                          backlog_horizon_s=0.25 * self.start_time("prefill"),
-                         serve_in_s=self._serve_in("prefill", now, counts[1]),
+                         serve_in_s=self._serve_in("prefill", now, counts[1]), start_s=self.start_time("prefill"),
                          queues=tuple(r.waiting_by_engine.values()), drain_slope=min(0.0, uslope or 0.0))
         cap = self.learned.prefill
         # learn the utilisation target only against a learned capacity (a profile prior can be far
@@ -438,7 +437,7 @@ class Advisor:
             held_wait = None if cfg.queue_moves else max(cfg.drain_horizon_s, obs.backlog_horizon_s)
             if sig.learn_s is None or tail_from_load(u_obs, self.u_target, obs.waiting, counts[0], obs.long_busy_share,
                                                      t.get("queue_learn_s"), sig.learn_s - sig.budget_s,
-                                                     held_wait or math.inf):
+                                                     held_wait or math.inf, BACKLOG_WAIT_SLO * sig.budget_s):
                 self.u_target = adapt_target_utilization(self.u_target, u_obs, sig.learn_s, sig.budget_s)
             learn_tail = sig.learn_s
             if learn_tail is not None and learn_tail <= 0.8 * sig.budget_s:

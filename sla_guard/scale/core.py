@@ -52,6 +52,9 @@ class PrefillObs:
     # seconds until the capacity ordered so far serves (the replicas starting, else one ordered
     # now): the queue keeps growing until then
     serve_in_s: float = 0.0
+    # seconds until a replica ordered now serves (its start time): the queue the ready replicas
+    # compute before then, beside the arrivals, is not backlog for it
+    start_s: float = 0.0
     # requests waiting on each ready replica (empty: unknown, the pool's queue taken as even)
     queues: tuple[float, ...] = ()
     # requests/s by which the prefills not yet finished (waiting + running) are shrinking, <= 0:
@@ -164,6 +167,10 @@ class DecodeKnobs:
 # utilisation learning act on it
 LOAD_TAIL_UTILIZATION = 0.25
 
+# a queue-time tail over this many TTFT SLAs is a backlog, not waiting behind a long prompt or a
+# burst's queue
+BACKLOG_WAIT_SLO = 4.0
+
 # an "overwhelming fit" without a latency tail (no request finished in the window yet): N-1 would
 # carry at most this share of the load the strong-fit rule allows it
 IDLE_SHARE = 0.5
@@ -171,7 +178,7 @@ IDLE_SHARE = 0.5
 
 def tail_from_load(utilization: float, target_utilization: float, waiting: float | None, ready: int,
                    long_busy_share: float | None, queue_tail_s: float | None, excess_s: float,
-                   held_wait_s: float = math.inf) -> bool:
+                   held_wait_s: float = math.inf, backlog_wait_s: float = math.inf) -> bool:
     """Whether a TTFT tail ``excess_s`` over its budget is load's doing, so that more replicas (the
     proportional rule) or a lower utilisation target (learning) would shorten it.
 
@@ -188,8 +195,13 @@ def tail_from_load(utilization: float, target_utilization: float, waiting: float
     A queue wait over ``held_wait_s`` (the backlog horizon, where each engine keeps its own queue)
     was spent on a queue its engine held: replicas ordered now take none of it, and the pool's
     utilisation did not make it (surge_after_quiet/s2: a 160 s tail of requests that had waited up
-    to 640 s in one replica's queue took prefill 13 -> 16 after the last arrival)."""
+    to 640 s in one replica's queue took prefill 13 -> 16 after the last arrival). So was a wait
+    over ``backlog_wait_s`` (a backlog's, not a burst's) once no queue is left: replicas ordered
+    now meet none of it (step_down/s5 of the tuning suite: a 137 s tail with one request waiting
+    took prefill 7 -> 11 at 13 minutes, for 22 minutes of idle replicas)."""
     if queue_tail_s is not None and queue_tail_s > held_wait_s:
+        return False
+    if queue_tail_s is not None and queue_tail_s > backlog_wait_s and (waiting or 0.0) <= max(ready, 1):
         return False
     if not long_busy_share:
         return True
@@ -204,7 +216,7 @@ def _conf(samples: int, need: int) -> float:
 
 
 def held_queues(obs: PrefillObs, tokens_per_req: float, ahead: float, capacity: float,
-                horizon_s: float) -> tuple[int, float]:
+                horizon_s: float, drained: float = 0.0) -> tuple[int, float]:
     """Replicas busy with their own queue for longer than ``horizon_s``, and the backlog (tokens/s
     over the horizon) of the others.
 
@@ -215,7 +227,8 @@ def held_queues(obs: PrefillObs, tokens_per_req: float, ahead: float, capacity: 
     longer than the horizon to drain carries nothing new meanwhile: it counts as busy, and the
     arrivals are sized for the others. Ordering for the queue itself buys replicas that never
     reach it (on the suite's surge, 16 prefill replicas whose 15 new ones idled beside one
-    replica's 770 waiting requests)."""
+    replica's 770 waiting requests). Of the others' queues, ``drained`` tokens per replica are
+    computed by their own engines before the ordered capacity serves: only the rest is backlog."""
     ready = max(obs.ready, 1)
     queues = obs.queues or (((obs.waiting or 0.0) / ready,) * obs.ready)
     held, rest = 0, 0.0
@@ -224,7 +237,7 @@ def held_queues(obs: PrefillObs, tokens_per_req: float, ahead: float, capacity: 
         if tokens / capacity > horizon_s:
             held += 1
         else:
-            rest += tokens
+            rest += max(0.0, tokens - drained)
     return min(held, obs.ready), rest / horizon_s
 
 
@@ -243,21 +256,33 @@ def size_prefill(obs: PrefillObs, cap: PrefillCapacity, k: PrefillKnobs) -> Sizi
     # a surge is ordered for in one step rather than one replica each time the queue is longer
     ahead = growth * obs.serve_in_s
     horizon = max(k.drain_horizon_s, obs.backlog_horizon_s)
-    held = 0
-    if k.queue_moves:
-        backlog = (obs.waiting * tokens_per_req + ahead) / horizon
-    else:
-        held, backlog = held_queues(obs, tokens_per_req, ahead, cap.tokens_per_s, horizon)
     # the arrival trend, projected to when replicas ordered now would serve
     # (at most half the served demand: the ramp-in of a rate window over a step reads as a slope)
     trend = min(max(0.0, obs.demand_slope or 0.0) * obs.trend_horizon_s, 0.5 * obs.uncached_tps)
+    # what the ready replicas compute of an old queue before the ordered capacity serves, beside
+    # the arrivals and their trend: a queue they clear first is not backlog for replicas ordered
+    # now, which would serve an empty queue (step_down/s4 of the tuning suite: 8 replicas ready
+    # with 124k tokens/s to spare, 7.8M tokens queued, and 4 more ordered at 11.5 minutes, ready
+    # at 22, idle to 33). Only a queue that no longer grows and whose wait is a backlog's: a
+    # queue of a few seconds is the early sign of a load that keeps queueing (blind agentic/s811
+    # lost 3 points without that), a growing one that of a surge (surge_after_quiet/s4, 0.8)
+    fresh = max(0.0, obs.uncached_tps + growth + min(0.0, obs.drain_slope) * tokens_per_req)
+    draining = (obs.waiting_slope is not None and obs.waiting_slope <= 0.0 and obs.queue_tail_s is not None
+                and obs.queue_tail_s > BACKLOG_WAIT_SLO * obs.ttft_slo_s)
+    spare = max(0.0, cap.tokens_per_s * obs.ready - fresh - trend) if draining else 0.0
+    held = 0
+    if k.queue_moves:
+        backlog = max(0.0, obs.waiting * tokens_per_req + ahead - spare * obs.start_s) / horizon
+    else:
+        held, backlog = held_queues(obs, tokens_per_req, ahead, cap.tokens_per_s, horizon,
+                                    spare / max(obs.ready, 1) * obs.start_s)
     # a queue draining is work that arrived before: the arrivals are what the pool computes less
     # the drain (blind step_down/s810 of the tuning-more workloads: after an overloaded start the
     # pool computed 142k tokens/s against 70k arriving while the old replicas emptied their
     # queues, and prefill was ordered 6 -> 9 for it). The growth is the waiting queue's:
     # orders for the running queue's growth came after the bursts that made it (tuning suite
     # GPU-hours +4.9 %, bursty/s0-s4 +10-29 %). The scale-down check keeps the computed peak.
-    arrivals = max(0.0, obs.uncached_tps + growth + min(0.0, obs.drain_slope) * tokens_per_req)
+    arrivals = fresh
     if held:
         # a replica holding its queue computes that queue, not arrivals, once new replicas take
         # them: the arrivals are what the pool computes plus the queue's change, signed (a queue
@@ -281,6 +306,7 @@ def size_prefill(obs: PrefillObs, cap: PrefillCapacity, k: PrefillKnobs) -> Sizi
         "backlog_ahead_tokens": round(ahead, 1),
         "queue_drain_tokens_per_s": round(-min(0.0, obs.drain_slope) * tokens_per_req, 1),
         "replicas_holding_backlog": held,
+        "spare_tokens_per_s": round(spare, 1),
     }
     if obs.ttft_tail_s is not None:
         nums["ttft_tail_s"] = round(obs.ttft_tail_s, 4)
@@ -296,7 +322,8 @@ def size_prefill(obs: PrefillObs, cap: PrefillCapacity, k: PrefillKnobs) -> Sizi
     held_wait = math.inf if k.queue_moves else horizon
     if over_sla and not tail_from_load(demand / (cap.tokens_per_s * max(obs.ready, 1)), k.target_utilization,
                                        obs.waiting, obs.ready, obs.long_busy_share, obs.queue_tail_s,
-                                       obs.ttft_tail_s - obs.ttft_slo_s, held_wait):
+                                       obs.ttft_tail_s - obs.ttft_slo_s, held_wait,
+                                       BACKLOG_WAIT_SLO * obs.ttft_slo_s):
         old_wait = obs.queue_tail_s is not None and obs.queue_tail_s > held_wait
         reasons.append("ttft_tail_from_held_queues" if old_wait else "ttft_tail_not_from_load")
         over_sla = False
