@@ -67,12 +67,11 @@ def test_prefill_backlog_is_sized_for_the_queue_the_ordered_replicas_meet():
 
 
 def test_a_queue_the_ready_replicas_clear_before_a_new_one_serves_is_not_ordered_for():
-    # 8 ready replicas of 10k tok/s with 20k tok/s arriving have 60k to spare: 300 requests of 4k
-    # tokens (1.2M) are computed in 20 s, long before a replica ordered now serves (600 s); with
-    # the pool busy (79k computed, 1k to spare) half the queue is still there then
-    # -- when the queue is an old one (requests waited 150 s) and no longer grows; a queue of 3 s
-    # waits is a burst's, the early sign of a load that keeps queueing, and a growing one a
-    # surge's: both stay backlog
+    # an old queue (requests waited 150 s) that no longer grows: 8 ready replicas of 10k tok/s with
+    # 20k tok/s arriving have 60k to spare, so 300 requests of 4k tokens (1.2M) are computed in
+    # 20 s, long before a replica ordered now serves (600 s); with the pool busy (79k computed, 1k
+    # to spare) half the queue is still there then. A queue of 3 s waits is a burst's, the early
+    # sign of a load that keeps queueing, and a growing one a surge's: both stay backlog
     obs = _p(ready=8, uncached_tps=20_000.0, requests_per_s=5.0, waiting=300.0, backlog_horizon_s=150.0,
              queue_tail_s=150.0, waiting_slope=-0.5)
     now = size_prefill(obs, CAP, PK)

@@ -32,6 +32,7 @@ from sla_guard.scale.core import (
     size_decode,
     size_prefill,
     tail_from_load,
+    waited_on_backlog,
 )
 from sla_guard.scale.guardrails import Decision, PoolMemory, Rails, apply_budget, decide
 from sla_guard.scale.learn import (
@@ -315,23 +316,19 @@ class Advisor:
 
         A window whose requests ``queued`` is not remembered: a replica working through a queue
         is busy all the time and shares each step among the prompts it admitted, so every prefill
-        takes long whatever its length (step_down/s4 of the tuning suite: a share of 1.0 on 12
-        replicas draining an overloaded start's queue held 11 replicas at 8 % utilisation for 40
-        minutes)."""
+        takes long whatever its length (step_down/s4 of the tuning suite: a share of 1.0 on 8-12
+        replicas draining an overloaded start's queue held 11 replicas at 7-15 % utilisation for
+        the last 45 minutes of the run)."""
         work = self._peak("prefill_long_work", now,
                           share * ready if share is not None and ready > 0 and not queued else None,
                           self.cfg.recurrence_horizon_s)
         return work / ready if work is not None and ready > 0 else None
 
     def _queued(self, t: dict, ready: int) -> bool:
-        """Whether the window's requests waited behind a backlog: a queue-time tail over
-        ``BACKLOG_WAIT_SLO`` times the TTFT SLA (without one, more requests waiting than replicas
-        now). Waiting behind a long prompt is not a backlog: it costs the one or two prompts
-        ahead (step_up/s4 of the tuning suite: tails of 1.7-3.4 s at 10-50 % utilisation, against
-        35-180 s while step_down/s4's start drained its queue)."""
-        q = t.get("queue_tail_s")
-        if q is not None:
-            return q > BACKLOG_WAIT_SLO * self.slo_ttft_s
+        """Whether the window's requests waited behind a backlog (``core.waited_on_backlog``
+        against the TTFT SLA; without a queue-time tail, more requests waiting than replicas now)."""
+        if t.get("queue_tail_s") is not None:
+            return waited_on_backlog(t["queue_tail_s"], self.slo_ttft_s)
         return (t.get("waiting") or 0.0) > max(ready, 1)
 
     def _remember_proven(self, now: float, utilization: float) -> None:

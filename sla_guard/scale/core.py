@@ -167,9 +167,16 @@ class DecodeKnobs:
 # utilisation learning act on it
 LOAD_TAIL_UTILIZATION = 0.25
 
-# a queue-time tail over this many TTFT SLAs is a backlog, not waiting behind a long prompt or a
-# burst's queue
+# a queue-time tail over this many TTFT SLAs (the prefill pool's share of it, where a client scope
+# splits it) is a backlog's, not a wait behind a long prompt or in a burst's queue
 BACKLOG_WAIT_SLO = 4.0
+
+
+def waited_on_backlog(queue_tail_s: float | None, slo_s: float) -> bool:
+    """Whether a window's queue-time tail is a backlog's (over ``BACKLOG_WAIT_SLO`` x ``slo_s``):
+    waiting behind a long prompt costs the one or two prompts ahead (1.7-3.4 s on the tuning
+    suite's step_up/s4), a backlog minutes (35-180 s while step_down/s4's start drained)."""
+    return queue_tail_s is not None and queue_tail_s > BACKLOG_WAIT_SLO * slo_s
 
 # an "overwhelming fit" without a latency tail (no request finished in the window yet): N-1 would
 # carry at most this share of the load the strong-fit rule allows it
@@ -267,8 +274,8 @@ def size_prefill(obs: PrefillObs, cap: PrefillCapacity, k: PrefillKnobs) -> Sizi
     # queue of a few seconds is the early sign of a load that keeps queueing (blind agentic/s811
     # lost 3 points without that), a growing one that of a surge (surge_after_quiet/s4, 0.8)
     fresh = max(0.0, obs.uncached_tps + growth + min(0.0, obs.drain_slope) * tokens_per_req)
-    draining = (obs.waiting_slope is not None and obs.waiting_slope <= 0.0 and obs.queue_tail_s is not None
-                and obs.queue_tail_s > BACKLOG_WAIT_SLO * obs.ttft_slo_s)
+    draining = (obs.waiting_slope is not None and obs.waiting_slope <= 0.0
+                and waited_on_backlog(obs.queue_tail_s, obs.ttft_slo_s))
     spare = max(0.0, cap.tokens_per_s * obs.ready - fresh - trend) if draining else 0.0
     held = 0
     if k.queue_moves:
