@@ -651,10 +651,11 @@ def test_a_tail_from_a_backlog_that_is_gone_is_not_load_now():
     makes (a few seconds), the tail stays load's."""
     from sla_guard.scale.core import tail_from_load
 
-    # utilisation, target, waiting, ready, long share, queue tail, excess, held wait, backlog wait
-    assert not tail_from_load(0.37, 0.5, 1.0, 7, None, 137.0, 134.5, 150.0, 10.0)
-    assert tail_from_load(0.37, 0.5, 300.0, 7, None, 137.0, 134.5, 150.0, 10.0)  # the queue is still there
-    assert tail_from_load(0.37, 0.5, 1.0, 7, None, 6.0, 5.0, 150.0, 10.0)  # a burst's wait
+    # utilisation, target, waiting, ready, long share, queue tail, excess, held wait, SLA (a
+    # backlog's wait: over 4 x 2.5 s)
+    assert not tail_from_load(0.37, 0.5, 1.0, 7, None, 137.0, 134.5, 150.0, 2.5)
+    assert tail_from_load(0.37, 0.5, 300.0, 7, None, 137.0, 134.5, 150.0, 2.5)  # the queue is still there
+    assert tail_from_load(0.37, 0.5, 1.0, 7, None, 6.0, 5.0, 150.0, 2.5)  # a burst's wait
     gone = _p(ready=7, uncached_tps=25_000.0, requests_per_s=6.0, waiting=1.0, ttft_tail_s=137.0,
               queue_tail_s=137.0, backlog_horizon_s=150.0, settled=True)
     s = size_prefill(gone, CAP, PK)

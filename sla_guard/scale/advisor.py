@@ -23,7 +23,6 @@ from exporters import contract as c
 from sla_guard.defaults import TPOT_SLO_S, TTFT_SLO_S
 from sla_guard.model import Finding, MetricsView, PoolRecommendation
 from sla_guard.scale.core import (
-    BACKLOG_WAIT_SLO,
     DecodeKnobs,
     DecodeObs,
     PrefillKnobs,
@@ -434,7 +433,7 @@ class Advisor:
             held_wait = None if cfg.queue_moves else max(cfg.drain_horizon_s, obs.backlog_horizon_s)
             if sig.learn_s is None or tail_from_load(u_obs, self.u_target, obs.waiting, counts[0], obs.long_busy_share,
                                                      t.get("queue_learn_s"), sig.learn_s - sig.budget_s,
-                                                     held_wait or math.inf, BACKLOG_WAIT_SLO * sig.budget_s):
+                                                     held_wait or math.inf, sig.budget_s):
                 self.u_target = adapt_target_utilization(self.u_target, u_obs, sig.learn_s, sig.budget_s)
             learn_tail = sig.learn_s
             if learn_tail is not None and learn_tail <= 0.8 * sig.budget_s:

@@ -52,8 +52,8 @@ class PrefillObs:
     # seconds until the capacity ordered so far serves (the replicas starting, else one ordered
     # now): the queue keeps growing until then
     serve_in_s: float = 0.0
-    # seconds until a replica ordered now serves (its start time): the queue the ready replicas
-    # compute before then, beside the arrivals, is not backlog for it
+    # seconds until a replica ordered now serves (its start time): what the ready replicas compute
+    # of an old queue before then, beside the arrivals, is not backlog for it
     start_s: float = 0.0
     # requests waiting on each ready replica (empty: unknown, the pool's queue taken as even)
     queues: tuple[float, ...] = ()
@@ -178,6 +178,7 @@ def waited_on_backlog(queue_tail_s: float | None, slo_s: float) -> bool:
     suite's step_up/s4), a backlog minutes (35-180 s while step_down/s4's start drained)."""
     return queue_tail_s is not None and queue_tail_s > BACKLOG_WAIT_SLO * slo_s
 
+
 # an "overwhelming fit" without a latency tail (no request finished in the window yet): N-1 would
 # carry at most this share of the load the strong-fit rule allows it
 IDLE_SHARE = 0.5
@@ -185,7 +186,7 @@ IDLE_SHARE = 0.5
 
 def tail_from_load(utilization: float, target_utilization: float, waiting: float | None, ready: int,
                    long_busy_share: float | None, queue_tail_s: float | None, excess_s: float,
-                   held_wait_s: float = math.inf, backlog_wait_s: float = math.inf) -> bool:
+                   held_wait_s: float = math.inf, slo_s: float = math.inf) -> bool:
     """Whether a TTFT tail ``excess_s`` over its budget is load's doing, so that more replicas (the
     proportional rule) or a lower utilisation target (learning) would shorten it.
 
@@ -202,13 +203,13 @@ def tail_from_load(utilization: float, target_utilization: float, waiting: float
     A queue wait over ``held_wait_s`` (the backlog horizon, where each engine keeps its own queue)
     was spent on a queue its engine held: replicas ordered now take none of it, and the pool's
     utilisation did not make it (surge_after_quiet/s2: a 160 s tail of requests that had waited up
-    to 640 s in one replica's queue took prefill 13 -> 16 after the last arrival). So was a wait
-    over ``backlog_wait_s`` (a backlog's, not a burst's) once no queue is left: replicas ordered
+    to 640 s in one replica's queue took prefill 13 -> 16 after the last arrival). So was a
+    backlog's wait (``waited_on_backlog`` against ``slo_s``) once no queue is left: replicas ordered
     now meet none of it (step_down/s5 of the tuning suite: a 137 s tail with one request waiting
     took prefill 7 -> 11 at 13 minutes, for 22 minutes of idle replicas)."""
     if queue_tail_s is not None and queue_tail_s > held_wait_s:
         return False
-    if queue_tail_s is not None and queue_tail_s > backlog_wait_s and (waiting or 0.0) <= max(ready, 1):
+    if waited_on_backlog(queue_tail_s, slo_s) and (waiting or 0.0) <= max(ready, 1):
         return False
     if not long_busy_share:
         return True
@@ -329,8 +330,7 @@ def size_prefill(obs: PrefillObs, cap: PrefillCapacity, k: PrefillKnobs) -> Sizi
     held_wait = math.inf if k.queue_moves else horizon
     if over_sla and not tail_from_load(demand / (cap.tokens_per_s * max(obs.ready, 1)), k.target_utilization,
                                        obs.waiting, obs.ready, obs.long_busy_share, obs.queue_tail_s,
-                                       obs.ttft_tail_s - obs.ttft_slo_s, held_wait,
-                                       BACKLOG_WAIT_SLO * obs.ttft_slo_s):
+                                       obs.ttft_tail_s - obs.ttft_slo_s, held_wait, obs.ttft_slo_s):
         old_wait = obs.queue_tail_s is not None and obs.queue_tail_s > held_wait
         reasons.append("ttft_tail_from_held_queues" if old_wait else "ttft_tail_not_from_load")
         over_sla = False
