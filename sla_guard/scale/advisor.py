@@ -306,21 +306,31 @@ class Advisor:
         vals = [v for t, v in hist if t >= now - span_s]
         return max(vals) if vals else None
 
-    def _long_busy_recent(self, now: float, share: float | None, ready: int, *, queued: bool = False) -> float | None:
+    def _long_busy_recent(self, now: float, share: float | None, measured: int, ready: int, *,
+                          queued: bool = False) -> float | None:
         """The long-prompt share per ready replica that the N-1 head-of-line check is held to: the
-        most long-prefill work (share x replicas, in replicas kept busy) seen over the recurrence
-        horizon, spread over today's ready replicas. Long prompts come in bursts further apart
-        than the stabilisation window, and a shrink judged between two bursts meets the next one
-        with one replica fewer to route around it.
+        most long-prefill work (``_long_work``) seen over the recurrence horizon, spread over
+        today's ready replicas. Long prompts come in bursts further apart than the stabilisation
+        window, and a shrink judged between two bursts meets the next one with one replica fewer
+        to route around it.
 
         A window whose requests ``queued`` is not remembered: a replica working through a queue
         is busy all the time and shares each step among the prompts it admitted, so every prefill
         takes long whatever its length (step_down/s4 of the tuning suite: a share of 1.0 on 8-12
         replicas draining an overloaded start's queue held 11 replicas at 7-15 % utilisation for
         the last 45 minutes of the run)."""
-        work = self._peak("prefill_long_work", now,
-                          share * ready if share is not None and ready > 0 and not queued else None,
-                          self.cfg.recurrence_horizon_s)
+        return self._long_work("prefill_long_work", now, None if queued else share, measured, ready,
+                               self.cfg.recurrence_horizon_s)
+
+    def _long_work(self, key: str, now: float, share: float | None, measured: int, ready: int,
+                   span_s: float | None = None) -> float | None:
+        """Highest long-prefill work over ``span_s`` (default: the stabilisation window) per ready
+        replica. Work is the window's share times the ``measured`` replicas it was read over (in
+        replicas kept busy), not times the replicas ready now: on the tick new replicas come up the
+        share is still the old ones' (step_up/s5 of the tuning suite: a share of 1.0 on the 2
+        replicas that served the window, read as 6 replicas of long prompts once 6 were ready, held
+        the head-of-line risk at 1.0 and 6 replicas at 20-30 % utilisation to the end of the run)."""
+        work = self._peak(key, now, share * measured if share is not None and measured > 0 else None, span_s)
         return work / ready if work is not None and ready > 0 else None
 
     def _queued(self, t: dict, ready: int) -> bool:
@@ -413,9 +423,10 @@ class Advisor:
                          peak_uncached_tps=self._peak("prefill_demand", now, demand_tps),
                          settled=settled,
                          # long prompts come in bursts: the window's share can be 0 between two
-                         long_busy_share=self._peak("prefill_long_busy", now, t.get("long_busy_share")),
-                         hol_busy_share=self._long_busy_recent(now, t.get("long_busy_share"), counts[0],
-                                                               queued=self._queued(t, counts[0])),
+                         long_busy_share=self._long_work("prefill_long_busy", now, t.get("long_busy_share"),
+                                                         len(r.engines), counts[0]),
+                         hol_busy_share=self._long_busy_recent(now, t.get("long_busy_share"), len(r.engines),
+                                                               counts[0], queued=self._queued(t, counts[0])),
                          # half the start time: a linear trend is not trusted further than that
                          demand_slope=dslope, trend_horizon_s=0.25 * self.start_time("prefill"),
                          backlog_horizon_s=0.25 * self.start_time("prefill"),
