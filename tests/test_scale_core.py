@@ -161,8 +161,10 @@ def test_prefill_scale_down_only_if_n_minus_1_fits():
     assert s.desired == 2
     assert not s.fits_at_n_minus_1
     assert "prefill_n_minus_1_would_not_fit" in s.reasons
+    # the test N-1 failed is a reason of its own: what an operator asks of a pool that is held
+    assert "n_minus_1_utilization" in s.reasons and "n_minus_1_ttft_tail" not in s.reasons
     s2 = size_prefill(_p(ready=3, uncached_tps=6_000.0), CAP, PK)  # 0.3 at N-1: fits
-    assert s2.fits_at_n_minus_1
+    assert s2.fits_at_n_minus_1 and not [r for r in s2.reasons if r.startswith("n_minus_1_")]
 
 
 def test_ttft_tail_over_sla_adds_one_and_blocks_scale_down():
@@ -448,6 +450,7 @@ def test_head_of_line_risk_keeps_a_second_replica_for_heavy_tailed_prompts():
     assert size_prefill(calm, cap, knobs).fits_at_n_minus_1
     s = size_prefill(heavy, cap, knobs)
     assert not s.fits_at_n_minus_1 and "prefill_n_minus_1_would_not_fit" in s.reasons
+    assert [r for r in s.reasons if r.startswith("n_minus_1_")] == ["n_minus_1_head_of_line_risk"]
     assert s.numbers["head_of_line_risk_at_n_minus_1"] == pytest.approx(0.4)
     assert size_prefill(light, cap, knobs).fits_at_n_minus_1
 

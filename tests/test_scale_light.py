@@ -102,6 +102,7 @@ def test_a_window_without_a_tail_is_not_a_tail_that_recovered():
     )
     s = size_decode(serving, STEP, DK)
     assert s.desired == 1 and not s.fits_at_n_minus_1 and "decode_n_minus_1_would_not_fit" in s.reasons
+    assert "n_minus_1_tpot_tail" in s.reasons and "n_minus_1_batch" not in s.reasons
     empty = DecodeObs(
         ready=2, starting=0, running=0.0, accepted_len=2.0, tpot_tail_s=None, last_tpot_tail_s=0.0192, peak_running=8.0
     )

@@ -534,7 +534,8 @@ class Advisor:
         if s.desired <= n_eff and obs.starting == 0 and obs.settled:
             s.desired = s.desired_now = n_eff + 1  # a measured tail: it may undo a scale-down
             s.reasons = [x for x in s.reasons if x not in ("decode_steady", "decode_over_provisioned",
-                                                           "decode_n_minus_1_would_not_fit")]
+                                                           "decode_n_minus_1_would_not_fit")
+                         and not x.startswith("n_minus_1_")]
             s.reasons.append("client_ttft_over_sla_decode_leg")
 
 

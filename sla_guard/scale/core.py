@@ -347,8 +347,10 @@ def size_prefill(obs: PrefillObs, cap: PrefillCapacity, k: PrefillKnobs) -> Sizi
             desired = prop
             reasons.append("ttft_over_sla")
         desired_now = max(desired_now, prop)
-    # re-predict at N-1: the peak load of the window on the remaining replicas, with headroom
+    # re-predict at N-1: the peak load of the window on the remaining replicas, with headroom;
+    # the tests N-1 fails are reasons of their own (``n_minus_1_*``): why the pool is held
     fits = strong = False
+    blocked: list[str] = []
     if n_eff > 1:
         peak = max(demand, obs.peak_uncached_tps or 0.0)
         util_n1 = (peak + backlog) / (cap.tokens_per_s * (n_eff - 1))
@@ -358,10 +360,14 @@ def size_prefill(obs: PrefillObs, cap: PrefillCapacity, k: PrefillKnobs) -> Sizi
         serving = (obs.uncached_tps or 0.0) > 0 or obs.waiting > 0
         tail = obs.ttft_tail_s if obs.ttft_tail_s is not None else obs.last_ttft_tail_s if serving else None
         tail_ok = tail is None or tail <= (1 - k.scale_down_margin) * obs.ttft_slo_s
-        fits = util_n1 <= k.target_utilization * (1 - k.scale_down_margin) and tail_ok
+        proven = math.inf
         if k.proven_utilization is not None:
             nums["proven_utilization"] = round(k.proven_utilization, 3)
-            fits = fits and util_n1 <= max(k.proven_utilization, 0.5 * k.target_utilization)
+            proven = max(k.proven_utilization, 0.5 * k.target_utilization)
+        busy = util_n1 > k.target_utilization * (1 - k.scale_down_margin)
+        blocked = [name for name, failed in (("utilization", busy), ("ttft_tail", not tail_ok),
+                                             ("proven_utilization", util_n1 > proven)) if failed]
+        fits = not blocked
         strong_util = k.target_utilization * (1 - 2 * k.scale_down_margin)
         # no tail yet (too few prefills finished in the window) is no evidence against N-1 when the
         # load is a small share of what N-1 is sized for: an operator's oversized start on a light
@@ -376,8 +382,10 @@ def size_prefill(obs: PrefillObs, cap: PrefillCapacity, k: PrefillKnobs) -> Sizi
             nums["head_of_line_risk_at_n_minus_1"] = round(hol, 4)
             if hol > k.hol_budget:
                 fits = strong = False
+                blocked.append("head_of_line_risk")
     if desired < n_eff:
         reasons.append("prefill_over_provisioned" if fits else "prefill_n_minus_1_would_not_fit")
+        reasons += [f"n_minus_1_{b}" for b in blocked]
     if not reasons:
         reasons.append("prefill_steady")
     conf = _conf(cap.samples, 5) if cap.prior <= 0 else max(0.5, _conf(cap.samples, 5))
@@ -472,13 +480,16 @@ def size_decode(obs: DecodeObs, model: StepModel, k: DecodeKnobs) -> Sizing:
         reasons.append("kv_preemptions" if pressure else "tpot_over_sla")
         desired_now = desired
     fits = strong = False
+    blocked: list[str] = []
     if n_eff > 1:
         at_n1 = (max(obs.running, obs.peak_running or 0.0) + (obs.waiting or 0.0)) / (n_eff - 1)
         nums["batch_at_n_minus_1"] = round(at_n1, 2)
         serving = (obs.running or 0.0) > 0 or (obs.waiting or 0.0) > 0
         tail = obs.tpot_tail_s if obs.tpot_tail_s is not None else obs.last_tpot_tail_s if serving else None
         tail_ok = tail is None or tail <= (1 - k.scale_down_margin) * obs.tpot_slo_s
-        fits = at_n1 <= limit * (1 - k.scale_down_margin) and not pressure and tail_ok
+        blocked = [name for name, failed in (("batch", at_n1 > limit * (1 - k.scale_down_margin)),
+                                             ("kv_preemptions", pressure), ("tpot_tail", not tail_ok)) if failed]
+        fits = not blocked
         strong_batch = limit * (1 - 2 * k.scale_down_margin)
         idle = tail is None and at_n1 <= IDLE_SHARE * strong_batch and not pressure
         strong = at_n1 <= strong_batch and (idle or (obs.tpot_tail_s is not None
@@ -487,6 +498,7 @@ def size_decode(obs: DecodeObs, model: StepModel, k: DecodeKnobs) -> Sizing:
             nums["idle_at_n_minus_1"] = 1.0
     if desired < n_eff:
         reasons.append("decode_over_provisioned" if fits else "decode_n_minus_1_would_not_fit")
+        reasons += [f"n_minus_1_{b}" for b in blocked]
     if unreachable:
         nums["tpot_at_empty_batch_s"] = round(tpot_floor(obs, model), 5)
         reasons.append("decode_tpot_unreachable_by_scaling")
