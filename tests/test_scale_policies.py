@@ -272,6 +272,22 @@ def test_workload_suite_halves_are_disjoint_and_deterministic():
     assert ph.duration_s <= 600 and first < sum(r.t >= 300 for r in ph.requests) / 2
 
 
+def test_a_missing_shared_trace_is_warned_about_not_dropped_silently(tmp_path, monkeypatch):
+    """The Azure cells need the shared trace; where it is not found (a package installed
+    elsewhere, a worktree in another folder) the suite says so and names the setting that fixes
+    it, and ``$SLA_GUARD_TRACES`` points the suite at the folder. Mooncake falls back to its
+    bundled copy either way."""
+    from sla_guard.sim import workloads as wl
+
+    monkeypatch.setenv(wl.TRACES_ENV, str(tmp_path))
+    with pytest.warns(UserWarning, match="azure trace is not in .*SLA_GUARD_TRACES"):
+        names = [w.name for w in wl.suite("tuning")]
+    assert not [n for n in names if n.startswith("azure@")] and [n for n in names if n.startswith("mooncake@")]
+    (tmp_path / wl.TRACE_FILES["azure"]).write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n")
+    assert wl.shared_trace_path("azure") == tmp_path / wl.TRACE_FILES["azure"]
+    assert [w.name for w in wl.suite("tuning") if w.name.startswith("azure@")]
+
+
 def test_a_surge_is_met_in_one_step_counting_starting_replicas():
     """A sizing driven by demand may add replicas while others still start (they are counted as
     present), and by up to max_step_up at once; a tail rule waits for the starting ones."""

@@ -21,7 +21,8 @@ long 30k medians, lognormal), output length (100-600 tokens), prefix sharing (0,
 the prompt in blocks shared within one of a few dozen prefix groups) and the MTP acceptance level
 (1.0, 0.85 or 0.7 x the profile's per-position rates).
 
-Shared traces (``/work/shared/traces`` when present, else the bundled Mooncake): the trace's
+Shared traces (``$SLA_GUARD_TRACES``, else ``shared/traces`` beside the checkout; Mooncake falls
+back to its bundled copy, a missing Azure trace is warned about and its cells left out): the trace's
 requests replayed in phases at changing speeds (``phased``), each phase 15 minutes; a phase takes
 the next slice of the source trace (wrapping around with fresh prefix hashes).
 
@@ -33,14 +34,18 @@ from __future__ import annotations
 
 import bisect
 import math
+import os
 import random
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from sla_guard.sim.traces import BUNDLED_MOONCAKE, Trace, TraceRequest, agentic_sessions, load_trace
 
-SHARED_TRACES = Path(__file__).resolve().parents[3] / "shared" / "traces"
+TRACES_ENV = "SLA_GUARD_TRACES"  # folder holding the shared production traces
+DEFAULT_TRACES = Path(__file__).resolve().parents[3] / "shared" / "traces"  # beside the checkout
+TRACE_FILES = {"mooncake": "mooncake_conversation_trace.jsonl", "azure": "azure_llm_2023_conv.csv"}
 BLOCK = 512
 MAX_BASE_RPS = 2.0  # keeps a run's request count (and the grid's run time) bounded
 
@@ -183,10 +188,17 @@ def agentic_waves(seed: int, duration_s: float) -> Trace:
 # -- shared traces in phases -------------------------------------------------------------------
 
 
+def traces_dir() -> Path:
+    """Where the shared traces are: ``$SLA_GUARD_TRACES``, else ``shared/traces`` beside the
+    checkout. A package installed elsewhere, or a git worktree under another folder, has none
+    there, and the Azure cells of the suite were then left out without a word."""
+    env = os.environ.get(TRACES_ENV)
+    return Path(env) if env else DEFAULT_TRACES
+
+
 def shared_trace_path(name: str) -> Path | None:
-    """``mooncake`` / ``azure`` from /work/shared/traces; Mooncake falls back to the bundled copy."""
-    files = {"mooncake": "mooncake_conversation_trace.jsonl", "azure": "azure_llm_2023_conv.csv"}
-    p = SHARED_TRACES / files[name]
+    """``mooncake`` / ``azure`` from ``traces_dir()``; Mooncake falls back to the bundled copy."""
+    p = traces_dir() / TRACE_FILES[name]
     if p.exists():
         return p
     return BUNDLED_MOONCAKE if name == "mooncake" else None
@@ -243,6 +255,8 @@ def _gen_workload(family: str, seed: int, split: str, duration_s: float) -> Work
 def _trace_workload(name: str, speeds: list[float], offset: float, split: str, seed: int) -> Workload | None:
     path = shared_trace_path(name)
     if path is None:
+        warnings.warn(f"the {name} trace is not in {traces_dir()}: the suite's {name}@ cells are left out; "
+                      f"set {TRACES_ENV} to the folder holding {TRACE_FILES[name]}", stacklevel=3)
         return None
 
     def build() -> Trace:
