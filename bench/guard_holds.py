@@ -10,7 +10,7 @@ are what keeps reversals at 0. The table says which rule to look at, not what to
 Tuning data only (the suite's tuning half, or the blind generator's tuning-more half): reading
 the sealed half rule by rule is tuning to it.
 
-    .venv/bin/python bench/guard_holds.py --seeds 0 1 2 3 4 5 6 7 8 9 --jobs 2   # the 45 cells
+    .venv/bin/python bench/guard_holds.py --seeds 0 1 2 3 4 5 6 7 8 9 --jobs 2   # 72 workloads
     .venv/bin/python bench/guard_holds.py --generator blind
 """
 
@@ -27,8 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def _workloads(generator: str, seeds: tuple[int, ...] = ()) -> dict:
-    """The tuning half, plus every family at each of ``seeds`` (the suite's 45 tuning cells of
-    docs/scaling.md are seeds 0-9: ``--seeds 0 1 2 3 4 5 6 7 8 9``)."""
+    """The tuning half, plus every family at each of ``seeds`` (seeds 0-9 give 72 workloads, of
+    which docs/scaling.md's 45 comparison cells are a subset)."""
     if generator == "blind":
         import workloads_blind  # bench/workloads_blind.py, beside this script
 
