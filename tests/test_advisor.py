@@ -196,7 +196,7 @@ def test_a_tail_from_a_handful_of_requests_is_not_a_breach():
 
 def test_reader_measures_time_spent_on_long_prefills():
     """Long prefills recorded through the real EngineRecorder, scraped into the real store: the
-    reader's long-busy share is their time over the window and the replicas."""
+    reader's long-busy work is their time over the window, in replicas kept busy."""
     from exporters.prometheus import FinishedRequest
 
     adv = Advisor(AdvisorConfig.model_validate({"window_s": 60}), model=MODEL, slo_ttft_s=2.5)
@@ -211,9 +211,9 @@ def test_reader_measures_time_spent_on_long_prefills():
                                                prompt_tokens=90_000, cached_tokens=0, generated_tokens=1))
             e.scrape(store, t)
         t += 5
-    share = adv.reader.read(store, MODEL, "prefill", 60).totals["long_busy_share"]
-    # 12 scrapes x 2 engines x 3.75 s over 60 s x 2 replicas (increase() extrapolates a little)
-    assert share == pytest.approx(12 * 2 * 3.75 / 120, rel=0.15)
+    work = adv.reader.read(store, MODEL, "prefill", 60).totals["long_busy_replicas"]
+    # 12 scrapes x 2 engines x 3.75 s over 60 s (increase() extrapolates a little)
+    assert work == pytest.approx(12 * 2 * 3.75 / 60, rel=0.15)
 
 
 def test_a_queue_one_engine_holds_is_read_per_engine_and_not_ordered_for():

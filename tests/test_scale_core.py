@@ -468,15 +468,15 @@ def test_head_of_line_check_is_held_to_the_recent_long_prompt_burst():
 
 
 def test_advisor_remembers_long_prefill_work_not_share():
-    """The remembered burst is work (share x ready replicas), so a burst seen on 2 replicas at
-    30% each is 15% on 4 replicas; it is forgotten after the recurrence horizon."""
+    """The remembered burst is work (replicas kept busy), so a burst of 0.6 replicas' work seen on
+    2 replicas (30% each) is 15% on 4 replicas; it is forgotten after the recurrence horizon."""
     from sla_guard.scale.advisor import Advisor
 
     adv = Advisor(AdvisorConfig.model_validate({"recurrence_horizon_s": 3600}), model="*")
-    assert adv._long_busy_recent(0.0, 0.3, 2, 2) == pytest.approx(0.3)
-    assert adv._long_busy_recent(600.0, 0.0, 4, 4) == pytest.approx(0.15)
-    assert adv._long_busy_recent(1200.0, None, 4, 4) == pytest.approx(0.15)  # no reading: still remembered
-    assert adv._long_busy_recent(3700.0, 0.01, 4, 4) == pytest.approx(0.01)  # the burst is past the horizon
+    assert adv._long_busy_recent(0.0, 0.6, 2) == pytest.approx(0.3)
+    assert adv._long_busy_recent(600.0, 0.0, 4) == pytest.approx(0.15)
+    assert adv._long_busy_recent(1200.0, None, 4) == pytest.approx(0.15)  # no reading: still remembered
+    assert adv._long_busy_recent(3700.0, 0.04, 4) == pytest.approx(0.01)  # the burst is past the horizon
 
 
 def test_advisor_does_not_remember_long_work_read_while_a_backlog_drained():
@@ -487,31 +487,31 @@ def test_advisor_does_not_remember_long_work_read_while_a_backlog_drained():
     from sla_guard.scale.advisor import Advisor
 
     adv = Advisor(AdvisorConfig(), model="*", slo_ttft_s=2.5)
-    backlog = {"long_busy_share": 1.0, "queue_tail_s": 150.0, "waiting": 300.0}
-    behind_long = {"long_busy_share": 0.8, "queue_tail_s": 3.0, "waiting": 5.0}
+    backlog = {"long_busy_replicas": 12.0, "queue_tail_s": 150.0, "waiting": 300.0}
+    behind_long = {"long_busy_replicas": 1.6, "queue_tail_s": 3.0, "waiting": 5.0}
     assert adv._queued(backlog, 12) and not adv._queued(behind_long, 2)
     assert adv._queued({"queue_tail_s": None, "waiting": 30.0}, 12) is True  # no queue histogram: the queue now
-    assert adv._long_busy_recent(0.0, 1.0, 12, 12, queued=True) is None
-    assert adv._long_busy_recent(600.0, 0.1, 12, 12) == pytest.approx(0.1)
-    assert adv._long_busy_recent(900.0, 0.8, 2, 2) == pytest.approx(0.8)  # the long prompts' own work
-    assert adv._long_busy_recent(1200.0, 0.05, 4, 4) == pytest.approx(0.4)
+    assert adv._long_busy_recent(0.0, 12.0, 12, queued=True) is None
+    assert adv._long_busy_recent(600.0, 1.2, 12) == pytest.approx(0.1)
+    assert adv._long_busy_recent(900.0, 1.6, 2) == pytest.approx(0.8)  # the long prompts' own work
+    assert adv._long_busy_recent(1200.0, 0.2, 4) == pytest.approx(0.4)
 
 
-def test_long_prefill_work_counts_the_replicas_the_share_was_measured_over():
-    """On the tick new replicas come up, the window's long-prefill share is still the old
-    replicas' (2 of them, busy with long prompts): that is 2 replicas of work, a third of each of
-    the 6 ready now, not 6 (step_up/s5 of the tuning suite held 6 replicas at 20-30 % utilisation
+def test_long_prefill_work_counts_the_replicas_that_did_it():
+    """On the tick new replicas come up, the window's long-prefill work is still the old
+    replicas' (2 of them, busy with long prompts): 2 replicas of work, a third of each of the 6
+    ready now, not 6 (step_up/s5 of the tuning suite held 6 replicas at 20-30 % utilisation
     to the end of the run on it). Both the stabilisation-window peak and the remembered burst."""
     from sla_guard.scale.advisor import Advisor
     from sla_guard.scale.core import head_of_line_risk
 
     adv = Advisor(AdvisorConfig(), model="*", slo_ttft_s=2.5)
-    assert adv._long_busy_recent(0.0, 1.0, 2, 6) == pytest.approx(1 / 3)
-    assert adv._long_work("prefill_long_busy", 0.0, 1.0, 2, 6) == pytest.approx(1 / 3)
+    assert adv._long_busy_recent(0.0, 2.0, 6) == pytest.approx(1 / 3)
+    assert adv._long_work("prefill_long_busy", 0.0, 2.0, 6) == pytest.approx(1 / 3)
     # the next window is read over the 6 replicas that served it; the peak is still 2 replicas' work
-    assert adv._long_work("prefill_long_busy", 15.0, 0.1, 6, 6) == pytest.approx(1 / 3)
+    assert adv._long_work("prefill_long_busy", 15.0, 0.6, 6) == pytest.approx(1 / 3)
     assert head_of_line_risk(1 / 3, ready=6, replicas=5) < 0.05 < head_of_line_risk(1.0, ready=6, replicas=5)
-    assert adv._long_work("prefill_long_busy", 30.0, 0.5, 2, 0) is None  # no ready replica to spread it over
+    assert adv._long_work("prefill_long_busy", 30.0, 1.0, 0) is None  # no ready replica to spread it over
 
 
 def test_long_prefill_seconds_from_histogram_buckets():
@@ -652,10 +652,10 @@ def test_memories_cover_their_span_at_any_decision_interval(interval_s):
     ticks = [i * interval_s for i in range(int(6600 / interval_s))]
     trends = []
     for t in ticks:
-        adv._long_busy_recent(t, 0.4 if t == 0 else 0.01, 2, 2)
+        adv._long_busy_recent(t, 0.8 if t == 0 else 0.02, 2)
         mem.remember_long(t, 3 if t == 0 else 1, 7200.0)
         trends.append(adv._trend(hist, t, 100.0 + 0.5 * t, 300.0))
-    assert adv._long_busy_recent(6600.0, 0.01, 2, 2) == pytest.approx(0.4)
+    assert adv._long_busy_recent(6600.0, 0.02, 2) == pytest.approx(0.4)
     assert len(adv.learned.waiting_hist["prefill_long_work"]) <= 1024
     assert trends[-1] == pytest.approx(0.5)
     lull, _, recent = mem.lulls(1, 6600.0)

@@ -306,8 +306,7 @@ class Advisor:
         vals = [v for t, v in hist if t >= now - span_s]
         return max(vals) if vals else None
 
-    def _long_busy_recent(self, now: float, share: float | None, measured: int, ready: int, *,
-                          queued: bool = False) -> float | None:
+    def _long_busy_recent(self, now: float, work: float | None, ready: int, *, queued: bool = False) -> float | None:
         """The long-prompt share per ready replica that the N-1 head-of-line check is held to: the
         most long-prefill work (``_long_work``) seen over the recurrence horizon, spread over
         today's ready replicas. Long prompts come in bursts further apart than the stabilisation
@@ -319,19 +318,19 @@ class Advisor:
         takes long whatever its length (step_down/s4 of the tuning suite: a share of 1.0 on 8-12
         replicas draining an overloaded start's queue held 11 replicas at 7-15 % utilisation for
         the last 45 minutes of the run)."""
-        return self._long_work("prefill_long_work", now, None if queued else share, measured, ready,
+        return self._long_work("prefill_long_work", now, None if queued else work, ready,
                                self.cfg.recurrence_horizon_s)
 
-    def _long_work(self, key: str, now: float, share: float | None, measured: int, ready: int,
+    def _long_work(self, key: str, now: float, work: float | None, ready: int,
                    span_s: float | None = None) -> float | None:
-        """Highest long-prefill work over ``span_s`` (default: the stabilisation window) per ready
-        replica. Work is the window's share times the ``measured`` replicas it was read over (in
-        replicas kept busy), not times the replicas ready now: on the tick new replicas come up the
-        share is still the old ones' (step_up/s5 of the tuning suite: a share of 1.0 on the 2
+        """Highest long-prefill ``work`` (replicas kept busy, as the reader measures it) over
+        ``span_s`` (default: the stabilisation window), per replica ready now. The work is
+        remembered, not a share of the replicas it was read over: on the tick new replicas come up
+        the work is still the old ones' (step_up/s5 of the tuning suite: a share of 1.0 on the 2
         replicas that served the window, read as 6 replicas of long prompts once 6 were ready, held
         the head-of-line risk at 1.0 and 6 replicas at 20-30 % utilisation to the end of the run)."""
-        work = self._peak(key, now, share * measured if share is not None and measured > 0 else None, span_s)
-        return work / ready if work is not None and ready > 0 else None
+        peak = self._peak(key, now, work, span_s)
+        return peak / ready if peak is not None and ready > 0 else None
 
     def _queued(self, t: dict, ready: int) -> bool:
         """Whether the window's requests waited behind a backlog (``core.waited_on_backlog``
@@ -423,10 +422,10 @@ class Advisor:
                          peak_uncached_tps=self._peak("prefill_demand", now, demand_tps),
                          settled=settled,
                          # long prompts come in bursts: the window's share can be 0 between two
-                         long_busy_share=self._long_work("prefill_long_busy", now, t.get("long_busy_share"),
-                                                         len(r.engines), counts[0]),
-                         hol_busy_share=self._long_busy_recent(now, t.get("long_busy_share"), len(r.engines),
-                                                               counts[0], queued=self._queued(t, counts[0])),
+                         long_busy_share=self._long_work("prefill_long_busy", now, t.get("long_busy_replicas"),
+                                                         counts[0]),
+                         hol_busy_share=self._long_busy_recent(now, t.get("long_busy_replicas"), counts[0],
+                                                               queued=self._queued(t, counts[0])),
                          # half the start time: a linear trend is not trusted further than that
                          demand_slope=dslope, trend_horizon_s=0.25 * self.start_time("prefill"),
                          backlog_horizon_s=0.25 * self.start_time("prefill"),

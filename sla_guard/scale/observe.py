@@ -252,7 +252,9 @@ class Reader:
         by_le = promql.split_le(view.increase(sample_name(c.REQUEST_PREFILL, "_bucket"), mt, w, now, ("le",)))
         long_s = long_prefill_seconds(by_le.get((), {}), self.long_prefill_s)
         if long_s is not None and r.engines:
-            t["long_busy_share"] = min(1.0, long_s / (w * len(r.engines)))
+            # in replicas kept busy (the work), not a share: the replicas ready at the next tick
+            # may not be the ones that did it (advisor._long_work)
+            t["long_busy_replicas"] = min(float(len(r.engines)), long_s / w)
         pre = view.increase(sample_name(c.PREEMPTIONS), mt, w, now, ())
         t["preemptions_per_s"] = sum(pre.values()) / w if pre else 0.0
         drafts = _by_replica(view.increase(sample_name(c.SPEC_DRAFTS), mt, w, now, by_e))
