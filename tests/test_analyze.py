@@ -110,6 +110,59 @@ def test_analyze_drift_detects_drop_and_iso_timestamps(tmp_path):
     assert out["test"] in ("cusum", "window") and out["statistic"] >= out["test_threshold"] > 0
 
 
+def test_analyze_reads_epoch_milliseconds_as_exports_write_them(tmp_path):
+    """Grafana's CSV export and most databases write epoch milliseconds. Read as seconds, 30 s
+    samples are 8 h apart and the detector stays silent on a leak; read as milliseconds (their
+    size gives them away) the verdict is the one the seconds give, and the unit is reported."""
+    c = _leak_csv(tmp_path / "s.csv", 48.0, seed=3)
+    rows = (tmp_path / "s.csv").read_text().splitlines()
+    ms = [rows[0]] + [f"{float(r.split(',', 1)[0]) * 1000:.0f},{r.split(',', 1)[1]}" for r in rows[1:]]
+    (tmp_path / "ms.csv").write_text("\n".join(ms) + "\n")
+    sec, milli = (json.loads(_run("leak", tmp_path / f).stdout) for f in ("s.csv", "ms.csv"))
+    assert sec["timestamp_unit"] == "s" and milli["timestamp_unit"] == "ms"
+    assert milli["detected"] is True and milli["detected_at"] == pytest.approx(sec["detected_at"], abs=1.0)
+    assert 0 < milli["detected_at"] - (1.8e9 + c.onset) <= 2.5 * 3600
+    # counted from 0 in ms, the size says nothing: the option says it
+    rel = [rows[0]] + [f"{(float(r.split(',', 1)[0]) - 1.8e9) * 1000:.0f},{r.split(',', 1)[1]}" for r in rows[1:]]
+    (tmp_path / "rel.csv").write_text("\n".join(rel) + "\n")
+    assert json.loads(_run("leak", tmp_path / "rel.csv").stdout)["status_at_end"] == "unknown"
+    out = json.loads(_run("leak", tmp_path / "rel.csv", "--timestamp-unit", "ms").stdout)
+    assert out["detected"] is True and out["detected_at"] == pytest.approx(sec["detected_at"] - 1.8e9, abs=1.0)
+
+
+def test_analyze_leaves_out_rows_with_an_empty_cell_and_says_how_many(tmp_path):
+    """An export leaves a cell empty where a scrape was missed: that row is a hole, counted in the
+    output, not a reason to refuse the file; a cell that is not a number still is."""
+    _leak_csv(tmp_path / "s.csv", 48.0, seed=3)
+    rows = (tmp_path / "s.csv").read_text().splitlines()
+    gaps = [rows[0]] + [r if i % 40 else r.split(",")[0] + ",," + r.split(",")[2] for i, r in enumerate(rows[1:])]
+    (tmp_path / "gaps.csv").write_text("\n".join(gaps) + "\n")
+    full, holes = (json.loads(_run("leak", tmp_path / f).stdout) for f in ("s.csv", "gaps.csv"))
+    assert holes["rows_skipped"] == holes["rows_skipped_by_column"]["rss_bytes"] == (len(rows) - 2) // 40 + 1
+    assert holes["samples"] == full["samples"] - holes["rows_skipped"] and full["rows_skipped"] == 0
+    assert holes["detected"] is True and abs(holes["detected_at"] - full["detected_at"]) <= 1800
+
+
+def test_analyze_leak_refuses_rss_in_mib_and_says_how_to_convert(tmp_path):
+    """RSS exported in a dashboard's MiB, read as bytes, is a process of a few kB in which no leak
+    reaches any threshold: a silent "no leak". It is refused with the conversion."""
+    (tmp_path / "mib.csv").write_text("timestamp,rss_bytes\n" + "".join(
+        f"{1.8e9 + 30 * i:.0f},{6000 + i / 100:.2f}\n" for i in range(2000)))
+    r = _run("leak", tmp_path / "mib.csv")
+    assert r.returncode == 2 and r.stdout == ""
+    assert "rss_bytes must hold bytes" in r.stderr and "1048576" in r.stderr
+
+
+def test_analyze_drift_reads_microseconds(tmp_path):
+    c = sy.rate_case("step", 5, change=-0.10, baseline=0.6, days=0.5, onset_h=4.0)
+    rows = ["timestamp,draft_tokens,accepted_tokens"] + [
+        f"{(1.8e9 + t) * 1e6:.0f},{n:.0f},{x:.0f}" for t, n, x in zip(c.t, c.drafts, c.accepted, strict=True)]
+    (tmp_path / "acc.csv").write_text("\n".join(rows) + "\n")
+    out = json.loads(_run("drift", tmp_path / "acc.csv").stdout)
+    assert out["timestamp_unit"] == "us" and out["detected"] is True
+    assert 0 < out["detected_at"] - (1.8e9 + c.onset) <= 600
+
+
 def test_analyze_drift_no_change(tmp_path):
     c = sy.rate_case("stationary", 6, days=0.5)
     rows = ["timestamp,draft_tokens,accepted_tokens"] + [

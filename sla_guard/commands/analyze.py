@@ -29,6 +29,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     lk = kinds.add_parser("leak", help="CSV columns: timestamp,rss_bytes[,limit_bytes][,running_requests] "
                                        "(running requests make it load-aware, as in the guard)")
     lk.add_argument("file", type=Path)
+    _unit_arg(lk)
     lk.add_argument("--limit-bytes", type=float, default=None, help="memory limit when the CSV has none")
     lk.add_argument("--time-scale", type=float, default=1.0,
                     help="compress the detector's time constants by this factor (tests; default 1 = production)")
@@ -37,6 +38,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
                          "name the growing containers and the share of the RSS slope they explain")
     dr = kinds.add_parser("drift", help="CSV columns: timestamp,draft_tokens,accepted_tokens (cumulative)")
     dr.add_argument("file", type=Path)
+    _unit_arg(dr)
     d = drift.RateDriftParams()  # the guard's defaults: offline and online verdicts agree
     dr.add_argument("--arl0-days", type=float, default=d.arl0_s / 86400, help="mean time between false alarms (days)")
     dr.add_argument("--shift", type=float, default=d.shift, help="design shift beyond the tolerance band")
@@ -53,6 +55,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     px = kinds.add_parser("prefix", help="CSV columns: timestamp,queries_tokens,hits_tokens (the prefix cache's "
                                          "query and hit counters, cumulative; judged downward, as in the guard)")
     px.add_argument("file", type=Path)
+    _unit_arg(px)
     pc = DetectorsConfig().prefix_hit  # the guard's defaults for the prefix-cache hit rate
     px.add_argument("--arl0-days", type=float, default=pc.arl0_days, help="mean time between false alarms (days)")
     px.add_argument("--warmup-s", type=float, default=pc.warmup_s, help="baseline learning span (s)")
@@ -63,11 +66,18 @@ def add_parser(sub) -> argparse.ArgumentParser:
                                        "(the TPOT histogram's _sum and _count, cumulative; the pool's running "
                                        "requests per engine)")
     tp.add_argument("file", type=Path)
+    _unit_arg(tp)
     t = drift.LatencyDriftParams()
     tp.add_argument("--arl0-days", type=float, default=t.arl0_s / 86400, help="mean time between false alarms (days)")
     tp.add_argument("--warmup-s", type=float, default=t.warmup_s, help="reference learning span (s)")
     tp.add_argument("--interval-s", type=float, default=t.interval_s, help="one interval of the test (s)")
     return p
+
+
+def _unit_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--timestamp-unit", choices=("auto", *TIME_UNITS), default="auto",
+                   help="unit of numeric timestamps (default auto: epoch seconds, ms, us or ns by their size; "
+                        "give it for timestamps counted from 0 in ms)")
 
 
 def _ts(text: str) -> float:
@@ -77,8 +87,26 @@ def _ts(text: str) -> float:
         return datetime.fromisoformat(text.strip().replace("Z", "+00:00")).timestamp()
 
 
-def read_csv(path: Path, required: tuple[str, ...], optional: tuple[str, ...] = ()) -> dict[str, np.ndarray]:
-    """Numeric columns of a CSV with a header; timestamps as unix seconds or ISO 8601."""
+# seconds per unit of a numeric timestamp
+TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
+
+
+def epoch_unit(t: np.ndarray) -> str:
+    """The unit of numeric epoch timestamps, from their size. Grafana's CSV export and most
+    databases write milliseconds (1.7e12 in 2026), some micro- or nanoseconds; read as seconds, a
+    12 h series spans 500 days between samples a minute apart, and every detector stays silent.
+    Seconds reach 1e11 only in the year 5138, milliseconds were past it by 1973."""
+    m = float(np.median(np.abs(t)))
+    return "ns" if m >= 1e17 else "us" if m >= 1e14 else "ms" if m >= 1e11 else "s"
+
+
+def read_csv(path: Path, required: tuple[str, ...], optional: tuple[str, ...] = (),
+             timestamp_unit: str = "auto") -> tuple[dict[str, np.ndarray], dict]:
+    """Numeric columns of a CSV with a header (timestamps as unix seconds, milliseconds, micro- or
+    nanoseconds, or ISO 8601), and what reading them did: the timestamp unit and the rows left
+    out because a cell was empty (a missed scrape in an export; the detectors treat it as a hole).
+    A cell that is not a number is an error: that is a wrong file, not a gap."""
+    skipped: dict[str, int] = {}
     try:
         with path.open(newline="") as fh:
             reader = csv.DictReader(fh)
@@ -89,8 +117,14 @@ def read_csv(path: Path, required: tuple[str, ...], optional: tuple[str, ...] = 
                                  f"{','.join(required)}" + (f" (optional: {','.join(optional)})" if optional else "")
                                  + f", got {','.join(header) or 'no header'}")
             cols: dict[str, list[float]] = {c: [] for c in (*required, *optional) if c in header}
+            iso = False
             for row_no, row in enumerate(reader, start=2):
                 row = {(k or "").strip(): v for k, v in row.items()}
+                empty = [c for c in required if not (row.get(c) or "").strip()]
+                if empty:
+                    for c in empty:
+                        skipped[c] = skipped.get(c, 0) + 1
+                    continue
                 for c in cols:
                     raw = (row.get(c) or "").strip()
                     if c in optional and raw == "":
@@ -103,6 +137,7 @@ def read_csv(path: Path, required: tuple[str, ...], optional: tuple[str, ...] = 
                                          + (" or ISO 8601 time" if c == "timestamp" else "")) from None
                     if not math.isfinite(val):
                         raise InputError(f"{path}: row {row_no}, column {c}: {raw!r} is not finite")
+                    iso = iso or (c == "timestamp" and not _is_number(raw))
                     cols[c].append(val)
     except OSError as err:
         raise InputError(f"cannot read {path}: {err.strerror or err}") from None
@@ -110,8 +145,29 @@ def read_csv(path: Path, required: tuple[str, ...], optional: tuple[str, ...] = 
         raise InputError(f"{path} is not a readable CSV: {err}") from None
     out = {c: np.asarray(v, dtype=float) for c, v in cols.items()}
     if len(out["timestamp"]) < 2:
-        raise InputError(f"{path}: need at least 2 data rows, got {len(out['timestamp'])}")
-    return out
+        raise InputError(f"{path}: need at least 2 data rows, got {len(out['timestamp'])}"
+                         + (f" ({sum(skipped.values())} rows had an empty cell)" if skipped else ""))
+    unit = "s" if iso else epoch_unit(out["timestamp"]) if timestamp_unit == "auto" else timestamp_unit
+    out["timestamp"] = out["timestamp"] * TIME_UNITS[unit]
+    return out, {"timestamp_unit": "iso8601" if iso else unit, "rows_skipped": sum(skipped.values()),
+                 "rows_skipped_by_column": skipped}
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _bytes_column(path: Path, name: str, v: np.ndarray) -> None:
+    """RSS exported in MiB or GiB (a dashboard's unit) read as bytes is a process of a few kB: no
+    leak could reach any threshold, and the answer would be a silent "no leak"."""
+    med = float(np.median(v))
+    if 0 < med < 2**20:
+        raise InputError(f"{path}: column {name} must hold bytes, but its median is {med:g} (under 1 MiB): "
+                         f"convert it (MiB x 1048576, GiB x 1073741824)")
 
 
 def analyze_leak(cols: dict[str, np.ndarray], limit_bytes: float | None, time_scale: float = 1.0) -> dict:
@@ -237,9 +293,11 @@ def _finite(v):
 
 
 def run(args) -> int:
+    unit = getattr(args, "timestamp_unit", "auto")
     try:
         if args.kind == "leak":
-            cols = read_csv(args.file, ("timestamp", "rss_bytes"), ("limit_bytes", "running_requests"))
+            cols, read = read_csv(args.file, ("timestamp", "rss_bytes"), ("limit_bytes", "running_requests"), unit)
+            _bytes_column(args.file, "rss_bytes", cols["rss_bytes"])
             result = analyze_leak(cols, args.limit_bytes, args.time_scale)
             if getattr(args, "census", None) is not None:
                 try:
@@ -249,16 +307,18 @@ def run(args) -> int:
                 slope = result["slope_mib_per_h"] * 2**20 if result["detected"] else None
                 result.update(census.census_summary(data, slope))
         elif args.kind == "prefix":
-            cols = read_csv(args.file, ("timestamp", "queries_tokens", "hits_tokens"))
+            cols, read = read_csv(args.file, ("timestamp", "queries_tokens", "hits_tokens"), timestamp_unit=unit)
             result = analyze_prefix(cols, args)
         elif args.kind == "tpot":
-            cols = read_csv(args.file, ("timestamp", "tpot_sum_seconds", "tpot_count", "running_requests"))
+            cols, read = read_csv(args.file, ("timestamp", "tpot_sum_seconds", "tpot_count", "running_requests"),
+                                  timestamp_unit=unit)
             result = analyze_tpot(cols, args)
         else:
-            cols = read_csv(args.file, ("timestamp", "draft_tokens", "accepted_tokens"))
+            cols, read = read_csv(args.file, ("timestamp", "draft_tokens", "accepted_tokens"), timestamp_unit=unit)
             result = analyze_drift(cols, args)
     except InputError as err:
         print(f"sla-guard analyze: {err}", file=sys.stderr)
         return 2
+    result |= read
     print(json.dumps({k: _finite(v) for k, v in result.items()}))
     return 0
