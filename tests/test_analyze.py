@@ -163,6 +163,30 @@ def test_analyze_drift_reads_microseconds(tmp_path):
     assert 0 < out["detected_at"] - (1.8e9 + c.onset) <= 600
 
 
+def test_analyze_drift_refuses_increments_read_as_counters_and_sums_them_on_request(tmp_path):
+    """An increase() export holds per-interval counts. Read as counters, every fall is a restart
+    and the verdict is noise (a wrong baseline, the step found hours late); it is refused with the
+    option that reads it, which gives the verdict of the counters themselves. Swapped columns
+    (accepted over drafted) are refused too: no baseline would ever be learned, nothing said."""
+    c = sy.rate_case("step", 5, change=-0.10, baseline=0.6, days=0.5, onset_h=4.0)
+
+    def write(name, drafts, accepted):
+        (tmp_path / name).write_text("timestamp,draft_tokens,accepted_tokens\n" + "".join(
+            f"{1.8e9 + t:.0f},{n:.0f},{x:.0f}\n" for t, n, x in zip(c.t, drafts, accepted, strict=True)))
+
+    write("cum.csv", c.drafts, c.accepted)
+    write("inc.csv", np.diff(c.drafts, prepend=0.0), np.diff(c.accepted, prepend=0.0))
+    write("swapped.csv", c.accepted, c.drafts)
+    r = _run("drift", tmp_path / "inc.csv")
+    assert r.returncode == 2 and "draft_tokens falls in" in r.stderr and "--increments" in r.stderr
+    r = _run("drift", tmp_path / "swapped.csv")
+    assert r.returncode == 2 and "accepted_tokens grows faster than draft_tokens" in r.stderr
+    cum = json.loads(_run("drift", tmp_path / "cum.csv").stdout)
+    inc = json.loads(_run("drift", tmp_path / "inc.csv", "--increments").stdout)
+    assert cum["detected"] is True and 0 < cum["detected_at"] - (1.8e9 + c.onset) <= 600
+    assert inc["detected_at"] == cum["detected_at"] and inc["baseline_rate"] == pytest.approx(cum["baseline_rate"])
+
+
 def test_analyze_drift_no_change(tmp_path):
     c = sy.rate_case("stationary", 6, days=0.5)
     rows = ["timestamp,draft_tokens,accepted_tokens"] + [

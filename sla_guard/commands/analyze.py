@@ -39,6 +39,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     dr = kinds.add_parser("drift", help="CSV columns: timestamp,draft_tokens,accepted_tokens (cumulative)")
     dr.add_argument("file", type=Path)
     _unit_arg(dr)
+    _increments_arg(dr)
     d = drift.RateDriftParams()  # the guard's defaults: offline and online verdicts agree
     dr.add_argument("--arl0-days", type=float, default=d.arl0_s / 86400, help="mean time between false alarms (days)")
     dr.add_argument("--shift", type=float, default=d.shift, help="design shift beyond the tolerance band")
@@ -56,6 +57,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
                                          "query and hit counters, cumulative; judged downward, as in the guard)")
     px.add_argument("file", type=Path)
     _unit_arg(px)
+    _increments_arg(px)
     pc = DetectorsConfig().prefix_hit  # the guard's defaults for the prefix-cache hit rate
     px.add_argument("--arl0-days", type=float, default=pc.arl0_days, help="mean time between false alarms (days)")
     px.add_argument("--warmup-s", type=float, default=pc.warmup_s, help="baseline learning span (s)")
@@ -67,6 +69,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
                                        "requests per engine)")
     tp.add_argument("file", type=Path)
     _unit_arg(tp)
+    _increments_arg(tp)
     t = drift.LatencyDriftParams()
     tp.add_argument("--arl0-days", type=float, default=t.arl0_s / 86400, help="mean time between false alarms (days)")
     tp.add_argument("--warmup-s", type=float, default=t.warmup_s, help="reference learning span (s)")
@@ -78,6 +81,11 @@ def _unit_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timestamp-unit", choices=("auto", *TIME_UNITS), default="auto",
                    help="unit of numeric timestamps (default auto: epoch seconds, ms, us or ns by their size; "
                         "give it for timestamps counted from 0 in ms)")
+
+
+def _increments_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--increments", action="store_true",
+                   help="the counter columns hold per-interval counts (an increase() export), not cumulative counters")
 
 
 def _ts(text: str) -> float:
@@ -168,6 +176,36 @@ def _bytes_column(path: Path, name: str, v: np.ndarray) -> None:
     if 0 < med < 2**20:
         raise InputError(f"{path}: column {name} must hold bytes, but its median is {med:g} (under 1 MiB): "
                          f"convert it (MiB x 1048576, GiB x 1073741824)")
+
+
+def _counters(path: Path, cols: dict[str, np.ndarray], names: tuple[str, ...], increments: bool,
+              part_of: tuple[str, str] | None = None) -> None:
+    """Make ``names`` cumulative counters, as the detectors read them (a fall is an engine restart).
+
+    ``increments`` (``--increments``): the file holds per-interval counts (an ``increase()``
+    export); they are summed. Without it, a column that falls in more than 2 % of its rows is such
+    an export, and is refused: read as a counter, every fall is a restart and the verdict is noise
+    (a 0.10 step found 2 h late against a baseline of 0.44 instead of 0.6). ``part_of`` (part,
+    whole): a part that grows faster than its whole (accepted over drafted tokens, hits over
+    queries) in more than 2 % of the intervals means swapped columns, where no baseline is ever
+    learned and nothing is said."""
+    if increments:
+        for c in names:
+            cols[c] = np.cumsum(cols[c])
+        return
+    n = len(cols["timestamp"])
+    allowed = max(3, int(0.02 * n))
+    for c in names:
+        falls = int((np.diff(cols[c]) < 0).sum())
+        if falls > allowed:
+            raise InputError(f"{path}: column {c} falls in {falls} of {n} rows: it must be the cumulative counter "
+                             f"(a fall is an engine restart); for per-interval counts pass --increments")
+    if part_of is not None:
+        dp, dw = np.diff(cols[part_of[0]]), np.diff(cols[part_of[1]])
+        over = int(((dp > dw) & (dp > 0) & (dw >= 0)).sum())
+        if over > allowed:
+            raise InputError(f"{path}: {part_of[0]} grows faster than {part_of[1]} in {over} of {n - 1} intervals, "
+                             f"which cannot be: are the two columns swapped?")
 
 
 def analyze_leak(cols: dict[str, np.ndarray], limit_bytes: float | None, time_scale: float = 1.0) -> dict:
@@ -308,13 +346,18 @@ def run(args) -> int:
                 result.update(census.census_summary(data, slope))
         elif args.kind == "prefix":
             cols, read = read_csv(args.file, ("timestamp", "queries_tokens", "hits_tokens"), timestamp_unit=unit)
+            _counters(args.file, cols, ("queries_tokens", "hits_tokens"), args.increments,
+                      ("hits_tokens", "queries_tokens"))
             result = analyze_prefix(cols, args)
         elif args.kind == "tpot":
             cols, read = read_csv(args.file, ("timestamp", "tpot_sum_seconds", "tpot_count", "running_requests"),
                                   timestamp_unit=unit)
+            _counters(args.file, cols, ("tpot_sum_seconds", "tpot_count"), args.increments)
             result = analyze_tpot(cols, args)
         else:
             cols, read = read_csv(args.file, ("timestamp", "draft_tokens", "accepted_tokens"), timestamp_unit=unit)
+            _counters(args.file, cols, ("draft_tokens", "accepted_tokens"), args.increments,
+                      ("accepted_tokens", "draft_tokens"))
             result = analyze_drift(cols, args)
     except InputError as err:
         print(f"sla-guard analyze: {err}", file=sys.stderr)
