@@ -29,7 +29,9 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from sla_guard.model import Status
 from sla_guard.service import Guard
+from sla_guard.slo import worst
 
 log = logging.getLogger("sla_guard.api")
 
@@ -200,8 +202,13 @@ def create_app(guard: Guard, *, token: str | None = None, extra_routers: Sequenc
         if ev is None:
             raise HTTPException(404, "no SLO evaluator configured")
         snap = ev.snapshot()
-        snap["pools"] = [p for p in snap["pools"] if (model is None or p["model"] == model)
-                         and (pool is None or p["pool"] == pool)]
+        if model is not None or pool is not None:
+            snap["pools"] = [p for p in snap["pools"] if (model is None or p["model"] == model)
+                             and (pool is None or p["pool"] == pool)]
+            # the status of what was asked for: a misspelt model matches nothing, which is
+            # "unknown", not the other pools' "ok"
+            snap["status"] = worst(Status(p["status"]) for p in snap["pools"]).value if snap["pools"] \
+                else Status.UNKNOWN.value
         return jsonable(snap)
 
     @v1.get("/targets")

@@ -75,6 +75,13 @@ def test_slo_status_and_targets_content(api):
     assert [p["pool"] for p in body["pools"]] == ["prefill"]
     slo = {s["slo"]: s for s in body["pools"][0]["slos"]}
     assert slo["ttft_mean"]["status"] == "violated" and slo["ttft_mean"]["value"] == pytest.approx(3.5)
+    # a filter's status is the status of what it selected: decode alone is not prefill's
+    # "violated", and a misspelt model (nothing judged) is "unknown", never the others' status
+    decode = httpx.get(f"{url}/v1/slo", headers=_auth(), params={"pool": "decode"}).json()
+    assert decode["status"] == decode["pools"][0]["status"] != "violated"
+    typo = httpx.get(f"{url}/v1/slo", headers=_auth(), params={"model": "typo"}).json()
+    assert typo == {**typo, "status": "unknown", "pools": []}
+    assert httpx.get(f"{url}/v1/slo", headers=_auth()).json()["status"] == "violated"
     status = httpx.get(f"{url}/v1/status", headers=_auth()).json()
     assert status["ticks"] == 1 and status["store"]["series"] > 0
     assert status["evaluators"]["slo"]["status"] == "violated"

@@ -129,3 +129,33 @@ def test_desired_replicas_gauges_on_metrics(served):
     # the HPA manifest selects exactly this contract metric
     hpa = [d for d in yaml.safe_load_all((Path(__file__).parent.parent / "deploy/k8s/hpa-external.yaml").read_text())]
     assert {d["spec"]["metrics"][0]["external"]["metric"]["name"] for d in hpa} == {c.GUARD_DESIRED_REPLICAS.name}
+
+
+def test_a_pool_without_data_gets_no_number_keda_or_hpa_could_follow(served):
+    """Once the engines stop answering, the advisor has nothing to size on and holds; its hold
+    counts the replicas the view still shows, 0 once every series is gone. Served as a number,
+    KEDA (targetValue 1) and HPA (AverageValue 1) would scale both pools to their minimum on a
+    network partition. So the KEDA answer is a 503 (KEDA keeps the size, or its fallback) and the
+    replica gauges leave /metrics (HPA holds without a metric) until data comes back."""
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    _evaluate_under_prefill_pressure(served)
+    assert not served.guard.tick(1060 + 900).errors  # nothing scraped for 15 minutes
+    recs = served.guard.evaluator("advisor").recommendations()[0]
+    assert recs and all(r.reasons[0] in ("hold_missing_data", "hold_stale_data") for r in recs)
+    with httpx.Client(base_url=served.url, timeout=5) as h:
+        r = h.get("/v1/scale/keda", headers=auth)
+        assert r.status_code == 503 and "no data" in r.text
+        assert h.get("/v1/scale/keda/prefill", headers=auth).status_code == 503
+        assert h.get("/v1/scale/keda/nope", headers=auth).status_code == 404
+        text = h.get("/metrics").text
+    names = {(s.name, s.labels.get("model")) for f in text_string_to_metric_families(text) for s in f.samples}
+    assert (c.GUARD_DESIRED_REPLICAS.series(), MODEL) not in names
+    assert (c.GUARD_CURRENT_REPLICAS.series(), MODEL) not in names
+    # data back: the number is back
+    _run([Engine("prefill", "p0"), Engine("decode", "d0")], served.store, 1060 + 905, 1060 + 965,
+         p0={"running": 4, "waiting": 30, "computed": 60_000, "prefills": 6, "ttft": 8.0},
+         d0={"running": 10, "waiting": 0, "steps": 400})
+    assert not served.guard.tick(1060 + 965).errors
+    with httpx.Client(base_url=served.url, timeout=5) as h:
+        assert isinstance(h.get("/v1/scale/keda/prefill", headers=auth).json()["desired"], int)
+        assert c.GUARD_DESIRED_REPLICAS.series() in h.get("/metrics").text

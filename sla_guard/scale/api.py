@@ -8,7 +8,10 @@
   path) and ``targetValue: "1"`` (metricType AverageValue), so KEDA's replica count follows the
   advisor's number exactly. ``/v1/scale/keda/{pool}`` returns one pool flat
   (``valueLocation: desired``). Until the first decision the endpoints answer 503, so KEDA keeps
-  the current size (or its configured fallback) instead of scaling on a made-up number.
+  the current size (or its configured fallback) instead of scaling on a made-up number; so does a
+  pool the advisor has no data for (its targets down or stale): the combined answer leaves it out
+  and the per-pool one is a 503. Its decision is a hold whose numbers (0 replicas seen once the
+  targets are down) would otherwise scale the pool to its minimum.
 
 Both sit under ``/v1`` and require ``Authorization: Bearer <token>`` when a token is configured.
 """
@@ -21,6 +24,7 @@ from collections.abc import Callable, Sequence
 from fastapi import APIRouter, Depends, HTTPException, Request
 
 from sla_guard.scale.evaluator import AdvisorEvaluator
+from sla_guard.scale.guardrails import without_data
 
 
 def bearer_auth(token: Callable[[], str | None]) -> Callable[[Request], None]:
@@ -79,8 +83,12 @@ def advisor_router(evaluators: Sequence[AdvisorEvaluator] | AdvisorEvaluator,
         models = sorted({r.model for r in recs})
         if len(models) > 1:
             raise HTTPException(400, detail=f"several models; pass ?model= one of {models}")
+        known = [r for r in recs if not without_data(r.reasons)]
+        if not known:
+            raise HTTPException(503, detail="no data to size any pool on: "
+                                + ", ".join(f"{r.pool}: {r.reasons[0]}" for r in recs))
         return {r.pool: {"desired": r.desired, "current": r.current, "action": r.action,
-                         "confidence": r.confidence, "reason": r.reasons[0] if r.reasons else ""} for r in recs}
+                         "confidence": r.confidence, "reason": r.reasons[0] if r.reasons else ""} for r in known}
 
     @router.get("/scale/keda")
     def keda(model: str | None = None) -> dict:
@@ -90,9 +98,11 @@ def advisor_router(evaluators: Sequence[AdvisorEvaluator] | AdvisorEvaluator,
     @router.get("/scale/keda/{pool}")
     def keda_pool(pool: str, model: str | None = None) -> dict:
         e = pick(model)
+        if pool not in ("prefill", "decode"):
+            raise HTTPException(404, detail=f"unknown pool {pool!r}; known: ['decode', 'prefill']")
         pools = _pools(e, model)
         if pool not in pools:
-            raise HTTPException(404, detail=f"unknown pool {pool!r}; known: {sorted(pools)}")
+            raise HTTPException(503, detail=f"no data to size pool {pool!r} on (its targets down or stale)")
         return {"model": model or e.model, "pool": pool, **pools[pool]}
 
     @router.get("/decisions")

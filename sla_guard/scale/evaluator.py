@@ -9,6 +9,7 @@ the actuator. Nothing here raises into the guard: bad data holds, actuator failu
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import threading
@@ -22,7 +23,7 @@ from sla_guard.defaults import TPOT_SLO_S, TTFT_SLO_S
 from sla_guard.model import Finding, MetricsView, PoolRecommendation
 from sla_guard.scale.actuators import ActuationError, Actuator, StandbyError, idempotency_key
 from sla_guard.scale.advisor import Advisor, _Learned, to_recommendation
-from sla_guard.scale.guardrails import PoolMemory
+from sla_guard.scale.guardrails import PoolMemory, without_data
 from sla_guard.scale.learn import PrefillCapacity, StepModel, TpotSpread
 from sla_guard.settings.advisor import AdvisorConfig
 
@@ -86,6 +87,7 @@ class AdvisorEvaluator:
         self._recs: list[PoolRecommendation] = []
         self._restarts: list[PoolRecommendation] = []
         self.updated_at: float | None = None
+        self._published: set[tuple[str, str]] = set()  # (model, pool) with replica gauges on /metrics
 
     @property
     def advisor(self) -> Advisor:
@@ -166,6 +168,7 @@ class AdvisorEvaluator:
                 self.log.append(record)
                 self.history.append(record)
                 self._records.append(record)
+        self._unpublish_stale(recs)
         for r in all_restarts:
             record = {"t": now, "model": r.model, "pool": r.pool, "mode": self.cfg.mode, "action": r.action,
                       "replica": r.replica, "reasons": r.reasons, "confidence": r.confidence, "numbers": r.numbers}
@@ -210,10 +213,25 @@ class AdvisorEvaluator:
     def _publish(self, rec: PoolRecommendation, direction: str) -> None:
         if self.metrics is None:
             return
-        self.metrics[c.GUARD_DESIRED_REPLICAS].labels(rec.model, rec.pool).set(rec.desired)
-        self.metrics[c.GUARD_CURRENT_REPLICAS].labels(rec.model, rec.pool).set(rec.current)
+        if not without_data(rec.reasons):  # no data: no number (see _unpublish_stale)
+            self.metrics[c.GUARD_DESIRED_REPLICAS].labels(rec.model, rec.pool).set(rec.desired)
+            self.metrics[c.GUARD_CURRENT_REPLICAS].labels(rec.model, rec.pool).set(rec.current)
         reason = rec.reasons[0] if rec.reasons else "none"
         self.metrics[c.GUARD_SCALING_DECISIONS].labels(rec.model, rec.pool, direction, reason).inc()
+
+    def _unpublish_stale(self, recs: list[PoolRecommendation]) -> None:
+        """Take the replica gauges of every pool not sized this tick off /metrics: a pool without
+        data, or a model whose targets all went down (it is no longer in the view). HPA's External
+        metric then has no value and HPA holds, where the last number would have stayed on
+        /metrics for good, and a 0 from the empty view would have scaled the pool down."""
+        if self.metrics is None:
+            return
+        now = {(r.model, r.pool) for r in recs if not without_data(r.reasons)}
+        for key in self._published - now:
+            for metric in (c.GUARD_DESIRED_REPLICAS, c.GUARD_CURRENT_REPLICAS):
+                with contextlib.suppress(KeyError):  # never published under this metric
+                    self.metrics[metric].remove(*key)
+        self._published = now
 
     def recommendations(self) -> tuple[list[PoolRecommendation], list[PoolRecommendation], float | None]:
         with self._lock:

@@ -255,6 +255,16 @@ def decide(pool: str, now: float, ready: int, starting: int, sizing: Sizing, mem
                     "scale" if direction != "none" else "hold")
 
 
+# a decision made without a sizing: it holds, and its numbers (desired = current = the replicas
+# the view still shows, 0 once the targets are down) are no advice an autoscaler may follow
+NO_DATA_REASONS = ("hold_missing_data", "hold_stale_data")
+
+
+def without_data(reasons) -> bool:
+    """Whether a decision (or recommendation) with these reasons had no data to size on."""
+    return any(r in NO_DATA_REASONS for r in reasons)
+
+
 def _recent(t: float | None, now: float, window: float) -> bool:
     return t is not None and now - t < window
 
