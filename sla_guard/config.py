@@ -146,6 +146,15 @@ class SLO(_Strict):
 
     @model_validator(mode="after")
     def _objective_fields(self) -> SLO:
+        # beyond the histograms' last finite bucket (TTFT 160 s, TPOT 2.5 s) no SLA is meant in
+        # seconds: 2500 for a 2.5 s TTFT, or 20 for a 20 ms TPOT, would judge every breach "ok"
+        from exporters.contract import TPOT_BUCKETS, TTFT_BUCKETS
+
+        top = {Indicator.TTFT: TTFT_BUCKETS[-1], Indicator.TPOT: TPOT_BUCKETS[-1]}[self.indicator]
+        if self.threshold_s > top:
+            raise ValueError(f"threshold_s {self.threshold_s:g} is over {top:g} s, beyond the engines' "
+                             f"{self.indicator.value} histogram: it is in seconds (a {self.threshold_s:g} ms "
+                             f"threshold is threshold_s: {self.threshold_s / 1000:g})")
         if self.objective is Objective.PERCENTILE and self.percentile is None:
             raise ValueError("objective 'percentile' needs 'percentile' (e.g. 0.9)")
         if self.objective is Objective.ATTAINMENT and self.target is None:

@@ -38,6 +38,17 @@ def test_objective_needs_its_parameter():
     assert "slos.0.objectives.0" in msg and "needs 'percentile'" in msg
 
 
+def test_a_threshold_in_milliseconds_is_refused_with_its_value_in_seconds():
+    """2500 for a 2.5 s TTFT (or 20 for a 20 ms TPOT) passed, and judged every breach "ok"."""
+    msg = _error({"slos": [{"objectives": [
+        {"name": "t", "indicator": "ttft", "objective": "mean", "threshold_s": 2500},
+        {"name": "o", "indicator": "tpot", "objective": "mean", "threshold_s": 20}]}]})
+    assert "slos.0.objectives.0" in msg and "threshold_s 2500 is over 160 s" in msg and "threshold_s: 2.5" in msg
+    assert "slos.0.objectives.1" in msg and "threshold_s: 0.02" in msg
+    parse_config({"slos": [{"objectives": [{"name": "t", "indicator": "ttft", "objective": "mean",
+                                            "threshold_s": 160}]}]})  # the histogram's last bucket: allowed
+
+
 def test_detector_and_advisor_sections_are_validated_at_load():
     msg = _error({"detectors": {"leak": {"limit_bytes": -5}}, "advisor": {"mode": "actve"}})
     assert "detectors.leak.limit_bytes" in msg and "(got -5)" in msg

@@ -182,3 +182,19 @@ def test_serve_refuses_open_api_beyond_loopback(tmp_path):
     r = subprocess.run([sys.executable, "-m", "sla_guard.cli", "serve", "--config", str(f)], capture_output=True,
                        text=True, timeout=30)
     assert r.returncode == 2 and "api.listen" in r.stderr and "token" in r.stderr
+
+
+def test_serve_refuses_a_token_variable_the_config_names_but_nobody_set(tmp_path):
+    """api.token_env names the variable meant to hold the token: unset, the guard used to serve
+    /v1 open on loopback without a word."""
+    import os
+    import subprocess
+    import sys
+
+    f = tmp_path / "g.yaml"
+    f.write_text("source: {targets: [{url: 'http://127.0.0.1:9/metrics'}]}\n"
+                 "api: {listen: '127.0.0.1:18081', token_env: NO_SUCH_TOKEN_VAR}\n")
+    env = {k: v for k, v in os.environ.items() if k != "NO_SUCH_TOKEN_VAR"}
+    r = subprocess.run([sys.executable, "-m", "sla_guard.cli", "serve", "--config", str(f)], capture_output=True,
+                       text=True, timeout=30, env=env)
+    assert r.returncode == 2 and "api.token_env: $NO_SUCH_TOKEN_VAR is not set" in r.stderr

@@ -68,3 +68,22 @@ def test_replay_bad_input(capsys, tmp_path):
     assert "cannot read trace" in capsys.readouterr().err
     assert main(["replay", "--trace", str(BUNDLED_MOONCAKE), "--fault", '{"kind": "meteor"}']) == 2
     assert "fault kind 'meteor' unknown" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (["--speed", "inf"], "--speed: 'inf': must be a finite number > 0"),  # a traceback before
+    (["--speed", "nan"], "--speed: 'nan': must be a finite number > 0"),  # exit 0, nothing replayed
+    (["--scrape-interval", "0"], "--scrape-interval: '0'"),  # ZeroDivisionError
+    (["--scrape-interval", "-1"], "--scrape-interval: '-1'"),  # never ended
+    (["--drain-s", "-1000"], "--drain-s: '-1000': must be a finite number >= 0"),
+    (["--max-replicas", "0"], "--max-replicas: '0'"),
+    (["--min-replicas", "5", "--max-replicas", "2"], "--min-replicas 5 is over --max-replicas 2"),
+    (["--slo-ttft", "2500"], "--slo-ttft: threshold_s 2500 is over 160 s"),  # ms for s: every breach "ok"
+    (["--slo-tpot", "20"], "a 20 ms threshold is threshold_s: 0.02"),
+])
+def test_replay_refuses_numbers_it_cannot_replay(capsys, args, needle):
+    try:
+        code = main(["replay", "--trace", str(BUNDLED_MOONCAKE), "--duration", "60", *args])
+    except SystemExit as stop:  # argparse's own refusal
+        code = stop.code
+    assert code == 2 and needle in capsys.readouterr().err

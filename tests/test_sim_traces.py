@@ -54,7 +54,17 @@ def test_errors_name_line_and_field(tmp_path):
     p = tmp_path / "t.jsonl"
     p.write_text('{"timestamp": 0, "input_length": 10, "output_length": 5, "hash_ids": [1]}\n'
                  '{"timestamp": 5, "input_length": "x", "output_length": 5}\n')
-    with pytest.raises(TraceError, match=r"t.jsonl:2: field 'input_length' must be a number"):
+    with pytest.raises(TraceError, match=r"t.jsonl:2: field 'input_length' must be a finite number"):
+        read_mooncake(p)
+    for bad in ("Infinity", "NaN"):  # json takes both; int() overflowed on one and gave no line on the other
+        p.write_text(f'{{"timestamp": 0, "input_length": {bad}, "output_length": 5}}\n')
+        with pytest.raises(TraceError, match=r"t.jsonl:1: field 'input_length' must be a finite number"):
+            read_mooncake(p)
+    (tmp_path / "bad.jsonl.gz").write_bytes(b"not gzip")
+    with pytest.raises(TraceError, match=r"cannot read trace .*bad.jsonl.gz"):
+        read_mooncake(tmp_path / "bad.jsonl.gz")
+    p.write_bytes(b"\xff\xfe\x00 not text\n")
+    with pytest.raises(TraceError, match=r"cannot read trace .*t.jsonl"):
         read_mooncake(p)
     p.write_text("not json\n")
     with pytest.raises(TraceError, match=r":1: not JSON"):
@@ -70,6 +80,9 @@ def test_errors_name_line_and_field(tmp_path):
     c.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\nyesterday,1,2\n")
     with pytest.raises(TraceError, match=r"a.csv:2: field 'TIMESTAMP'"):
         read_azure(c)
+    c.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,-500,44\n")
+    with pytest.raises(TraceError, match=r"a.csv:2: ContextTokens and GeneratedTokens must be >= 0"):
+        read_azure(c)  # clamped to 1 before, where the Mooncake reader refused the same row
     with pytest.raises(TraceError, match="unknown trace format"):
         load_trace(tmp_path / "x.parquet")
     with pytest.raises(TraceError, match="cannot read"):

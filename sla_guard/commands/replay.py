@@ -6,12 +6,30 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
 
 from sla_guard.defaults import TPOT_SLO_S, TTFT_SLO_S
+
+COUNT = {"above": False, "integer": True}  # a count of replicas: an integer >= the bound
+
+
+def _number(low: float, *, above: bool = True, integer: bool = False):
+    """An argparse type: a finite number over ``low`` (at least ``low`` with ``above=False``).
+    --speed inf, --scrape-interval 0 or -1 and --drain-s -1000 used to crash, hang or print an
+    empty result with exit 0."""
+    def parse(text: str):
+        try:
+            v = int(text) if integer else float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if integer else 'a number'}") from None
+        if not math.isfinite(v) or (v <= low if above else v < low):
+            raise argparse.ArgumentTypeError(f"{text!r}: must be a finite number {'>' if above else '>='} {low:g}")
+        return v
+    return parse
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -21,25 +39,26 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help="Mooncake .jsonl, Azure .csv, or 'agentic[:N]' (generated coding-agent sessions)")
     p.add_argument("--policy", default="static", help="scaling policy: static (default), queue, planner, guard")
     p.add_argument("--out", type=Path, default=None, help="write summary.json, actions.jsonl, timeline.csv here")
-    p.add_argument("--speed", type=float, default=1.0,
+    p.add_argument("--speed", type=_number(0), default=1.0,
                    help="trace rate multiplier: 2 replays the trace's arrivals twice as fast (default 1)")
-    p.add_argument("--duration", type=float, default=None, help="replay only the first N trace seconds")
+    p.add_argument("--duration", type=_number(0), default=None, help="replay only the first N trace seconds")
     p.add_argument("--profile", default="default", help="profile name in sla_guard/sim/profiles or a YAML path")
-    p.add_argument("--prefill", type=int, default=2, help="initial prefill replicas (default 2)")
-    p.add_argument("--decode", type=int, default=2, help="initial decode replicas (default 2)")
-    p.add_argument("--min-replicas", type=int, default=1)
-    p.add_argument("--max-replicas", type=int, default=16)
-    p.add_argument("--gpu-budget", type=int, default=None, help="GPUs both pools may use together")
+    p.add_argument("--prefill", type=_number(0, **COUNT), default=2, help="initial prefill replicas (default 2)")
+    p.add_argument("--decode", type=_number(0, **COUNT), default=2, help="initial decode replicas (default 2)")
+    p.add_argument("--min-replicas", type=_number(0, **COUNT), default=1)
+    p.add_argument("--max-replicas", type=_number(1, **COUNT), default=16)
+    p.add_argument("--gpu-budget", type=_number(0, integer=True), default=None, help="GPUs both pools may use together")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--fault", action="append", default=[], metavar="JSON",
                    help='fault to inject, e.g. \'{"kind":"leak","replica":"d0","mib_per_hour":48}\' (repeatable)')
-    p.add_argument("--slo-ttft", type=float, default=TTFT_SLO_S,
+    p.add_argument("--slo-ttft", type=_number(0), default=TTFT_SLO_S,
                    help=f"TTFT target in seconds (default {TTFT_SLO_S:g})")
-    p.add_argument("--slo-tpot", type=float, default=TPOT_SLO_S,
+    p.add_argument("--slo-tpot", type=_number(0), default=TPOT_SLO_S,
                    help=f"TPOT target in seconds (default {TPOT_SLO_S:.3f})")
-    p.add_argument("--scrape-interval", type=float, default=15.0, help="simulated seconds between scrapes")
-    p.add_argument("--eval-interval", type=float, default=15.0)
-    p.add_argument("--drain-s", type=float, default=600.0, help="simulated time after the last arrival")
+    p.add_argument("--scrape-interval", type=_number(0), default=15.0, help="simulated seconds between scrapes")
+    p.add_argument("--eval-interval", type=_number(0), default=15.0)
+    p.add_argument("--drain-s", type=_number(0, above=False), default=600.0,
+                   help="simulated time after the last arrival")
     p.add_argument("--no-detectors", action="store_true", help="run the guard without the leak/drift detectors")
     p.add_argument("--no-metrics", action="store_true",
                    help="pure simulation: no contract metrics, no store (policy must be static)")
@@ -59,8 +78,19 @@ def run(args: argparse.Namespace) -> int:
     except (ProfileError, TraceError, ValueError) as err:
         print(f"sla-guard replay: {err}", file=sys.stderr)
         return 2
-    if args.speed <= 0:
-        print("sla-guard replay: --speed must be > 0", file=sys.stderr)
+    if args.min_replicas > args.max_replicas:
+        print(f"sla-guard replay: --min-replicas {args.min_replicas} is over --max-replicas {args.max_replicas}",
+              file=sys.stderr)
+        return 2
+    try:  # the SLO's own checks (a threshold beyond the histograms is in ms, not s)
+        from sla_guard.config import SLO, Indicator, Objective
+
+        for flag, ind, v in (("--slo-ttft", Indicator.TTFT, args.slo_ttft),  # noqa: B007 - named in the error
+                             ("--slo-tpot", Indicator.TPOT, args.slo_tpot)):
+            SLO(name="check", indicator=ind, objective=Objective.MEAN, threshold_s=v)
+    except ValueError as err:
+        msg = err.errors()[0]["msg"] if hasattr(err, "errors") else str(err)
+        print(f"sla-guard replay: {flag}: {msg.removeprefix('Value error, ')}", file=sys.stderr)
         return 2
     if args.no_metrics and args.policy != "static":
         print("sla-guard replay: --no-metrics needs --policy static (other policies read metrics)", file=sys.stderr)

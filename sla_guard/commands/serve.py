@@ -62,6 +62,11 @@ def run(args: argparse.Namespace) -> int:
         if token is None and not _loopback(host):
             raise ConfigError(f"api.listen: {host} is not a loopback address and no API token is set; "
                               f"set api.token_file or ${cfg.api.token_env or 'SLA_GUARD_TOKEN'}")
+        if token is None and cfg.api.token_env and "token_env" in cfg.api.model_fields_set:
+            # a variable named in the config is meant to hold the token: unset, /v1 would be open
+            # without a word (the default $SLA_GUARD_TOKEN unset on loopback is the documented dev mode)
+            raise ConfigError(f"api.token_env: ${cfg.api.token_env} is not set or empty; export it, or remove "
+                              f"api.token_env to serve /v1 without a token on loopback")
     except ConfigError as err:
         print(err, file=sys.stderr)
         return 2

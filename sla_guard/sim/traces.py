@@ -11,6 +11,7 @@ from __future__ import annotations
 import csv
 import gzip
 import json
+import math
 import random
 from dataclasses import dataclass, replace
 from datetime import datetime
@@ -78,14 +79,22 @@ def _int_field(obj: dict, key: str, where: str, minimum: int = 0) -> int:
     if key not in obj:
         raise TraceError(f"{where}: missing field {key!r}")
     v = obj[key]
-    if isinstance(v, bool) or not isinstance(v, int | float) or v < minimum:
-        raise TraceError(f"{where}: field {key!r} must be a number >= {minimum}, got {v!r}")
+    # NaN and Infinity (which json accepts) fail the finite test, not int()'s OverflowError
+    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < minimum:
+        raise TraceError(f"{where}: field {key!r} must be a finite number >= {minimum}, got {v!r}")
     return int(v)
 
 
 def read_mooncake(path: str | Path, limit: int | None = None) -> Trace:
     """Mooncake FAST'25 JSON lines: timestamp (ms), input_length, output_length, hash_ids."""
     p = Path(path)
+    try:
+        return _read_mooncake(p, limit)
+    except (OSError, EOFError, UnicodeDecodeError) as err:  # a .gz that is not gzip, bytes that are not text
+        raise TraceError(f"cannot read trace {p}: {err}") from None
+
+
+def _read_mooncake(p: Path, limit: int | None) -> Trace:
     reqs: list[TraceRequest] = []
     try:
         fh = gzip.open(p, "rt") if p.suffix == ".gz" else p.open()  # noqa: SIM115 - closed by `with` below
@@ -127,6 +136,13 @@ def _parse_ts(text: str, where: str) -> float:
 def read_azure(path: str | Path, limit: int | None = None) -> Trace:
     """Azure LLM inference trace 2023 CSV: TIMESTAMP, ContextTokens, GeneratedTokens."""
     p = Path(path)
+    try:
+        return _read_azure(p, limit)
+    except (UnicodeDecodeError, csv.Error) as err:
+        raise TraceError(f"cannot read trace {p}: {err}") from None
+
+
+def _read_azure(p: Path, limit: int | None) -> Trace:
     reqs: list[TraceRequest] = []
     try:
         fh = p.open(newline="")
@@ -146,6 +162,8 @@ def read_azure(path: str | Path, limit: int | None = None) -> Trace:
                 inp, out = int(row["ContextTokens"]), int(row["GeneratedTokens"])
             except (TypeError, ValueError):
                 raise TraceError(f"{where}: ContextTokens and GeneratedTokens must be integers") from None
+            if inp < 0 or out < 0:  # as the Mooncake reader: a negative length is a broken row, not a 1
+                raise TraceError(f"{where}: ContextTokens and GeneratedTokens must be >= 0, got {inp}, {out}")
             reqs.append(TraceRequest(t - t0, max(1, inp), max(1, out)))
             if limit and len(reqs) >= limit:
                 break
