@@ -87,3 +87,15 @@ def test_replay_refuses_numbers_it_cannot_replay(capsys, args, needle):
     except SystemExit as stop:  # argparse's own refusal
         code = stop.code
     assert code == 2 and needle in capsys.readouterr().err
+
+
+def test_prompts_over_max_model_len_are_refused_at_once_as_vllm_does(capsys, tmp_path):
+    """vLLM answers a prompt plus max_tokens over max_model_len (the default profile's 400k) with a
+    400 before any work. The simulator used to queue and prefill them: minutes of TTFT charged to
+    the SLA and to the scaling decision. Now they count apart (``rejected``), outside attainment."""
+    rows = [{"timestamp": 1000 * i, "input_length": 500_000 if i % 3 == 0 else 2000, "output_length": 100,
+             "hash_ids": []} for i in range(30)]
+    (tmp_path / "t.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    line = _replay(capsys, "--trace", str(tmp_path / "t.jsonl"))
+    assert line["rejected"] == 10 and line["finished"] == 20 and line["unfinished"] == 0
+    assert line["ttft_p90_s"] < 1.0 and line["slo_attainment"] == 1.0

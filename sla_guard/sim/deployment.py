@@ -117,6 +117,7 @@ class Summary:
     scaling_actions: int
     sim_duration_s: float
     extra: dict = field(default_factory=dict)
+    rejected: int = 0  # over the profile's max_model_len: a 400 at once, as vLLM answers; not in attainment
 
 
 class Replica:
@@ -606,6 +607,7 @@ class Deployment:
         self.requests: list[Req] = []
         self.done: list[Req] = []
         self.aborted: list[Req] = []
+        self.rejected: list[Req] = []
         self.scaling_actions = 0
         self.timeline: list[tuple[float, int, int, int, int]] = []  # t, P ready, D ready, P total, D total
         self.listeners: list[Callable[[Deployment], None]] = []
@@ -665,6 +667,14 @@ class Deployment:
         return n
 
     def _arrive(self, r: Req) -> None:
+        if r.input_len + r.output_len > self.profile.max_model_len:
+            # vLLM refuses a prompt plus its max_tokens beyond max_model_len with a 400 before any
+            # work: no queue, no prefill, not the deployment's SLA (it counts apart, as ``rejected``)
+            r.status = "rejected"
+            self.rejected.append(r)
+            if self.proxy.metrics is not None:
+                self.proxy.metrics.failed(Outcome.ERROR, self.now + self.to_client_s - r.arrival)
+            return
         cands = [p for p in self.replicas if p.pool == "prefill" and p.state == READY]
         if not cands:  # the proxy answers 503 at once: never in flight
             self._abort(r, in_flight=False)
@@ -877,9 +887,10 @@ class Deployment:
 
         multi = tpot[[r.generated > 1 for r in fin]] if fin else tpot
         return Summary(
-            requests=n, finished=len(fin), aborted=len(self.aborted), unfinished=n - len(fin) - len(self.aborted),
-            slo_attainment=round(ok / n, 6) if n else float("nan"),
+            requests=n, finished=len(fin), aborted=len(self.aborted),
+            unfinished=n - len(fin) - len(self.aborted) - len(self.rejected),
+            slo_attainment=round(ok / (n - len(self.rejected)), 6) if n > len(self.rejected) else float("nan"),
             ttft_p50_s=q(ttft, 0.5), ttft_p90_s=q(ttft, 0.9),
             tpot_mean_s=round(float(multi.mean()), 6) if multi.size else float("nan"), tpot_p90_s=q(multi, 0.9),
             gpu_hours=round(self.gpu_hours(), 4), scaling_actions=self.scaling_actions,
-            sim_duration_s=round(self.now, 3))
+            sim_duration_s=round(self.now, 3), rejected=len(self.rejected))
