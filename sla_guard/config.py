@@ -230,6 +230,35 @@ class DiscoveryError(ValueError):
     """A targets file entry that is not a target; the message names the entry and field."""
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """SafeLoader that refuses a key given twice in one mapping: PyYAML keeps the last one, so
+    ``staleness_s: 60`` followed further down by ``staleness_s: 1`` ran the second without a word."""
+
+
+def _unique_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
+    seen: dict = {}
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        if key in seen:
+            raise yaml.constructor.ConstructorError(
+                "while reading a mapping", node.start_mark,
+                f"key {key!r} is given twice (first on line {seen[key] + 1}); keep one", key_node.start_mark)
+        seen[key] = key_node.start_mark.line
+    return loader.construct_mapping(node, deep=deep)
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _unique_mapping)
+
+
+def load_yaml(text: str):
+    """``yaml.safe_load`` that refuses duplicate keys (config files, targets files)."""
+    return yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader subclass: no arbitrary objects
+
+
+# the keys of a Prometheus file_sd group; its labels are free (job, env, ...)
+FILE_SD_KEYS = frozenset({"targets", "labels"})
+
+
 def parse_targets(data: object, where: str = "<targets>") -> list[Target]:
     """Targets from a parsed targets file; ``DiscoveryError`` names the entry and field. Here, next
     to ``Target``, because config validation checks the file too (``deployment_problems``) and
@@ -244,6 +273,9 @@ def parse_targets(data: object, where: str = "<targets>") -> list[Target]:
             raise DiscoveryError(f"{where}[{i}]: expected a mapping, got {type(entry).__name__}")
         try:
             if "targets" in entry:  # Prometheus file_sd group
+                if unknown := sorted(set(entry) - FILE_SD_KEYS):  # 'label:' for 'labels:' dropped every label
+                    raise DiscoveryError(f"{where}[{i}]: unknown key(s) {', '.join(map(str, unknown))} in a file_sd "
+                                         f"group; it has 'targets' and 'labels' only")
                 labels = dict(entry.get("labels") or {})
                 path = labels.pop("__metrics_path__", "/metrics")
                 scheme = labels.pop("__scheme__", "http")
@@ -421,6 +453,18 @@ class GuardConfig(_Strict):
             raise ValueError("no SLO sets: list at least one, or leave 'slos' out for the default SLAs")
         return v
 
+    @model_validator(mode="after")
+    def _staleness_fits_the_scrape(self) -> GuardConfig:
+        scrape = getattr(self.source, "interval_s", None)
+        if scrape is not None and self.staleness_s < scrape:
+            raise ValueError(f"staleness_s {self.staleness_s:g} is shorter than source.interval_s {scrape:g}: every "
+                             f"verdict would be unknown between two scrapes; use at least 2 x the interval "
+                             f"({2 * scrape:g})")
+        if self.staleness_s > 86400:
+            raise ValueError(f"staleness_s {self.staleness_s:g} is over a day: data that old would still count as "
+                             f"current; use a few scrape intervals (the default is 60)")
+        return self
+
     def slos_for(self, model: str, pool: str) -> list[SLO]:
         """Objectives for one (model, pool): the most specific matching SLOSet wins."""
         best: tuple[int, SLOSet] | None = None
@@ -527,7 +571,7 @@ def _targets_file_problems(src: ScrapeSource) -> list[Problem]:
         return [(field, f"{_short(path)} {kind}{where}; name an existing YAML/JSON targets file (a list of "
                         f"targets, may be empty)")]
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = load_yaml(path.read_text(encoding="utf-8"))
         targets = parse_targets(data, str(path))
     except OSError as err:
         return [(field, f"cannot read {_short(path)}: {err.strerror or err}; fix its permissions")]
@@ -645,7 +689,7 @@ def load_config(path: str | Path) -> GuardConfig:
     checked for deployment; any problem is a ConfigError, never another exception."""
     p = Path(path)
     try:
-        data = yaml.safe_load(p.read_text(encoding="utf-8"))
+        data = load_yaml(p.read_text(encoding="utf-8"))
     except OSError as err:
         raise ConfigError(f"cannot read config {p}: {err.strerror or err}") from None
     except UnicodeDecodeError as err:

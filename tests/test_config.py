@@ -84,3 +84,30 @@ def test_validate_config_cli(tmp_path, text, rc, needle):
 def test_missing_file_is_a_clear_error(tmp_path):
     with pytest.raises(ConfigError, match="cannot read config"):
         load_config(tmp_path / "nope.yaml")
+
+
+def test_a_key_given_twice_is_refused_with_both_lines(tmp_path):
+    """PyYAML keeps the last of two equal keys: a staleness_s: 1 further down silently replaced
+    the 60 above it."""
+    f = tmp_path / "g.yaml"
+    f.write_text("staleness_s: 60\nevaluation_interval_s: 15\nstaleness_s: 1\n")
+    with pytest.raises(ConfigError, match=r"key 'staleness_s' is given twice \(first on line 1\)"):
+        load_config(f)
+
+
+def test_a_file_sd_group_with_a_misspelt_key_is_refused(tmp_path):
+    """'label:' for 'labels:' dropped every label: the targets ran as model default, pool mixed."""
+    t = tmp_path / "targets.yaml"
+    t.write_text("- targets: ['127.0.0.1:9']\n  label: {model: m, pool: prefill}\n")
+    f = tmp_path / "g.yaml"
+    f.write_text(f"source: {{targets_file: {t}}}\n")
+    with pytest.raises(ConfigError, match=r"unknown key\(s\) label in a file_sd group"):
+        load_config(f)
+    t.write_text("- targets: ['127.0.0.1:9']\n  labels: {model: m, pool: prefill, job: vllm}\n")  # free labels
+    assert load_config(f).source.targets_file == t
+
+
+def test_staleness_must_outlast_a_scrape_and_stay_under_a_day():
+    msg = _error({"staleness_s": 1, "source": {"interval_s": 5}})
+    assert "staleness_s 1 is shorter than source.interval_s 5" in msg and "(10)" in msg
+    assert "over a day" in _error({"staleness_s": 1e9})

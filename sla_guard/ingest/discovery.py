@@ -14,7 +14,7 @@ from pathlib import Path
 
 import yaml
 
-from sla_guard.config import DiscoveryError, Target, parse_targets
+from sla_guard.config import DiscoveryError, Target, load_yaml, parse_targets
 from sla_guard.redact import redact_url
 
 log = logging.getLogger("sla_guard.ingest.discovery")
@@ -59,7 +59,7 @@ class TargetDiscovery:
         if mtime == self._mtime:
             return
         try:
-            data = yaml.safe_load(self.path.read_text())
+            data = load_yaml(self.path.read_text())
             self._from_file = parse_targets(data, str(self.path))
             self._mtime = mtime
             self.last_error = None
