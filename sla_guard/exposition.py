@@ -72,22 +72,26 @@ def _cached_labels(text: str) -> dict[str, str]:
     return got
 
 
-def _fast(text: str, drop_created: bool) -> list[Sample]:
+def _fast(text: str, drop_created: bool, oldest_s: float | None = None,
+          problems: collections.Counter | None = None) -> list[Sample]:
     """The regular-expression parse (``_parse_lines``) with labels parsed, each distinct label
     text once; _Fallback for anything the reference parser must read (OpenMetrics exemplars,
     odd label text)."""
-    raw = _parse_lines(enumerate(text.split("\n"), 1), drop_created)
+    raw = _parse_lines(enumerate(text.split("\n"), 1), drop_created, oldest_s, problems)
     if raw is None:
         raise _Fallback
     return [(name, _cached_labels(ltext) if ltext else {}, value) for _, name, ltext, value in raw]
 
 
-def _reference(text: str, drop_created: bool) -> list[Sample]:
+def _reference(text: str, drop_created: bool, oldest_s: float | None = None,
+               problems: collections.Counter | None = None) -> list[Sample]:
     out: list[Sample] = []
     try:
         for fam in text_string_to_metric_families(text):
             for s in fam.samples:
                 if drop_created and s.name.endswith("_created"):
+                    continue
+                if _stale(s.timestamp, oldest_s, problems):
                     continue
                 out.append((s.name, dict(s.labels), float(s.value)))
     except Exception as err:  # the reference parser raises ValueError, TypeError, IndexError...
@@ -105,7 +109,8 @@ class KnownTexts(Protocol):
         ...
 
 
-def parse_raw(text: str, *, drop_created: bool = True, known: KnownTexts | None = None
+def parse_raw(text: str, *, drop_created: bool = True, known: KnownTexts | None = None,
+              oldest_s: float | None = None, problems: collections.Counter | None = None
               ) -> list[tuple[str, str | None, str | None, float]] | None:
     """Fast path only: ``(series_text, name, label_text, value)`` per sample, where
     ``series_text`` is the line up to the value (``name{labels}``): a key that identifies the
@@ -116,27 +121,43 @@ def parse_raw(text: str, *, drop_created: bool = True, known: KnownTexts | None 
     line ``<known series text> <number>`` skips the regular expression -- it was validated when
     first seen -- and comes back as ``(series_text, None, None, value)``, ahead of the other
     lines; ``split_series_text`` recovers name and label text. After the first scrape nearly
-    every line of a page is known, and the page costs a few comprehensions."""
+    every line of a page is known, and the page costs a few comprehensions.
+
+    ``oldest_s``: a sample whose own timestamp (the optional third field, in ms) is older is left
+    out and counted in ``problems['stale_timestamp']``: an exporter that says its value is an hour
+    old is not giving a current one (Prometheus would not find it within its lookback either). A
+    line with a timestamp is never a known text (its key would hold the value), so the full parse
+    sees it."""
     if not known:
-        return _parse_lines(enumerate(text.split("\n"), 1), drop_created)
+        return _parse_lines(enumerate(text.split("\n"), 1), drop_created, oldest_s, problems)
     lines = [line for line in text.split("\n") if line and line[0] != "#"]
     parts = [line.rpartition(" ") for line in lines]
     hit = known.hits(np.fromiter((hash(p[0]) for p in parts), np.int64, len(parts))).tolist()
     try:
         fast = [(p[0], None, None, float(p[2])) for p, h in zip(parts, hit, strict=True) if h]
     except ValueError:  # a known series with a bad value: the full parse says which line
-        return _parse_lines(enumerate(text.split("\n"), 1), drop_created)
+        return _parse_lines(enumerate(text.split("\n"), 1), drop_created, oldest_s, problems)
     if len(fast) == len(lines):
         return fast
     rest = [(None, line) for line, p, h in zip(lines, parts, hit, strict=True)
             if not h and not (drop_created and p[0].partition("{")[0].endswith("_created"))]
     if not rest:
         return fast
-    slow = _parse_lines(rest, drop_created)
+    slow = _parse_lines(rest, drop_created, oldest_s, problems)
     return None if slow is None else fast + slow
 
 
-def _parse_lines(numbered, drop_created: bool) -> list[tuple[str, str | None, str | None, float]] | None:
+def _stale(ts_s: float | None, oldest_s: float | None, problems: collections.Counter | None) -> bool:
+    if ts_s is None or oldest_s is None or ts_s >= oldest_s:
+        return False
+    if problems is not None:
+        problems["stale_timestamp"] += 1
+    return True
+
+
+def _parse_lines(numbered, drop_created: bool, oldest_s: float | None = None,
+                 problems: collections.Counter | None = None
+                 ) -> list[tuple[str, str | None, str | None, float]] | None:
     """The regular-expression parse of ``(line number or None, line)`` pairs."""
     out: list[tuple[str, str | None, str | None, float]] = []
     append = out.append
@@ -153,6 +174,8 @@ def _parse_lines(numbered, drop_created: bool) -> list[tuple[str, str | None, st
             raise ExpositionError(f"line {lineno or '?'}: cannot parse {line[:120]!r}")
         name = m.group(1)
         if drop_created and name.endswith("_created"):
+            continue
+        if m.group(4) is not None and _stale(float(m.group(4)) / 1000.0, oldest_s, problems):
             continue
         vtext = m.group(3)
         try:
@@ -180,14 +203,17 @@ def labels_of(text: str | None) -> dict[str, str]:
         return dict(samples[0][1])
 
 
-def parse_exposition(text: str, *, drop_created: bool = True) -> tuple[list[Sample], collections.Counter]:
+def parse_exposition(text: str, *, drop_created: bool = True, oldest_s: float | None = None
+                     ) -> tuple[list[Sample], collections.Counter]:
     """Samples of a text exposition as ``(name, labels, value)`` (labels dicts may be shared:
-    read them, do not mutate them), plus a Counter of non-fatal
-    problems (none today; kept so callers count per kind). ``_created`` samples (creation
-    timestamps that prometheus_client exports as separate gauges) are dropped by default: they
-    double the series count and no evaluator reads them."""
+    read them, do not mutate them), plus a Counter of non-fatal problems (``stale_timestamp``:
+    samples older than ``oldest_s`` by their own timestamp, left out as ``parse_raw`` does).
+    ``_created`` samples (creation timestamps that prometheus_client exports as separate gauges)
+    are dropped by default: they double the series count and no evaluator reads them."""
+    problems: collections.Counter = collections.Counter()
     try:
-        samples = _fast(text, drop_created)
+        samples = _fast(text, drop_created, oldest_s, problems)
     except _Fallback:
-        samples = _reference(text, drop_created)
-    return samples, collections.Counter()
+        problems.clear()
+        samples = _reference(text, drop_created, oldest_s, problems)
+    return samples, problems

@@ -268,11 +268,19 @@ class SeriesStore:
         sample's is kept as ``exported_<name>`` (``honor_labels: false``: an engine cannot speak
         for another target's model or pool). The group defaults to the sorted ``extra_labels``.
         A parse failure stores nothing and is reported as ``errors['parse']``."""
+        oldest = t - self.lookback_s  # a sample its exporter stamped older than this is no current value
+        stale: collections.Counter = collections.Counter()
         try:
-            raw = parse_raw(exposition, known=self._known_texts(group, extra_labels, honor_labels))
+            raw = parse_raw(exposition, known=self._known_texts(group, extra_labels, honor_labels),
+                            oldest_s=oldest, problems=stale)
             if raw is not None:
-                return self._ingest_raw(raw, t, extra_labels, group, honor_labels)
-            samples, parse_errors = parse_exposition(exposition)
+                res = self._ingest_raw(raw, t, extra_labels, group, honor_labels)
+                if stale:
+                    res.errors.update(stale)
+                    with self._lock:
+                        self.dropped.update(stale)
+                return res
+            samples, parse_errors = parse_exposition(exposition, oldest_s=oldest)
         except ExpositionError:
             res = IngestResult()
             res.errors["parse"] += 1

@@ -4,6 +4,7 @@ real loopback servers, and target files."""
 from __future__ import annotations
 
 import asyncio
+import collections
 import gzip
 import http.server
 import threading
@@ -174,3 +175,28 @@ def test_scraper_concurrency_limit_is_respected():
     finally:
         srv.shutdown()
         srv.server_close()
+
+
+def test_a_sample_its_exporter_stamped_older_than_the_lookback_is_not_a_current_value():
+    """The optional timestamp on an exposition line is the exporter saying when the value was
+    true. One stamped an hour back used to be stored as a value of now, and judged "ok" as
+    current data; now it is left out and counted, and the series goes stale as Prometheus's
+    lookback would see it. Stamped within the lookback, it is stored as before; both on the first
+    scrape and on later ones, where a target's known lines take the fast path."""
+    store = SeriesStore(lookback_s=60.0)
+    now = 1_700_003_600.0
+    for t in (now, now + 15):
+        page = (f'fresh{{a="1"}} 1 {int((t - 5) * 1000)}\n'
+                f'old{{a="1"}} 2 {int((t - 3600) * 1000)}\n'
+                f'plain{{a="1"}} 3\n')
+        res = store.ingest_text(page, t, {"instance": "e"})
+        assert res.errors["stale_timestamp"] == 1
+    got = {name: store.instant(name, {}, now + 15) for name in ("fresh", "old", "plain")}
+    assert list(got["fresh"].values()) == [1.0] and list(got["plain"].values()) == [3.0]
+    assert got["old"] == {}
+    assert store.dropped["stale_timestamp"] == 2
+    # the reference parser, for pages the fast path hands over, does the same
+    problems = collections.Counter()
+    samples = _reference(f'x{{a="1"}} 1 {int(now * 1000)}\nold{{a="1"}} 2 1000\n', True, now - 60, problems)
+    assert problems["stale_timestamp"] == 1 and [s[0] for s in samples] == ["x"]
+    assert parse_exposition('old{a="1"} 2 1000\n', oldest_s=now - 60)[1]["stale_timestamp"] == 1
