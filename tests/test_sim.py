@@ -429,3 +429,26 @@ def test_a_prefill_queue_waits_in_waiting_as_in_vllm_v1():
     # a prompt shares a step with the one or two others the budget reaches (2.6x a lone prompt's
     # phase on average here), not with the whole queue (5x when all ten were admitted at once)
     assert sum(phases) / len(phases) < 3.5 * min(phases), phases
+
+
+def test_a_failing_policy_is_logged_not_only_counted(caplog):
+    """A scaling policy that raises holds the size and the run goes on (as the guard does), but
+    the traceback is logged: the run used to end with eval_errors 40 and no word of why."""
+    import logging
+
+    from sla_guard.sim.policy import StaticPolicy
+
+    class Broken(StaticPolicy):
+        name = "broken"
+
+        def decide(self, now, obs):
+            raise RuntimeError("the policy's own bug")
+
+    dep = Deployment(PROFILE, 1, 1)
+    dep.submit(Trace("t", tuple(TraceRequest(float(i), 1000, 10) for i in range(20)), 512))
+    loop = ClosedLoop(dep, store=make_store(interval_s=15), policy=Broken())
+    with caplog.at_level(logging.ERROR, logger="sla_guard.sim.harness"):
+        dep.run_until(600)
+    assert loop.eval_errors >= 10
+    logged = [r for r in caplog.records if "scaling policy broken failed" in r.getMessage()]
+    assert 1 <= len(logged) <= 3 and "the policy's own bug" in (logged[0].exc_text or "")

@@ -9,6 +9,7 @@ orchestration: no clocks, no threads (the demo adds those at its edge).
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -17,6 +18,8 @@ from exporters import contract as c
 from sla_guard.model import Finding, MetricsView
 from sla_guard.sim.deployment import DOWN, DRAINING, READY, STARTING, STOPPED, Deployment
 from sla_guard.sim.policy import Observation, Policy, PoolState
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -167,6 +170,8 @@ class ClosedLoop:
                 ev.evaluate(self.store, at)
             except Exception:  # an evaluator bug must not stop the run (the guard does the same)
                 self.eval_errors += 1
+                if self.eval_errors <= 3:  # said, not only counted; a few, not one per tick
+                    log.exception("evaluator %s failed at %.0f s", getattr(ev, "name", ev), now)
         if self.store is not None:
             self.history.append(observe_history(self.store, dep, at, self.history_window_s))
         if self.on_tick is not None:
@@ -190,8 +195,10 @@ class ClosedLoop:
         try:
             desired = dict(self.policy.decide(obs.now, obs))
             restarts = list(self.policy.restarts()) if hasattr(self.policy, "restarts") else []
-        except Exception:
+        except Exception:  # the run goes on holding the size; the traceback says why
             self.eval_errors += 1
+            if self.eval_errors <= 3:
+                log.exception("scaling policy %s failed at %.0f s", getattr(self.policy, "name", self.policy), now)
             return
         gpr = dep.profile.gpus_per_replica
         for pool, n in sorted(desired.items()):
