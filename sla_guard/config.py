@@ -146,6 +146,15 @@ class SLO(_Strict):
 
     @model_validator(mode="after")
     def _objective_fields(self) -> SLO:
+        # a setting the objective does not read is a mistake about the objective, not a no-op
+        unused = [f for f, used in (("percentile", Objective.PERCENTILE), ("target", Objective.ATTAINMENT))
+                  if getattr(self, f) is not None and self.objective is not used]
+        if "period" in self.model_fields_set and self.objective is not Objective.ATTAINMENT:
+            unused.append("period")
+        if unused:
+            raise ValueError(f"objective '{self.objective.value}' does not use {' or '.join(unused)}: remove "
+                             f"it, or choose objective "
+                             f"{' / '.join(repr(o.value) for o in (Objective.PERCENTILE, Objective.ATTAINMENT))}")
         # beyond the histograms' last finite bucket (TTFT 160 s, TPOT 2.5 s) no SLA is meant in
         # seconds: 2500 for a 2.5 s TTFT, or 20 for a 20 ms TPOT, would judge every breach "ok"
         from exporters.contract import TPOT_BUCKETS, TTFT_BUCKETS
@@ -623,6 +632,11 @@ def deployment_problems(cfg: GuardConfig) -> list[Problem]:
         for si, s in enumerate(cfg.slos):
             for oi, o in enumerate(s.objectives):
                 w = parse_duration(o.window)
+                if o.objective is not Objective.ATTAINMENT and w < 2 * src.interval_s:
+                    # a window's increase needs two scrapes in it: shorter, the objective is unknown for good
+                    out.append((f"slos.{si}.objectives.{oi}.window",
+                                f"{o.window} holds fewer than two scrapes (interval_s {src.interval_s:g}s), so "
+                                f"the objective could never be judged; use at least {_fmt_s(2 * src.interval_s)}"))
                 if w > keep:
                     need = math.ceil(w / src.interval_s)
                     out.append((f"slos.{si}.objectives.{oi}.window",

@@ -111,3 +111,24 @@ def test_staleness_must_outlast_a_scrape_and_stay_under_a_day():
     msg = _error({"staleness_s": 1, "source": {"interval_s": 5}})
     assert "staleness_s 1 is shorter than source.interval_s 5" in msg and "(10)" in msg
     assert "over a day" in _error({"staleness_s": 1e9})
+
+
+def test_a_setting_the_objective_does_not_read_is_refused():
+    """objective: mean with a target, a percentile or a period: each was ignored without a word,
+    where the writer meant another objective."""
+    msg = _error({"slos": [{"objectives": [
+        {"name": "m", "indicator": "ttft", "objective": "mean", "threshold_s": 2.5, "target": 0.99,
+         "period": "7d"},
+        {"name": "p", "indicator": "ttft", "objective": "percentile", "threshold_s": 2.5, "percentile": 0.9,
+         "target": 0.99}]}]})
+    assert "slos.0.objectives.0" in msg and "'mean' does not use target or period" in msg
+    assert "slos.0.objectives.1" in msg and "'percentile' does not use target" in msg
+
+
+def test_a_window_shorter_than_two_scrapes_is_a_deployment_problem(tmp_path):
+    f = tmp_path / "g.yaml"
+    f.write_text("source: {interval_s: 5, targets: [{url: 'http://127.0.0.1:9/metrics'}]}\n"
+                 "slos: [{objectives: [{name: m, indicator: ttft, objective: mean, threshold_s: 2.5, "
+                 "window: 1ms}]}]\n")
+    with pytest.raises(ConfigError, match=r"slos.0.objectives.0.window.*fewer than two scrapes.*at least 10s"):
+        load_config(f)
