@@ -198,3 +198,21 @@ def test_serve_refuses_a_token_variable_the_config_names_but_nobody_set(tmp_path
     r = subprocess.run([sys.executable, "-m", "sla_guard.cli", "serve", "--config", str(f)], capture_output=True,
                        text=True, timeout=30, env=env)
     assert r.returncode == 2 and "api.token_env: $NO_SUCH_TOKEN_VAR is not set" in r.stderr
+
+
+def test_serve_on_an_address_in_use_names_the_setting_and_exits_2(tmp_path):
+    """uvicorn exits 3 when it cannot bind, after the guard logged that it was serving there."""
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        f = tmp_path / "g.yaml"
+        f.write_text("source: {targets: [{url: 'http://127.0.0.1:9/metrics'}]}\n"
+                     f"api: {{listen: '127.0.0.1:{port}'}}\n")
+        r = subprocess.run([sys.executable, "-m", "sla_guard.cli", "serve", "--config", str(f)], capture_output=True,
+                           text=True, timeout=60)
+    assert r.returncode == 2 and f"api.listen: cannot listen on 127.0.0.1:{port}" in r.stderr

@@ -10,6 +10,7 @@ import json
 import math
 import sys
 
+from sla_guard.commands import number
 from sla_guard.config import ConfigError, load_config
 from sla_guard.detect.stages import StageBreakdownEvaluator
 from sla_guard.model import Status
@@ -20,7 +21,7 @@ EXIT = {Status.OK: 0, Status.AT_RISK: 0, Status.VIOLATED: 1, Status.UNKNOWN: 2}
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p = sub.add_parser("check", help="evaluate the SLOs once, print a table, exit 0/1/2")
     p.add_argument("--config", required=True, help="guard configuration (YAML)")
-    p.add_argument("--wait", type=float, default=0.0, metavar="SECONDS",
+    p.add_argument("--wait", type=number(0, above=False), default=0.0, metavar="SECONDS",
                    help="embedded mode: scrape twice this far apart and use PromQL windows over that "
                         "(default 0: one scrape, judge each engine since its start)")
     p.add_argument("--json", action="store_true", help="print the SLO snapshot as JSON instead of a table")

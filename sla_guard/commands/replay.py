@@ -6,30 +6,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
 
+from sla_guard.commands import COUNT
+from sla_guard.commands import number as _number
 from sla_guard.defaults import TPOT_SLO_S, TTFT_SLO_S
-
-COUNT = {"above": False, "integer": True}  # a count of replicas: an integer >= the bound
-
-
-def _number(low: float, *, above: bool = True, integer: bool = False):
-    """An argparse type: a finite number over ``low`` (at least ``low`` with ``above=False``).
-    --speed inf, --scrape-interval 0 or -1 and --drain-s -1000 used to crash, hang or print an
-    empty result with exit 0."""
-    def parse(text: str):
-        try:
-            v = int(text) if integer else float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if integer else 'a number'}") from None
-        if not math.isfinite(v) or (v <= low if above else v < low):
-            raise argparse.ArgumentTypeError(f"{text!r}: must be a finite number {'>' if above else '>='} {low:g}")
-        return v
-    return parse
 
 
 def add_parser(sub) -> argparse.ArgumentParser:

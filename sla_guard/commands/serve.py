@@ -41,6 +41,9 @@ def _split(listen: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
+UVICORN_STARTUP_FAILURE = 3  # uvicorn.server: sys.exit(3) when it cannot bind
+
+
 def _loopback(host: str) -> bool:
     if host == "localhost":
         return True
@@ -95,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, lambda: setattr(server, "should_exit", True))
         loop_task = asyncio.create_task(guard.run(stop))
-        log.info("sla-guard on http://%s:%d (source=%s, %d evaluators)", host, port, guard.source.mode,
+        log.info("sla-guard starting on http://%s:%d (source=%s, %d evaluators)", host, port, guard.source.mode,
                  len(guard.evaluators))
         try:
             await server.serve()
@@ -106,8 +109,15 @@ def run(args: argparse.Namespace) -> int:
             except TimeoutError:
                 log.warning("guard loop did not stop within %gs; exiting anyway", SHUTDOWN_GRACE_S)
 
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(main())
+    try:
+        with contextlib.suppress(KeyboardInterrupt):
+            asyncio.run(main())
+    except SystemExit as stop:  # uvicorn's startup failure (3): the address, which is the config's
+        if stop.code != UVICORN_STARTUP_FAILURE:
+            raise
+        print(f"{'--listen' if args.listen else 'api.listen'}: cannot listen on {host}:{port} (see the error "
+              f"above: in use, or not an address of this host); choose another", file=sys.stderr)
+        return 2
     # a tick or query thread still blocked on a dead peer must not keep the process alive
     if any(t.is_alive() and not t.daemon for t in threading.enumerate() if t is not threading.main_thread()):
         log.warning("exiting with a tick still running (abandoned)")
