@@ -279,3 +279,33 @@ def test_decode_headroom_is_learned_from_how_far_requests_tpot_scatter():
     assert t["batch_limit_tpot"] > w["batch_limit_tpot"]
     fixed = _decode_headroom(wide, learn_tpot_spread=False)
     assert fixed["tpot_headroom"] == 0.85 and "tpot_spread_sigma" not in fixed
+
+
+def test_decode_tail_is_placed_within_its_bucket_by_the_spread_not_interpolated_across_it():
+    """Requests at 14.4-15.6 ms: the histogram knows the p90 lies in its (15, 20] ms bucket and
+    nothing about where; its linear interpolation spreads the bucket's requests evenly and reads
+    ~18 ms, a tail near the SLA's edge. The N-1 check (tail within 0.8 x SLA) then held a second
+    decode replica for whole runs (ramp/s33 of the tuning suite, MTP acceptance 0.7x: 54 GPU-h
+    where 1P1D's 38 reached the same attainment). The learned spread (from the same buckets'
+    exact shares and the exact mean) places it lower, inside the same bucket; without a learned
+    spread the interpolated tail stands."""
+    import math
+
+    tight = [0.015 * f for f in (0.96, 0.98, 0.99, 1.0, 1.0, 1.0, 1.01, 1.02, 1.04, 1.0)]
+    placed, interpolated = _decode_headroom(tight), _decode_headroom(tight, learn_tpot_spread=False)
+    assert 0.015 < placed["tpot_tail_s"] < interpolated["tpot_tail_s"] - 0.001 < 0.020
+    sigma = placed["tpot_spread_sigma"]  # the spread model's p90 at the window's exact mean (15 ms)
+    assert placed["tpot_tail_s"] == pytest.approx(0.015 * math.exp(1.2816 * sigma - sigma ** 2 / 2), rel=0.02)
+
+
+def test_tail_within_bucket_keeps_the_histograms_bounds():
+    import math
+
+    from sla_guard.scale.learn import tail_within_bucket
+
+    buckets = {0.01: 0.0, 0.015: 30.0, 0.02: 100.0, math.inf: 100.0}  # p90 in (15, 20] ms
+    model = 0.0155 * math.exp(1.2816 * 0.035 - 0.035 ** 2 / 2)  # the spread's p90, inside (15, 20] ms
+    assert tail_within_bucket(buckets, 0.0155, 0.035, 0.9) == pytest.approx(model, rel=1e-4)
+    assert tail_within_bucket(buckets, 0.0155, 0.6, 0.9) == 0.02  # the spread's 30 ms: held to the bucket
+    assert tail_within_bucket(buckets, 0.008, 0.01, 0.9) == 0.015  # under it: held up to its lower edge
+    assert tail_within_bucket({}, 0.0155, 0.035, 0.9) is None

@@ -42,6 +42,7 @@ from sla_guard.scale.learn import (
     ewma,
     record,
     slope,
+    tail_within_bucket,
     tpot_headroom,
     update_prefill_capacity,
     update_step_model,
@@ -478,11 +479,15 @@ class Advisor:
         rslope = self._trend(self.learned.running_hist, now, t.get("running"), max(8 * cfg.interval_s, 120.0))
         if t.get("accepted_len_seen"):
             self._accepted_len = ewma(self._accepted_len, t["accepted_len"], 0.3)
+        tail = t.get("tpot_tail_s")
+        sigma = self.learned.tpot_spread.sigma() if cfg.learn_tpot_spread else None
+        if tail is not None and sigma is not None and r.tpot_le and t.get("tpot_mean_s"):
+            tail = tail_within_bucket(r.tpot_le, t["tpot_mean_s"], sigma, cfg.tail_quantile) or tail
         obs = DecodeObs(ready=counts[0], starting=counts[1], running=t.get("running"), running_slope=rslope,
                         waiting=t.get("waiting"), kv_usage=t.get("kv_usage"),
                         preemptions_per_s=t.get("preemptions_per_s"), accepted_len=self._accepted_len or 1.0,
-                        tpot_tail_s=t.get("tpot_tail_s"), tpot_slo_s=self.slo_tpot_s,
-                        last_tpot_tail_s=self._recent_tail("decode", now, t.get("tpot_tail_s")),
+                        tpot_tail_s=tail, tpot_slo_s=self.slo_tpot_s,
+                        last_tpot_tail_s=self._recent_tail("decode", now, tail),
                         peak_running=self._peak("decode_running", now, t.get("running")), settled=settled,
                         upstream_gain=upstream_gain)
         model = self.learned.decode
