@@ -23,6 +23,7 @@ from exporters import contract as c
 from exporters.contract import Metric
 from sla_guard.burn_windows import burn_rules
 from sla_guard.config import SLO, GuardConfig, Objective, SLOSet, parse_duration
+from sla_guard.promql import any_of_literal, string_literal
 
 LABELS = ("model", "pool")
 SLO_LABELS = ("model", "pool", "slo")
@@ -62,7 +63,7 @@ def set_matchers(sets: Sequence[SLOSet], i: int) -> list[str]:
     """Label matchers that select exactly the series SLO set ``i`` governs: its own model/pool,
     minus the series an overlapping, more specific set claims (ranked as ``GuardConfig.slos_for``)."""
     s = sets[i]
-    pos = [f'{lab}="{v}"' for lab, v in (("model", s.model), ("pool", s.pool)) if v != "*"]
+    pos = [f"{lab}={string_literal(v)}" for lab, v in (("model", s.model), ("pool", s.pool)) if v != "*"]
     neg: dict[str, list[str]] = {"model": [], "pool": []}
     for j, t in enumerate(sets):
         if j == i or not _overlap(s, t) or _score(t) <= _score(s):
@@ -81,7 +82,7 @@ def set_matchers(sets: Sequence[SLOSet], i: int) -> list[str]:
         neg[lab].append(t.model if lab == "model" else t.pool)
     for lab, values in neg.items():
         if values:
-            pos.append(f'{lab}!~"{"|".join(sorted(set(values)))}"')
+            pos.append(f"{lab}!~{any_of_literal(values)}")
     return pos
 
 

@@ -149,7 +149,8 @@ class SLO(_Strict):
         # a setting the objective does not read is a mistake about the objective, not a no-op
         unused = [f for f, used in (("percentile", Objective.PERCENTILE), ("target", Objective.ATTAINMENT))
                   if getattr(self, f) is not None and self.objective is not used]
-        if "period" in self.model_fields_set and self.objective is not Objective.ATTAINMENT:
+        # (a period other than the default: a dumped and reloaded objective carries the default)
+        if self.period != type(self).model_fields["period"].default and self.objective is not Objective.ATTAINMENT:
             unused.append("period")
         if unused:
             raise ValueError(f"objective '{self.objective.value}' does not use {' or '.join(unused)}: remove "

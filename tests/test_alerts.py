@@ -245,3 +245,30 @@ def test_custom_slo_spec_drives_the_rules():
     assert "> 0.00336\n" in burns[0]["expr"] and 'pool="decode"' in burns[0]["expr"]
     recs = render_rules(config)["slo.yaml"]
     assert f'le="{pq.le(0.015)}"' in recs and c.REQUEST_TPOT.series("_bucket") in recs
+
+
+@needs_promtool
+def test_model_names_are_quoted_and_regex_escaped_in_the_rules(tmp_path):
+    """A model named ``we"ird\\m`` ended the PromQL string (promtool: parse error), and the
+    catch-all set's ``model!~"qwen2.5"`` also excluded ``qwen2x5`` (the dot matches anything):
+    that model's SLO was never recorded, so never alerted on. Names are now string literals and
+    the exclusion an escaped alternation: the rules pass promtool, and qwen2x5 is recorded."""
+    ttft = SLO(name="ttft_mean", indicator="ttft", objective="mean", threshold_s=2.5)
+    config = GuardConfig(slos=[SLOSet(objectives=[ttft]), SLOSet(model="qwen2.5", objectives=[ttft]),
+                               SLOSet(model='we"ird\\m', objectives=[ttft])])
+    assert set_matchers(config.slos, 0) == ['model!~"qwen2\\\\.5|we\\"ird\\\\\\\\m"']
+    assert set_matchers(config.slos, 2) == ['model="we\\"ird\\\\m"']
+    (tmp_path / "slo.yaml").write_text(render_rules(config)["slo.yaml"])
+    r = subprocess.run(["promtool", "check", "rules", "slo.yaml"], capture_output=True, text=True, cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    lab = 'model="{}",pool="decode",engine="0",instance="d0",job="vllm"'
+    series = [{"series": f"{c.REQUEST_TTFT.series(part)}{{{lab.format(m)}}}", "values": values}
+              for m in ("qwen2x5", "qwen2.5") for part, values in (("_sum", "0+600x10"), ("_count", "0+60x10"))]
+    mean = "model_pool_slo:sli_latency_seconds:mean5m"
+    (tmp_path / "t.yaml").write_text(yaml.safe_dump({"rule_files": ["slo.yaml"], "evaluation_interval": "1m",
+        "tests": [{"interval": "1m", "input_series": series, "promql_expr_test": [
+            {"expr": f'{mean}{{model="qwen2x5"}}', "eval_time": "6m", "exp_samples": [
+                {"labels": f'{mean}{{model="qwen2x5",pool="decode",slo="ttft_mean"}}', "value": 10}]}]}]},
+        sort_keys=False))
+    r = subprocess.run(["promtool", "test", "rules", "t.yaml"], capture_output=True, text=True, cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr

@@ -34,13 +34,9 @@ from sla_guard.redact import redact_text, strip_userinfo
 log = logging.getLogger("sla_guard.ingest.prometheus")
 
 
-def _escape(v: str) -> str:
-    return v.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-
-
 def selector(metric: str, matchers: Mapping[str, str], extra: str = "") -> str:
     """``metric{a="x",...}`` with values escaped; ``extra`` is raw matcher text from config."""
-    parts = [f'{k}="{_escape(v)}"' for k, v in sorted(matchers.items())]
+    parts = [f"{k}={promql.string_literal(v)}" for k, v in sorted(matchers.items())]
     if extra:
         parts.append(extra)
     return f"{metric}{{{','.join(parts)}}}" if parts else metric
