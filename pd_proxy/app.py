@@ -77,10 +77,12 @@ class TrackedResponse(Response):
         self._stats, self._outcome = stats, outcome
 
     async def __call__(self, scope, receive, send) -> None:
+        outcome = Outcome.ABORTED  # a send that fails: the client did not get the answer
         try:
             await super().__call__(scope, receive, send)
+            outcome = self._outcome
         finally:
-            self._stats.finish(self._outcome)
+            self._stats.finish(outcome)
 
 
 class DecodeStream:
@@ -243,6 +245,7 @@ class Proxy:
         up = legs.upstream_headers(request.headers, rid)
         streaming = bool(body.get("stream"))
         answer, prefill_leg_s = await self._prefill_leg(path, body, up)
+        self.metrics.model_label.admit(body.get("model"))  # an engine served it: a real model
         if await request.is_disconnected():  # the client left during prefill: do not start decode
             stats.finish(Outcome.ABORTED)
             return Response(status_code=499, headers=headers)
@@ -251,6 +254,11 @@ class Proxy:
             r = await self._whole(self.decode, "decode", path, dec, up, self.config.decode_timeout_s)
             if r.status_code != 200:
                 raise LegFailed.engine_answer(r)
+            if await request.is_disconnected():
+                # the client left during decode: the server's send would vanish without an error,
+                # and the answer nobody read was counted ok with an e2e time
+                stats.finish(Outcome.ABORTED)
+                return Response(status_code=499, headers=headers)
             return TrackedResponse(r.content, 200, r.headers.get("content-type"), headers, stats, Outcome.OK)
         return await self._open_stream(path, dec, up, headers, stats, legs.wants_usage(body), prefill_leg_s)
 

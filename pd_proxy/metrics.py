@@ -48,22 +48,36 @@ def never_raises(fn: F) -> F:
 
 
 class ModelLabels:
-    """The model label: the request's own ``model``, for at most ``limit`` distinct values (first
-    come, first kept); the rest are ``other``. A bound on series a client can create."""
+    """The model label: the request's own ``model``, for at most ``limit`` models an engine has
+    served (``admit``, first come, first kept), and while slots are left, up to as many names not
+    served yet (tentative); the rest are ``other``. A bound on the series a client can create,
+    2 x ``limit`` names.
+
+    A slot is kept only for a model an engine served: 16 requests naming models that do not exist
+    (each refused upstream with a 404) used to take every slot, and the real model was ``other``
+    for the proxy's life, its client-scope SLO without data."""
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self._seen: set[str] = set()
+        self._tentative: set[str] = set()
 
     def __call__(self, model: object) -> str:
         if not isinstance(model, str) or not model or len(model) > MAX_MODEL_LABEL_CHARS:
             return UNKNOWN_MODEL if not isinstance(model, str) or not model else OTHER_MODEL
-        if model in self._seen:
+        if model in self._seen or model in self._tentative:
             return model
-        if len(self._seen) < self.limit:
-            self._seen.add(model)
+        if len(self._seen) < self.limit and len(self._tentative) < self.limit:
+            self._tentative.add(model)
             return model
         return OTHER_MODEL
+
+    def admit(self, model: object) -> None:
+        """An engine served ``model``: it keeps its own label (while slots last)."""
+        if isinstance(model, str) and model and len(model) <= MAX_MODEL_LABEL_CHARS and model not in self._seen \
+                and len(self._seen) < self.limit:
+            self._seen.add(model)
+            self._tentative.discard(model)
 
 
 class ClientMetrics:

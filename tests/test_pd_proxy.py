@@ -609,3 +609,42 @@ def test_otlp_span_per_request_joins_by_request_id(engines, monkeypatch):
         assert (leg.end_time_unix_nano - leg.start_time_unix_nano) / 1e9 == pytest.approx(
             a["sla_guard.prefill_leg_s"], abs=1e-6)
         assert pre.headers[0]["x-request-id"] == dec.headers[0]["x-request-id"] == "join-me"
+
+
+def test_model_names_no_engine_serves_do_not_take_the_real_models_label(engines, proxies):
+    """16 requests naming models that do not exist (the engine answers 404) used to take every
+    label slot: the real model was "other" for the proxy's life and its client-scope SLO had no
+    data. A slot is kept only for a model an engine served; the real model's first request after
+    the flood may still be "other", the next ones carry its name."""
+    p, d = engines("prefill"), engines("decode")
+    px = proxies([p], [d], max_models=4)
+    p.status, p.error = 404, (b'{"error": {"message": "no such model", "code": 404}}', "application/json")
+    for i in range(6):
+        assert httpx.post(px.url + "/v1/completions", json={"model": f"typo{i}", "prompt": "x"}, timeout=5) \
+            .status_code == 404
+    p.status = 200
+    for _ in range(3):
+        assert httpx.post(px.url + "/v1/completions", json={"model": "llama", "prompt": "x"}, timeout=5) \
+            .status_code == 200
+    s = scrape(px.url)
+    by_model = {(dict(ls)["model"], dict(ls)["outcome"]): v for (n, ls), v in s.items()
+                if n == c.CLIENT_REQUESTS.exposed}
+    assert by_model[("llama", "ok")] >= 2
+    assert sum(v for (m, _), v in by_model.items() if m.startswith("typo")) + by_model.get(("other", "error"), 0) == 6
+    assert len({m for m, _ in by_model}) <= 2 * 4 + 1  # still bounded: served, tentative, other
+
+
+def test_a_non_streamed_answer_the_client_left_before_is_aborted_not_ok(engines, proxies):
+    """The client gave up during a 2 s decode leg: the server's send of the answer vanished without
+    an error and the request was counted ok with an e2e time; a streamed one was already aborted."""
+    p, d = engines("prefill"), engines("decode")
+    d.delay_s = 2.0
+    px = proxies([p], [d])
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(px.url + "/v1/completions", json={"model": "m", "prompt": "x"}, timeout=0.5)
+    deadline = time.monotonic() + 10
+    while value(s := scrape(px.url), c.CLIENT_REQUESTS.exposed, outcome="aborted") < 1:
+        assert time.monotonic() < deadline, s
+        time.sleep(0.05)
+    assert value(s, c.CLIENT_REQUESTS.exposed, outcome="ok") == 0 and value(s, c.CLIENT_E2E.name + "_count") == 0
+    assert value(s, c.CLIENT_IN_FLIGHT.name) == 0
