@@ -10,7 +10,9 @@ is a dict of per-event lists::
 one entry per transfer handle (not per request); failure lists hold a 1 per event. Under
 MultiConnector the payload is keyed by connector class name first:
 ``{"NixlConnector": {...}, "LMCacheConnectorV1": {...}}``. Anything not in NIXL's format
-(other connectors, future fields) is ignored: unknown is not an error.
+(other connectors, future fields) is ignored: unknown is not an error. A malformed event count
+(negative, NaN, inf) is refused and counted in ``bad`` (it would rewind or poison a counter);
+malformed durations and sizes are refused where they are observed (FastHistogram).
 Pure functions, no vLLM import: the recorded-dict tests run without vLLM.
 """
 
@@ -38,11 +40,12 @@ class KvTransferBatch:
     failures: dict[str, int] = field(default_factory=dict)
     expired: int = 0
     late_notifications: int = 0
+    bad: int = 0  # refused event counts (reported as hook_errors{kind="bad_increment"})
 
     @property
     def empty(self) -> bool:
         return not (self.durations or self.post_durations or self.nbytes or self.descriptors
-                    or any(self.failures.values()) or self.expired or self.late_notifications)
+                    or any(self.failures.values()) or self.expired or self.late_notifications or self.bad)
 
 
 def _numbers(value: Any) -> list[float]:
@@ -51,26 +54,37 @@ def _numbers(value: Any) -> list[float]:
     return [float(v) for v in value if isinstance(v, int | float) and not isinstance(v, bool)]
 
 
-def _count(value: Any) -> int:
-    """Event lists hold one entry (normally 1) per event; a bare int is taken as a count."""
-    if isinstance(value, list | tuple):
-        return int(sum(v for v in value if isinstance(v, int | float) and not isinstance(v, bool)))
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        return int(value)
-    return 0
+_INF = float("inf")
+
+
+def _count(value: Any) -> tuple[int, int]:
+    """(events, refused): event lists hold one entry (normally 1) per event; a bare number is taken
+    as a count. Entries that are not finite numbers >= 0 are refused, not summed."""
+    values = value if isinstance(value, list | tuple) else (value,)
+    n = bad = 0
+    for v in values:
+        if isinstance(v, int | float) and not isinstance(v, bool):
+            if 0 <= v < _INF:
+                n += v
+            else:
+                bad += 1
+    return int(n), bad
 
 
 def nixl_batch(data: Mapping[str, Any], connector: str = "NixlConnector") -> KvTransferBatch:
     """One NIXL-format payload -> batch."""
+    counts = {key: _count(data.get(key)) for key in (*_FAILURES, "num_kv_expired_reqs",
+                                                     "num_notifications_after_expiry")}
     return KvTransferBatch(
         connector=connector,
         durations=_numbers(data.get("transfer_duration")),
         post_durations=_numbers(data.get("post_duration")),
         nbytes=_numbers(data.get("bytes_transferred")),
         descriptors=_numbers(data.get("num_descriptors")),
-        failures={kind: _count(data.get(key)) for key, kind in _FAILURES.items()},
-        expired=_count(data.get("num_kv_expired_reqs")),
-        late_notifications=_count(data.get("num_notifications_after_expiry")),
+        failures={kind: counts[key][0] for key, kind in _FAILURES.items()},
+        expired=counts["num_kv_expired_reqs"][0],
+        late_notifications=counts["num_notifications_after_expiry"][0],
+        bad=sum(b for _, b in counts.values()),
     )
 
 

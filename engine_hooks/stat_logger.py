@@ -164,6 +164,7 @@ class SlaGuardStatLogger(AggregateStatLoggerBase):
 
             self.otel = OtelMirror.from_env()
             if self.otel is not None:
+                self.otel.on_error = self._error  # its flush thread's errors count here too
                 atexit.register(self.otel.shutdown)
         except Exception as e:  # OTel is a mirror: without it the Prometheus side still works
             self._error("otel", e)
@@ -271,7 +272,7 @@ class SlaGuardStatLogger(AggregateStatLoggerBase):
                 with eng.lock:
                     b, eng.batch, eng.dirty = eng.batch, StepBatch(), False
                 try:
-                    apply(eng.rec, b)
+                    apply(eng.rec, b, self._error)  # per part: one bad value costs only itself
                 except Exception as e:
                     self._error("flush", e)
 

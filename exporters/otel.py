@@ -17,10 +17,16 @@ Spans: one ``sla_guard.request`` span per finished request (start = arrival, end
 with child spans queue / prefill / decode, the request id as ``gen_ai.response.id``, pool,
 engine and token counts, so the prefill half and the decode half of a P/D request can be joined
 by id and a client's TTFT split into prefill queue, prefill, KV transfer and first decode step.
+
+Never raises into its caller: a record with a non-finite or negative timing is dropped and counted
+(``on_error("otel_dropped", ...)``), an exception while exporting one item costs that item only
+(``"otel_flush"``), and ``force_flush``/``shutdown`` (atexit, inside vLLM) swallow and count theirs.
 """
 
 from __future__ import annotations
 
+import logging
+import math
 import os
 import threading
 from collections import deque
@@ -37,6 +43,9 @@ DEFAULT_TIMEOUT_S = 2.0
 DEFAULT_INTERVAL_S = 15.0
 FLUSH_INTERVAL_S = 1.0
 MAX_PENDING = 100_000  # per engine; bounded memory if the flush thread falls behind
+ERR_DROPPED = "otel_dropped"  # hook_errors kinds (fixed set): a malformed record, not exported
+ERR_FLUSH = "otel_flush"  # an exception while exporting one item, or in force_flush/shutdown
+log = logging.getLogger("sla_guard.otel")
 
 _REQUEST_HISTOGRAMS = (c.REQUEST_E2E, c.REQUEST_QUEUE, c.REQUEST_PREFILL, c.REQUEST_DECODE)
 TOKEN_USAGE = "gen_ai.client.token.usage"
@@ -45,6 +54,14 @@ TOKEN_BUCKETS = (1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4
 
 def otel_name(m: c.Metric) -> str:
     return m.otel_name or m.name
+
+
+def _finite(*values: Any) -> bool:
+    """All finite numbers >= 0: a NaN would end up in int(x * 1e9) and in the SDK's sums."""
+    try:
+        return all(v >= 0 and math.isfinite(v) for v in values)
+    except (TypeError, OverflowError):
+        return False
 
 
 def _float_env(env: Mapping[str, str], key: str, default: float) -> float:
@@ -84,29 +101,46 @@ class OtelEngine:
 
     # -- flush thread ----------------------------------------------------------------------------
     def drain(self) -> None:
-        a, h = self.attrs, self.m.hist
+        """Export every queued item, each on its own: a bad one is dropped and counted."""
         pending = self.pending
         while pending:
             try:
                 r, x = pending.popleft()
             except IndexError:
                 return
-            if r is None:
-                ttft = h[c.REQUEST_TTFT.name]
-                for v in x:
+            try:
+                self._export(r, x)
+            except Exception as e:
+                self.m.error(ERR_FLUSH, e)
+
+    def _export(self, r: FinishedRequest | None, x: Any) -> None:
+        a, h = self.attrs, self.m.hist
+        if r is None:
+            ttft = h[c.REQUEST_TTFT.name]
+            bad = 0
+            for v in x:
+                if _finite(v):
                     ttft.record(v, a)
-                continue
-            for metric, v in zip(_REQUEST_HISTOGRAMS, (r.e2e_s, r.queue_s, r.prefill_s, r.decode_s), strict=True):
-                h[metric.name].record(v, a)
-            if r.generated_tokens > 1:
-                h[c.REQUEST_TPOT.name].record(r.tpot_s, a)
-            h[TOKEN_USAGE].record(r.prompt_tokens, self._input)
-            h[TOKEN_USAGE].record(r.generated_tokens, self._output)
-            ra = self._reasons.get(r.reason)
-            if ra is None:
-                ra = self._reasons[r.reason] = {**a, "sla_guard.reason": r.reason}
-            self.m.finished_counter.add(1, ra)
-            self.m.request_span(self, r, x)
+                else:
+                    bad += 1
+            if bad:
+                self.m.error(ERR_DROPPED, ValueError(f"{bad} malformed TTFT value(s)"), bad)
+            return
+        if not (_finite(r.e2e_s, r.queue_s, r.prefill_s, r.decode_s, r.tpot_s, r.prompt_tokens, r.generated_tokens,
+                        r.cached_tokens, x) and isinstance(r.reason, str)):
+            self.m.error(ERR_DROPPED, ValueError(f"malformed finished request {r!r}"))
+            return
+        for metric, v in zip(_REQUEST_HISTOGRAMS, (r.e2e_s, r.queue_s, r.prefill_s, r.decode_s), strict=True):
+            h[metric.name].record(v, a)
+        if r.generated_tokens > 1:
+            h[c.REQUEST_TPOT.name].record(r.tpot_s, a)
+        h[TOKEN_USAGE].record(r.prompt_tokens, self._input)
+        h[TOKEN_USAGE].record(r.generated_tokens, self._output)
+        ra = self._reasons.get(r.reason)
+        if ra is None:
+            ra = self._reasons[r.reason] = {**a, "sla_guard.reason": r.reason}
+        self.m.finished_counter.add(1, ra)
+        self.m.request_span(self, r, x)
 
 
 class OtelMirror:
@@ -148,6 +182,9 @@ class OtelMirror:
             meter.create_observable_gauge(otel_name(m), callbacks=[self._observer(i)], unit=m.unit,
                                           description=m.help)
         self.info = meter.create_gauge(otel_name(c.ENGINE_INFO), description=c.ENGINE_INFO.help)
+        self.on_error: Any = None  # (kind, exc) -> None; the stat logger counts into hook_errors
+        self.errors: dict[str, int] = {}
+        self._errors_logged: set[str] = set()
         self._stop = threading.Event()
         self._flush_lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="sla-guard-otel-flush", daemon=True)
@@ -161,15 +198,36 @@ class OtelMirror:
 
         return observe
 
+    def error(self, kind: str, exc: BaseException, n: int = 1) -> None:
+        """Count ``n`` errors of ``kind`` (and pass them to ``on_error``), log the first of each kind.
+        Never raises: it runs on the flush thread and at exit."""
+        try:
+            self.errors[kind] = self.errors.get(kind, 0) + n
+            if kind not in self._errors_logged:
+                self._errors_logged.add(kind)
+                log.warning("sla-guard OTel mirror error (kind=%s), counted and ignored from now on: %r", kind, exc,
+                            exc_info=exc)
+            if self.on_error is not None:
+                for _ in range(n):
+                    self.on_error(kind, exc)
+        except Exception:
+            pass
+
     def _run(self) -> None:
         while not self._stop.wait(FLUSH_INTERVAL_S):
-            self.drain()
+            try:  # the thread must outlive any one failure, or the queue is never exported again
+                self.drain()
+            except Exception as e:
+                self.error(ERR_FLUSH, e)
 
     def drain(self) -> None:
         """Move queued observations into the SDK (flush thread, or force_flush/shutdown)."""
         with self._flush_lock:
             for e in list(self.engines):
-                e.drain()
+                try:
+                    e.drain()
+                except Exception as exc:
+                    self.error(ERR_FLUSH, exc)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> OtelMirror | None:
@@ -238,12 +296,17 @@ class OtelMirror:
         span.end(end_time=start + int(e2e_s * 1e9))
 
     def force_flush(self, timeout_s: float = 5.0) -> None:
-        self.drain()
-        self.tracer_provider.force_flush(int(timeout_s * 1000))
-        self.meter_provider.force_flush(int(timeout_s * 1000))
+        self._each(self.drain, lambda: self.tracer_provider.force_flush(int(timeout_s * 1000)),
+                   lambda: self.meter_provider.force_flush(int(timeout_s * 1000)))
 
     def shutdown(self) -> None:
+        """Never raises: it runs from atexit inside vLLM."""
         self._stop.set()
-        self.drain()
-        self.tracer_provider.shutdown()
-        self.meter_provider.shutdown()
+        self._each(self.drain, self.tracer_provider.shutdown, self.meter_provider.shutdown)
+
+    def _each(self, *steps) -> None:
+        for step in steps:  # each step even if one before failed
+            try:
+                step()
+            except Exception as e:
+                self.error(ERR_FLUSH, e)

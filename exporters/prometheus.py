@@ -8,6 +8,7 @@ bound once: ``.labels()`` is too slow for vLLM's per-step hot path.
 
 from __future__ import annotations
 
+import logging
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -18,6 +19,13 @@ from exporters import contract as c
 from exporters.contract import Component, Kind, Metric
 
 _CLASSES = {Kind.COUNTER: Counter, Kind.GAUGE: Gauge, Kind.HISTOGRAM: Histogram}
+_INF = float("inf")
+log = logging.getLogger("sla_guard.recorder")
+
+# slaguard_hook_errors_total kinds for values refused rather than exported (fixed set: bounded labels).
+BAD_OBSERVATION = "bad_observation"  # NaN, +-inf, negative or non-number duration/size: would poison _sum
+BAD_INCREMENT = "bad_increment"  # negative, NaN, inf or non-number counter step: would rewind the counter
+_logged_kinds: set[str] = set()
 
 
 class ContractMetrics:
@@ -54,12 +62,17 @@ class FastHistogram:
     """Batched observation into one bound histogram child: a bisect per value and one locked
     increment per touched bucket, instead of ``observe()``'s linear bucket scan and two locked
     increments per value. Uses the child's value cells (prometheus_client internals, stable since
-    0.4 and multiprocess-aware); falls back to ``observe()`` if they are absent."""
+    0.4 and multiprocess-aware); falls back to ``observe()`` if they are absent.
 
-    __slots__ = ("bounds", "buckets", "child", "total")
+    Only finite values >= 0 are observed: bisect puts NaN and negatives in the lowest bucket, NaN
+    makes ``_sum`` NaN for good and a negative lowers it, which rate() reads as a counter reset.
+    Refused values go to ``bad(n)`` (hook_errors{kind="bad_observation"}) instead."""
 
-    def __init__(self, child) -> None:
+    __slots__ = ("bad", "bounds", "buckets", "child", "total")
+
+    def __init__(self, child, bad: Callable[[int], None] | None = None) -> None:
         self.child = child
+        self.bad = bad
         try:
             self.bounds: list[float] | None = list(child._upper_bounds)
             self.buckets = child._buckets
@@ -67,7 +80,18 @@ class FastHistogram:
         except AttributeError:  # pragma: no cover - a prometheus_client without these internals
             self.bounds = None
 
+    def _refuse(self, n: int) -> None:
+        if self.bad is not None:
+            self.bad(n)
+
     def observe(self, v: float) -> None:
+        try:
+            ok = 0.0 <= v < _INF  # False for NaN, negatives, +inf
+        except TypeError:  # None or a non-number
+            ok = False
+        if not ok:
+            self._refuse(1)
+            return
         if self.bounds is None:
             self.child.observe(v)
             return
@@ -76,25 +100,37 @@ class FastHistogram:
 
     def observe_many(self, values: Iterable[float]) -> None:
         b = self.bounds
-        if b is None:
-            for v in values:
-                self.child.observe(v)
-            return
         counts: dict[int, int] = {}
         s = 0.0
-        for v in values:
-            i = bisect_left(b, v)
-            counts[i] = counts.get(i, 0) + 1
-            s += v
+        bad = 0
+        it = iter(values)
+        while True:
+            try:  # free until a non-number raises; then go on after it, on the same iterator
+                for v in it:
+                    if 0.0 <= v < _INF:  # the one per-value check: refuses NaN, negatives, inf
+                        s += v
+                        if b is None:
+                            self.child.observe(v)
+                            continue
+                        i = bisect_left(b, v)
+                        counts[i] = counts.get(i, 0) + 1
+                    else:
+                        bad += 1
+                break
+            except TypeError:
+                bad += 1
         if counts:
             buckets = self.buckets
             for i, n in counts.items():
                 buckets[i].inc(n)
             self.total.inc(s)
+        if bad:
+            self._refuse(bad)
 
 
 def fast_inc(child) -> Callable[[float], None]:
-    """A counter child's increment without the per-call checks (amount is never negative here)."""
+    """A counter child's increment without the per-call checks (callers check the amount first:
+    ``EngineRecorder._count``)."""
     value = getattr(child, "_value", None)
     return value.inc if value is not None and hasattr(value, "inc") else child.inc
 
@@ -147,11 +183,12 @@ class EngineRecorder:
         self._pos_draft: list = []
         self._pos_accepted: list = []
         self._kv_xfer: dict[str, object] | None = None  # bound on first KV-transfer stats
+        self._errors: dict[str, object] = {}  # hook_errors children by kind, bound on first error
         # Hot-path handles (record() runs every engine step on vLLM's event loop).
-        self._h_ttft, self._h_tpot, self._h_itl = FastHistogram(self.ttft), FastHistogram(self.tpot), \
-            FastHistogram(self.itl)
-        self._h_e2e, self._h_queue = FastHistogram(self.e2e), FastHistogram(self.queue)
-        self._h_prefill, self._h_decode = FastHistogram(self.prefill), FastHistogram(self.decode)
+        h = self._histogram
+        self._h_ttft, self._h_tpot, self._h_itl = h(self.ttft), h(self.tpot), h(self.itl)
+        self._h_e2e, self._h_queue = h(self.e2e), h(self.queue)
+        self._h_prefill, self._h_decode = h(self.prefill), h(self.decode)
         self._inc_steps = fast_inc(self.steps)
         self._inc_gen = fast_inc(self.generation_tokens)
         self._inc_prompt = {k: fast_inc(v) for k, v in self.prompt_by_source.items()}
@@ -162,6 +199,44 @@ class EngineRecorder:
 
     def _bind(self, metric: Metric, *extra: str):
         return self.metrics[metric].labels(*self.labels, *extra)
+
+    def _histogram(self, child) -> FastHistogram:
+        return FastHistogram(child, self._bad_observations)
+
+    def _bad_observations(self, n: int) -> None:
+        self.count_error(BAD_OBSERVATION, n)
+
+    def count_error(self, kind: str, n: int = 1, exc: BaseException | None = None) -> None:
+        """Count ``n`` in slaguard_hook_errors_total{kind} and log the first one of each kind per
+        process: a refused value must be visible, not silently gone. A registry without the hooks
+        component (simulator) only logs. Never raises (it runs inside vLLM)."""
+        try:
+            child = self._errors.get(kind)
+            if child is None:
+                fam = self.metrics.families.get(c.HOOK_ERRORS.name)
+                if fam is not None:
+                    child = self._errors[kind] = fam.labels(self.labels[0], self.labels[1], kind)
+            if child is not None:
+                child.inc(n)
+            if kind not in _logged_kinds:
+                _logged_kinds.add(kind)
+                log.warning("sla-guard refused %d value(s) (kind=%s, engine=%s), counted in hook_errors and "
+                            "ignored from now on: %r", n, kind, self.labels[2], exc, exc_info=exc)
+        except Exception:  # accounting must not raise either
+            pass
+
+    def _count(self, inc: Callable[[float], None], n) -> None:
+        """Increment by ``n`` if it is a finite number > 0; 0 is a no-op; anything else (negative,
+        NaN, inf, None) is refused and counted: a counter never goes backwards or turns NaN."""
+        try:
+            if 0 < n < _INF:
+                inc(n)
+                return
+            if n == 0:
+                return
+        except TypeError:
+            pass
+        self.count_error(BAD_INCREMENT)
 
     def prebind_kv_fetch_stages(self, stages: Iterable[str]) -> None:
         """Expose the remote-KV wait gauge at 0 for every stage from the start (consumers)."""
@@ -184,7 +259,12 @@ class EngineRecorder:
         self._h_queue.observe(queue_s)
         self._h_prefill.observe(prefill_s)
         self._h_decode.observe(decode_s)
-        if generated_tokens > 1:
+        try:
+            multi = generated_tokens > 1
+        except TypeError:  # a malformed count: still a finished request, TPOT unknown
+            multi = False
+            self.count_error(BAD_OBSERVATION)
+        if multi:
             self._h_tpot.observe(tpot_s)
         inc = self._inc_finished.get(reason)
         if inc is None:
@@ -193,15 +273,15 @@ class EngineRecorder:
         inc(1)
 
     def tokens(self, generated: int, computed: int = 0, local_hit: int = 0, external: int = 0) -> None:
-        if generated:
-            self._inc_gen(generated)
-        p = self._inc_prompt
-        if computed:
-            p["computed"](computed)
-        if local_hit:
-            p["local_cache_hit"](local_hit)
-        if external:
-            p["external_kv_transfer"](external)
+        count, p = self._count, self._inc_prompt
+        if generated != 0:
+            count(self._inc_gen, generated)
+        if computed != 0:
+            count(p["computed"], computed)
+        if local_hit != 0:
+            count(p["local_cache_hit"], local_hit)
+        if external != 0:
+            count(p["external_kv_transfer"], external)
 
     # -- scheduler state -----------------------------------------------------------------------
     def scheduler(self, running: int, waiting: int, kv_usage: float, steps: int = 1) -> None:
@@ -209,8 +289,8 @@ class EngineRecorder:
         self.running.set(running)
         self.waiting.set(waiting)
         self.kv_usage.set(kv_usage)
-        if steps:
-            self._inc_steps(steps)
+        if steps != 0:
+            self._count(self._inc_steps, steps)
 
     def kv_fetch_by_stage(self, by_stage: Mapping[str, int]) -> None:
         for stage, child in self._kv_fetch.items():  # stages that vanished read 0, not stale
@@ -223,33 +303,34 @@ class EngineRecorder:
             child.set(n)
 
     def prefix_cache(self, cache: str, queries: int, hits: int) -> None:
-        if queries:
-            self._inc_queries[cache](queries)
-        if hits:
-            self._inc_hits[cache](hits)
+        if queries != 0:
+            self._count(self._inc_queries[cache], queries)
+        if hits != 0:
+            self._count(self._inc_hits[cache], hits)
 
     def preempted(self, n: int) -> None:
-        if n:
-            self.preemptions.inc(n)
+        if n != 0:
+            self._count(self.preemptions.inc, n)
 
     # -- speculative decoding ------------------------------------------------------------------
     def spec_decode(self, drafts: int, draft_tokens: int, accepted: int,
                     accepted_per_pos: Iterable[int] = (), draft_per_pos: Iterable[int] = ()) -> None:
+        count = self._count
         inc_drafts, inc_draft_tokens, inc_accepted = self._inc_spec
-        if drafts:
-            inc_drafts(drafts)
-        if draft_tokens:
-            inc_draft_tokens(draft_tokens)
-        if accepted:
-            inc_accepted(accepted)
+        if drafts != 0:
+            count(inc_drafts, drafts)
+        if draft_tokens != 0:
+            count(inc_draft_tokens, draft_tokens)
+        if accepted != 0:
+            count(inc_accepted, accepted)
         for incs, values, metric in ((self._pos_accepted, accepted_per_pos, c.SPEC_ACCEPTED_TOKENS_POS),
                                      (self._pos_draft, draft_per_pos, c.SPEC_DRAFT_TOKENS_POS)):
             for i, v in enumerate(values):
                 if len(incs) <= i:
                     while len(incs) <= i:
                         incs.append(fast_inc(self._bind(metric, str(len(incs)))))
-                if v:
-                    incs[i](v)
+                if v != 0:
+                    count(incs[i], v)
 
     # -- KV transfer (connector stats) ---------------------------------------------------------
     def kv_transfer(self, durations: Iterable[float] = (), post_durations: Iterable[float] = (),
@@ -269,15 +350,16 @@ class EngineRecorder:
             }
         for key, values in (("duration", durations), ("post", post_durations), ("bytes", nbytes),
                             ("descriptors", descriptors)):
-            FastHistogram(k[key]).observe_many(values)
+            self._histogram(k[key]).observe_many(values)
+        count = self._count
         for kind, n in (failures or {}).items():
             child = k.get(f"fail_{kind}")
-            if n and child is not None:
-                child.inc(n)
-        if expired:
-            k["expired"].inc(expired)
-        if late_notifications:
-            k["late"].inc(late_notifications)
+            if n != 0 and child is not None:
+                count(child.inc, n)
+        if expired != 0:
+            count(k["expired"].inc, expired)
+        if late_notifications != 0:
+            count(k["late"].inc, late_notifications)
 
     def engine_info(self, **info: str) -> None:
         """Set the per-engine info gauge (labels beyond model/pool/engine, as the contract lists)."""

@@ -84,3 +84,73 @@ def test_counters_sum_gauges_take_latest():
 def test_empty_batch_changes_nothing():
     assert [ln for ln in exposition([StepBatch()]).splitlines() if "_created" not in ln] == [
         ln for ln in exposition([]).splitlines() if "_created" not in ln]
+
+
+def _errors(text: str, kind: str) -> float:
+    prefix = f'{c.HOOK_ERRORS.series()}{{kind="{kind}",model="m",pool="decode"}} '
+    hits = [float(ln[len(prefix):]) for ln in text.splitlines() if ln.startswith(prefix)]
+    return hits[0] if hits else 0.0
+
+
+def test_nan_negative_inf_observations_are_refused_and_counted():
+    """NaN landed in the fastest bucket and made _sum NaN; a negative lowered _sum (a fake reset)."""
+    reg = CollectorRegistry()
+    rec = EngineRecorder(ContractMetrics(reg), "m", "decode", 0)
+    rec.observe_ttfts([float("nan"), -3.0, float("inf"), None, 0.3])
+    rec.kv_transfer(durations=[float("nan"), -1.0, 0.01])
+    rec.request_done(1.0, float("nan"), 0.2, 0.7, 0.01, 10, "stop")
+    text = generate_latest(reg).decode()
+    lab = '{engine="0",model="m",pool="decode"}'
+    assert f"{c.REQUEST_TTFT.series('_count')}{lab} 1.0" in text
+    assert f"{c.REQUEST_TTFT.series('_sum')}{lab} 0.3" in text
+    assert f'{c.REQUEST_TTFT.series("_bucket")}{{engine="0",le="0.005",model="m",pool="decode"}} 0.0' in text
+    assert f"{c.KV_XFER_DURATION.series('_count')}{lab} 1.0" in text
+    assert f"{c.KV_XFER_DURATION.series('_sum')}{lab} 0.01" in text
+    assert f"{c.REQUEST_QUEUE.series('_count')}{lab} 0.0" in text  # the NaN queue time only
+    assert f"{c.REQUEST_E2E.series('_count')}{lab} 1.0" in text
+    assert _errors(text, "bad_observation") == 4 + 2 + 1
+
+
+def test_negative_counts_are_refused_per_step_not_netted():
+    """100 then -50 in one flush window must not export +50; nor -50 later rewind the counter."""
+    reasons: dict = {}
+    b = StepBatch()
+    b.add_iteration(it(gen=100), reasons)
+    b.add_iteration(it(gen=-50), reasons)
+    neg_preempt = it()
+    neg_preempt.num_preempted_reqs = float("nan")
+    b.add_iteration(neg_preempt, reasons)
+    reg = CollectorRegistry()
+    rec = EngineRecorder(ContractMetrics(reg), "m", "decode", 0)
+    apply(rec, b)
+    rec.tokens(-50)  # a direct caller (simulator, sidecar) is checked too
+    rec.preempted(-1)
+    rec.kv_transfer(failures={"transfer": -1}, expired=float("nan"))
+    text = generate_latest(reg).decode()
+    assert f'{c.GENERATION_TOKENS.series()}{{engine="0",model="m",pool="decode"}} 100.0' in text
+    assert f'{c.PREEMPTIONS.series()}{{engine="0",model="m",pool="decode"}} 0.0' in text
+    assert f'{c.KV_XFER_FAILURES.series()}{{engine="0",kind="transfer",model="m",pool="decode"}} 0.0' in text
+    assert _errors(text, "bad_increment") == 2 + 4
+
+
+def test_one_bad_item_costs_only_itself():
+    """An exception on one part of a flush lost every finished request after it."""
+    reasons: dict = {}
+    b = StepBatch()
+    none_tpot = fin(5, "stop")
+    none_tpot.mean_time_per_output_token = None
+    b.add_iteration(it(gen=3, finished=[none_tpot]), reasons)
+    b.kv_fetch = 7  # not a mapping: kv_fetch_by_stage raises
+    b.finished.append((1.0, 0.1, 0.2))  # wrong shape: request_done raises
+    b.add_iteration(it(gen=2, finished=[fin(5, "stop")]), reasons)
+    reg = CollectorRegistry()
+    rec = EngineRecorder(ContractMetrics(reg), "m", "decode", 0)
+    apply(rec, b)
+    text = generate_latest(reg).decode()
+    lab = '{engine="0",model="m",pool="decode"}'
+    assert f'{c.REQUESTS_FINISHED.series()}{{engine="0",model="m",pool="decode",reason="stop"}} 2.0' in text
+    assert f"{c.REQUEST_E2E.series('_count')}{lab} 2.0" in text
+    assert f"{c.REQUEST_TPOT.series('_count')}{lab} 1.0" in text  # the None TPOT is refused, not observed
+    assert f"{c.GENERATION_TOKENS.series()}{lab} 5.0" in text
+    assert _errors(text, "bad_observation") == 1
+    assert _errors(text, "flush") == 2  # the two parts that raised, each counted once

@@ -52,3 +52,13 @@ def test_recorder_exposes_kv_transfer_series():
     n = len(FIXTURE["flat"]["transfer_duration"])
     assert f'{c.KV_XFER_DURATION.series("_count")}{{engine="0",model="m",pool="decode"}} {float(n)}' in text
     assert f'{c.KV_XFER_FAILURES.series()}{{engine="0",kind="handshake",model="m",pool="decode"}} 1.0' in text
+
+
+def test_malformed_event_counts_are_refused_not_summed():
+    """[-1] used to reach Counter.inc(-1) (raises) and [1, -1] netted to 0 silently."""
+    (b,) = parse_kv_connector_stats({"transfer_duration": [0.01], "num_failed_transfers": [1, -1, float("nan")],
+                                     "num_kv_expired_reqs": [float("inf")], "num_failed_handshakes": -2})
+    assert b.failures == {"transfer": 1, "notification": 0, "handshake": 0}
+    assert b.expired == 0 and b.bad == 4
+    (only_bad,) = parse_kv_connector_stats({"transfer_duration": [], "num_failed_transfers": [-1]})
+    assert only_bad.bad == 1  # not dropped as empty: the refusal must still be counted

@@ -76,3 +76,57 @@ def test_dead_endpoint_does_not_raise():
     eng.finished(FinishedRequest(1.0, 0.1, 0.2, 0.7, 0.01, 10, 0, 5), 1_800_000_000.0)
     mirror.force_flush(timeout_s=1)
     mirror.shutdown()
+
+
+def test_nan_record_is_dropped_counted_and_flush_thread_survives(receiver, monkeypatch):
+    """int(NaN * 1e9) in request_span killed the flush thread for good; nothing was exported again."""
+    import time
+
+    from exporters import otel
+
+    monkeypatch.setattr(otel, "FLUSH_INTERVAL_S", 0.05)
+    mirror = OtelMirror(receiver.endpoint, timeout_s=2)
+    seen: list = []
+    mirror.on_error = lambda kind, e: seen.append(kind)
+    try:
+        eng = mirror.engine("tiny", "decode", 0)
+        eng.latencies([float("nan"), 0.2])
+        eng.finished(FinishedRequest(1.0, float("nan"), 0.2, 0.7, 0.01, 5, 0, 10, "stop", "bad"), 1_800_000_000.0)
+        eng.finished(FinishedRequest(1.0, 0.1, 0.2, 0.7, 0.01, 5, 0, 10, "stop", "good-1"), 1_800_000_000.0)
+        deadline = time.monotonic() + 10
+        while eng.pending and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert mirror._thread.is_alive() and not eng.pending
+        real = mirror.request_span
+        monkeypatch.setattr(mirror, "request_span", lambda *a: (_ for _ in ()).throw(RuntimeError("sdk bug")))
+        eng.finished(FinishedRequest(1.0, 0.1, 0.2, 0.7, 0.01, 5, 0, 10, "stop", "boom"), 1_800_000_000.0)
+        while eng.pending and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.2)
+        monkeypatch.setattr(mirror, "request_span", real)
+        eng.finished(FinishedRequest(1.0, 0.1, 0.2, 0.7, 0.01, 5, 0, 10, "stop", "good-2"), 1_800_000_000.0)
+        mirror.force_flush()
+        assert mirror._thread.is_alive()
+    finally:
+        mirror.shutdown()
+    ids = {attrs(s.attributes)["gen_ai.response.id"] for s in receiver.spans() if s.name == "sla_guard.request"}
+    assert ids == {"good-1", "good-2"}
+    assert mirror.errors == {"otel_dropped": 2, "otel_flush": 1}
+    assert sorted(seen) == ["otel_dropped", "otel_dropped", "otel_flush"]
+    assert eng.pending.maxlen is not None  # the queue stays bounded if the SDK falls behind
+
+
+def test_shutdown_never_raises(monkeypatch):
+    """shutdown runs from atexit inside vLLM: an SDK failure there must be counted, not raised."""
+    mirror = OtelMirror("http://127.0.0.1:9", timeout_s=0.5)
+    eng = mirror.engine("tiny", "mixed", 0)
+    eng.finished(FinishedRequest(float("nan"), 0.1, 0.2, 0.7, 0.01, 10, 0, 5), 1_800_000_000.0)
+
+    def broken(*a, **k):
+        raise RuntimeError("exporter gone")
+
+    monkeypatch.setattr(mirror.tracer_provider, "shutdown", broken)
+    monkeypatch.setattr(mirror.tracer_provider, "force_flush", broken)
+    mirror.force_flush(timeout_s=0.5)
+    mirror.shutdown()
+    assert mirror.errors == {"otel_dropped": 1, "otel_flush": 2}
