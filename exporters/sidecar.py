@@ -1,8 +1,9 @@
 """``sla-guard-sidecar``: the contract for vLLM deployments that cannot install the plugin.
 
-At each scrape of its own /metrics it fetches vLLM's /metrics (httpx, short timeout), maps
-vLLM's native families onto the contract with the pool and model given on the command line and
-vLLM's ``engine`` label kept, and samples the vLLM process tree (``--pid``, psutil).
+At each scrape of its own /metrics it fetches vLLM's /metrics (httpx; ``--timeout`` is a total
+deadline, ``--max-body-bytes`` a streamed size limit), maps vLLM's native families onto the
+contract with the pool and model given on the command line and vLLM's ``engine`` label kept, and
+samples the vLLM process tree (``--pid``, psutil).
 
 What is mapped how (see docs/hooks.md for the full table):
 * counters and gauges: passed through (absolute values, so vLLM restarts reset them as usual);
@@ -16,19 +17,24 @@ What is mapped how (see docs/hooks.md for the full table):
   processes, NIXL handshake failures (vLLM folds them into failed transfers).
 
 Loopback by default (``--listen 127.0.0.1:9400``); bad arguments exit with a message naming the
-flag; a dead vLLM is counted in slaguard_hook_errors_total{kind="scrape"} and its engine series
-disappear (absent, hence "unknown" for the guard), while the sidecar keeps serving.
+flag; a dead vLLM is counted in slaguard_hook_errors_total{kind="scrape"} (a hung one ``timeout``,
+an oversized page ``too_large``, an unparsable one ``parse``) and its engine series disappear
+(absent, hence "unknown" for the guard), while the sidecar keeps serving. Problems inside a page
+drop the affected family for that engine and are counted too (see ``map_exposition``).
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
+import math
 import signal
 import sys
 import threading
+from collections import Counter
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import httpx
 import psutil
@@ -47,7 +53,8 @@ log = logging.getLogger("sla_guard.sidecar")
 @dataclass(frozen=True)
 class Mapping:
     """One vLLM family -> one contract metric; ``label`` maps a vLLM label onto a contract label
-    (``values`` renames its values; a value absent from a non-empty ``values`` is dropped)."""
+    (``values`` renames its values; a value absent from a non-empty ``values`` is unmapped: the
+    family is dropped for that engine and counted, see ``map_exposition``)."""
 
     vllm: str  # family name as prometheus_client's parser reports it (no _total)
     metric: c.Metric
@@ -102,46 +109,111 @@ def _family(metric: c.Metric) -> Metric:
     return cls(metric.name, metric.help, labels=list(metric.labels))
 
 
-def map_exposition(text: str, model: str, pool: str) -> tuple[list[Metric], set[str]]:
-    """vLLM exposition text -> (contract families, engine labels seen). Pure function."""
-    out: dict[str, Metric] = {}
+@dataclass
+class _Series:
+    """One contract series being assembled, with the vLLM family and source labels it came from
+    (two sources for one contract series is a collision, not a value to pick from)."""
+
+    family: str
+    src: tuple[tuple[str, str], ...]
+    value: float | None = None
+    buckets: dict[str, float] = field(default_factory=dict)
+    sum: float | None = None
+    count: float | None = None
+
+
+def _histogram_ok(s: _Series) -> bool:
+    """Exportable only as vLLM counted it: a +Inf bucket equal to _count (else the contract's
+    _count would come from the last finite bucket and read e.g. 3/3 where vLLM counted 10), a
+    _sum, and cumulative finite non-negative buckets."""
+    try:
+        les = sorted(s.buckets.items(), key=lambda b: float(b[0]))
+    except ValueError:
+        return False
+    if "+Inf" not in s.buckets or s.sum is None or (s.count is not None and s.count != s.buckets["+Inf"]):
+        return False
+    values = [v for _, v in les]
+    return all(math.isfinite(v) and v >= 0 for v in values) and values == sorted(values)
+
+
+def map_exposition(text: str, model: str, pool: str) -> tuple[list[Metric], set[str], Counter[str]]:
+    """vLLM exposition text -> (contract families, engine labels seen, problems by kind). Pure.
+
+    A problem drops the whole vLLM family for that engine (absent reads "unknown" at the guard;
+    a partial family would read as a wrong but plausible value) and is counted once per family
+    and engine, so an operator sees the mapping broke:
+    * ``unmapped_label``: a sample lacks the mapped label or has a value the mapping does not know
+      (vLLM renamed it);
+    * ``label_collision``: two source series land on one contract series. The contract's
+      ``model`` is ``--model`` (the guard overrides page labels too unless ``honor_labels``), so
+      vLLM's ``model_name`` is not kept: two models on one engine cannot be told apart;
+    * ``malformed_histogram``: see ``_histogram_ok``;
+    * ``no_vllm_families``: the page parsed but holds no family the sidecar maps (wrong URL).
+    An unparsable page raises ``ValueError``.
+    """
+    series: dict[tuple[str, tuple[str, ...]], _Series] = {}
     engines: set[str] = set()
-    hist: dict[tuple[str, tuple[str, ...]], dict] = {}
+    problems: set[tuple[str, str, str]] = set()  # (kind, vLLM family, engine)
+    seen_family = False
     for fam in text_string_to_metric_families(text):
         mp = BY_VLLM.get(fam.name)
         if mp is None:
             continue
+        seen_family = True
         m = mp.metric
+        hist = m.kind is c.Kind.HISTOGRAM
+        renames = dict(mp.values)
         for s in fam.samples:
+            if s.name.endswith("_created"):
+                continue
             engine = s.labels.get("engine", "0")
+            engines.add(engine)
             extra: list[str] = []
             if mp.label is not None:
                 raw = s.labels.get(mp.label[0])
-                if raw is None:
-                    continue
-                renames = dict(mp.values)
-                if renames and raw not in renames:
+                if raw is None or (renames and raw not in renames):
+                    problems.add(("unmapped_label", fam.name, engine))
                     continue
                 extra.append(renames.get(raw, raw))
             if mp.fixed is not None:
                 extra.append(mp.fixed[1])
             labels = (model, pool, engine, *extra)
-            engines.add(engine)
-            if m.kind is c.Kind.HISTOGRAM:
-                h = hist.setdefault((m.name, labels), {"metric": m, "buckets": [], "sum": 0.0})
-                if s.name.endswith("_bucket"):
-                    h["buckets"].append((s.labels["le"], s.value))
-                elif s.name.endswith("_sum"):
-                    h["sum"] = s.value
-            elif m.kind is c.Kind.COUNTER:
-                if s.name.endswith("_total"):
-                    out.setdefault(m.name, _family(m)).add_metric(list(labels), s.value)
-            else:
-                out.setdefault(m.name, _family(m)).add_metric(list(labels), s.value)
-    for (name, labels), h in hist.items():
-        buckets = sorted(h["buckets"], key=lambda b: float(b[0]))
-        out.setdefault(name, _family(h["metric"])).add_metric(list(labels), buckets, h["sum"])
-    return list(out.values()), engines
+            src = tuple(sorted((k, v) for k, v in s.labels.items() if k != "le"))
+            ser = series.setdefault((m.name, labels), _Series(fam.name, src))
+            if ser.family != fam.name or ser.src != src:
+                problems.update({("label_collision", fam.name, engine), ("label_collision", ser.family, engine)})
+                continue
+            if not hist:
+                if ser.value is not None:  # the same series twice
+                    problems.add(("label_collision", fam.name, engine))
+                ser.value = s.value
+            elif s.name.endswith("_bucket"):
+                le = s.labels.get("le", "")
+                if le in ser.buckets:
+                    problems.add(("malformed_histogram", fam.name, engine))
+                ser.buckets[le] = s.value
+            elif s.name.endswith("_sum"):
+                ser.sum = s.value
+            elif s.name.endswith("_count"):
+                ser.count = s.value
+    for (_, labels), ser in series.items():
+        if BY_VLLM[ser.family].metric.kind is c.Kind.HISTOGRAM and not _histogram_ok(ser):
+            problems.add(("malformed_histogram", ser.family, labels[2]))
+    bad = {(fam, engine) for _, fam, engine in problems}
+    out: dict[str, Metric] = {}
+    for (name, labels), ser in series.items():
+        if (ser.family, labels[2]) in bad or (ser.value is None and not ser.buckets):
+            continue
+        fam_out = out.setdefault(name, _family(BY_VLLM[ser.family].metric))
+        if ser.buckets:
+            buckets = sorted(ser.buckets.items(), key=lambda b: float(b[0]))
+            fam_out.add_metric(list(labels), buckets, ser.sum)
+        else:
+            fam_out.add_metric(list(labels), ser.value)
+    errors = Counter(kind for kind, _, _ in problems)
+    if not seen_family:
+        errors["no_vllm_families"] += 1
+    return list(out.values()), engines, errors
 
 
 def process_tree(pid: int) -> list[int]:
@@ -149,34 +221,81 @@ def process_tree(pid: int) -> list[int]:
     return [root.pid, *(p.pid for p in root.children(recursive=True))]
 
 
+ACCEPT = "text/plain;version=0.0.4;q=0.9,*/*;q=0.1"
+MAX_BODY_BYTES = 8 * 1024 * 1024  # the guard's own scrape default
+_SSL = httpx.create_ssl_context()  # built once: building one per fetch costs ~30 ms
+
+
+class FetchFailed(Exception):
+    def __init__(self, kind: str, msg: str) -> None:
+        super().__init__(msg)
+        self.kind = kind
+
+
+async def _fetch_page(url: str, timeout_s: float, max_body_bytes: int) -> str:
+    """vLLM's page, complete within ``timeout_s`` in total, or FetchFailed. As in
+    ``sla_guard.ingest.scrape``: httpx's timeout bounds each read, so a page dripped a line a
+    second would never time out; ``asyncio.timeout`` bounds the whole call. The body is streamed
+    and abandoned past ``max_body_bytes`` (an endless page must not grow the sidecar)."""
+    try:
+        async with (asyncio.timeout(timeout_s),
+                    httpx.AsyncClient(timeout=timeout_s, verify=_SSL, headers={"Accept": ACCEPT}) as client,
+                    client.stream("GET", url) as resp):
+            if resp.status_code != 200:
+                raise FetchFailed("scrape", f"HTTP {resp.status_code}")
+            declared = resp.headers.get("content-length", "")
+            if declared.isdigit() and int(declared) > max_body_bytes:
+                raise FetchFailed("too_large", f"Content-Length {declared} > {max_body_bytes} bytes")
+            chunks, size = [], 0
+            async for chunk in resp.aiter_bytes():
+                size += len(chunk)
+                if size > max_body_bytes:
+                    raise FetchFailed("too_large", f"body over {max_body_bytes} bytes")
+                chunks.append(chunk)
+    except (TimeoutError, httpx.TimeoutException) as err:
+        raise FetchFailed("timeout", f"no complete answer within {timeout_s:g}s") from err
+    except httpx.HTTPError as err:
+        raise FetchFailed("scrape", f"{type(err).__name__}: {err}") from err
+    try:
+        return b"".join(chunks).decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise FetchFailed("parse", f"not UTF-8: {err}") from err
+
+
 class SidecarCollector(Collector):
-    """Scrape-time pass-through: vLLM /metrics + the process tree -> contract families."""
+    """Scrape-time pass-through: vLLM /metrics + the process tree -> contract families.
 
-    def __init__(self, metrics_url: str, model: str, pool: str, pid: int | None, timeout_s: float = 3.0) -> None:
+    Each collect fetches on its own with a total deadline and holds no lock across the fetch, so
+    concurrent scrapes of the sidecar each end by ``timeout_s`` instead of queueing behind a slow
+    vLLM; any failure leaves the engine series absent (unknown) and is counted by kind."""
+
+    def __init__(self, metrics_url: str, model: str, pool: str, pid: int | None, timeout_s: float = 3.0,
+                 max_body_bytes: int = MAX_BODY_BYTES) -> None:
         self.url, self.model, self.pool, self.pid, self.timeout_s = metrics_url, model, pool, pid, timeout_s
+        self.max_body_bytes = max_body_bytes
         self.errors: dict[str, int] = {}
-        self._client = httpx.Client(timeout=timeout_s)
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # guards ``errors`` only
 
-    def _error(self, kind: str, exc: BaseException) -> None:
-        n = self.errors.get(kind, 0)
-        self.errors[kind] = n + 1
-        if n == 0:
-            log.warning("sidecar %s error (logged once per kind): %r", kind, exc)
+    def _error(self, kind: str, exc: BaseException | str, n: int = 1) -> None:
+        with self._lock:
+            first = kind not in self.errors
+            self.errors[kind] = self.errors.get(kind, 0) + n
+        if first:
+            log.warning("sidecar %s error (logged once per kind): %s", kind, exc)
 
     def collect(self) -> Iterator[Metric]:
-        with self._lock:
-            yield from self._collect()
-
-    def _collect(self) -> Iterable[Metric]:
+        fams: list[Metric] = []
         engines: set[str] = set()
         try:
-            r = self._client.get(self.url)
-            r.raise_for_status()
-            families, engines = map_exposition(r.text, self.model, self.pool)
-            yield from families
-        except Exception as e:  # dead or broken target: engine series absent, counted
-            self._error("scrape", e)
+            text = asyncio.run(_fetch_page(self.url, self.timeout_s, self.max_body_bytes))
+            fams, engines, problems = map_exposition(text, self.model, self.pool)
+            for kind, n in problems.items():
+                self._error(kind, f"{n} vLLM families dropped from {self.url}", n)
+        except FetchFailed as e:
+            self._error(e.kind, e)
+        except Exception as e:  # unparsable page (prometheus_client's parser raises ValueError and others)
+            self._error("parse", e)
+        yield from fams
         info = _family(c.ENGINE_INFO)
         for e in sorted(engines):
             info.add_metric([self.model, self.pool, e, "", "", "", "", "", str(len(engines))], 1.0)
@@ -187,7 +306,9 @@ class SidecarCollector(Collector):
             except Exception as e:
                 self._error("process", e)
         errors = _family(c.HOOK_ERRORS)
-        for kind, n in sorted(self.errors.items()):
+        with self._lock:
+            counts = sorted(self.errors.items())
+        for kind, n in counts:
             errors.add_metric([self.model, self.pool, kind], float(n))
         yield errors
 
@@ -211,7 +332,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--model", required=True, help="model label (vLLM's served model name)")
     ap.add_argument("--pid", type=int, default=None, help="PID of the vLLM server; its process tree is sampled")
     ap.add_argument("--listen", default="127.0.0.1:9400", help="HOST:PORT for the sidecar's /metrics")
-    ap.add_argument("--timeout", type=float, default=3.0, help="seconds to wait for vLLM's /metrics")
+    ap.add_argument("--timeout", type=float, default=3.0,
+                    help="total seconds for one fetch of vLLM's /metrics (connect, headers and body)")
+    ap.add_argument("--max-body-bytes", type=int, default=MAX_BODY_BYTES,
+                    help="largest vLLM page read; a larger one is abandoned and counted (kind=too_large)")
     a = ap.parse_args(argv)
     if not a.metrics_url.startswith(("http://", "https://")):
         ap.error(f"--metrics-url must be an http(s) URL, got {a.metrics_url!r}")
@@ -223,12 +347,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         ap.error(f"--pid {a.pid}: no such process (pass the vLLM server's PID)")
     if a.timeout <= 0:
         ap.error("--timeout must be > 0 seconds")
+    if a.max_body_bytes < 1024:
+        ap.error("--max-body-bytes must be >= 1024")
     return a
 
 
 def build_registry(a: argparse.Namespace) -> CollectorRegistry:
     reg = CollectorRegistry()
-    reg.register(SidecarCollector(a.metrics_url, a.model, a.pool, a.pid, a.timeout))
+    reg.register(SidecarCollector(a.metrics_url, a.model, a.pool, a.pid, a.timeout, a.max_body_bytes))
     return reg
 
 

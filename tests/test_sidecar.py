@@ -7,6 +7,7 @@ same sidecar against a live vLLM is in tests/test_vllm_sidecar.py.
 
 from __future__ import annotations
 
+import itertools
 import subprocess
 import sys
 import threading
@@ -20,7 +21,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporters import contract as c
-from exporters.sidecar import map_exposition
+from exporters.sidecar import SidecarCollector, map_exposition
 
 FIXTURE = (Path(__file__).parent / "fixtures" / "vllm_exposition.txt").read_text()
 SIDECAR = Path(sys.executable).parent / "sla-guard-sidecar"
@@ -48,7 +49,8 @@ def mapped_samples() -> dict:
     from prometheus_client import CollectorRegistry, generate_latest
     from prometheus_client.registry import Collector
 
-    fams, engines = map_exposition(FIXTURE, "m", "decode")
+    fams, engines, problems = map_exposition(FIXTURE, "m", "decode")
+    assert not problems  # the recorded vLLM page maps cleanly
 
     class Fixed(Collector):
         def collect(self):
@@ -88,27 +90,50 @@ def test_documented_limits_itl_has_no_20ms_boundary_and_source_renamed():
 
 
 class _FakeVllm:
-    """A real HTTP server answering /metrics with the recorded exposition."""
+    """A real HTTP server answering /metrics with ``body`` (the recorded exposition by default).
+    ``drip_s``: the body one line per ``drip_s`` seconds and then comment lines forever (a page that
+    never finishes); ``endless``: samples streamed forever without a Content-Length."""
 
-    def __init__(self) -> None:
-        body = FIXTURE.encode()
+    def __init__(self, body: str = FIXTURE, *, drip_s: float | None = None, endless: bool = False) -> None:
+        data = body.encode()
+        stop = self.stopping = threading.Event()
 
         class H(BaseHTTPRequestHandler):
             def do_GET(self):
                 self.send_response(200)
                 self.send_header("Content-Type", "text/plain; version=0.0.4")
-                self.send_header("Content-Length", str(len(body)))
+                if drip_s is None and not endless:
+                    self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
-                self.wfile.write(body)
+                try:
+                    if drip_s is not None:
+                        for line in itertools.chain(data.splitlines(keepends=True), itertools.repeat(b"# more\n")):
+                            if stop.is_set():
+                                return
+                            self.wfile.write(line)
+                            self.wfile.flush()
+                            time.sleep(drip_s)
+                    elif endless:
+                        i = 0
+                        while not stop.is_set():
+                            self.wfile.write(b"".join(b'vllm:num_requests_running{engine="%d"} 1\n' % (i + k)
+                                                      for k in range(1000)))
+                            i += 1000
+                    else:
+                        self.wfile.write(data)
+                except OSError:
+                    pass  # the sidecar gave up on us: that is the point
 
             def log_message(self, *a):
                 pass
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.httpd.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/metrics"
         threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
 
     def stop(self) -> None:
+        self.stopping.set()
         self.httpd.shutdown()
         self.httpd.server_close()
 
@@ -180,8 +205,151 @@ def one_or_zero(samples, name, **labels) -> float:
     (["--pool", "bogus"], "--pool"),
     (["--pool", "decode", "--listen", "nowhere"], "--listen"),
     (["--pool", "decode", "--pid", "999999999"], "--pid"),
+    (["--pool", "decode", "--max-body-bytes", "10"], "--max-body-bytes"),
 ])
 def test_bad_arguments_name_the_flag(args, flag):
     out = subprocess.run([str(SIDECAR), "--metrics-url", "http://127.0.0.1:1/metrics", "--model", "m", *args],
                          capture_output=True, text=True, timeout=30)
     assert out.returncode == 2 and flag in out.stderr, out.stderr
+
+
+# --- a broken vLLM page reads "unknown", is counted, and never stalls or bloats the sidecar ----
+
+
+def _serve_sidecar(vllm_url: str, **kw) -> tuple[str, object]:
+    """The collector behind prometheus_client's real threaded /metrics server, as main() runs it."""
+    from prometheus_client import CollectorRegistry, start_http_server
+
+    reg = CollectorRegistry()
+    reg.register(SidecarCollector(vllm_url, "m", "decode", None, **kw))
+    port = _free_port()
+    server, _ = start_http_server(port, addr="127.0.0.1", registry=reg)
+    return f"http://127.0.0.1:{port}/metrics", server
+
+
+def _sidecar_page(body: str) -> tuple[dict, str]:
+    """One sidecar scrape of a vLLM serving ``body`` -> (parsed samples, raw text)."""
+    vllm = _FakeVllm(body)
+    url, server = _serve_sidecar(vllm.url)
+    try:
+        text = httpx.get(url, timeout=10).text
+        return parse(text), text
+    finally:
+        server.shutdown()
+        vllm.stop()
+
+
+def _errors(samples: dict, kind: str) -> float:
+    return one_or_zero(samples, c.HOOK_ERRORS.series(), kind=kind)
+
+
+def test_page_that_never_finishes_fails_at_the_total_deadline_without_queueing_scrapes():
+    """httpx's timeout bounds each read, so a page dripped a line every 0.1 s never timed out and a
+    lock held across the fetch queued every other scrape behind it: 4 concurrent scrapes must each
+    end by the 1 s deadline (not 4 s serially, not never), with the engine series absent."""
+    vllm = _FakeVllm(drip_s=0.1)
+    url, server = _serve_sidecar(vllm.url, timeout_s=1.0)
+    results: list[tuple[float, str]] = []
+
+    def scrape() -> None:
+        t0 = time.monotonic()
+        text = httpx.get(url, timeout=30).text
+        results.append((time.monotonic() - t0, text))
+
+    threads = [threading.Thread(target=scrape, daemon=True) for _ in range(4)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(15)
+        assert len(results) == 4, "sidecar scrapes hung on a page that never finishes"
+        assert max(d for d, _ in results) < 2.5, [round(d, 2) for d, _ in results]
+        last = parse(results[-1][1])
+        assert _errors(last, "timeout") >= 1
+        assert not pick(last, c.REQUEST_TTFT.series("_count")) and not pick(last, c.ENGINE_INFO.series())
+    finally:
+        server.shutdown()
+        vllm.stop()
+
+
+@pytest.mark.parametrize("endless", [True, False], ids=["streamed-endless", "content-length"])
+def test_page_over_max_body_bytes_is_abandoned_and_counted(endless):
+    """An endless page grew the sidecar to 2.3 GB: the body is streamed and abandoned past
+    --max-body-bytes (or refused by its Content-Length), counted as too_large, nothing exported."""
+    vllm = _FakeVllm(endless=endless)
+    url, server = _serve_sidecar(vllm.url, timeout_s=20.0, max_body_bytes=len(FIXTURE) // 2)
+    try:
+        t0 = time.monotonic()
+        got = parse(httpx.get(url, timeout=30).text)
+        assert time.monotonic() - t0 < 5.0  # abandoned at the limit, not read until the deadline
+        assert _errors(got, "too_large") == 1 and _errors(got, "timeout") == 0
+        assert not pick(got, c.REQUESTS_RUNNING.series()) and not pick(got, c.REQUEST_TTFT.series("_count"))
+    finally:
+        server.shutdown()
+        vllm.stop()
+
+
+TTFT = "vllm:time_to_first_token_seconds"
+
+
+def _ttft(engine: str, buckets: dict[str, float], count: float, total: float = 10.0) -> str:
+    rows = [f'{TTFT}_bucket{{engine="{engine}",le="{le}",model_name="m"}} {v}' for le, v in buckets.items()]
+    return "\n".join([*rows, f'{TTFT}_count{{engine="{engine}",model_name="m"}} {count}',
+                      f'{TTFT}_sum{{engine="{engine}",model_name="m"}} {total}'])
+
+
+def test_histogram_without_inf_bucket_or_disagreeing_count_is_dropped_not_miscounted():
+    """Without +Inf the contract's _count came from the last finite bucket (3 where vLLM counted
+    10: attainment 100 %). Engine 0 has no +Inf, engine 2 a +Inf that disagrees with _count:
+    both read absent and count malformed_histogram; the sound engine 1 passes through exactly."""
+    page = "\n".join([f"# TYPE {TTFT} histogram",
+                      _ttft("0", {"1.0": 2, "2.5": 3}, 10),
+                      _ttft("1", {"1.0": 2, "2.5": 3, "+Inf": 10}, 10),
+                      _ttft("2", {"1.0": 2, "2.5": 3, "+Inf": 3}, 10), ""])
+    got, _ = _sidecar_page(page)
+    assert not pick(got, c.REQUEST_TTFT.series("_count"), engine="0")
+    assert not pick(got, c.REQUEST_TTFT.series("_bucket"), engine="2")
+    assert one(got, c.REQUEST_TTFT.series("_count"), engine="1") == 10
+    assert one(got, c.REQUEST_TTFT.series("_bucket"), engine="1", le="2.5") == 3
+    assert _errors(got, "malformed_histogram") == 2
+
+
+def test_two_models_on_one_engine_collide_and_are_dropped_not_duplicated():
+    """model_name is not kept (the contract's model is --model), so two vLLM models on engine 0 map
+    to the same contract series: exported twice they were 3 and 7 under identical labels. They
+    are dropped and counted as label_collision; engine 1 with one model still passes through."""
+    page = "\n".join([
+        "# TYPE vllm:num_requests_running gauge",
+        'vllm:num_requests_running{engine="0",model_name="a"} 3.0',
+        'vllm:num_requests_running{engine="0",model_name="b"} 7.0',
+        'vllm:num_requests_running{engine="1",model_name="a"} 4.0',
+        f"# TYPE {TTFT} histogram",
+        _ttft("0", {"2.5": 1, "+Inf": 1}, 1).replace('model_name="m"', 'model_name="a"'),
+        _ttft("0", {"2.5": 0, "+Inf": 5}, 5).replace('model_name="m"', 'model_name="b"'), ""])
+    got, text = _sidecar_page(page)
+    lines = [ln.rsplit(" ", 1)[0] for ln in text.splitlines() if not ln.startswith("#")]
+    assert len(lines) == len(set(lines)), "duplicate series on the sidecar's page"
+    assert not pick(got, c.REQUESTS_RUNNING.series(), engine="0")
+    assert not pick(got, c.REQUEST_TTFT.series("_count"), engine="0")
+    assert one(got, c.REQUESTS_RUNNING.series(), engine="1") == 4
+    assert _errors(got, "label_collision") == 2  # two families on engine 0
+
+
+def test_renamed_labels_unknown_values_and_foreign_pages_are_counted():
+    """A renamed label (reason instead of finished_reason) or an unknown value (source=kv_transfer)
+    used to vanish silently, and so did a page with no vLLM family at all: each is now counted, and
+    the affected family reads absent rather than as a partial total."""
+    page = "\n".join([
+        "# TYPE vllm:request_success_total counter",
+        'vllm:request_success_total{engine="0",reason="stop",model_name="m"} 10.0',
+        "# TYPE vllm:prompt_tokens_by_source_total counter",
+        'vllm:prompt_tokens_by_source_total{engine="0",model_name="m",source="local_compute"} 100.0',
+        'vllm:prompt_tokens_by_source_total{engine="0",model_name="m",source="kv_transfer"} 900.0',
+        "# TYPE vllm:generation_tokens_total counter",
+        'vllm:generation_tokens_total{engine="0",model_name="m"} 5.0', ""])
+    got, _ = _sidecar_page(page)
+    assert _errors(got, "unmapped_label") == 2
+    assert not pick(got, c.REQUESTS_FINISHED.series()) and not pick(got, c.PROMPT_TOKENS.series())
+    assert one(got, c.GENERATION_TOKENS.series(), engine="0") == 5  # the rest of the page still maps
+    foreign, _ = _sidecar_page("# TYPE python_info gauge\npython_info{version=\"3.11\"} 1.0\n")
+    assert _errors(foreign, "no_vllm_families") == 1 and not pick(foreign, c.ENGINE_INFO.series())
