@@ -21,9 +21,9 @@ from alerts import promql as q
 from alerts.params import RuleParams, fmt_duration
 from exporters import contract as c
 from exporters.contract import Metric
+from exporters.label_text import any_of_literal, string_literal
 from sla_guard.burn_windows import burn_rules
 from sla_guard.config import SLO, GuardConfig, Objective, SLOSet, parse_duration
-from sla_guard.promql import any_of_literal, string_literal
 
 LABELS = ("model", "pool")
 SLO_LABELS = ("model", "pool", "slo")

@@ -633,11 +633,13 @@ def deployment_problems(cfg: GuardConfig) -> list[Problem]:
         for si, s in enumerate(cfg.slos):
             for oi, o in enumerate(s.objectives):
                 w = parse_duration(o.window)
-                if o.objective is not Objective.ATTAINMENT and w < 2 * src.interval_s:
-                    # a window's increase needs two scrapes in it: shorter, the objective is unknown for good
+                if o.objective is not Objective.ATTAINMENT and w < src.interval_s:
+                    # a window's increase needs two scrapes in it; under one interval it never holds two,
+                    # and the objective is unknown for good (Prometheus advises 2-4 intervals)
                     out.append((f"slos.{si}.objectives.{oi}.window",
-                                f"{o.window} holds fewer than two scrapes (interval_s {src.interval_s:g}s), so "
-                                f"the objective could never be judged; use at least {_fmt_s(2 * src.interval_s)}"))
+                                f"{o.window} is shorter than one scrape interval (interval_s {src.interval_s:g}s): "
+                                f"it never holds two scrapes, so the objective could never be judged; use at "
+                                f"least {_fmt_s(2 * src.interval_s)}"))
                 if w > keep:
                     need = math.ceil(w / src.interval_s)
                     out.append((f"slos.{si}.objectives.{oi}.window",

@@ -19,34 +19,13 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 __all__ = [
-    "any_of_literal",
     "bucket_quantile",
     "counter_delta",
     "extrapolated_rate",
     "extrapolated_rate_matrix",
     "mean_from_sum_count",
-    "string_literal",
     "weighted_ratio",
 ]
-
-
-# -- label values in PromQL text (the guard's queries, the generated rules) -----------------------
-
-_RE2_META = frozenset("\\.+*?()|[]{}^$")
-
-
-def string_literal(value: str) -> str:
-    """``value`` as a double-quoted PromQL string: a model named ``we"ird`` must not end the
-    string (the generated rules failed promtool on it)."""
-    return '"' + value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
-
-
-def any_of_literal(values: Sequence[str]) -> str:
-    """A PromQL string holding an RE2 regex that matches exactly one of ``values``: each value's
-    metacharacters escaped, since a ``model!~"qwen2.5"`` also excluded ``qwen2x5`` (its dot
-    matches anything) and that model was never alerted on."""
-    return string_literal("|".join("".join("\\" + ch if ch in _RE2_META else ch for ch in v)
-                                   for v in sorted(set(values))))
 
 
 def extrapolated_rate_matrix(t: np.ndarray, v: np.ndarray, range_start: float, range_end: float,

@@ -125,10 +125,10 @@ def test_a_setting_the_objective_does_not_read_is_refused():
     assert "slos.0.objectives.1" in msg and "'percentile' does not use target" in msg
 
 
-def test_a_window_shorter_than_two_scrapes_is_a_deployment_problem(tmp_path):
+def test_a_window_shorter_than_a_scrape_interval_is_a_deployment_problem(tmp_path):
     f = tmp_path / "g.yaml"
     f.write_text("source: {interval_s: 5, targets: [{url: 'http://127.0.0.1:9/metrics'}]}\n"
                  "slos: [{objectives: [{name: m, indicator: ttft, objective: mean, threshold_s: 2.5, "
                  "window: 1ms}]}]\n")
-    with pytest.raises(ConfigError, match=r"slos.0.objectives.0.window.*fewer than two scrapes.*at least 10s"):
+    with pytest.raises(ConfigError, match=r"slos.0.objectives.0.window.*never holds two scrapes.*at least 10s"):
         load_config(f)

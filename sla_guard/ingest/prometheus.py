@@ -24,6 +24,7 @@ import httpx
 import numpy as np
 
 from exporters import contract as c
+from exporters.label_text import string_literal
 from exporters.prometheus import ContractMetrics
 from sla_guard import promql
 from sla_guard.config import PrometheusSource as PrometheusConfig
@@ -36,7 +37,7 @@ log = logging.getLogger("sla_guard.ingest.prometheus")
 
 def selector(metric: str, matchers: Mapping[str, str], extra: str = "") -> str:
     """``metric{a="x",...}`` with values escaped; ``extra`` is raw matcher text from config."""
-    parts = [f"{k}={promql.string_literal(v)}" for k, v in sorted(matchers.items())]
+    parts = [f"{k}={string_literal(v)}" for k, v in sorted(matchers.items())]
     if extra:
         parts.append(extra)
     return f"{metric}{{{','.join(parts)}}}" if parts else metric
