@@ -10,6 +10,7 @@ Names follow Prometheus conventions (base units, ``_total`` for counters, ``_sec
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -340,6 +341,11 @@ def bucket_override(metric: Metric, env: dict[str, str] | None = None) -> tuple[
     try:
         extra = [float(x) for x in env[metric.slo_threshold_env].split(",") if x.strip()]
     except ValueError:
+        # said, not only ignored: the guard would then judge an attainment SLO at a threshold the
+        # engines' histograms lack (its config check names the bucket to add)
+        logging.getLogger("sla_guard.contract").warning(
+            "%s=%r is not a comma-separated list of seconds; %s keeps the contract's buckets",
+            metric.slo_threshold_env, env[metric.slo_threshold_env], metric.name)
         return metric.buckets
     return buckets_with(metric.buckets, *extra)
 
