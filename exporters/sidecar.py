@@ -44,6 +44,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
 from exporters import contract as c
+from exporters.page_read import PageNotText, PageTooLarge, read_page
 from exporters.process_collector import families, snapshot_rows
 from exporters.process_sampler import take_snapshot
 
@@ -243,23 +244,15 @@ async def _fetch_page(url: str, timeout_s: float, max_body_bytes: int) -> str:
                     client.stream("GET", url) as resp):
             if resp.status_code != 200:
                 raise FetchFailed("scrape", f"HTTP {resp.status_code}")
-            declared = resp.headers.get("content-length", "")
-            if declared.isdigit() and int(declared) > max_body_bytes:
-                raise FetchFailed("too_large", f"Content-Length {declared} > {max_body_bytes} bytes")
-            chunks, size = [], 0
-            async for chunk in resp.aiter_bytes():
-                size += len(chunk)
-                if size > max_body_bytes:
-                    raise FetchFailed("too_large", f"body over {max_body_bytes} bytes")
-                chunks.append(chunk)
+            return await read_page(resp, max_body_bytes)
+    except PageTooLarge as err:
+        raise FetchFailed("too_large", str(err)) from err
+    except PageNotText as err:
+        raise FetchFailed("parse", str(err)) from err
     except (TimeoutError, httpx.TimeoutException) as err:
         raise FetchFailed("timeout", f"no complete answer within {timeout_s:g}s") from err
     except httpx.HTTPError as err:
         raise FetchFailed("scrape", f"{type(err).__name__}: {err}") from err
-    try:
-        return b"".join(chunks).decode("utf-8")
-    except UnicodeDecodeError as err:
-        raise FetchFailed("parse", f"not UTF-8: {err}") from err
 
 
 class SidecarCollector(Collector):

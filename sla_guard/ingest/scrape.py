@@ -25,6 +25,7 @@ from collections.abc import Callable
 import httpx
 
 from exporters import contract as c
+from exporters.page_read import PageNotText, PageTooLarge, read_page
 from exporters.prometheus import ContractMetrics
 from exporters.routers import translate
 from sla_guard.config import ScrapeSource as ScrapeConfig
@@ -182,25 +183,17 @@ class Scraper:
             async with self._client.stream("GET", url, timeout=self.cfg.timeout_s) as resp:
                 if resp.status_code != 200:
                     raise ScrapeFailed("http_status", f"HTTP {resp.status_code}")
-                declared = resp.headers.get("content-length")
-                if declared and declared.isdigit() and int(declared) > limit:
-                    raise ScrapeFailed("too_large", f"Content-Length {declared} > {limit} bytes")
-                chunks, size = [], 0
-                async for chunk in resp.aiter_bytes():
-                    size += len(chunk)
-                    if size > limit:
-                        raise ScrapeFailed("too_large", f"body over {limit} bytes")
-                    chunks.append(chunk)
+                return await read_page(resp, limit)
+        except PageTooLarge as err:
+            raise ScrapeFailed("too_large", str(err)) from err
+        except PageNotText as err:
+            raise ScrapeFailed("parse", str(err)) from err
         except httpx.TimeoutException as err:
             raise ScrapeFailed("timeout", f"no answer within {self.cfg.timeout_s}s") from err
         except httpx.ConnectError as err:
             raise ScrapeFailed("connect", str(err) or "connection refused") from err
         except httpx.HTTPError as err:
             raise ScrapeFailed("http", f"{type(err).__name__}: {err}") from err
-        try:
-            return b"".join(chunks).decode("utf-8")
-        except UnicodeDecodeError as err:
-            raise ScrapeFailed("parse", f"not UTF-8: {err}") from err
 
     def _up(self, name: str, target: Target, ts: float, value: float) -> None:
         # own group, so the target's staleness marker does not hide its up=0

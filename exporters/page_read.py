@@ -1,0 +1,32 @@
+"""Reading a /metrics page whole, within a size bound: the guard's scraper and the sidecar both
+stream the body and give up past the limit, so an endless or huge page can grow neither."""
+
+from __future__ import annotations
+
+import httpx
+
+
+class PageTooLarge(Exception):
+    """The page is over the size limit (declared in Content-Length, or counted while streaming)."""
+
+
+class PageNotText(Exception):
+    """The page is not UTF-8 text."""
+
+
+async def read_page(resp: httpx.Response, limit: int) -> str:
+    """The whole body of a streamed response as text; PageTooLarge past ``limit`` bytes (never
+    buffered beyond it), PageNotText if it is not UTF-8. The caller bounds the total time."""
+    declared = resp.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise PageTooLarge(f"Content-Length {declared} > {limit} bytes")
+    chunks, size = [], 0
+    async for chunk in resp.aiter_bytes():
+        size += len(chunk)
+        if size > limit:
+            raise PageTooLarge(f"body over {limit} bytes")
+        chunks.append(chunk)
+    try:
+        return b"".join(chunks).decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise PageNotText(f"not UTF-8: {err}") from None
