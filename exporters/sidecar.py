@@ -149,6 +149,7 @@ def map_exposition(text: str, model: str, pool: str) -> tuple[list[Metric], set[
       ``model`` is ``--model`` (the guard overrides page labels too unless ``honor_labels``), so
       vLLM's ``model_name`` is not kept: two models on one engine cannot be told apart;
     * ``malformed_histogram``: see ``_histogram_ok``;
+    * ``bad_value``: a negative or non-finite counter or gauge value;
     * ``no_vllm_families``: the page parsed but holds no family the sidecar maps (wrong URL).
     An unparsable page raises ``ValueError``.
     """
@@ -187,6 +188,10 @@ def map_exposition(text: str, model: str, pool: str) -> tuple[list[Metric], set[
             if not hist:
                 if ser.value is not None:  # the same series twice
                     problems.add(("label_collision", fam.name, engine))
+                if not (math.isfinite(s.value) and s.value >= 0):
+                    # every mapped counter and gauge is a count, a ratio or a size: a negative or
+                    # non-finite one would be read as a value (requests_running -5)
+                    problems.add(("bad_value", fam.name, engine))
                 ser.value = s.value
             elif s.name.endswith("_bucket"):
                 le = s.labels.get("le", "")

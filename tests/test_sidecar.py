@@ -335,6 +335,21 @@ def test_two_models_on_one_engine_collide_and_are_dropped_not_duplicated():
     assert _errors(got, "label_collision") == 2  # two families on engine 0
 
 
+def test_negative_or_nan_counts_and_gauges_are_dropped_and_counted():
+    """A running-requests gauge of -5 (or NaN) was passed through and read as a value; every
+    mapped counter and gauge is a count, ratio or size, so it reads absent and counts bad_value."""
+    page = "\n".join([
+        "# TYPE vllm:num_requests_running gauge",
+        'vllm:num_requests_running{engine="0",model_name="m"} -5.0',
+        'vllm:num_requests_running{engine="1",model_name="m"} 4.0',
+        'vllm:num_requests_running{engine="2",model_name="m"} NaN', ""])
+    got, _ = _sidecar_page(page)
+    assert not pick(got, c.REQUESTS_RUNNING.series(), engine="0")
+    assert not pick(got, c.REQUESTS_RUNNING.series(), engine="2")
+    assert one(got, c.REQUESTS_RUNNING.series(), engine="1") == 4
+    assert _errors(got, "bad_value") == 2
+
+
 def test_renamed_labels_unknown_values_and_foreign_pages_are_counted():
     """A renamed label (reason instead of finished_reason) or an unknown value (source=kv_transfer)
     used to vanish silently, and so did a page with no vLLM family at all: each is now counted, and
