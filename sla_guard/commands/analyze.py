@@ -88,11 +88,12 @@ def _increments_arg(p: argparse.ArgumentParser) -> None:
                    help="the counter columns hold per-interval counts (an increase() export), not cumulative counters")
 
 
-def _ts(text: str) -> float:
+def _ts(text: str) -> tuple[float, bool]:
+    """(seconds or a number in the file's unit, whether it was ISO 8601)."""
     try:
-        return float(text)
+        return float(text), False
     except ValueError:
-        return datetime.fromisoformat(text.strip().replace("Z", "+00:00")).timestamp()
+        return datetime.fromisoformat(text.strip().replace("Z", "+00:00")).timestamp(), True
 
 
 # seconds per unit of a numeric timestamp
@@ -139,13 +140,16 @@ def read_csv(path: Path, required: tuple[str, ...], optional: tuple[str, ...] = 
                         cols[c].append(math.nan)
                         continue
                     try:
-                        val = _ts(raw) if c == "timestamp" else float(raw)
+                        if c == "timestamp":
+                            val, was_iso = _ts(raw)
+                            iso = iso or was_iso
+                        else:
+                            val = float(raw)
                     except ValueError:
                         raise InputError(f"{path}: row {row_no}, column {c}: {raw!r} is not a number"
                                          + (" or ISO 8601 time" if c == "timestamp" else "")) from None
                     if not math.isfinite(val):
                         raise InputError(f"{path}: row {row_no}, column {c}: {raw!r} is not finite")
-                    iso = iso or (c == "timestamp" and not _is_number(raw))
                     cols[c].append(val)
     except OSError as err:
         raise InputError(f"cannot read {path}: {err.strerror or err}") from None
@@ -159,14 +163,6 @@ def read_csv(path: Path, required: tuple[str, ...], optional: tuple[str, ...] = 
     out["timestamp"] = out["timestamp"] * TIME_UNITS[unit]
     return out, {"timestamp_unit": "iso8601" if iso else unit, "rows_skipped": sum(skipped.values()),
                  "rows_skipped_by_column": skipped}
-
-
-def _is_number(text: str) -> bool:
-    try:
-        float(text)
-    except ValueError:
-        return False
-    return True
 
 
 def _bytes_column(path: Path, name: str, v: np.ndarray) -> None:
