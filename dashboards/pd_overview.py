@@ -22,8 +22,9 @@ def client_panels(p: Panels, config: GuardConfig) -> None:
          mean_and_percentiles(c.CLIENT_TTFT, ["model"], cs), "s", sla=ttft_sla, w=8)
     p.ts("Client TPOT", "Time per output token after the first, measured at the router.",
          mean_and_percentiles(c.CLIENT_TPOT, ["model"], cs), "s", sla=slo_thresholds(config, Indicator.TPOT), w=8)
-    p.ts("Client requests by outcome", "Requests per second the router finished: ok, error (an engine or a "
-         "leg failed), aborted (the client went away).",
+    p.ts("Client requests by outcome", "Requests per second the router finished: ok, error (the service "
+         "failed it: 5xx, 429, a failed leg), client_error (a 4xx that was the client's own mistake), aborted "
+         "(the client went away).",
          [q(pq.sum_by(["model", "outcome"], pq.rate(c.CLIENT_REQUESTS, RATE, matchers=cs)), "{{model}} {{outcome}}")],
          "reqps", w=8)
     p.ts("Client request duration", "Arrival at the router to the last byte sent: mean, p50, p90, p99.",

@@ -57,11 +57,36 @@ class Route(StrEnum):
 
 
 class Outcome(StrEnum):
-    """How a request ended, as the client saw it."""
+    """How a request ended, as the client saw it. Only ``error`` is the service failing:
+    ``client_error`` and ``aborted`` are the client's doing, so an error rate charged to the
+    operator is ``error / (ok + error)``."""
 
     OK = "ok"
-    ERROR = "error"  # an engine or the router answered with an error status, or a leg failed
+    # the service failed it: an engine or the router answered 5xx, 429 or 408 (see
+    # outcome_of_status), a leg failed (unreachable, past its deadline), or a stream broke or
+    # carried an error event after its 200
+    ERROR = "error"
+    # refused as the client's own mistake: a 4xx answer other than 408 and 429 (malformed body,
+    # prompt over max_model_len, unknown model, body too large, bad credentials)
+    CLIENT_ERROR = "client_error"
     ABORTED = "aborted"  # the client went away before the answer was complete
+
+
+# 4xx statuses that are the service's doing, not the client's. 429: the service refused load
+# (rate limit, overload). 408: the server timed out waiting for a request; behind a router the
+# request an engine waits for is the router's (it read the client's whole body before it called
+# any engine), so a 408 from an engine is a stall on the operator's side, and clients retry 408
+# as they retry 429 and 5xx.
+SERVICE_4XX: Final = frozenset({408, 429})
+
+
+def outcome_of_status(status: int) -> Outcome:
+    """The outcome of a request the client got a whole answer to, from that answer's HTTP status:
+    2xx ok, 4xx client_error (except ``SERVICE_4XX``), the rest error (a 3xx or 1xx final answer
+    from an engine is a broken deployment, not an answer). The one place that choice is made."""
+    if 400 <= status < 500 and status not in SERVICE_4XX:
+        return Outcome.CLIENT_ERROR
+    return Outcome.OK if 200 <= status < 300 else Outcome.ERROR
 
 
 class Stage(StrEnum):
@@ -178,7 +203,7 @@ CLIENT_TPOT = _m("client_tpot_seconds", Hi,
                  "s", CL, R, buckets=TPOT_BUCKETS, slo_threshold_env="SLA_GUARD_TPOT_SLO_S")
 CLIENT_E2E = _m("client_e2e_seconds", Hi, "Client request duration: router arrival to last byte sent.",
                 "s", CL, R, buckets=LATENCY_BUCKETS)
-CLIENT_REQUESTS = _m("client_requests", C, "Client requests by outcome=ok|error|aborted.", "1",
+CLIENT_REQUESTS = _m("client_requests", C, f"Client requests by outcome={'|'.join(Outcome)}.", "1",
                      (*CL, "outcome"), R)
 CLIENT_IN_FLIGHT = _m("client_requests_in_flight", Ga, "Client requests the router is serving now.", "1", CL, R,
                       multiprocess_mode="livesum")

@@ -128,13 +128,17 @@ class DecodeStream:
                     tokens = ev.completion_tokens
                 if ev.usage_only and not self.want_usage:
                     continue  # asked for by the proxy (TPOT needs completion_tokens), not by the client
-                yield raw
                 if ev.token:
+                    # Stamped when the token is handed to the client connection, before the yield: the
+                    # yield resumes only once the server's send() returns, and uvicorn's send() first
+                    # waits (flow control) for a slow reader to drain what is already buffered, so a
+                    # stamp after it counted the client's reading speed into TTFT (and TPOT).
                     last_at = time.perf_counter()
                     if first_at is None:
                         first_at = last_at
                         self.stats.first_token(first_at - self.stats.t0, self.prefill_leg_s,
                                                received - self.sent_at)
+                yield raw
                 if ev.done and not done:
                     # Settled once [DONE] is out: a client that hangs up now has its whole answer.
                     done = True
@@ -204,7 +208,9 @@ class Proxy:
         try:
             return await self._serve(request, path, body, rid, headers, stats)
         except LegFailed as e:
-            return TrackedResponse(e.content, e.status, e.media_type, headers, stats, Outcome.ERROR)
+            # an engine's 4xx (bad request, prompt over max_model_len, unknown model) is the client's
+            # mistake, not the service failing; 408/429/5xx and the proxy's 502/504 are errors
+            return TrackedResponse(e.content, e.status, e.media_type, headers, stats, c.outcome_of_status(e.status))
         except BaseException:
             stats.finish(Outcome.ERROR)
             raise

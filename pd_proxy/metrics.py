@@ -97,8 +97,9 @@ class ClientMetrics:
 
     @never_raises
     def rejected(self, model: str = UNKNOWN_MODEL) -> None:
-        """A request refused before it was served (bad body, too large): one error, nothing else."""
-        self.families[c.CLIENT_REQUESTS].labels(*self.labels(model), str(c.Outcome.ERROR)).inc()
+        """A request the proxy refused before it was served (400 not JSON, 413 too large): the
+        client's mistake, one client_error and nothing else."""
+        self.families[c.CLIENT_REQUESTS].labels(*self.labels(model), str(c.Outcome.CLIENT_ERROR)).inc()
 
     def request(self, model: str, t0: float, request_id: str = "") -> RequestStats:
         return RequestStats(self, model, t0, request_id)
@@ -147,8 +148,8 @@ class RequestStats:
 
     @never_raises
     def finish(self, outcome: c.Outcome, now: float | None = None) -> None:
-        """Outcome and in-flight always; e2e when the client got a whole answer (ok or error), not
-        when it left before the last byte."""
+        """Outcome and in-flight always; e2e when the client got a whole answer (ok, error or
+        client_error), not when it left before the last byte."""
         if self.finished:
             return
         self.finished = True

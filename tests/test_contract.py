@@ -46,6 +46,18 @@ def test_pool_from_kv_role(role, env, pool):
     assert c.pool_from_kv_role(role, env) == pool
 
 
+@pytest.mark.parametrize(("status", "outcome"), [
+    (200, "ok"), (400, "client_error"), (401, "client_error"), (404, "client_error"), (413, "client_error"),
+    (422, "client_error"), (408, "error"), (429, "error"), (500, "error"), (502, "error"), (503, "error"),
+    (504, "error"), (301, "error"),
+])
+def test_outcome_of_status_leaves_the_clients_own_mistakes_out_of_errors(status, outcome):
+    """4xx is the client's mistake, except 429 (the service refusing load) and 408 (behind a router
+    the request an engine waited for is the router's); the help text lists every outcome."""
+    assert c.outcome_of_status(status) == outcome
+    assert all(o.value in c.CLIENT_REQUESTS.help for o in c.Outcome)
+
+
 def test_recorder_exposes_contract_names_with_labels():
     reg = CollectorRegistry()
     rec = EngineRecorder(ContractMetrics(reg), "m", "decode", 1)

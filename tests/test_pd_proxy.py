@@ -43,7 +43,8 @@ class Engine:
     whole or streams ``tokens`` chunks (first after ``first_token_s``, then every ``itl_s``), then
     the usage chunk if asked, then ``[DONE]`` (unless ``send_done`` is off). Knobs: ``delay_s``
     before any answer, ``status`` / ``error`` for an error answer, ``stall_after`` tokens then
-    ``stall_s`` of silence. Records every request and whether the proxy hung up mid-stream."""
+    ``stall_s`` of silence, ``first_chunk_extra`` fields added to chat's first chunk. Records every
+    request and whether the proxy hung up mid-stream."""
 
     def __init__(self, role: str, name: str = "") -> None:
         self.role, self.name = role, name or role
@@ -58,6 +59,7 @@ class Engine:
         self.stall_after: int | None = None
         self.stall_s = 3.0
         self.send_done = True
+        self.first_chunk_extra: dict = {}  # more fields of chat's first (role) chunk
         self.hung_up = threading.Event()
         self.active = 0
         eng = self
@@ -123,7 +125,7 @@ class Engine:
 
         if chat:  # vLLM's first chat chunk: the role, no text
             event({"id": "d", "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}],
-                   "usage": None})
+                   "usage": None, **self.first_chunk_extra})
         time.sleep(self.first_token_s)
         for i in range(self.tokens):
             if i:
@@ -310,7 +312,8 @@ def test_engine_error_answers_pass_through_with_their_status_and_body(engines, p
     assert r.status_code == 503 and r.text == "overloaded" and r.headers["content-type"].startswith("text/plain")
     assert r.headers["x-request-id"]
     s = scrape(px.url)
-    assert value(s, c.CLIENT_REQUESTS.exposed, outcome="error", model="m1") == 2
+    assert value(s, c.CLIENT_REQUESTS.exposed, outcome="client_error", model="m1") == 1  # the 400
+    assert value(s, c.CLIENT_REQUESTS.exposed, outcome="error", model="m1") == 1  # the 503
     assert value(s, c.CLIENT_REQUESTS.exposed, outcome="ok") == 0
     assert value(s, c.CLIENT_IN_FLIGHT.name) == 0
     assert px.proxy.health()["in_flight"] == {"prefill": {p.url: 0}, "decode": {d.url: 0}}
@@ -401,8 +404,94 @@ def test_bad_bodies_are_400_and_413(engines, proxies):
     assert r.status_code == 413
     assert p.requests == [] and d.requests == []
     s = scrape(px.url)
-    assert value(s, c.CLIENT_REQUESTS.exposed, outcome="error", model="unknown") == 4
+    assert value(s, c.CLIENT_REQUESTS.exposed, outcome="client_error", model="unknown") == 4
+    assert value(s, c.CLIENT_REQUESTS.exposed, outcome="error") == 0
 
+
+def test_the_clients_own_4xx_is_client_error_not_an_error_of_the_service(engines, proxies):
+    """A request the engine refuses as malformed, a prompt over max_model_len, an unknown model, or
+    a body the proxy itself refuses (400 not JSON, 413) used to be counted outcome="error": the
+    client's mistakes burned the operator's error budget. They are client_error now, on either leg,
+    streamed or not; 429 (the service refusing load), 408 and 5xx stay errors."""
+    p, d = engines("prefill"), engines("decode")
+    px = proxies([p], [d], max_body_bytes=10_000)
+    too_long = (b'{"object": "error", "message": "This model\'s maximum context length is 2048 tokens. However, '
+                b'you requested 4096 tokens (1000 in the messages, 3096 in the completion).", '
+                b'"type": "BadRequestError", "param": null, "code": 400}', "application/json")
+    cases = [  # (engine that answers, status, streamed, outcome)
+        (p, 400, False, "client_error"),  # prompt over max_model_len
+        (p, 404, True, "client_error"),  # no such model
+        (d, 400, True, "client_error"),  # prompt + max_tokens over max_model_len: only decode sees max_tokens
+        (d, 422, False, "client_error"),
+        (p, 429, False, "error"),  # rate limited / overloaded: the service refusing load
+        (d, 429, True, "error"),
+        (p, 408, False, "error"),  # the engine waited for the proxy's request, not for the client's
+        (d, 500, False, "error"),
+        (p, 503, True, "error"),
+    ]
+    want = {"client_error": 0, "error": 0}
+    for eng, status, streamed, outcome in cases:
+        eng.status, eng.error = status, too_long
+        r = httpx.post(px.url + "/v1/completions", json={"model": "m", "prompt": "x", "stream": streamed},
+                       timeout=10)
+        assert r.status_code == status and r.content == too_long[0]  # passed through as it came
+        eng.status = 200
+        want[outcome] += 1
+        s = scrape(px.url)
+        got = {o: value(s, c.CLIENT_REQUESTS.exposed, outcome=o, model="m") for o in want}
+        assert got == want, (eng.role, status, streamed)
+    # the proxy's own refusals of a bad body
+    assert httpx.post(px.url + "/v1/completions", content=b"{oops", timeout=5).status_code == 400
+    assert httpx.post(px.url + "/v1/completions", json={"model": "m", "prompt": "x" * 20_000},
+                      timeout=5).status_code == 413
+    assert httpx.post(px.url + "/v1/completions", json={"model": "m", "prompt": "x"}, timeout=5).status_code == 200
+    s = scrape(px.url)
+    assert value(s, c.CLIENT_REQUESTS.exposed, outcome="client_error") == 4 + 2
+    assert value(s, c.CLIENT_REQUESTS.exposed, outcome="error") == 5
+    assert value(s, c.CLIENT_REQUESTS.exposed, outcome="ok") == 1
+    assert value(s, c.CLIENT_IN_FLIGHT.name) == 0
+    # every outcome the proxy records is one the contract defines
+    assert {dict(ls)["outcome"] for (n, ls), _ in s.items() if n == c.CLIENT_REQUESTS.exposed} <= set(c.Outcome)
+
+
+def test_client_ttft_ends_when_the_token_is_handed_to_the_connection_not_when_a_slow_client_reads_it(
+        engines, proxies):
+    """A client that does not read yet, on a link whose socket buffers are small (a real network's,
+    not loopback's autotuned MBs): the stream's first chunk (vLLM's chat role chunk carrying the
+    prompt's token ids, hundreds of KB for a long prompt) fills them, and uvicorn's send() of the next
+    event waits for the client to drain it. TTFT was stamped after that send returned, so it held the
+    client's reading time; it ends when the first token is handed to the connection now."""
+    p, d = engines("prefill"), engines("decode")
+    d.tokens = 3
+    d.first_chunk_extra = {"prompt_token_ids": [151644] * 40_000}  # ~320 KB, no generated text
+    px = proxies([p], [d])
+    # accepted connections inherit the listener's send buffer: 16 KB, not autotuned up to MBs
+    px.server.servers[0].sockets[0].setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 8192)
+    body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}).encode()
+    head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode()
+    hold_s = 1.5
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.connect(("127.0.0.1", px.port))
+        sock.sendall(head + body)
+        time.sleep(hold_s)  # the client reads nothing yet
+        sock.settimeout(10)
+        got = bytearray()
+        while chunk := sock.recv(1 << 20):
+            got += chunk
+    assert got.startswith(b"HTTP/1.1 200") and b"data: [DONE]" in got and got.count(b'"content": "t') == 3
+    deadline = time.monotonic() + 5
+    while value(s := scrape(px.url), c.CLIENT_REQUESTS.exposed, outcome="ok") < 1:
+        assert time.monotonic() < deadline, s
+        time.sleep(0.05)
+    # the proxy did wait for the client: its last byte went out once the client was reading
+    assert value(s, c.CLIENT_E2E.name + "_sum") >= hold_s * 0.9
+    ttft = value(s, c.CLIENT_TTFT.name + "_sum")
+    assert value(s, c.CLIENT_TTFT.name + "_count") == 1
+    assert ttft < hold_s / 2, f"TTFT {ttft:.3f} s holds the {hold_s} s the client took to start reading"
+    stages = sum(value(s, c.CLIENT_STAGE.name + "_sum", stage=st.value) for st in c.Stage)
+    assert stages == pytest.approx(ttft, abs=1e-6)
 
 # --- labels, balancing, robustness ----------------------------------------------------------------
 
@@ -630,7 +719,8 @@ def test_model_names_no_engine_serves_do_not_take_the_real_models_label(engines,
     by_model = {(dict(ls)["model"], dict(ls)["outcome"]): v for (n, ls), v in s.items()
                 if n == c.CLIENT_REQUESTS.exposed}
     assert by_model[("llama", "ok")] >= 2
-    assert sum(v for (m, _), v in by_model.items() if m.startswith("typo")) + by_model.get(("other", "error"), 0) == 6
+    assert sum(v for (m, _), v in by_model.items() if m.startswith("typo")) \
+        + by_model.get(("other", "client_error"), 0) == 6
     assert len({m for m, _ in by_model}) <= 2 * 4 + 1  # still bounded: served, tentative, other
 
 
