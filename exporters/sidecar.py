@@ -55,7 +55,10 @@ log = logging.getLogger("sla_guard.sidecar")
 class Mapping:
     """One vLLM family -> one contract metric; ``label`` maps a vLLM label onto a contract label
     (``values`` renames its values; a value absent from a non-empty ``values`` is unmapped: the
-    family is dropped for that engine and counted, see ``map_exposition``)."""
+    family is dropped for that engine and counted, see ``map_exposition``). Without ``values`` the
+    label's values pass through as vLLM spells them, as the plugin passes them: finish reasons,
+    KV-fetch stages and draft positions are open sets, and a reason new in vLLM is a new series,
+    not a dropped family."""
 
     vllm: str  # family name as prometheus_client's parser reports it (no _total)
     metric: c.Metric
@@ -143,8 +146,8 @@ def map_exposition(text: str, model: str, pool: str) -> tuple[list[Metric], set[
     A problem drops the whole vLLM family for that engine (absent reads "unknown" at the guard;
     a partial family would read as a wrong but plausible value) and is counted once per family
     and engine, so an operator sees the mapping broke:
-    * ``unmapped_label``: a sample lacks the mapped label or has a value the mapping does not know
-      (vLLM renamed it);
+    * ``unmapped_label``: a sample lacks the mapped label (vLLM renamed it), or has a value that a
+      mapping with a ``values`` table (prompt-token sources) does not know;
     * ``label_collision``: two source series land on one contract series. The contract's
       ``model`` is ``--model`` (the guard overrides page labels too unless ``honor_labels``), so
       vLLM's ``model_name`` is not kept: two models on one engine cannot be told apart;

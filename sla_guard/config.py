@@ -42,7 +42,7 @@ from sla_guard import defaults
 from sla_guard.redact import redact_text
 from sla_guard.settings.advisor import AdvisorConfig
 from sla_guard.settings.detectors import DetectorsConfig
-from sla_guard.spec_base import Strict
+from sla_guard.spec_base import Strict, error_message, load_yaml
 
 # The embedded store's value matrices are 8 bytes per series per slot: a bound above this is a
 # typo (or a guard that would be OOM-killed), not a sizing decision.
@@ -58,7 +58,7 @@ class ConfigError(ValueError):
 class _Strict(Strict):
     # allow_inf_nan=False: `.inf` / `.nan` in YAML are floats, and no setting of the guard means
     # anything with them (an infinite interval never scrapes, a NaN threshold never compares).
-    # (extra="forbid" and frozen come from Strict; pydantic merges the configs.)
+    # (extra="forbid", frozen and strict come from Strict; pydantic merges the configs.)
     model_config = ConfigDict(allow_inf_nan=False)
 
 
@@ -122,8 +122,8 @@ class SLO(_Strict):
     """One objective. ``name`` must be unique within a (model, pool)."""
 
     name: str = Field(pattern=r"^[a-z][a-z0-9_]*$")
-    indicator: Indicator
-    objective: Objective
+    indicator: Indicator = Field(strict=False)  # YAML gives the value ('ttft'), not the enum
+    objective: Objective = Field(strict=False)
     threshold_s: float = Field(gt=0, description="latency threshold in seconds")
     percentile: float | None = Field(default=None, gt=0, lt=1, description="e.g. 0.9 for p90")
     target: float | None = Field(default=None, gt=0, lt=1, description="attainment target, e.g. 0.99")
@@ -240,31 +240,6 @@ class DiscoveryError(ValueError):
     """A targets file entry that is not a target; the message names the entry and field."""
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """SafeLoader that refuses a key given twice in one mapping: PyYAML keeps the last one, so
-    ``staleness_s: 60`` followed further down by ``staleness_s: 1`` ran the second without a word."""
-
-
-def _unique_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
-    seen: dict = {}
-    for key_node, _ in node.value:
-        key = loader.construct_object(key_node, deep=deep)
-        if key in seen:
-            raise yaml.constructor.ConstructorError(
-                "while reading a mapping", node.start_mark,
-                f"key {key!r} is given twice (first on line {seen[key] + 1}); keep one", key_node.start_mark)
-        seen[key] = key_node.start_mark.line
-    return loader.construct_mapping(node, deep=deep)
-
-
-_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _unique_mapping)
-
-
-def load_yaml(text: str):
-    """``yaml.safe_load`` that refuses duplicate keys (config files, targets files)."""
-    return yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader subclass: no arbitrary objects
-
-
 # the keys of a Prometheus file_sd group; its labels are free (job, env, ...)
 FILE_SD_KEYS = frozenset({"targets", "labels"})
 
@@ -297,7 +272,7 @@ def parse_targets(data: object, where: str = "<targets>") -> list[Target]:
         except ValidationError as err:
             e = err.errors()[0]
             field = ".".join(str(p) for p in e["loc"])
-            raise DiscoveryError(f"{where}[{i}].{field}: {e['msg']} (got {e.get('input')!r})") from None
+            raise DiscoveryError(f"{where}[{i}].{field}: {error_message(e)} (got {e.get('input')!r})") from None
         except (TypeError, KeyError) as err:
             raise DiscoveryError(f"{where}[{i}]: {err}") from None
     return out
@@ -306,7 +281,8 @@ def parse_targets(data: object, where: str = "<targets>") -> list[Target]:
 class ScrapeSource(_Strict):
     mode: Literal["scrape"] = "scrape"
     targets: list[Target] = Field(default_factory=list)
-    targets_file: Path | None = Field(default=None, description="YAML/JSON list of targets, re-read each tick")
+    targets_file: Path | None = Field(default=None, strict=False,  # YAML gives a string
+                                      description="YAML/JSON list of targets, re-read each tick")
     interval_s: float = Field(default=5.0, gt=0)
     timeout_s: float = Field(default=3.0, gt=0, description="per scrape; defaults to min(3, interval_s)")
     concurrency: int = Field(default=64, ge=1)
@@ -353,7 +329,7 @@ Source = Annotated[
 
 class APISettings(_Strict):
     listen: str = "127.0.0.1:8080"
-    token_file: Path | None = None
+    token_file: Path | None = Field(default=None, strict=False)  # YAML gives a string
     token_env: str | None = "SLA_GUARD_TOKEN"
     max_body_bytes: int = Field(default=1024 * 1024, ge=1024)
 
@@ -435,8 +411,9 @@ class EngineBuckets(_Strict):
 class StateSettings(_Strict):
     """Crash-safe state (``sla_guard.state``): SLO ledgers, open findings, advisor memory."""
 
-    path: Path | None = Field(default=None, description="SQLite file kept across restarts; unset: state is "
-                                                         "in memory only and a restart forgets it")
+    path: Path | None = Field(default=None, strict=False,  # YAML gives a string
+                              description="SQLite file kept across restarts; unset: state is in memory only "
+                                          "and a restart forgets it")
     max_bytes: int = Field(default=256 * 1024 * 1024, ge=1024 * 1024, description="size cap; oldest log records go")
     synchronous: Literal["normal", "full"] = Field(
         default="normal", description="normal: survives kill -9 (WAL); full: also power loss, one fsync per tick")
@@ -494,7 +471,7 @@ def format_validation_error(err: ValidationError, where: str, prefix: str = "") 
         path = ".".join([*([prefix] if prefix else []), *(str(p) for p in e["loc"])]) or "(top level)"
         value = e.get("input")
         shown = redact_text(repr(value)) if not isinstance(value, dict) else "{...}"
-        msg = "unknown field; remove it or check its spelling" if e["type"] == "extra_forbidden" else e["msg"]
+        msg = "unknown field; remove it or check its spelling" if e["type"] == "extra_forbidden" else error_message(e)
         lines.append(f"  {path}: {redact_text(msg)} (got {shown[:80]})")
     return "\n".join(lines)
 

@@ -1,13 +1,97 @@
 """The pydantic base of every YAML-facing model: the guard's config, the detectors' and the
-advisor's sections, the simulator's profiles. One definition, so the rules cannot drift apart."""
+advisor's sections, the simulator's profiles. One definition, so the rules cannot drift apart:
+the base model (``Strict``), the YAML reader (``load_yaml``) and the wording of a type error
+(``error_message``)."""
 
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import yaml
 from pydantic import BaseModel, ConfigDict
 
 
 class Strict(BaseModel):
-    """Unknown keys are errors (a mistyped key in YAML must not be silently ignored) and a
-    validated model is frozen (what was checked is what runs)."""
+    """Unknown keys are errors (a mistyped key in YAML must not be silently ignored), a validated
+    model is frozen (what was checked is what runs), and values are not coerced across types
+    (``strict``): ``interval_s: true`` is not 1.0, ``"5"`` is not 5, ``max_replicas: 4.5`` is not
+    4, ``enabled: 1`` is not true. An int is still a float (``interval_s: 5``). Fields whose YAML
+    form is a string by nature (a ``Path``, an enum) relax this with ``Field(strict=False)``."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+# --- YAML ----------------------------------------------------------------------------------------
+
+class _Loader(yaml.SafeLoader):
+    """SafeLoader that refuses a key given twice in one mapping (PyYAML keeps the last one, so
+    ``staleness_s: 60`` followed further down by ``staleness_s: 1`` ran the second without a word),
+    and reads YAML 1.2 floats that PyYAML's YAML 1.1 rules leave as strings: ``1e-3``,
+    ``1.72e12``, ``5E+9`` (1.1 wants a dot and a signed exponent). Since models do not coerce
+    strings to numbers, ``bytes: 1.6e9`` must arrive as a number; a quoted ``"1.6e9"`` still
+    arrives as a string and is refused."""
+
+
+def _unique_mapping(loader: _Loader, node: yaml.MappingNode, deep: bool = False) -> dict:
+    seen: dict = {}
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        if key in seen:
+            raise yaml.constructor.ConstructorError(
+                "while reading a mapping", node.start_mark,
+                f"key {key!r} is given twice (first on line {seen[key] + 1}); keep one", key_node.start_mark)
+        seen[key] = key_node.start_mark.line
+    return loader.construct_mapping(node, deep=deep)
+
+
+_Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _unique_mapping)
+# (add_implicit_resolver copies SafeLoader's table into _Loader first: yaml.safe_load is unchanged)
+_Loader.add_implicit_resolver("tag:yaml.org,2002:float",
+                              re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9][0-9_]*)[eE][-+]?[0-9]+$"),
+                              list("-+0123456789."))
+
+
+def load_yaml(text: str) -> Any:
+    """``yaml.safe_load`` that refuses duplicate keys and reads ``1e-3`` as a number (config
+    files, targets files, simulator profiles)."""
+    return yaml.load(text, Loader=_Loader)  # a SafeLoader subclass: no arbitrary objects
+
+
+# --- error messages ------------------------------------------------------------------------------
+
+_EXPECTED = {"float_type": "a number (e.g. 5 or 0.25)", "int_type": "a whole number (e.g. 5)",
+             "bool_type": "true or false"}
+
+
+def error_message(e: Mapping[str, Any]) -> str:
+    """The message for one pydantic error (an item of ``ValidationError.errors()``): pydantic's,
+    except that a value of the wrong type (strict mode: ``interval_s: true``, ``"5"``) says what
+    the field expects, what kind of value it got and how to write it."""
+    expected = _EXPECTED.get(e["type"])
+    if expected is None:
+        return e["msg"]
+    value = e.get("input")
+    if isinstance(value, bool):
+        return f"expected {expected}, not a boolean"
+    if isinstance(value, str):
+        quoted = value.strip().lower() in ("true", "false") if e["type"] == "bool_type" else _is_number(value)
+        return f"expected {expected}, not a string" + (": write it without quotes" if quoted else "")
+    if isinstance(value, float) and e["type"] == "int_type":
+        return f"expected {expected}, not a decimal number" + (f": write {int(value)}" if value.is_integer() else "")
+    if isinstance(value, int | float) and e["type"] == "bool_type":
+        return f"expected {expected}, not a number"
+    if value is None:
+        return f"expected {expected}, not an empty value (null)"
+    if isinstance(value, dict | list):
+        return f"expected {expected}, not a {'mapping' if isinstance(value, dict) else 'list'}"
+    return e["msg"]
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True

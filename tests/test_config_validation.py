@@ -22,7 +22,15 @@ from typing import Any
 import pytest
 import yaml
 
-from sla_guard.config import ConfigError, GuardConfig, PrometheusSource, ScrapeSource, load_config, parse_config
+from sla_guard.config import (
+    ConfigError,
+    GuardConfig,
+    PrometheusSource,
+    ScrapeSource,
+    load_config,
+    load_yaml,
+    parse_config,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 SLA_GUARD = Path(sys.executable).parent / "sla-guard"  # the installed console script, as users run it
@@ -236,6 +244,22 @@ VARIANTS: list[tuple[str, Callable[[dict, Path], None], str, str]] = [
     ("url-credentials-and-bearer", _prom("http://user:pw@prometheus:9090", bearer_token_env="PROM_TOKEN"),
      "source.prometheus.url", "bearer_token_env"),
     ("unknown-key", _set("retention.slot", 10), "retention.slot", "unknown field"),
+    # no coercion across types (spec_base.Strict): YAML `true` is not 1.0, `'5'` is not 5
+    ("interval-bool", _set("source.interval_s", True), "source.scrape.interval_s",
+     "expected a number (e.g. 5 or 0.25), not a boolean"),
+    ("interval-string", _set("source.interval_s", "5"), "source.scrape.interval_s", "write it without quotes"),
+    ("concurrency-bool", _set("source.concurrency", True), "source.scrape.concurrency",
+     "expected a whole number (e.g. 5), not a boolean"),
+    ("concurrency-string", _set("source.concurrency", "8"), "source.scrape.concurrency", "write it without quotes"),
+    ("concurrency-decimal", _set("source.concurrency", 8.0), "source.scrape.concurrency", "write 8"),
+    ("detectors-float-bool", _set("detectors", {"leak": {"critical_eta_h": True}}), "detectors.leak.critical_eta_h",
+     "not a boolean"),
+    ("detectors-bool-number", _set("detectors", {"leak": {"enabled": 1}}), "detectors.leak.enabled",
+     "expected true or false"),
+    ("advisor-int-string", _set("advisor", {"pools": {"decode": {"max_replicas": "4"}}}),
+     "advisor.pools.decode.max_replicas", "write it without quotes"),
+    ("threshold-string", _set("slos.0.objectives.0.threshold_s", "2.5"), "slos.0.objectives.0.threshold_s",
+     "not a string"),
 ]
 
 
@@ -259,6 +283,55 @@ def test_programmatic_default_stays_constructible():
     the benchmarks (their store is built outside the config): only a loaded file must name targets."""
     assert isinstance(GuardConfig().source, ScrapeSource)
     assert parse_config({}).source.targets == []
+
+
+def test_yaml_numbers_are_numbers_and_only_numbers(tmp_path):
+    """An int is a float (interval_s: 5); YAML 1.2 exponents without a dot or a sign (1e-3, 6e1),
+    which PyYAML alone reads as strings, are numbers; the same text quoted stays a string and is
+    refused, as is a boolean (before: `true` ran as 1.0, `'5'` as 5.0)."""
+    cfg = base_config(tmp_path)
+    text = yaml.safe_dump(cfg).replace("staleness_s: 60", "staleness_s: 6e1")
+    f = tmp_path / "guard.yaml"
+    f.write_text(text)
+    loaded = load_config(f)
+    assert loaded.staleness_s == 60.0 and isinstance(loaded.staleness_s, float)
+    assert loaded.source.interval_s == 5.0 and isinstance(loaded.source.interval_s, float)
+    for bad, word in (("'6e1'", "not a string"), ("true", "not a boolean"), ('"60"', "without quotes")):
+        f.write_text(text.replace("staleness_s: 6e1", f"staleness_s: {bad}"))
+        with pytest.raises(ConfigError) as info:
+            load_config(f)
+        lines = [ln for ln in str(info.value).splitlines() if ln.startswith("  staleness_s: ")]
+        assert lines and word in lines[0] and "number" in lines[0], str(info.value)
+
+
+def test_paths_and_enums_still_read_from_yaml_strings(tmp_path):
+    """strict mode refuses str -> Path and str -> enum; those fields relax it, since YAML has no
+    other way to write them."""
+    from sla_guard.config import Indicator, Objective
+
+    cfg = load_config(_write(tmp_path, base_config(tmp_path)))
+    assert isinstance(cfg.source.targets_file, Path) and isinstance(cfg.api.token_file, Path)
+    assert cfg.slos[0].objectives[0].indicator is Indicator.TTFT
+    assert cfg.slos[0].objectives[0].objective is Objective.MEAN
+    assert isinstance(parse_config({"state": {"path": str(tmp_path / "s.db")}}).state.path, Path)
+
+
+def test_profile_numbers_are_not_coerced(tmp_path):
+    """The simulator's profiles share the base model: a boolean or a quoted number is an error
+    naming the field; the shipped profile's 1.72e12-style numbers still load."""
+    from sla_guard.sim.profile import PROFILE_DIR, ProfileError, load_profile
+
+    text = (PROFILE_DIR / "default.yaml").read_text()
+    assert load_profile("default").kv.cpu_offload_bytes == 1.72e12
+    data = load_yaml(text)
+    for field, value, word in (("step_base_s", True, "not a boolean"), ("chunk_tokens", "2048", "without quotes")):
+        broken = copy.deepcopy(data)
+        broken["prefill"][field] = value
+        f = tmp_path / f"{field}.yaml"
+        f.write_text(yaml.safe_dump(broken))
+        with pytest.raises(ProfileError) as info:
+            load_profile(f)
+        assert f"  prefill.{field}: " in str(info.value) and word in str(info.value), str(info.value)
 
 
 def test_source_without_mode_is_scrape(tmp_path):
@@ -339,6 +412,7 @@ def _broken_file(tmp_path: Path, variant: str) -> Path:
     ("validate-config", "token-file-not-utf8", "api.token_file"),
     ("validate-config", "no-targets", "source.scrape.targets"),
     ("validate-config", "interval-inf", "source.scrape.interval_s"),
+    ("validate-config", "interval-bool", "source.scrape.interval_s"),
     ("check", "ttft-threshold-not-a-bucket", "slos.0.objectives.3.threshold_s"),
     ("check", "timeout-longer-than-interval", "source.scrape.timeout_s"),
     ("check", "token-file-not-utf8", "api.token_file"),

@@ -368,3 +368,26 @@ def test_renamed_labels_unknown_values_and_foreign_pages_are_counted():
     assert one(got, c.GENERATION_TOKENS.series(), engine="0") == 5  # the rest of the page still maps
     foreign, _ = _sidecar_page("# TYPE python_info gauge\npython_info{version=\"3.11\"} 1.0\n")
     assert _errors(foreign, "no_vllm_families") == 1 and not pick(foreign, c.ENGINE_INFO.series())
+
+
+def test_finish_reasons_are_an_open_set_passed_through_and_summable():
+    """vLLM's finish reasons grow (error, repetition, ...): the reason mapping has no table of
+    known values, so a reason the sidecar has never seen passes through under its own name, the
+    family is kept and the sum over reasons is vLLM's total; only a sample without the
+    finished_reason label at all (vLLM renamed the label) drops the family for its engine."""
+    page = "\n".join([
+        "# TYPE vllm:request_success_total counter",
+        'vllm:request_success_total{engine="0",finished_reason="stop",model_name="m"} 10.0',
+        'vllm:request_success_total{engine="0",finished_reason="error",model_name="m"} 2.0',
+        'vllm:request_success_total{engine="0",finished_reason="repetition",model_name="m"} 3.0',
+        'vllm:request_success_total{engine="0",finished_reason="never_seen_before",model_name="m"} 4.0',
+        'vllm:request_success_total{engine="1",finished_reason="stop",model_name="m"} 5.0',
+        'vllm:request_success_total{engine="1",model_name="m"} 6.0', ""])
+    fams, engines, problems = map_exposition(page, "m", "decode")
+    rows = {(s.labels["engine"], s.labels["reason"]): s.value
+            for f in fams if f.name == c.REQUESTS_FINISHED.name for s in f.samples if s.name.endswith("_total")}
+    assert rows == {("0", "stop"): 10.0, ("0", "error"): 2.0, ("0", "repetition"): 3.0,
+                    ("0", "never_seen_before"): 4.0}
+    assert sum(v for (e, _), v in rows.items() if e == "0") == 19.0
+    assert engines == {"0", "1"}
+    assert problems == {"unmapped_label": 1}  # engine 1's sample without the label, once

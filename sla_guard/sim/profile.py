@@ -13,7 +13,7 @@ from pathlib import Path
 import yaml
 from pydantic import Field, ValidationError, model_validator
 
-from sla_guard.spec_base import Strict
+from sla_guard.spec_base import Strict, error_message, load_yaml
 
 PROFILE_DIR = Path(__file__).parent / "profiles"
 
@@ -125,7 +125,7 @@ def load_profile(name_or_path: str | Path = "default") -> Profile:
         known = ", ".join(sorted(x.stem for x in PROFILE_DIR.glob("*.yaml")))
         raise ProfileError(f"profile {name_or_path!r} not found; use one of: {known}, or a path to a .yaml file")
     try:
-        data = yaml.safe_load(p.read_text())
+        data = load_yaml(p.read_text())
     except yaml.YAMLError as err:
         raise ProfileError(f"{p} is not valid YAML: {err}") from None
     try:
@@ -134,5 +134,5 @@ def load_profile(name_or_path: str | Path = "default") -> Profile:
         lines = [f"invalid profile {p}:"]
         for e in err.errors():
             where = ".".join(str(x) for x in e["loc"]) or "(top level)"
-            lines.append(f"  {where}: {e['msg']} (got {e.get('input')!r:.60})")
+            lines.append(f"  {where}: {error_message(e)} (got {e.get('input')!r:.60})")
         raise ProfileError("\n".join(lines)) from None
