@@ -7,6 +7,10 @@ Per SLO and (model, pool) the rules record, over every window an alert needs:
   threshold, counted from the histogram bucket whose ``le`` is the threshold;
 - ``model_pool_slo:sli_latency_seconds:mean<w>`` / ``:quantile<w>`` mean and percentile SLOs.
 
+Each series and alert carries ``slo`` (the objective's name) and ``slo_set`` (``<model>/<pool>``
+of the SLO set it comes from, ``*`` for any): one name can be an objective of several sets, and
+without ``slo_set`` their rules would be duplicates to ``promtool check rules --lint``.
+
 Every ratio is request-weighted: sums of rates over all engines of a pool, divided once, over the
 whole window (never an average of shorter-window ratios). Attainment SLOs get the SRE-workbook
 multi-window multi-burn-rate alerts from the table the guard evaluates too
@@ -95,41 +99,54 @@ def _windows(slo: SLO) -> list[str]:
     return [slo.window]
 
 
-def _rec(name: str, expr: str, slo: SLO) -> dict:
-    return {"record": name, "expr": expr, "labels": {"slo": slo.name}}
+def set_label(s: SLOSet) -> str:
+    """``slo_set`` value: the set's own ``model/pool`` as written in the config, so a user sees
+    which set's objective a series or alert measures (pool never holds a ``/``; a model may)."""
+    return f"{s.model}/{s.pool}"
 
 
-def slo_recording_rules(slo: SLO, matchers: list[str], p: RuleParams, pool: str = "*") -> list[dict]:
+def own_labels(slo: SLO, sset: SLOSet) -> dict[str, str]:
+    """Static labels of every rule for ``slo`` in ``sset``: unique per (set, objective), since the
+    config allows one set per (model, pool) and one objective name per set."""
+    return {"slo": slo.name, "slo_set": set_label(sset)}
+
+
+def _rec(name: str, expr: str, own: dict[str, str]) -> dict:
+    return {"record": name, "expr": expr, "labels": dict(own)}
+
+
+def slo_recording_rules(slo: SLO, own: dict[str, str], matchers: list[str], p: RuleParams,
+                        pool: str = "*") -> list[dict]:
     rules = []
     for w in _windows(slo):
         sw = p.window(w)
         rules.append(_rec(f"model_pool_slo:sli_requests:rate{w}", scoped(
-            slo, pool, matchers, lambda m, ms, sw=sw: q.sum_by(LABELS, q.rate(m, sw, "_count", ms))), slo))
+            slo, pool, matchers, lambda m, ms, sw=sw: q.sum_by(LABELS, q.rate(m, sw, "_count", ms))), own))
         if slo.objective is Objective.ATTAINMENT:
             good = scoped(slo, pool, matchers,
                           lambda m, ms, sw=sw: q.share_at_or_below(m, slo.threshold_s, sw, LABELS, ms))
-            rules.append(_rec(f"model_pool_slo:sli_error:ratio_rate{w}", f"1 - ({good})", slo))
+            rules.append(_rec(f"model_pool_slo:sli_error:ratio_rate{w}", f"1 - ({good})", own))
         elif slo.objective is Objective.MEAN:
             rules.append(_rec(f"model_pool_slo:sli_latency_seconds:mean{w}", scoped(
-                slo, pool, matchers, lambda m, ms, sw=sw: q.mean(m, sw, LABELS, ms)), slo))
+                slo, pool, matchers, lambda m, ms, sw=sw: q.mean(m, sw, LABELS, ms)), own))
         else:
             rules.append(_rec(f"model_pool_slo:sli_latency_seconds:quantile{w}", scoped(
-                slo, pool, matchers, lambda m, ms, sw=sw: q.quantile(slo.percentile or 0.5, m, sw, LABELS, ms)), slo))
+                slo, pool, matchers, lambda m, ms, sw=sw: q.quantile(slo.percentile or 0.5, m, sw, LABELS, ms)), own))
     return rules
 
 
-def _sel(name: str, slo: SLO, matchers: list[str]) -> str:
-    inner = ", ".join([f'slo="{slo.name}"', *matchers])
+def _sel(name: str, own: dict[str, str], matchers: list[str]) -> str:
+    inner = ", ".join([*(f"{k}={string_literal(v)}" for k, v in own.items()), *matchers])
     return f"{name}{{{inner}}}"
 
 
-def _traffic_guard(slo: SLO, window: str, matchers: list[str], p: RuleParams) -> str:
+def _traffic_guard(slo: SLO, own: dict[str, str], window: str, matchers: list[str], p: RuleParams) -> str:
     secs = parse_duration(p.window(window))
-    return (f"and on (model, pool, slo) {_sel(f'model_pool_slo:sli_requests:rate{window}', slo, matchers)}"
+    return (f"and on (model, pool, slo) {_sel(f'model_pool_slo:sli_requests:rate{window}', own, matchers)}"
             f" * {secs:g} >= {slo.min_requests}")
 
 
-def slo_alert_rules(slo: SLO, matchers: list[str], p: RuleParams) -> list[dict]:
+def slo_alert_rules(slo: SLO, own: dict[str, str], matchers: list[str], p: RuleParams) -> list[dict]:
     ind = slo.indicator.value.upper()
     thr = f"{slo.threshold_s:g}s"
     scope = "{{ $labels.model }}/{{ $labels.pool }}"
@@ -140,14 +157,14 @@ def slo_alert_rules(slo: SLO, matchers: list[str], p: RuleParams) -> list[dict]:
             factor = row.factor
             limit = f"{round(factor * budget, 10):g}"
             expr = "\n".join([
-                f"{_sel(f'model_pool_slo:sli_error:ratio_rate{row.long}', slo, matchers)} > {limit}",
-                f"and on (model, pool, slo) {_sel(f'model_pool_slo:sli_error:ratio_rate{row.short}', slo, matchers)}"
+                f"{_sel(f'model_pool_slo:sli_error:ratio_rate{row.long}', own, matchers)} > {limit}",
+                f"and on (model, pool, slo) {_sel(f'model_pool_slo:sli_error:ratio_rate{row.short}', own, matchers)}"
                 f" > {limit}",
-                _traffic_guard(slo, row.short, matchers, p),
+                _traffic_guard(slo, own, row.short, matchers, p),
             ])
             out.append(p.alert(
                 "SlaGuardErrorBudgetBurn", expr, row.severity, for_="0s",
-                labels={"slo": slo.name, "long_window": row.long, "short_window": row.short},
+                labels={**own, "long_window": row.long, "short_window": row.short},
                 summary=f"{scope}: {ind} error budget of SLO {slo.name} burning {factor:g}x too fast",
                 description=(f"{{{{ $value | humanizePercentage }}}} of {ind} requests exceeded {thr} over the "
                              f"last {row.long} (and the last {row.short}); target {slo.target:g} over "
@@ -162,16 +179,16 @@ def slo_alert_rules(slo: SLO, matchers: list[str], p: RuleParams) -> list[dict]:
         pct = f"p{round((slo.percentile or 0) * 100):g}"
         name, rec, sev, what = f"SlaGuard{ind}PercentileHigh", \
             f"model_pool_slo:sli_latency_seconds:quantile{slo.window}", "warning", f"{pct} {ind}"
-    expr = f"{_sel(rec, slo, matchers)} > {slo.threshold_s:g}\n{_traffic_guard(slo, slo.window, matchers, p)}"
+    expr = f"{_sel(rec, own, matchers)} > {slo.threshold_s:g}\n{_traffic_guard(slo, own, slo.window, matchers, p)}"
     return [p.alert(
-        name, expr, sev, for_=p.slo_for, labels={"slo": slo.name},
+        name, expr, sev, for_=p.slo_for, labels=dict(own),
         summary=f"{scope}: {what} {{{{ $value | humanizeDuration }}}} breaches the SLA of {thr}",
         description=(f"{what} of {scope} over the last {slo.window} is {{{{ $value | humanizeDuration }}}}, "
                      f"above the {thr} objective '{slo.name}' (at least {slo.min_requests} requests in the window)."),
         runbook=name.lower())]
 
 
-def data_stale_alert(slo: SLO, matchers: list[str], p: RuleParams, pool: str = "*") -> dict:
+def data_stale_alert(slo: SLO, own: dict[str, str], matchers: list[str], p: RuleParams, pool: str = "*") -> dict:
     """The guard reads an SLO as unknown although Prometheus sees the engines serve enough requests
     for it: the guard, not the pool, lacks data. A pool that serves nothing for an indicator (TPOT
     on prefill engines) is unknown by design and stays quiet."""
@@ -180,7 +197,7 @@ def data_stale_alert(slo: SLO, matchers: list[str], p: RuleParams, pool: str = "
                     lambda m, ms: q.sum_by(LABELS, q.increase(m, p.window(slo.window), "_count", ms)))
     return p.alert(
         "SlaGuardDataStale", f"{status} == 1\nand on (model, pool) {served} >= {slo.min_requests}", "warning",
-        for_="15m", labels={"slo": slo.name},
+        for_="15m", labels=dict(own),
         summary="{{ $labels.model }}/{{ $labels.pool }}: the guard reads SLO {{ $labels.slo }} as unknown while "
                 "the pool serves traffic",
         description=(f"For 15m the guard has had no usable data for '{slo.name}' (stale, missing or reset series, "
@@ -205,11 +222,12 @@ def slo_groups(config: GuardConfig, p: RuleParams) -> list[dict]:
                     f"slos[{i}] objective {slo.name!r}: threshold_s {slo.threshold_s} is not a bucket of "
                     f"{metric.name}; start the engines with {metric.slo_threshold_env}={slo.threshold_s} and add it "
                     "to the contract buckets, or pick one of " + ", ".join(f"{b:g}" for b in metric.buckets))
-            records += slo_recording_rules(slo, matchers, p, sset.pool)
-            alerts += slo_alert_rules(slo, matchers, p)
-            alerts.append(data_stale_alert(slo, matchers, p, sset.pool))
+            own = own_labels(slo, sset)
+            records += slo_recording_rules(slo, own, matchers, p, sset.pool)
+            alerts += slo_alert_rules(slo, own, matchers, p)
+            alerts.append(data_stale_alert(slo, own, matchers, p, sset.pool))
         groups.append({"name": f"sla-guard-slo{suffix}", "rules": records + alerts})
     return groups
 
 
-__all__ = ["GenerationError", "fmt_duration", "set_matchers", "slo_groups"]
+__all__ = ["GenerationError", "fmt_duration", "own_labels", "set_label", "set_matchers", "slo_groups"]

@@ -81,6 +81,22 @@ def test_promtool_check_rules_accepts_committed_and_scaled_rules(tmp_path):
 
 
 @needs_promtool
+def test_promtool_lint_is_clean_for_committed_and_multi_set_rules(tmp_path):
+    """Operators run ``promtool check rules --lint=all --lint-fatal`` in CI. Disjoint SLO sets
+    recorded the same ``record``/``alert`` with the same static labels (27 duplicate-rule findings
+    in slo.yaml); each set's rules now carry its ``slo_set``. Lints the committed files and a
+    config with overlapping model- and pool-specific sets."""
+    config = GuardConfig(slos=[SLOSet(), SLOSet(pool="decode"), SLOSet(model="big"),
+                               SLOSet(model="big", pool="prefill")])
+    for name, text in render_rules(config).items():
+        (tmp_path / name).write_text(text)
+    for files in (sorted(RULES_DIR.glob("*.yaml")), sorted(tmp_path.glob("*.yaml"))):
+        r = subprocess.run(["promtool", "check", "rules", "--lint=all", "--lint-fatal", *map(str, files)],
+                           capture_output=True, text=True)
+        assert r.returncode == 0 and "lint error" not in r.stdout + r.stderr, r.stdout + r.stderr
+
+
+@needs_promtool
 def test_promtool_unit_tests_pass():
     tests = sorted(TESTS_DIR.glob("*_test.yaml"))
     r = subprocess.run(["promtool", "test", "rules", *map(str, tests)], capture_output=True, text=True, cwd=TESTS_DIR)
@@ -127,7 +143,7 @@ def _seven_day_burn_test(rules: str) -> str:
                 continue  # burn 3.3 < 3.36: no page
             alerts.append({
                 "exp_labels": {"severity": sev, "model": "m", "pool": pool, "slo": "ttft_attainment",
-                               "long_window": long_w, "short_window": short_w},
+                               "slo_set": "*/*", "long_window": long_w, "short_window": short_w},
                 "exp_annotations": {
                     "summary": f"m/{pool}: TTFT error budget of SLO ttft_attainment burning {factor}x too fast",
                     "description": f"{pct} of TTFT requests exceeded 2.5s over the last {long_w} (and the last "
@@ -268,7 +284,7 @@ def test_model_names_are_quoted_and_regex_escaped_in_the_rules(tmp_path):
     (tmp_path / "t.yaml").write_text(yaml.safe_dump({"rule_files": ["slo.yaml"], "evaluation_interval": "1m",
         "tests": [{"interval": "1m", "input_series": series, "promql_expr_test": [
             {"expr": f'{mean}{{model="qwen2x5"}}', "eval_time": "6m", "exp_samples": [
-                {"labels": f'{mean}{{model="qwen2x5",pool="decode",slo="ttft_mean"}}', "value": 10}]}]}]},
+                {"labels": f'{mean}{{model="qwen2x5",pool="decode",slo="ttft_mean",slo_set="*/*"}}', "value": 10}]}]}]},
         sort_keys=False))
     r = subprocess.run(["promtool", "test", "rules", "t.yaml"], capture_output=True, text=True, cwd=tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
