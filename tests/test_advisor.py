@@ -309,3 +309,56 @@ def test_tail_within_bucket_keeps_the_histograms_bounds():
     assert tail_within_bucket(buckets, 0.0155, 0.6, 0.9) == 0.02  # the spread's 30 ms: held to the bucket
     assert tail_within_bucket(buckets, 0.008, 0.01, 0.9) == 0.015  # under it: held up to its lower edge
     assert tail_within_bucket({}, 0.0155, 0.035, 0.9) is None
+
+
+class _PageWithout(Engine):
+    """An engine page as a sidecar or an older exporter serves it: the prompt-token family missing
+    (``drop``) or exported without its ``source`` split (``unsplit``)."""
+
+    def __init__(self, *a, mode: str, **k) -> None:
+        super().__init__(*a, **k)
+        self.mode = mode
+
+    def scrape(self, store, t: float) -> None:
+        from prometheus_client import generate_latest
+        from prometheus_client.parser import text_string_to_metric_families
+
+        from sla_guard.scale.observe import sample_name
+
+        prompt = sample_name(c.PROMPT_TOKENS)
+        out = []
+        for fam in text_string_to_metric_families(generate_latest(self.registry).decode()):
+            for s in fam.samples:
+                if s.name == prompt and self.mode == "drop":
+                    continue
+                labels = dict(s.labels)
+                if s.name == prompt and self.mode == "unsplit" and labels.pop("source") != "computed":
+                    continue  # one series of every prompt token: here all computed
+                out.append((s.name, labels, s.value))
+        store.ingest_samples(out, t, group=self.name)
+
+
+@pytest.mark.parametrize("mode", ["drop", "unsplit"])
+def test_prefill_demand_without_the_computed_series_is_unknown_under_load_not_zero(mode):
+    """Prefill under load whose page lacks the ``source="computed"`` prompt-token series read as
+    0 tokens/s of demand (``uncached_tps``), and the advisor would take its replicas down to the
+    minimum. Without the family the demand is unknown (prefill holds); without the split every
+    prompt token counts as computed; idle engines with no family still read 0."""
+    cfg = AdvisorConfig.model_validate({"profile": {"prefill_tokens_per_s": 10_000, "decode_step_base_s": 0.01,
+                                                    "decode_step_per_request_s": 0.0002}, "window_s": 60})
+    adv = Advisor(cfg, model=MODEL)
+    store = _store()
+    p = [_PageWithout("prefill", f"p{i}", mode=mode) for i in range(3)]
+    busy = {"running": 2, "waiting": 0, "computed": 20_000, "prefills": 4, "ttft": 1.0, "steps": 5}
+    _run(p, store, 1000, 1120, **{e.name: busy for e in p})
+    got = adv.reader.read(store, MODEL, "prefill", 1120).totals["uncached_tps"]
+    if mode == "drop":
+        assert got is None
+        decs, _ = adv.step(store, 1120, {"prefill": (3, 0), "decode": (1, 0)})
+        assert decs["prefill"].desired in (None, 3) and decs["prefill"].action == "hold"
+    else:
+        assert got == pytest.approx(3 * 20_000 / 5, rel=0.05)
+    idle = [_PageWithout("prefill", f"q{i}", mode="drop") for i in range(2)]
+    store2 = _store()
+    _run(idle, store2, 1000, 1120, **{e.name: {"running": 0, "waiting": 0} for e in idle})
+    assert adv.reader.read(store2, MODEL, "prefill", 1120).totals["uncached_tps"] == 0.0

@@ -76,6 +76,24 @@ def counter_rates(series: list[Series], by: str | None = None) -> dict[str, floa
     return out
 
 
+def uncached_demand(computed: Mapping[str, float], prompt: Mapping[str, float], engines: list[str],
+                    running: float | None, waiting: float | None) -> float | None:
+    """Computed (not cached) prompt tokens/s of the pool, or None when it cannot be told.
+
+    Without the ``source="computed"`` series but with other prompt-token series (an exporter that
+    does not split by source), every prompt token counts as computed: demand is then overstated
+    by the hit ratio, never understated. Without any prompt-token series, 0 only when the engines
+    are idle (nothing running or waiting): a family the sidecar dropped, or a vLLM that does not
+    export it, under load read as 0 tokens/s and let prefill scale to its minimum."""
+    if computed:
+        return sum(computed.values())
+    if prompt:
+        return sum(prompt.values())
+    if engines and not (running or waiting):
+        return 0.0
+    return None
+
+
 @dataclass(slots=True)
 class EngineSample:
     """One replica's numbers over the window (learning input); ``engine`` is the replica key
@@ -240,10 +258,10 @@ class Reader:
         by_e = ("instance", "engine")
         comp_mt = {**mt, "source": "computed"}
         computed = counter_rates(view.range(sample_name(c.PROMPT_TOKENS), comp_mt, now - w, now))
-        t["uncached_tps"] = sum(computed.values()) if computed else (0.0 if r.engines else None)
         # every prompt token (hits included), per replica: the pool's hit ratio and each replica's
         # miss ratio (a new replica's empty cache, advisor._demand_tps) come from the same rates
         prompt_rates = counter_rates(view.range(sample_name(c.PROMPT_TOKENS), mt, now - w, now))
+        t["uncached_tps"] = uncached_demand(computed, prompt_rates, r.engines, t["running"], t["waiting"])
         if prompt_rates and computed:
             tot = sum(prompt_rates.values())
             t["prefix_hit_ratio"] = 1.0 - sum(computed.values()) / tot if tot > 0 else None
