@@ -25,12 +25,15 @@ Rules of the translation (docs/routers.md has the tables and what cannot be mapp
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from exporters import contract as c
 
-Matcher = tuple[str, str, str]  # (label, "=" | "!=", value); a missing label reads as ""
+# (label, "=" | "!=" | "=~" | "!~", value); a missing label reads as ""; a regex is anchored, as
+# in PromQL, and is written into the recording rules as it stands (no quotes or backslashes)
+Matcher = tuple[str, str, str]
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,7 +77,7 @@ class Adapter:
 
 
 M = RouterMapping
-OK, ERROR, ABORTED = c.Outcome.OK, c.Outcome.ERROR, c.Outcome.ABORTED
+OK, ERROR, CLIENT_ERROR, ABORTED = c.Outcome.OK, c.Outcome.ERROR, c.Outcome.CLIENT_ERROR, c.Outcome.ABORTED
 
 # --- NVIDIA Dynamo frontend ----------------------------------------------------------------------
 # ai-dynamo/dynamo lib/llm/src/http/service/metrics.rs (Metrics::new, InflightGuard,
@@ -85,6 +88,7 @@ OK, ERROR, ABORTED = c.Outcome.OK, c.Outcome.ERROR, c.Outcome.ABORTED
 # `prometheus` crate; the model label is lower-cased by the frontend. Docs:
 # https://docs.nvidia.com/dynamo/v1.7.0/reference/observability/metrics-catalog
 _DYN = "ai-dynamo/dynamo@79a21ca4f5200e76a2bcc19580eb6176298c7e59:lib/llm/src/http/service/metrics.rs"
+_DYN_CLIENT = "validation|not_found"  # error_type values of a 4xx answer (prometheus_names.rs)
 DYNAMO = Adapter("dynamo", c.Route.PD, (
     # observed once per request at the first chunk with tokens: handler entry -> first token
     M("dynamo_frontend_time_to_first_token_seconds", c.CLIENT_TTFT, "model", ("model",), _DYN),
@@ -98,7 +102,10 @@ DYNAMO = Adapter("dynamo", c.Route.PD, (
       ("model", "endpoint", "request_type", "status", "error_type"), _DYN,
       outcomes=(((("status", "=", "success"),), OK),
                 ((("status", "=", "error"), ("error_type", "=", "cancelled")), ABORTED),
-                ((("status", "=", "error"), ("error_type", "!=", "cancelled")), ERROR))),
+                # the client's own 4xx ("Validation:" answers, 404 no such model), as the proxy
+                # counts them (contract.outcome_of_status); overload is a 503
+                ((("status", "=", "error"), ("error_type", "=~", _DYN_CLIENT)), CLIENT_ERROR),
+                ((("status", "=", "error"), ("error_type", "!~", f"cancelled|{_DYN_CLIENT}")), ERROR))),
     M("dynamo_frontend_inflight_requests", c.CLIENT_IN_FLIGHT, "model", ("model",), _DYN),
 ), unmapped=(
     ("dynamo_frontend_queued_requests", "requests before their first token: a subset of in-flight, no contract metric"),
@@ -183,7 +190,8 @@ _SUFFIXES = ("_bucket", "_sum", "_count")
 
 
 def _matches(labels: Mapping[str, str], matchers: Iterable[Matcher]) -> bool:
-    return all((labels.get(name, "") == value) == (op == "=") for name, op, value in matchers)
+    return all(((re.fullmatch(value, labels.get(name, "")) is not None) if op in ("=~", "!~")
+                else labels.get(name, "") == value) == (op in ("=", "=~")) for name, op, value in matchers)
 
 
 def _series(mp: RouterMapping, name: str) -> str | None:

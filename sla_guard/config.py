@@ -58,7 +58,8 @@ class ConfigError(ValueError):
 class _Strict(Strict):
     # allow_inf_nan=False: `.inf` / `.nan` in YAML are floats, and no setting of the guard means
     # anything with them (an infinite interval never scrapes, a NaN threshold never compares).
-    # (extra="forbid", frozen and strict come from Strict; pydantic merges the configs.)
+    # (extra="forbid", frozen and strict come from Strict, and allow_inf_nan=False now too, for the
+    # detectors' and advisor's sections; kept here so this section's rule is read where it applies.)
     model_config = ConfigDict(allow_inf_nan=False)
 
 

@@ -18,9 +18,13 @@ class Strict(BaseModel):
     model is frozen (what was checked is what runs), and values are not coerced across types
     (``strict``): ``interval_s: true`` is not 1.0, ``"5"`` is not 5, ``max_replicas: 4.5`` is not
     4, ``enabled: 1`` is not true. An int is still a float (``interval_s: 5``). Fields whose YAML
-    form is a string by nature (a ``Path``, an enum) relax this with ``Field(strict=False)``."""
+    form is a string by nature (a ``Path``, an enum) relax this with ``Field(strict=False)``.
+    Numbers are finite (``allow_inf_nan=False``): ``.inf`` / ``.nan`` are YAML floats, and no
+    setting means anything with them (``advisor.interval_s: .inf`` never ran the advisor,
+    ``arl0_days: .inf`` silenced a detector); the config's own models had this, the detectors',
+    the advisor's and the profiles' sections did not."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
 
 # --- YAML ----------------------------------------------------------------------------------------
@@ -69,10 +73,15 @@ def error_message(e: Mapping[str, Any]) -> str:
     """The message for one pydantic error (an item of ``ValidationError.errors()``): pydantic's,
     except that a value of the wrong type (strict mode: ``interval_s: true``, ``"5"``) says what
     the field expects, what kind of value it got and how to write it."""
+    value = e.get("input")
+    if e["type"] == "string_type" and isinstance(value, bool | int | float):
+        # `model: on` arrives as True, `name: 1e5` as 100000.0: what was written is text to the user
+        what = "a boolean" if isinstance(value, bool) else "a number"
+        return (f"expected a string, not {what} (YAML reads unquoted yes/no/on/off as booleans and 1e5, 0x10, 010 "
+                "as numbers: quote text that looks like one)")
     expected = _EXPECTED.get(e["type"])
     if expected is None:
         return e["msg"]
-    value = e.get("input")
     if isinstance(value, bool):
         return f"expected {expected}, not a boolean"
     if isinstance(value, str):

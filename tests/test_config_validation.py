@@ -213,6 +213,14 @@ VARIANTS: list[tuple[str, Callable[[dict, Path], None], str, str]] = [
     ("timeout-inf", _set("source.timeout_s", INF), "source.scrape.timeout_s", "finite"),
     ("staleness-inf", _set("staleness_s", INF), "staleness_s", "finite"),
     ("threshold-inf", _set("slos.0.objectives.0.threshold_s", INF), "slos.0.objectives.0.threshold_s", "finite"),
+    # the detectors' and advisor's sections too (docs/guard.md: numbers must be finite): an
+    # infinite interval never ran the advisor, an infinite ARL silenced a detector, without a word
+    ("advisor-interval-inf", _set("advisor", {"interval_s": INF}), "advisor.interval_s", "finite"),
+    ("advisor-cooldown-nan", _set("advisor", {"cooldown_s": NAN}), "advisor.cooldown_s", "finite"),
+    ("detectors-arl-inf", _set("detectors", {"acceptance": {"arl0_days": INF}}), "detectors.acceptance.arl0_days",
+     "finite"),
+    ("detectors-leak-eta-inf", _set("detectors", {"leak": {"critical_eta_h": INF}}), "detectors.leak.critical_eta_h",
+     "finite"),
     ("evaluation-interval-nan", _set("evaluation_interval_s", NAN), "evaluation_interval_s", "finite"),
     ("percentile-nan", _set("slos.0.objectives.2.percentile", NAN), "slos.0.objectives.2.percentile", "finite"),
     ("target-nan", _set("slos.0.objectives.3.target", NAN), "slos.0.objectives.3.target", "finite"),
@@ -302,6 +310,23 @@ def test_yaml_numbers_are_numbers_and_only_numbers(tmp_path):
             load_config(f)
         lines = [ln for ln in str(info.value).splitlines() if ln.startswith("  staleness_s: ")]
         assert lines and word in lines[0] and "number" in lines[0], str(info.value)
+
+
+def test_text_that_yaml_reads_as_a_boolean_or_number_says_to_quote_it(tmp_path):
+    """YAML 1.1 reads `on`/`no` as booleans, and the loader now reads `1e5` as a number (which
+    yaml.safe_dump writes unquoted for the string "1e5"): a text field given one said only
+    "Input should be a valid string (got 100000.0)", not what to do."""
+    f = tmp_path / "guard.yaml"
+    for field, bad, got in (("model", "on", "a boolean"), ("model", "1e5", "a number"), ("name", "no", "a boolean")):
+        cfg = base_config(tmp_path)
+        cfg["source"]["targets"][1][field] = "HERE"
+        f.write_text(yaml.safe_dump(cfg).replace("HERE", bad))
+        with pytest.raises(ConfigError) as info:
+            load_config(f)
+        lines = [ln for ln in str(info.value).splitlines() if ln.startswith(f"  source.scrape.targets.1.{field}: ")]
+        assert lines and f"expected a string, not {got}" in lines[0] and "quote text" in lines[0], str(info.value)
+        f.write_text(yaml.safe_dump(cfg).replace("HERE", f"'{bad}'"))
+        assert getattr(load_config(f).source.targets[1], field) == bad
 
 
 def test_paths_and_enums_still_read_from_yaml_strings(tmp_path):

@@ -105,6 +105,30 @@ def test_dynamo_frontend_without_error_type_label():
     assert {lab["outcome"]: v for _, lab, v in out} == {"error": 3, "ok": 11}
 
 
+def test_dynamo_client_mistakes_are_client_error_as_at_the_proxy():
+    """Dynamo's error_type validation (a 4xx "Validation:" answer) and not_found (404, no such
+    model) are the client's own mistakes: the proxy counts such 4xx ``client_error``
+    (contract.outcome_of_status), so the Dynamo adapter must too, in scrape mode and in the
+    recording rules; overload (503), internal, not_implemented stay ``error``."""
+    counts = {"validation": 3, "not_found": 2, "overload": 5, "internal": 7, "not_implemented": 11, "cancelled": 13}
+    text = ("# HELP dynamo_frontend_requests_total Total number of LLM requests processed\n"
+            "# TYPE dynamo_frontend_requests_total counter\n"
+            'dynamo_frontend_requests_total{endpoint="completions",error_type="",model="m",request_type="unary",'
+            'status="success"} 17\n')
+    for et, n in counts.items():
+        text += (f'dynamo_frontend_requests_total{{endpoint="chat_completions",error_type="{et}",model="m",'
+                 f'request_type="stream",status="error"}} {n}\n')
+    out = translate_text(text, "dynamo")
+    assert {lab["outcome"]: v for _, lab, v in out} == {"ok": 17, "client_error": 3 + 2, "error": 5 + 7 + 11,
+                                                        "aborted": 13}
+    # the recording rules use the same table: one rule per outcome, a sum, never an `or` of parts
+    from alerts.router_rules import adapter_rules
+
+    rules = [r for r in adapter_rules(ADAPTERS["dynamo"])[0]["rules"] if r["record"] == c.CLIENT_REQUESTS.series()]
+    assert sorted(r["labels"]["outcome"] for r in rules) == sorted(o.value for o in c.Outcome)
+    assert not [r for r in rules if " or " in r["expr"]]
+
+
 def test_llm_d_new_families_win_and_only_streamed_ttft_counts():
     out = translate_text(page("llm-d"), "llm-d")
     assert scope(out) == {("client", "pd", "llm-d")}

@@ -366,6 +366,21 @@ def test_client_ttft_is_the_sum_of_the_simulated_stages(mooncake):
     assert _hist(client, c.CLIENT_REQUESTS, "", outcome="ok") == s.finished
 
 
+def test_a_prompt_over_max_model_len_is_the_clients_error_as_the_proxy_counts_it():
+    """vLLM refuses a prompt plus max_tokens over max_model_len with a 400; the proxy counts an
+    engine's 4xx as ``client_error`` (contract.outcome_of_status), not as the service failing. The
+    simulated proxy counted it ``error``, against the operator's error budget."""
+    reqs = tuple(TraceRequest(i * 0.5, 500_000 if i % 2 else 2000, 50) for i in range(6))
+    dep = Deployment(PROFILE, 1, 1)
+    dep.submit(Trace("too-long", reqs))
+    dep.run_until(600)
+    client = dep.proxy.metrics.samples()
+    assert len(dep.rejected) == 3 and not dep.aborted
+    got = {o.value: _hist(client, c.CLIENT_REQUESTS, "", outcome=o.value) for o in c.Outcome}
+    assert got == {"ok": 3, "error": 0, "client_error": 3, "aborted": 0}
+    assert _hist(client, c.CLIENT_E2E, "_count") == 6  # the refused got a whole answer
+
+
 def test_client_scope_is_served_scraped_and_labelled_as_the_contract_says(mooncake):
     """The proxy is one more /metrics endpoint (pool="client", router="sim-proxy"): every
     client-scope family with exactly the contract's labels, in-flight while requests are served,

@@ -28,7 +28,7 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from exporters.contract import Outcome, Pool
+from exporters.contract import Outcome, Pool, outcome_of_status
 from exporters.prometheus import FinishedRequest
 from sla_guard.defaults import TPOT_SLO_S, TTFT_SLO_S
 from sla_guard.sim.exposition import ClientMetrics, EngineMetrics
@@ -669,11 +669,12 @@ class Deployment:
     def _arrive(self, r: Req) -> None:
         if r.input_len + r.output_len > self.profile.max_model_len:
             # vLLM refuses a prompt plus its max_tokens beyond max_model_len with a 400 before any
-            # work: no queue, no prefill, not the deployment's SLA (it counts apart, as ``rejected``)
+            # work: no queue, no prefill, not the deployment's SLA (it counts apart, as ``rejected``),
+            # and the proxy counts the client's own 4xx as client_error, not as an error
             r.status = "rejected"
             self.rejected.append(r)
             if self.proxy.metrics is not None:
-                self.proxy.metrics.failed(Outcome.ERROR, self.now + self.to_client_s - r.arrival)
+                self.proxy.metrics.failed(outcome_of_status(400), self.now + self.to_client_s - r.arrival)
             return
         cands = [p for p in self.replicas if p.pool == "prefill" and p.state == READY]
         if not cands:  # the proxy answers 503 at once: never in flight
