@@ -14,9 +14,11 @@ Schema (``PRAGMA user_version`` = 1):
   tick rewrites only what changed (an SLO ledger's current bucket chunk, not 30 days of them);
 - ``log(id, stream, t, value)``: append-only records (the advisor's decisions), trimmed by age.
 
-Components implement the ``Stateful`` protocol; the store never looks inside their parts. A file
-that cannot be opened or fails its integrity check is moved aside (``<name>.corrupt-<unix time>``)
-and a fresh one started; ``status()`` says so, and the guard serves that on ``/v1/status``.
+Components implement the ``Stateful`` protocol; the store never looks inside their parts. A
+damaged file (not a database, malformed, fails its integrity check) is moved aside
+(``<name>.corrupt-<unix time>``) and a fresh one started; ``status()`` says so, and the guard
+serves that on ``/v1/status``. A file that is fine but unusable now (locked, read-only, disk full,
+newer schema) raises ``StateUnavailable`` at start instead: a fresh file would forget the budgets.
 """
 
 from __future__ import annotations
@@ -61,6 +63,26 @@ class Stateful(Protocol):
     def state_load(self, parts: dict[str, Any], records: list[dict]) -> None: ...
 
 
+class StateUnavailable(RuntimeError):
+    """The state file exists but cannot be used now (locked by another process, read-only, disk
+    full, written by a newer guard). Why an error and not a fresh file: starting fresh would
+    silently forget the error budgets and findings; ``serve`` prints this and exits 2."""
+
+
+class _Corrupt(sqlite3.DatabaseError):
+    """``quick_check`` failed: the file itself is bad, so moving it aside loses nothing usable."""
+
+
+def _is_corrupt(err: sqlite3.Error) -> bool:
+    """Only a damaged file is moved aside; locked/read-only/full are conditions to fix, not data to drop."""
+    return isinstance(err, _Corrupt) or str(getattr(err, "sqlite_errorname", "")).startswith(
+        ("SQLITE_CORRUPT", "SQLITE_NOTADB"))
+
+
+_FIX = ("another sla-guard or tool may hold it, or the file/directory is read-only, or the disk is full: fix "
+        "that, or set state.path to another file (moving this one away starts fresh and forgets the error budgets)")
+
+
 class StateStore:
     """One SQLite file; every method is safe to call from the tick thread and the API thread."""
 
@@ -80,12 +102,18 @@ class StateStore:
         self.last_save_ms: float | None = None
         self.trimmed = 0
         self._conn: sqlite3.Connection | None = None
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         try:
-            self._conn = self._open()
-        except sqlite3.DatabaseError as err:
-            self._move_aside(f"{type(err).__name__}: {err}")
-            self._conn = self._open()
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                self._conn = self._open()
+            except sqlite3.DatabaseError as err:
+                if not _is_corrupt(err):
+                    raise
+                self._move_aside(f"{type(err).__name__}: {err}")
+                self._conn = self._open()
+        except (sqlite3.Error, OSError) as err:
+            raise StateUnavailable(f"state file {self.path} cannot be used ({type(err).__name__}: {err}); "
+                                   f"{_FIX}") from err
 
     # -- opening ---------------------------------------------------------------------------------
     def _open(self) -> sqlite3.Connection:
@@ -96,10 +124,12 @@ class StateStore:
             conn.execute("PRAGMA journal_size_limit=8388608")  # the WAL shrinks back after a checkpoint
             ok = conn.execute("PRAGMA quick_check").fetchone()
             if not ok or ok[0] != "ok":
-                raise sqlite3.DatabaseError(f"quick_check: {ok[0] if ok else 'no answer'}")
+                raise _Corrupt(f"quick_check: {ok[0] if ok else 'no answer'}")
             version = conn.execute("PRAGMA user_version").fetchone()[0]
             if version not in (0, SCHEMA_VERSION):
-                raise sqlite3.DatabaseError(f"schema version {version}, this guard reads {SCHEMA_VERSION}")
+                raise StateUnavailable(f"state file {self.path} has schema version {version}, this guard reads "
+                                       f"{SCHEMA_VERSION}: run the sla-guard that wrote it, or set state.path to "
+                                       f"another file (moving this one away forgets the error budgets)")
             conn.executescript(_SCHEMA)
             conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
         except Exception:
@@ -125,6 +155,7 @@ class StateStore:
             if self._conn is not None:
                 with contextlib.suppress(sqlite3.Error):
                     self._conn.close()
+            self._conn = None
             self._move_aside(why)
             self._conn = self._open()
 
@@ -172,6 +203,8 @@ class StateStore:
                                                                               default=float)))
         try:
             with self._lock:
+                if self._conn is None:  # a reset's reopen failed: try again each save
+                    self._conn = self._open()
                 c = self._conn
                 c.execute("BEGIN IMMEDIATE")
                 try:
@@ -185,14 +218,19 @@ class StateStore:
                     with contextlib.suppress(sqlite3.Error):
                         c.execute("ROLLBACK")
                     raise
-        except sqlite3.OperationalError as err:  # disk full, locked, read-only: keep running
+        except sqlite3.DatabaseError as err:
+            self.errors += 1
+            if not _is_corrupt(err):  # disk full, locked, read-only: keep running, retry next save
+                self.problem = f"state save failed: {err}"
+                log.warning("%s", self.problem)
+                return False
+            with contextlib.suppress(sqlite3.Error, StateUnavailable, OSError):
+                self.reset(f"{type(err).__name__}: {err}")  # the file went bad under us
+            return False
+        except (sqlite3.Error, StateUnavailable, OSError) as err:  # never raise into the tick
             self.errors += 1
             self.problem = f"state save failed: {err}"
             log.warning("%s", self.problem)
-            return False
-        except sqlite3.DatabaseError as err:  # the file went bad under us
-            self.errors += 1
-            self.reset(f"{type(err).__name__}: {err}")
             return False
         self.saves += 1
         self.last_save_at = now

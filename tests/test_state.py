@@ -458,3 +458,89 @@ def test_serve_wiring_opens_the_configured_file(tmp_path):
     st = open_state(parse_config({**ATT, "state": {"path": str(tmp_path / "x.db"), "max_bytes": 2 * 1024 * 1024}}))
     assert st is not None and st.max_bytes == 2 * 1024 * 1024
     assert st.retention_s == pytest.approx(86400.0 + 86400.0)  # longest period (1d) + a day
+
+
+# -- a sound file that cannot be used, and bad restored values -------------------------------------
+
+def test_a_locked_or_newer_file_is_refused_by_name_never_moved_aside(tmp_path):
+    """Probe: a second process holding the write lock (or a downgrade to an older guard) made the
+    file "unreadable": it was moved aside and a fresh one started, forgetting the error budgets."""
+    from sla_guard.state import StateUnavailable
+
+    p = tmp_path / "state.db"
+    st = StateStore(p)
+    assert st.save({"slo": {"meta": {"x": 1}}})
+    st.close()
+    holder = sqlite3.connect(p, isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")
+    try:
+        with pytest.raises(StateUnavailable, match=str(p)) as err:
+            StateStore(p)
+        assert "state.path" in str(err.value) and "locked" in str(err.value)
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    newer = sqlite3.connect(p)
+    newer.execute("PRAGMA user_version=2")
+    newer.commit()
+    newer.close()
+    with pytest.raises(StateUnavailable, match="schema version 2"):
+        StateStore(p)
+    assert not list(tmp_path.glob("*.corrupt-*"))
+    newer = sqlite3.connect(p)
+    newer.execute("PRAGMA user_version=1")
+    newer.commit()
+    newer.close()
+    assert StateStore(p).load() == {"slo": {"meta": {"x": 1}}}
+
+
+def test_serve_exits_2_naming_the_state_file_it_cannot_use(tmp_path, capsys):
+    import yaml
+
+    from sla_guard.cli import main
+
+    p = tmp_path / "state.db"
+    StateStore(p).close()
+    newer = sqlite3.connect(p)
+    newer.execute("PRAGMA user_version=9")
+    newer.commit()
+    newer.close()
+    cfg = tmp_path / "guard.yaml"
+    cfg.write_text(yaml.safe_dump({**ATT, "state": {"path": str(p)},
+                                   "source": {"targets": [{"url": "http://127.0.0.1:9/metrics", "pool": "decode"}]}}))
+    assert main(["serve", "--config", str(cfg), "--listen", "127.0.0.1:9"]) == 2
+    assert f"state file {p}" in capsys.readouterr().err
+
+
+def test_a_save_while_another_process_holds_the_lock_is_counted_and_the_guard_keeps_ticking(tmp_path):
+    st = StateStore(tmp_path / "state.db")
+    cfg = parse_config(ATT)
+    guard = Guard(cfg, _NullSource(), [SLOEvaluator(cfg)], state=st)
+    holder = sqlite3.connect(tmp_path / "state.db", isolation_level=None, timeout=0)
+    holder.execute("BEGIN EXCLUSIVE")
+    try:
+        guard.tick(T0)
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    assert guard.ticks == 1 and st.errors == 1 and "locked" in (st.problem or "")
+    guard.tick(T0 + 15)
+    assert st.saves == 1 and guard.ticks == 2
+
+
+@pytest.mark.parametrize("bad", [{"g": math.nan}, {"g": math.inf, "t": math.inf}, {"g": 1e9}, {"t": -1e9}])
+def test_nan_inf_or_impossible_ledger_counts_from_the_file_are_never_judged_ok(tmp_path, bad):
+    """Probe: one restored bucket with good=NaN made the period's errors NaN: budget and burn
+    rates None, so a violated pool came back "ok" from the file."""
+    cfg = parse_config(ATT)
+    _e, store, ev, t = _drive_att(1800, bad_every=8)
+    assert _slo(ev).status is Status.VIOLATED
+    st = StateStore(tmp_path / "state.db")
+    parts = ev.state_dump(True)
+    name = next(k for k, v in parts.items() if k.startswith("ledger/c/") and v and v["b"])
+    parts[name] = {**parts[name], **{k: [x] * len(parts[name]["b"]) for k, x in bad.items()}}
+    st.save({"slo": parts})
+    fresh = SLOEvaluator(cfg)
+    fresh.state_load(st.load()["slo"], [])
+    fresh.evaluate(store, t)
+    assert _slo(fresh).status is not Status.OK, _slo(fresh)

@@ -78,9 +78,14 @@ def run(args: argparse.Namespace) -> int:
 
     from sla_guard.api import create_app, server_config
     from sla_guard.compose import compose
-    from sla_guard.state import open_state
+    from sla_guard.state import StateUnavailable, open_state
 
-    root = compose(cfg, state=open_state(cfg))
+    try:
+        state = open_state(cfg)
+    except StateUnavailable as err:  # locked, read-only, full, newer schema: say which file and the fix
+        print(f"state.path: {err}", file=sys.stderr)
+        return 2
+    root = compose(cfg, state=state)
     guard = root.guard
     app = create_app(guard, token=token, extra_routers=root.routers, max_body_bytes=cfg.api.max_body_bytes)
     class _Server(uvicorn.Server):
