@@ -306,6 +306,8 @@ class PrometheusSource(_Strict):
     # Label that carries the model / pool in the Prometheus the guard queries.
     selector: str = Field(default="", description="extra PromQL matchers, e.g. 'namespace=\"llm\"'")
     concurrency: int = Field(default=8, ge=1, le=64, description="queries in flight at once within a tick")
+    max_body_bytes: int = Field(default=64 * 1024 * 1024, ge=1024,
+                                description="largest answer read; a bigger one counts as too_large (unknown)")
 
     @field_validator("url")
     @classmethod

@@ -350,3 +350,57 @@ def test_failing_prometheus_is_named_in_the_reason():
         assert "source failing" in pool.reason and "HTTP 500" in pool.reason, pool.reason
     finally:
         bad.stop()
+
+
+@pytest.mark.parametrize("chunked", [False, True])
+def test_prometheus_answer_over_the_body_limit_is_too_large_and_unknown(chunked):
+    """A Prometheus answer had no size bound: one huge answer was buffered whole. Past
+    ``source.max_body_bytes`` (declared or counted while streaming) it is ``too_large``."""
+    import json
+
+    big = json.dumps({"status": "success", "data": {"resultType": "vector", "result": [
+        {"metric": {"model": "m", "pool": "decode", "i": str(i)}, "value": [1.0, "1"]} for i in range(200)]}})
+    srv = Served(lambda: big)
+    srv.mode = "chunked" if chunked else "ok"
+    try:
+        cfg = parse_config({"source": {"mode": "prometheus", "url": f"http://127.0.0.1:{srv.port}", "timeout_s": 2,
+                                       "max_body_bytes": 4096}})
+        guard = compose(cfg, detectors=False, advisor=False).guard
+        guard.tick()
+        assert guard.source.view.errors.get("too_large", 0) >= 1
+        assert guard.evaluator("slo").overall() is Status.UNKNOWN
+        assert guard.source.view.instant("x", {}, 1.0) == {}
+    finally:
+        srv.stop()
+
+
+BAD_SHAPES = [
+    {"resultType": "vector", "result": None},
+    {"resultType": "vector", "result": 7},
+    {"resultType": "vector", "result": ["not an object", 3, None]},
+    {"resultType": "vector", "result": [{"metric": None, "value": [1, "2"]}]},
+    {"resultType": "vector", "result": [{"metric": {"pool": 5}, "value": [1, "2"]}]},
+    {"resultType": "vector", "result": [{"metric": {}, "value": "2"}]},
+    {"resultType": "matrix", "result": [{"metric": {}, "values": [[1, "a"], "x", None, [2]]}]},
+    {"resultType": "matrix", "result": [{"metric": {}, "values": {"1": "2"}}]},
+]
+
+
+@pytest.mark.parametrize("data", BAD_SHAPES)
+def test_prometheus_answers_of_the_wrong_shape_read_as_no_data_never_raise(data):
+    """``result: null``, items that are not objects, ``metric: null``: these raised TypeError or
+    AttributeError into the evaluator, which then stopped before replacing its verdicts (the
+    previous tick's "ok" stood). Each reads as no data now, on every MetricsView call."""
+    import json
+
+    from sla_guard.ingest.prometheus import PrometheusView
+
+    srv = Served(lambda: json.dumps({"status": "success", "data": data}))
+    try:
+        view = PrometheusView(f"http://127.0.0.1:{srv.port}", timeout_s=2)
+        assert view.instant("x", {}, 1.0) == {}
+        assert view.increase("x", {}, 60, 1.0) == {}
+        assert view.range("x", {}, 0.0, 60.0) == []
+        assert srv.hits >= 3
+    finally:
+        srv.stop()

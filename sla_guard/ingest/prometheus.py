@@ -58,6 +58,33 @@ class PrometheusError(Exception):
         self.kind = kind
 
 
+def _result(data: dict | None, kind: str) -> list[dict]:
+    """The result items of a ``kind`` answer; [] for another kind or a malformed one. A wrong
+    shape (``result: null``, an item that is not an object) reads as no data, hence unknown: it
+    raised into the evaluator before, which then kept serving the previous tick's verdicts."""
+    if data is None or data.get("resultType") != kind or not isinstance(data.get("result"), list):
+        return []
+    return [item for item in data["result"] if isinstance(item, dict)]
+
+
+def _labels(item: dict) -> Labels | None:
+    """An item's labels without ``__name__``; None when ``metric`` is not an object of strings."""
+    metric = item.get("metric", {})
+    if not isinstance(metric, dict) or not all(isinstance(v, str) for v in metric.values()):
+        return None
+    return tuple(sorted((k, v) for k, v in metric.items() if k != "__name__"))
+
+
+def _point(p: object) -> tuple[float, float] | None:
+    """``[time, "value"]`` as floats; None when it is not such a pair."""
+    if not isinstance(p, list | tuple) or len(p) != 2:
+        return None
+    try:
+        return float(p[0]), float(p[1])
+    except (TypeError, ValueError):
+        return None
+
+
 class PrometheusView:
     """MetricsView over one Prometheus-compatible server (synchronous httpx; the guard runs
     evaluators off its event loop)."""
@@ -66,7 +93,8 @@ class PrometheusView:
     window_label = None
 
     def __init__(self, url: str, *, timeout_s: float = 10.0, token: str | None = None, extra_selector: str = "",
-                 transport: httpx.BaseTransport | None = None, concurrency: int = 8) -> None:
+                 transport: httpx.BaseTransport | None = None, concurrency: int = 8,
+                 max_body_bytes: int = 64 * 1024 * 1024) -> None:
         """Credentials never stay in ``self.url`` (logged with each request, shown in
         /v1/targets): ``user:pw@`` becomes explicit Basic auth, or is dropped when a bearer
         ``token`` is given (explicit wins; httpx would otherwise replace the bearer with the
@@ -91,6 +119,7 @@ class PrometheusView:
         self._client = httpx.Client(timeout=timeout_s, headers=headers, auth=auth, params=params or None,
                                     transport=transport)
         self.timeout_s = timeout_s
+        self.max_body_bytes = max_body_bytes
         self.deadline: float | None = None
         self.last_error_at: float | None = None
         # prefetch: the queries of one tick are the next tick's too (same pools, same windows);
@@ -130,8 +159,15 @@ class PrometheusView:
         budget = self._budget(deadline)
         end = time.monotonic() + budget
         chunks: list[bytes] = []
+        size, limit = 0, self.max_body_bytes
         with self._client.stream("GET", f"{self.url}/api/v1/query", params=params, timeout=budget) as r:
+            declared = r.headers.get("content-length", "")
+            if declared.isdigit() and int(declared) > limit:
+                raise PrometheusError("too_large", f"answer of {declared} bytes > source.max_body_bytes {limit}")
             for chunk in r.iter_bytes():
+                size += len(chunk)
+                if size > limit:  # never buffered beyond the limit
+                    raise PrometheusError("too_large", f"answer over source.max_body_bytes {limit}")
                 chunks.append(chunk)
                 if time.monotonic() > end:
                     raise PrometheusError("timeout", f"Prometheus answer not complete within {budget:.3g}s")
@@ -196,19 +232,11 @@ class PrometheusView:
         return body["data"]
 
     def _vector(self, promql: str, at: float) -> dict[Labels, float]:
-        data = self.query(promql, at)
-        if data is None or data.get("resultType") != "vector":
-            return {}
         out: dict[Labels, float] = {}
-        for item in data.get("result", []):
-            try:
-                v = float(item["value"][1])
-            except (KeyError, IndexError, TypeError, ValueError):
-                continue
-            if math.isnan(v):
-                continue
-            metric = {k: x for k, x in item.get("metric", {}).items() if k != "__name__"}
-            out[tuple(sorted(metric.items()))] = v
+        for item in _result(self.query(promql, at), "vector"):
+            labels, point = _labels(item), _point(item.get("value"))
+            if labels is not None and point is not None and not math.isnan(point[1]):
+                out[labels] = point[1]
         return out
 
     # -- MetricsView ---------------------------------------------------------------------------
@@ -231,17 +259,13 @@ class PrometheusView:
     def range(self, metric: str, matchers: Mapping[str, str], start: float, end: float) -> list[Series]:
         """Raw samples: the range selector ``metric{matchers}[end-start]`` evaluated at ``end``."""
         data = self.query(f"{selector(metric, matchers, self.extra)}[{duration(end - start)}]", end)
-        if data is None or data.get("resultType") != "matrix":
-            return []
         out = []
-        for item in data.get("result", []):
-            vals = item.get("values") or []
-            if not vals:
+        for item in _result(data, "matrix"):
+            labels, vals = _labels(item), item.get("values")
+            points = [q for q in map(_point, vals) if q is not None] if isinstance(vals, list) else []
+            if labels is None or not points:
                 continue
-            metric_l = {k: x for k, x in item.get("metric", {}).items() if k != "__name__"}
-            t = np.array([float(p[0]) for p in vals])
-            v = np.array([float(p[1]) for p in vals])
-            out.append(Series(tuple(sorted(metric_l.items())), t, v))
+            out.append(Series(labels, np.array([q[0] for q in points]), np.array([q[1] for q in points])))
         return out
 
     def histogram_quantile(self, q: float, metric: str, matchers: Mapping[str, str], window_s: float,
@@ -282,7 +306,8 @@ class PrometheusSourceImpl:
                         cfg.bearer_token_env)
         self.cfg = cfg
         self.view = PrometheusView(cfg.url, timeout_s=cfg.timeout_s, token=token, extra_selector=cfg.selector,
-                                   transport=transport, concurrency=cfg.concurrency)
+                                   transport=transport, concurrency=cfg.concurrency,
+                                   max_body_bytes=cfg.max_body_bytes)
         self._checked = False
         self.stale_after_s = stale_after_s
 
