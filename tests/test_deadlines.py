@@ -421,3 +421,27 @@ def test_prometheus_queries_run_concurrently_and_agree_with_sequential():
         assert inflight1 == 1 and inflight8 >= 2, (inflight1, inflight8)
         assert s1["pools"] == s8["pools"] and s8["status"] == "ok"
         print(f"prefetch: {q8} queries over two ticks, up to {inflight8} in flight")
+
+
+def test_prometheus_trickling_its_headers_fails_the_query_at_its_deadline():
+    """httpx's timeout bounds each read, not the request: a Prometheus sending its headers one
+    byte every 0.2 s held a query (and the guard's tick) until the headers were in: 16 s here.
+    The query now fails at its 1 s budget, counted as a timeout, and reads unknown."""
+    import json
+
+    from sla_guard.ingest.prometheus import PrometheusView
+
+    body = json.dumps({"status": "success", "data": {"resultType": "vector", "result": [
+        {"metric": {"model": "m"}, "value": [1.0, "1"]}]}})
+    slow = Trickle(body, what="headers")
+    view = PrometheusView(f"http://127.0.0.1:{slow.port}", timeout_s=1.0)
+    try:
+        t0 = time.monotonic()
+        got = view.instant("x", {}, 1.0)
+        took = time.monotonic() - t0
+        print(f"trickled headers: query failed after {took:.2f}s (budget 1 s)")
+        assert got == {} and view.errors.get("timeout") == 1, view.errors
+        assert took < 5, took  # the headers alone take ~16 s at this rate
+    finally:
+        slow.stop()
+        view.close()

@@ -128,6 +128,7 @@ class PrometheusView:
         self._used: dict[str, None] = {}
         self._cache: dict[tuple[str, float], dict | None] = {}
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._io: concurrent.futures.ThreadPoolExecutor | None = None  # requests, each within its deadline
         self._metrics: ContractMetrics | None = None
         self.errors: dict[str, int] = {}
         self.last_error: str | None = None
@@ -154,10 +155,24 @@ class PrometheusView:
         return min(self.timeout_s, left)
 
     def _get(self, params: dict[str, str], deadline: float | None) -> tuple[int, bytes]:
-        """GET /api/v1/query with a total deadline over connect, headers and body (httpx's
-        timeout bounds each read only; a server trickling its answer is cut here)."""
+        """GET /api/v1/query within a total deadline over connect, headers and body. httpx's
+        timeout bounds each read only, so a server trickling its headers a byte at a time held a
+        query for minutes; the request runs on an I/O thread and is abandoned at the deadline
+        (the thread ends at httpx's own timeouts; a request still queued is cancelled)."""
         budget = self._budget(deadline)
-        end = time.monotonic() + budget
+        if self._io is None:
+            self._io = concurrent.futures.ThreadPoolExecutor(2 * self.concurrency,
+                                                             thread_name_prefix="sla-guard-promql-io")
+        fut = self._io.submit(self._fetch, params, budget, time.monotonic() + budget)
+        try:
+            return fut.result(timeout=budget)
+        except concurrent.futures.TimeoutError:
+            fut.cancel()
+            raise PrometheusError("timeout", f"Prometheus answer not complete within {budget:.3g}s") from None
+
+    def _fetch(self, params: dict[str, str], budget: float, end: float) -> tuple[int, bytes]:
+        """The request itself: the body streamed and bounded by ``max_body_bytes``; an abandoned
+        one stops at its next chunk past ``end`` rather than reading the rest."""
         chunks: list[bytes] = []
         size, limit = 0, self.max_body_bytes
         with self._client.stream("GET", f"{self.url}/api/v1/query", params=params, timeout=budget) as r:
@@ -288,8 +303,9 @@ class PrometheusView:
         return promql.split_le(self.increase(name, matchers, window_s, at, ("le", *by)))
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
+        for pool in (self._pool, self._io):
+            if pool is not None:
+                pool.shutdown(wait=False, cancel_futures=True)
         self._client.close()
 
 
