@@ -29,7 +29,6 @@ from urllib.parse import urlsplit
 
 import yaml
 from pydantic import (
-    ConfigDict,
     Discriminator,
     Field,
     Tag,
@@ -53,14 +52,6 @@ MAX_PERIOD_S = 400 * 86400.0
 
 class ConfigError(ValueError):
     """A configuration that cannot be used; the message says where and how to fix it."""
-
-
-class _Strict(Strict):
-    # allow_inf_nan=False: `.inf` / `.nan` in YAML are floats, and no setting of the guard means
-    # anything with them (an infinite interval never scrapes, a NaN threshold never compares).
-    # (extra="forbid", frozen and strict come from Strict, and allow_inf_nan=False now too, for the
-    # detectors' and advisor's sections; kept here so this section's rule is read where it applies.)
-    model_config = ConfigDict(allow_inf_nan=False)
 
 
 class Indicator(StrEnum):
@@ -119,7 +110,7 @@ def split_listen(listen: str) -> tuple[str, int]:
     return host, int(port)
 
 
-class SLO(_Strict):
+class SLO(Strict):
     """One objective. ``name`` must be unique within a (model, pool)."""
 
     name: str = Field(pattern=r"^[a-z][a-z0-9_]*$")
@@ -189,7 +180,7 @@ def default_slos() -> list[SLO]:
     ]
 
 
-class SLOSet(_Strict):
+class SLOSet(Strict):
     """SLOs for one model's pool. ``pool: '*'`` / ``model: '*'`` apply to all."""
 
     model: str = "*"
@@ -212,7 +203,7 @@ def default_slo_sets() -> list[SLOSet]:
     return [SLOSet(), SLOSet(pool="prefill", objectives=ttft_only)]
 
 
-class Target(_Strict):
+class Target(Strict):
     url: str = Field(description="http(s) URL of an engine's /metrics, or of a P/D router's")
     model: str = "default"
     pool: Literal["prefill", "decode", "mixed", "client"] = Field(
@@ -279,7 +270,7 @@ def parse_targets(data: object, where: str = "<targets>") -> list[Target]:
     return out
 
 
-class ScrapeSource(_Strict):
+class ScrapeSource(Strict):
     mode: Literal["scrape"] = "scrape"
     targets: list[Target] = Field(default_factory=list)
     targets_file: Path | None = Field(default=None, strict=False,  # YAML gives a string
@@ -298,7 +289,7 @@ class ScrapeSource(_Strict):
         return self
 
 
-class PrometheusSource(_Strict):
+class PrometheusSource(Strict):
     mode: Literal["prometheus"]
     url: str
     timeout_s: float = Field(default=10.0, gt=0)
@@ -330,7 +321,7 @@ Source = Annotated[
 ]
 
 
-class APISettings(_Strict):
+class APISettings(Strict):
     listen: str = "127.0.0.1:8080"
     token_file: Path | None = Field(default=None, strict=False)  # YAML gives a string
     token_env: str | None = "SLA_GUARD_TOKEN"
@@ -363,7 +354,7 @@ def _read_token(path: Path) -> str:
                           f"plain text") from None
 
 
-class Retention(_Strict):
+class Retention(Strict):
     duration: str = Field(default="26h", description="how long the embedded store keeps samples")
     coarse_step: str = Field(default="5m", description="step of the downsampled tier (process memory, load "
                                                        "gauges) that long-range reads such as leak detection use")
@@ -389,7 +380,7 @@ class Retention(_Strict):
         return v
 
 
-class AlertmanagerSettings(_Strict):
+class AlertmanagerSettings(Strict):
     url: str | None = None
     bearer_token_env: str | None = None
     timeout_s: float = Field(default=5.0, gt=0)
@@ -401,7 +392,7 @@ class AlertmanagerSettings(_Strict):
         return None if v is None else _http_url(v, "http://alertmanager:9093")
 
 
-class EngineBuckets(_Strict):
+class EngineBuckets(Strict):
     """Extra TTFT / TPOT bucket boundaries the engines were started with (``SLA_GUARD_TTFT_SLO_S``,
     ``SLA_GUARD_TPOT_SLO_S``, see exporters/contract.py ``bucket_override``). An attainment SLO
     counts requests from the bucket whose upper bound is its threshold, so a threshold must be
@@ -411,7 +402,7 @@ class EngineBuckets(_Strict):
     tpot: list[Annotated[float, Field(gt=0)]] = Field(default_factory=list)
 
 
-class StateSettings(_Strict):
+class StateSettings(Strict):
     """Crash-safe state (``sla_guard.state``): SLO ledgers, open findings, advisor memory."""
 
     path: Path | None = Field(default=None, strict=False,  # YAML gives a string
@@ -422,7 +413,7 @@ class StateSettings(_Strict):
         default="normal", description="normal: survives kill -9 (WAL); full: also power loss, one fsync per tick")
 
 
-class GuardConfig(_Strict):
+class GuardConfig(Strict):
     source: Source = Field(default_factory=ScrapeSource)
     slos: list[SLOSet] = Field(default_factory=default_slo_sets)
     evaluation_interval_s: float = Field(default=15.0, gt=0)
