@@ -299,6 +299,9 @@ class PrometheusSource(Strict):
     concurrency: int = Field(default=8, ge=1, le=64, description="queries in flight at once within a tick")
     max_body_bytes: int = Field(default=64 * 1024 * 1024, ge=1024,
                                 description="largest answer read; a bigger one counts as too_large (unknown)")
+    accept_partial: bool = Field(
+        default=False, description="use answers that carry warnings (a remote-read or store failure: partial data); "
+                                   "by default they count as partial and read unknown")
 
     @field_validator("url")
     @classmethod

@@ -25,11 +25,11 @@ def _free_port() -> int:
 
 
 class PrometheusProcess:
-    """``prometheus`` scraping ``targets`` (host:port) every ``interval_s``; stop() kills it
-    and removes its storage."""
+    """``prometheus`` scraping ``targets`` (host:port) every ``interval_s`` (``extra``: more
+    top-level configuration, e.g. ``remote_read``); stop() kills it and removes its storage."""
 
     def __init__(self, targets: list[str], interval_s: float = 1.0, job: str = "engines",
-                 metrics_path: str = "/metrics") -> None:
+                 metrics_path: str = "/metrics", extra: dict | None = None) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="sla-guard-prom-"))
         self.port = _free_port()
         cfg = {
@@ -38,6 +38,7 @@ class PrometheusProcess:
                        "evaluation_interval": "1s"},
             "scrape_configs": [{"job_name": job, "metrics_path": metrics_path,
                                 "static_configs": [{"targets": targets}]}],
+            **(extra or {}),
         }
         (self.dir / "prometheus.yml").write_text(yaml.safe_dump(cfg))
         self.log = open(self.dir / "log.txt", "w")  # noqa: SIM115 (closed in stop)

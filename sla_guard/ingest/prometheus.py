@@ -94,7 +94,7 @@ class PrometheusView:
 
     def __init__(self, url: str, *, timeout_s: float = 10.0, token: str | None = None, extra_selector: str = "",
                  transport: httpx.BaseTransport | None = None, concurrency: int = 8,
-                 max_body_bytes: int = 64 * 1024 * 1024) -> None:
+                 max_body_bytes: int = 64 * 1024 * 1024, accept_partial: bool = False) -> None:
         """Credentials never stay in ``self.url`` (logged with each request, shown in
         /v1/targets): ``user:pw@`` becomes explicit Basic auth, or is dropped when a bearer
         ``token`` is given (explicit wins; httpx would otherwise replace the bearer with the
@@ -120,6 +120,7 @@ class PrometheusView:
                                     transport=transport)
         self.timeout_s = timeout_s
         self.max_body_bytes = max_body_bytes
+        self.accept_partial = accept_partial
         self.deadline: float | None = None
         self.last_error_at: float | None = None
         # prefetch: the queries of one tick are the next tick's too (same pools, same windows);
@@ -233,6 +234,13 @@ class PrometheusView:
                 err = body.get("error") if isinstance(body, dict) else None
                 raise PrometheusError("query" if status in (400, 422) else "bad_response",
                                       f"HTTP {status}: {err or 'unexpected answer'} for {promql}")
+            warnings = body.get("warnings")
+            if warnings and not self.accept_partial:
+                # a remote-read endpoint or a store that failed (Prometheus, Thanos, Mimir): the
+                # data are partial, and a mean over part of the requests is not the SLA's
+                first = warnings[0] if isinstance(warnings, list) else warnings
+                raise PrometheusError("partial", f"Prometheus answered with warnings (partial data; "
+                                                 f"source.accept_partial: true uses them): {str(first)[:300]}")
         except PrometheusError as err:
             self.errors[err.kind] = self.errors.get(err.kind, 0) + 1
             msg = redact_text(str(err))  # httpx's messages can quote the request URL
@@ -323,7 +331,7 @@ class PrometheusSourceImpl:
         self.cfg = cfg
         self.view = PrometheusView(cfg.url, timeout_s=cfg.timeout_s, token=token, extra_selector=cfg.selector,
                                    transport=transport, concurrency=cfg.concurrency,
-                                   max_body_bytes=cfg.max_body_bytes)
+                                   max_body_bytes=cfg.max_body_bytes, accept_partial=cfg.accept_partial)
         self._checked = False
         self.stale_after_s = stale_after_s
 
