@@ -19,15 +19,19 @@ damaged file (not a database, malformed, fails its integrity check) is moved asi
 (``<name>.corrupt-<unix time>``) and a fresh one started; ``status()`` says so, and the guard
 serves that on ``/v1/status``. A file that is fine but unusable now (locked, read-only, disk full,
 newer schema) raises ``StateUnavailable`` at start instead: a fresh file would forget the budgets.
+So does a file another guard has open (``<name>.lock``, an ``flock`` held while the store is
+open): two guards writing one file would each restore the other's ledgers and findings.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import fcntl
 import json
 import logging
 import os
+import socket
 import sqlite3
 import threading
 import time
@@ -102,8 +106,10 @@ class StateStore:
         self.last_save_ms: float | None = None
         self.trimmed = 0
         self._conn: sqlite3.Connection | None = None
+        self._lock_fd: int | None = None
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._lock_fd = self._take_lock()
             try:
                 self._conn = self._open()
             except sqlite3.DatabaseError as err:
@@ -111,9 +117,40 @@ class StateStore:
                     raise
                 self._move_aside(f"{type(err).__name__}: {err}")
                 self._conn = self._open()
-        except (sqlite3.Error, OSError) as err:
+        except (sqlite3.Error, OSError, StateUnavailable) as err:
+            self._release_lock()
+            if isinstance(err, StateUnavailable):
+                raise
             raise StateUnavailable(f"state file {self.path} cannot be used ({type(err).__name__}: {err}); "
                                    f"{_FIX}") from err
+
+    def _take_lock(self) -> int:
+        """An exclusive ``flock`` on ``<name>.lock`` for as long as this store is open (released
+        by the kernel when the process dies, so a crash never leaves it held). Local filesystems
+        only, as the file-lock elector: flock over NFS is not reliable."""
+        lock_path = self.path.with_name(self.path.name + ".lock")
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "a process"
+            os.close(fd)
+            raise StateUnavailable(f"state file {self.path} is in use by another sla-guard ({holder}; lock "
+                                   f"{lock_path}): each guard needs its own state.path, or stop the other") from None
+        except OSError:
+            os.close(fd)
+            raise
+        note = f"pid {os.getpid()} on {socket.gethostname()}".encode()
+        with contextlib.suppress(OSError):
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, note, 0)
+        return fd
+
+    def _release_lock(self) -> None:
+        if self._lock_fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._lock_fd)  # closing the descriptor drops the flock
+            self._lock_fd = None
 
     # -- opening ---------------------------------------------------------------------------------
     def _open(self) -> sqlite3.Connection:
@@ -287,6 +324,11 @@ class StateStore:
                 with contextlib.suppress(sqlite3.Error):
                     self._conn.close()
                 self._conn = None
+            self._release_lock()
+
+    def __del__(self) -> None:  # a store dropped without close() must not keep the file locked
+        if getattr(self, "_lock_fd", None) is not None:
+            self._release_lock()
 
 
 # -- a small JSON codec for components' dataclass state -----------------------------------------

@@ -544,3 +544,33 @@ def test_nan_inf_or_impossible_ledger_counts_from_the_file_are_never_judged_ok(t
     fresh.state_load(st.load()["slo"], [])
     fresh.evaluate(store, t)
     assert _slo(fresh).status is not Status.OK, _slo(fresh)
+
+
+def test_a_second_guard_on_the_same_state_file_is_refused_naming_the_holder(tmp_path):
+    """Two guards configured with one state.path both wrote it: each restart restored a mix of
+    the two guards' ledgers and findings. The second is refused (a flock on ``<name>.lock``,
+    released by the kernel when the holder dies), and serve exits 2 naming the file."""
+    import subprocess
+    import sys
+
+    from sla_guard.state import StateUnavailable
+
+    p = tmp_path / "state.db"
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time\nfrom sla_guard.state import StateStore\n"
+                               f"s = StateStore({str(p)!r}); print('open', flush=True); time.sleep(60)"],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "open"
+        with pytest.raises(StateUnavailable, match="in use by another sla-guard") as err:
+            StateStore(p)
+        assert f"pid {holder.pid}" in str(err.value) and "state.path" in str(err.value)
+    finally:
+        holder.kill()  # SIGKILL: no close(); the kernel drops the lock
+        holder.wait()
+    st = StateStore(p)
+    assert st.save({"slo": {"meta": {"x": 1}}})
+    with pytest.raises(StateUnavailable, match="in use"):
+        StateStore(p)  # in-process too: a second store on an open file
+    st.close()
+    assert StateStore(p).load() == {"slo": {"meta": {"x": 1}}}
+    assert not list(tmp_path.glob("*.corrupt-*"))
