@@ -35,12 +35,16 @@ class _Loader(yaml.SafeLoader):
     and reads YAML 1.2 floats that PyYAML's YAML 1.1 rules leave as strings: ``1e-3``,
     ``1.72e12``, ``5E+9`` (1.1 wants a dot and a signed exponent). Since models do not coerce
     strings to numbers, ``bytes: 1.6e9`` must arrive as a number; a quoted ``"1.6e9"`` still
-    arrives as a string and is refused."""
+    arrives as a string and is refused. YAML 1.1's other number forms are refused by name:
+    ``010`` is octal 8 and ``1:30`` is base 60 (90), so ``max_replicas: 010`` ran with 8 and
+    ``window: 1:30`` arrived as 90 without a word."""
 
 
 def _unique_mapping(loader: _Loader, node: yaml.MappingNode, deep: bool = False) -> dict:
     seen: dict = {}
     for key_node, _ in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge":
+            continue  # ``<<: *defaults``: merged keys may be overridden by the mapping's own
         key = loader.construct_object(key_node, deep=deep)
         if key in seen:
             raise yaml.constructor.ConstructorError(
@@ -50,7 +54,25 @@ def _unique_mapping(loader: _Loader, node: yaml.MappingNode, deep: bool = False)
     return loader.construct_mapping(node, deep=deep)
 
 
+def _no_yaml11_number(loader: _Loader, node: yaml.ScalarNode) -> int | float:
+    text = str(loader.construct_scalar(node))
+    digits = text.replace("_", "").lstrip("+-")
+    is_int = node.tag.endswith(":int")
+    if ":" in digits:
+        meaning, fix = "a base-60 number", "write the plain number in the field's unit"
+    elif is_int and len(digits) > 1 and digits[0] == "0" and digits[1].isdigit():
+        sign = "-" if text.startswith("-") else ""
+        meaning, fix = "an octal number", f"write {sign}{digits.lstrip('0')} without the leading zero"
+    else:
+        return (yaml.SafeLoader.construct_yaml_int if is_int else yaml.SafeLoader.construct_yaml_float)(loader, node)
+    raise yaml.constructor.ConstructorError(
+        None, None, f"{text} is {meaning} in YAML 1.1 (read as {yaml.safe_load(text)}): {fix}, or quote it if it "
+        "is text", node.start_mark)
+
+
 _Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _unique_mapping)
+_Loader.add_constructor("tag:yaml.org,2002:int", _no_yaml11_number)
+_Loader.add_constructor("tag:yaml.org,2002:float", _no_yaml11_number)
 # (add_implicit_resolver copies SafeLoader's table into _Loader first: yaml.safe_load is unchanged)
 _Loader.add_implicit_resolver("tag:yaml.org,2002:float",
                               re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9][0-9_]*)[eE][-+]?[0-9]+$"),
@@ -77,8 +99,8 @@ def error_message(e: Mapping[str, Any]) -> str:
     if e["type"] == "string_type" and isinstance(value, bool | int | float):
         # `model: on` arrives as True, `name: 1e5` as 100000.0: what was written is text to the user
         what = "a boolean" if isinstance(value, bool) else "a number"
-        return (f"expected a string, not {what} (YAML reads unquoted yes/no/on/off as booleans and 1e5, 0x10, 010 "
-                "as numbers: quote text that looks like one)")
+        return (f"expected a string, not {what} (YAML reads unquoted yes/no/on/off as booleans and 1e5, 0x10 as "
+                "numbers: quote text that looks like one)")
     expected = _EXPECTED.get(e["type"])
     if expected is None:
         return e["msg"]

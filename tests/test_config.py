@@ -1,6 +1,7 @@
 """The configuration file: every error names the field path, the bad value and the fix, for the
 guard's own fields and for the sections the detectors and the advisor own."""
 
+import re
 import subprocess
 import sys
 
@@ -131,4 +132,38 @@ def test_a_window_shorter_than_a_scrape_interval_is_a_deployment_problem(tmp_pat
                  "slos: [{objectives: [{name: m, indicator: ttft, objective: mean, threshold_s: 2.5, "
                  "window: 1ms}]}]\n")
     with pytest.raises(ConfigError, match=r"slos.0.objectives.0.window.*never holds two scrapes.*at least 10s"):
+        load_config(f)
+
+
+@pytest.mark.parametrize(("text", "said"), [
+    ("evaluation_interval_s: 010\n", "010 is an octal number in YAML 1.1 (read as 8): write 10 without the leading"),
+    ("evaluation_interval_s: 1:30\n", "1:30 is a base-60 number in YAML 1.1 (read as 90)"),
+    ("staleness_s: 1:30.5\n", "1:30.5 is a base-60 number in YAML 1.1 (read as 90.5)"),
+])
+def test_yaml_11_octal_and_base_60_numbers_are_refused_by_name(tmp_path, text, said):
+    """PyYAML follows YAML 1.1: ``010`` loaded as 8 and ``1:30`` as 90, silently. Both are refused
+    with what YAML made of them and the fix; YAML 1.2 forms (10, 0x10, 1e-3, quoted text) load."""
+    f = tmp_path / "g.yaml"
+    f.write_text(text)
+    with pytest.raises(ConfigError, match=re.escape(said)):
+        load_config(f)
+    f.write_text("evaluation_interval_s: 10\nstaleness_s: 60.0\nsource: {targets: [{url: 'http://127.0.0.1:9/metrics', "
+                 "name: '010'}]}\n")
+    cfg = load_config(f)
+    assert cfg.evaluation_interval_s == 10 and cfg.source.targets[0].name == "010"
+
+
+def test_yaml_merge_keys_load_and_override(tmp_path):
+    """``<<: *first`` (YAML merge keys) failed to load: the duplicate-key check built the ``<<``
+    key itself, which has no constructor. Merged keys load; the mapping's own keys win."""
+    f = tmp_path / "g.yaml"
+    f.write_text("source: {targets: [{url: 'http://127.0.0.1:9/metrics'}]}\nslos:\n- model: m\n  pool: decode\n"
+                 "  objectives:\n"
+                 "  - &first {name: ttft_mean, indicator: ttft, objective: mean, threshold_s: 2.5, min_requests: 5}\n"
+                 "  - {<<: *first, name: tpot_mean, indicator: tpot, threshold_s: 0.02}\n")
+    objectives = load_config(f).slos[0].objectives
+    assert [(o.name, o.indicator, o.threshold_s, o.min_requests) for o in objectives] == [
+        ("ttft_mean", "ttft", 2.5, 5), ("tpot_mean", "tpot", 0.02, 5)]
+    f.write_text(f.read_text() + "  - {<<: *first, name: x, name: y}\n")
+    with pytest.raises(ConfigError, match="given twice"):
         load_config(f)
