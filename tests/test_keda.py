@@ -159,3 +159,35 @@ def test_a_pool_without_data_gets_no_number_keda_or_hpa_could_follow(served):
     with httpx.Client(base_url=served.url, timeout=5) as h:
         assert isinstance(h.get("/v1/scale/keda/prefill", headers=auth).json()["desired"], int)
         assert c.GUARD_DESIRED_REPLICAS.series() in h.get("/metrics").text
+
+
+def test_a_frozen_guard_stops_serving_its_last_number(served):
+    """The watchdog turned the SLO verdicts unknown once no tick completed within staleness_s,
+    but the advisor kept its last recommendation: KEDA (polling /v1/scale/keda) and HPA (the
+    desired-replicas gauge through prometheus-adapter) followed a frozen guard's number for as
+    long as it stayed frozen. Now every pool is a stale hold: 503 to KEDA, no gauge for HPA, the
+    reason in /v1/recommendations; the next completed tick brings the number back."""
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    _evaluate_under_prefill_pressure(served)
+    with httpx.Client(base_url=served.url, timeout=5) as h:
+        assert h.get("/v1/scale/keda/prefill", headers=auth).status_code == 200
+        staleness = served.guard.config.staleness_s
+        assert not served.guard.expire_if_stale(1060 + staleness / 2)  # fresh: nothing changes
+        assert h.get("/v1/scale/keda/prefill", headers=auth).status_code == 200
+        assert served.guard.expire_if_stale(1060 + staleness + 1)  # what the watchdog does
+        r = h.get("/v1/scale/keda", headers=auth)
+        assert r.status_code == 503 and "hold_stale_data" in r.text, r.text
+        assert h.get("/v1/scale/keda/decode", headers=auth).status_code == 503
+        recs = h.get("/v1/recommendations", headers=auth).json()["models"][0]["recommendations"]
+        assert {r["pool"] for r in recs} == {"prefill", "decode"}
+        for rec in recs:
+            assert rec["action"] == "hold" and rec["desired"] == rec["current"] and rec["confidence"] == 0
+            assert rec["reasons"][0] == "hold_stale_data" and "verdict is stale" in rec["reasons"][1]
+        samples = {s.name for f in text_string_to_metric_families(h.get("/metrics").text) for s in f.samples}
+        assert c.GUARD_DESIRED_REPLICAS.series() not in samples and c.GUARD_CURRENT_REPLICAS.series() not in samples
+        _run([Engine("prefill", "p0"), Engine("decode", "d0")], served.store, 1060 + 905, 1060 + 965,
+             p0={"running": 4, "waiting": 30, "computed": 60_000, "prefills": 6, "ttft": 8.0},
+             d0={"running": 10, "waiting": 0, "steps": 400})
+        assert not served.guard.tick(1060 + 965).errors
+        assert isinstance(h.get("/v1/scale/keda/prefill", headers=auth).json()["desired"], int)
+        assert c.GUARD_DESIRED_REPLICAS.series() in h.get("/metrics").text

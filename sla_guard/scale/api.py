@@ -11,7 +11,8 @@
   the current size (or its configured fallback) instead of scaling on a made-up number; so does a
   pool the advisor has no data for (its targets down or stale): the combined answer leaves it out
   and the per-pool one is a 503. Its decision is a hold whose numbers (0 replicas seen once the
-  targets are down) would otherwise scale the pool to its minimum.
+  targets are down) would otherwise scale the pool to its minimum. A guard whose ticks stopped
+  completing (``staleness_s``) answers 503 for every pool (``AdvisorEvaluator.expire``).
 
 Both sit under ``/v1`` and require ``Authorization: Bearer <token>`` when a token is configured.
 """

@@ -10,6 +10,7 @@ the actuator. Nothing here raises into the guard: bad data holds, actuator failu
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import threading
@@ -232,6 +233,17 @@ class AdvisorEvaluator:
                 with contextlib.suppress(KeyError):  # never published under this metric
                     self.metrics[metric].remove(*key)
         self._published = now
+
+    def expire(self, reason: str, now: float) -> None:
+        """The guard's watchdog: no tick completed within ``staleness_s``. KEDA polls
+        ``/v1/scale/keda`` and HPA reads the desired-replicas gauge through prometheus-adapter, and
+        both kept following a frozen guard's last number; every pool is now a hold without data
+        (the KEDA endpoints answer 503, the gauges leave /metrics), so the autoscaler holds or
+        takes its fallback until a tick completes again."""
+        with self._lock:
+            self._recs = [dataclasses.replace(r, desired=r.current, action="hold", confidence=0.0,
+                                              reasons=["hold_stale_data", reason]) for r in self._recs]
+        self._unpublish_stale([])
 
     def recommendations(self) -> tuple[list[PoolRecommendation], list[PoolRecommendation], float | None]:
         with self._lock:
