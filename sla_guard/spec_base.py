@@ -101,6 +101,9 @@ def error_message(e: Mapping[str, Any]) -> str:
         what = "a boolean" if isinstance(value, bool) else "a number"
         return (f"expected a string, not {what} (YAML reads unquoted yes/no/on/off as booleans and 1e5, 0x10 as "
                 "numbers: quote text that looks like one)")
+    if e["type"] in ("literal_error", "enum") and isinstance(value, bool):
+        # `mode: on` / `synchronous: off`: YAML made a boolean of a word the field lists
+        return f"{e['msg']}; YAML reads unquoted yes/no/on/off as booleans: write the word in quotes"
     expected = _EXPECTED.get(e["type"])
     if expected is None:
         return e["msg"]

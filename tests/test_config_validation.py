@@ -329,6 +329,20 @@ def test_text_that_yaml_reads_as_a_boolean_or_number_says_to_quote_it(tmp_path):
         assert getattr(load_config(f).source.targets[1], field) == bad
 
 
+def test_a_word_yaml_reads_as_a_boolean_in_a_choice_field_says_to_quote_it(tmp_path):
+    """`mode: on`, `synchronous: off`: a field that lists its words (a Literal or an enum) said
+    only "Input should be 'advisory' or 'active' (got True)"."""
+    f = tmp_path / "guard.yaml"
+    for section, field, word in (("advisor", "mode", "on"), ("state", "synchronous", "off")):
+        cfg = base_config(tmp_path)
+        cfg[section] = {**cfg.get(section, {}), field: "HERE"}
+        f.write_text(yaml.safe_dump(cfg).replace("HERE", word))
+        with pytest.raises(ConfigError) as info:
+            load_config(f)
+        lines = [ln for ln in str(info.value).splitlines() if ln.startswith(f"  {section}.{field}: ")]
+        assert lines and "booleans: write the word in quotes" in lines[0], str(info.value)
+
+
 def test_paths_and_enums_still_read_from_yaml_strings(tmp_path):
     """strict mode refuses str -> Path and str -> enum; those fields relax it, since YAML has no
     other way to write them."""
