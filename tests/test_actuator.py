@@ -97,6 +97,26 @@ def test_webhook_gives_up_and_does_not_retry_4xx():
     assert len(seen) == 1
 
 
+def test_trickling_webhook_fails_each_attempt_within_its_timeout():
+    """A receiver that trickles its answer's headers a byte every 0.2 s: httpx's per-read timeout
+    never fires, so one scale call held the guard's tick for as long as it trickled. Each attempt
+    now ends at ``timeout_s`` and the call fails with the reason."""
+    import time
+
+    from guard_support import Trickle
+
+    srv = Trickle("{}", what="headers")
+    try:
+        act = WebhookActuator(Webhook(url=f"http://127.0.0.1:{srv.port}/scale", retries=1, backoff_s=0.01,
+                                      timeout_s=0.5))
+        t0 = time.monotonic()
+        with pytest.raises(ActuationError, match=r"no complete answer within 0\.5s"):
+            act.set_replicas("m", "decode", 3, "k3")
+        assert time.monotonic() - t0 < 3 and act.attempts == 2
+    finally:
+        srv.stop()
+
+
 def test_active_mode_failure_is_counted_not_fatal():
     """An actuator failing in active mode: the evaluator counts it and keeps recommending."""
     handler, seen = receiver(fail_first=100, status=502)

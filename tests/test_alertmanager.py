@@ -184,3 +184,71 @@ def test_runbook_anchors_exist_in_docs():
              for h in re.findall(r"^#+\s+(.+)$", text, flags=re.M)}
     missing = set(RUNBOOK_ANCHORS.values()) - slugs
     assert not missing, missing
+
+
+def test_trickling_alertmanager_fails_within_its_timeout():
+    """A real loopback server that accepts the push and trickles its answer's headers a byte every
+    0.2 s: httpx's per-read timeout never fires, so the publisher thread, and with it every
+    alert, waited on it. ``timeout_s`` bounds the whole push."""
+    import threading
+
+    from guard_support import Trickle
+
+    srv = Trickle("{}", what="headers")
+    m = _metrics()
+    client = AlertmanagerClient(f"http://127.0.0.1:{srv.port}", metrics=m, retries=1, timeout_s=1)
+    out: dict = {}
+    th = threading.Thread(target=lambda: out.update(ok=client.send([{"labels": {"alertname": "x"}}])), daemon=True)
+    try:
+        t0 = time.monotonic()
+        th.start()
+        th.join(4)
+        assert not th.is_alive(), "push still waiting on the trickling Alertmanager"
+        assert out == {"ok": False} and time.monotonic() - t0 < 3
+        assert m.registry.get_sample_value(c.GUARD_ALERT_PUSH_ERRORS.exposed, {"reason": "timeout"}) == 1.0
+    finally:
+        srv.stop()
+
+
+def test_severity_change_resolves_the_alert_sent_before(alertmanager):
+    """severity is a label, so a leak turning critical is another Alertmanager alert: the warning
+    one sent before must be resolved, not left firing until Alertmanager's resolve_timeout (also
+    after the finding resolves, when only the critical one was resolved)."""
+    book = FindingsBook()
+    key = "leak/m/decode/host-b/engine_core"
+    lab = {"model": "m", "pool": "decode", "instance": "host-b:8000", "process": "engine_core"}
+
+    def leak(sev: str) -> None:
+        book.raise_("leak", key, sev, "grows", lab, {"slope_mib_per_h": 48.0, "eta_s": 9000.0}, time.time())
+
+    def firing() -> set[str]:
+        return {a["labels"]["severity"] for a in _am_alerts(alertmanager)
+                if a["labels"]["instance"] == "host-b:8000" and a["status"]["state"] == "active"}
+
+    pub = AlertPublisher(book, AlertmanagerClient(alertmanager), RUNBOOKS)
+    leak("warning")
+    assert pub.tick(time.time()) is True and firing() == {"warning"}
+    leak("critical")
+    assert pub.tick(time.time()) is True
+    time.sleep(0.2)
+    assert firing() == {"critical"}
+    leak("warning")  # and back: the critical one resolved
+    assert pub.tick(time.time()) is True
+    time.sleep(0.2)
+    assert firing() == {"warning"}
+    book.resolve(key, time.time())
+    assert pub.tick(time.time()) is True
+    time.sleep(0.2)
+    assert firing() == set()
+
+
+def test_resolved_before_opened_is_not_refused(alertmanager):
+    """A clock stepped back between open and resolve: endsAt before startsAt made Alertmanager
+    refuse the whole batch (400), so every push failed and was retried each second."""
+    book = FindingsBook()
+    now = time.time()
+    _leak(book, now, key="leak/m/decode/host-c/engine_core")
+    f = book.resolve("leak/m/decode/host-c/engine_core", now - 30)
+    a = to_alert(f, RUNBOOKS)
+    assert a["endsAt"] == a["startsAt"]
+    assert AlertmanagerClient(alertmanager).send([a]) is True

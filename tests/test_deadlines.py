@@ -10,7 +10,6 @@ import http.server
 import os
 import signal
 import socket
-import socketserver
 import subprocess
 import sys
 import threading
@@ -19,7 +18,7 @@ import time
 import httpx
 import pytest
 import yaml
-from guard_support import Engine, Served, UvicornThread, free_port
+from guard_support import Engine, Served, Trickle, UvicornThread, free_port
 from prometheus_support import PrometheusProcess, prometheus_binary
 
 from sla_guard.api import create_app, server_config
@@ -29,50 +28,6 @@ from sla_guard.model import Status
 
 SLO = [{"objectives": [{"name": "ttft_mean", "indicator": "ttft", "objective": "mean", "threshold_s": 2.5,
                         "window": "3s", "min_requests": 3}]}]
-
-
-class Trickle:
-    """A real TCP server on 127.0.0.1 answering every request with ``body`` one byte every
-    ``gap_s`` seconds -- the page (``what='body'``) or already the headers (``what='headers'``).
-    A whole answer takes minutes; a per-read timeout alone never fires."""
-
-    def __init__(self, body: str, what: str = "body", gap_s: float = 0.2) -> None:
-        head = (f"HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\n"
-                f"Content-Length: {len(body.encode())}\r\n\r\n").encode()
-        payload = head + body.encode()
-        split = 0 if what == "headers" else len(head)
-        self.closed = threading.Event()
-        outer = self
-
-        class H(socketserver.BaseRequestHandler):
-            def handle(self):
-                self.request.recv(65536)
-                try:
-                    self.request.sendall(payload[:split])
-                    for i in range(split, len(payload)):
-                        if outer.closed.is_set():
-                            return
-                        self.request.sendall(payload[i:i + 1])
-                        time.sleep(gap_s)
-                except OSError:
-                    return
-
-        class S(socketserver.ThreadingTCPServer):
-            daemon_threads = True
-            allow_reuse_address = True
-
-        self.server = S(("127.0.0.1", 0), H)
-        self.port = self.server.server_address[1]
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/metrics"
-
-    def stop(self) -> None:
-        self.closed.set()
-        self.server.shutdown()
-        self.server.server_close()
 
 
 def _scrape_cfg(targets, timeout_s=1.0, interval_s=1.0, staleness_s=4.0, eval_s=0.5, **extra):

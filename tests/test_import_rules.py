@@ -53,6 +53,7 @@ RANK: dict[str, int] = {
     "sla_guard.promql": 0,
     "sla_guard.exposition": 0,  # text-exposition parser: below the store that stores what it parses
     "sla_guard.spec_base": 0,
+    "sla_guard.outbound": 0,  # HTTP pushes within a total deadline (Alertmanager, the scaling webhook)
     "sla_guard.defaults": 0,  # shared default values (SLA thresholds from the contract, advisor, drift)
     "sla_guard.settings": 1,  # detectors' and advisor's settings models: below the config that types them
     "sla_guard.config": 2,

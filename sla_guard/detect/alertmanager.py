@@ -19,6 +19,7 @@ import httpx
 
 from exporters import contract as c
 from sla_guard.model import Finding
+from sla_guard.outbound import post_json
 
 log = logging.getLogger(__name__)
 
@@ -63,8 +64,8 @@ def to_alert(f: Finding, runbook_base_url: str, generator_url: str = "") -> dict
     }
     if generator_url:
         alert["generatorURL"] = generator_url
-    if f.resolved_at is not None:
-        alert["endsAt"] = _iso(f.resolved_at)
+    if f.resolved_at is not None:  # never before startsAt (a clock stepped back): Alertmanager refuses the batch
+        alert["endsAt"] = _iso(max(f.resolved_at, f.opened_at))
     return alert
 
 
@@ -113,8 +114,9 @@ class AlertmanagerClient:
                  timeout_s: float = 5.0, retries: int = 3, backoff_s: float = 0.5, metrics=None,
                  sleep: Callable[[float], None] = time.sleep) -> None:
         self.url = url.rstrip("/") + "/api/v2/alerts"
-        headers = {"Authorization": f"Bearer {bearer_token}"} if bearer_token else {}
-        self._client = httpx.Client(timeout=timeout_s, headers=headers, auth=basic_auth)
+        self._headers = {"Authorization": f"Bearer {bearer_token}"} if bearer_token else {}
+        self._auth = basic_auth
+        self.timeout_s = timeout_s
         self.retries = max(1, retries)
         self.backoff_s = backoff_s
         self._metrics = metrics
@@ -134,8 +136,8 @@ class AlertmanagerClient:
             if attempt:
                 self._sleep(self.backoff_s * 2 ** (attempt - 1))
             try:
-                r = self._client.post(self.url, json=alerts)
-            except httpx.TimeoutException:
+                r = self._post(alerts)
+            except (httpx.TimeoutException, TimeoutError):
                 self._count("timeout")
                 continue
             except httpx.HTTPError:
@@ -154,8 +156,14 @@ class AlertmanagerClient:
                 return False  # a bad request will not get better by retrying
         return False
 
+    def _post(self, alerts: list[dict]) -> httpx.Response:
+        """One POST complete (connect, headers, body) within ``timeout_s`` in total, else
+        TimeoutError: a trickling Alertmanager held the publisher thread, and with it every
+        alert, for as long as it trickled."""
+        return post_json(self.url, alerts, timeout_s=self.timeout_s, headers=self._headers, auth=self._auth)
+
     def close(self) -> None:
-        self._client.close()
+        """Nothing held between pushes: each one opens (and closes) its own connection."""
 
 
 class AlertPublisher:
@@ -172,6 +180,9 @@ class AlertPublisher:
         self.generator_url = generator_url
         self.max_pending = max_pending
         self._sent_resolved: set[str] = set()
+        # key -> the alert last delivered for each open finding: when its labels change (a leak
+        # turning critical), Alertmanager holds another alert, which is resolved, not left to expire
+        self._sent_open: dict[str, tuple[dict, float]] = {}  # key -> (alert, opened_at)
         self._last_push = -1e18
         self._last_version = -1
         self._stop = threading.Event()
@@ -195,10 +206,14 @@ class AlertPublisher:
         resolved = [f for f in self.book.resolved_findings() if f.key not in self._sent_resolved]
         resolved = resolved[-self.max_pending:]
         alerts = [to_alert(f, self.runbook_base_url, self.generator_url) for f in [*open_, *resolved]]
+        labels = {f.key: a["labels"] for f, a in zip([*open_, *resolved], alerts, strict=True)}
+        alerts += [{**a, "endsAt": _iso(max(now, t))} for k, (a, t) in self._sent_open.items()
+                   if labels.get(k) != a["labels"]]
         ok = self.client.send(alerts)
         self._last_push = now
         if ok:
             self._last_version = version
+            self._sent_open = {f.key: (a, f.opened_at) for f, a in zip(open_, alerts, strict=False)}
             self._sent_resolved |= {f.key for f in resolved}
             open_keys = {f.key for f in open_}
             self._sent_resolved -= open_keys  # a reopened key must be resolved again later

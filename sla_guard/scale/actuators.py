@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import httpx
 
+from sla_guard.outbound import post_json
 from sla_guard.settings.advisor import KubernetesTarget, Webhook
 
 if TYPE_CHECKING:
@@ -58,10 +59,9 @@ class WebhookActuator:
 
     name = "webhook"
 
-    def __init__(self, cfg: Webhook, token: str | None = None, client: httpx.Client | None = None,
+    def __init__(self, cfg: Webhook, token: str | None = None,
                  sleep: Callable[[float], None] = time.sleep) -> None:
         self.cfg = cfg
-        self._client = client or httpx.Client(timeout=cfg.timeout_s)
         self._sleep = sleep
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.attempts = 0
@@ -80,8 +80,11 @@ class WebhookActuator:
             if self.may_send is not None and not self.may_send():
                 raise StandbyError(f"standby: lost the leadership before attempt {attempt + 1} of {pool}={replicas}")
             self.attempts += 1
-            try:
-                resp = self._client.post(self.cfg.url, json=body, headers=headers)
+            try:  # the whole request within timeout_s: a trickling receiver cannot hold the tick
+                resp = post_json(self.cfg.url, body, timeout_s=self.cfg.timeout_s, headers=headers)
+            except TimeoutError:
+                last = f"no complete answer within {self.cfg.timeout_s:g}s"
+                continue
             except httpx.HTTPError as err:
                 last = f"{type(err).__name__}: {err}"
                 continue
@@ -93,7 +96,7 @@ class WebhookActuator:
         raise ActuationError(f"webhook {self.cfg.url} did not accept {pool}={replicas}: {last}")
 
     def close(self) -> None:
-        self._client.close()
+        """Nothing held between calls: each request opens (and closes) its own connection."""
 
 
 class KubernetesActuator:

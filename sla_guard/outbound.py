@@ -1,0 +1,31 @@
+"""Outbound HTTP pushes (Alertmanager, the scaling webhook) complete within a total deadline.
+
+httpx's timeout bounds each read, not the request: a peer that trickled its answer a byte at a
+time held a push, and the thread that made it (the alert publisher, the guard's tick), for as
+long as it trickled. Here the whole request (connect, headers, body) runs under
+``asyncio.timeout``, which cancels it and closes its connection at the deadline."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+
+import httpx
+
+
+def post_json(url: str, body: object, *, timeout_s: float, headers: dict[str, str] | None = None,
+              auth: httpx.Auth | tuple[str, str] | None = None) -> httpx.Response:
+    """POST ``body`` as JSON; the response, or ``TimeoutError`` once ``timeout_s`` has passed
+    (httpx's own errors otherwise). Each call opens its own connection: pushes are rare."""
+
+    async def post() -> httpx.Response:
+        async with httpx.AsyncClient(timeout=timeout_s, headers=headers, auth=auth) as client:
+            async with asyncio.timeout(timeout_s):
+                return await client.post(url, json=body)
+
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:  # the usual case: a worker thread without an event loop
+        return asyncio.run(post())
+    with concurrent.futures.ThreadPoolExecutor(1) as ex:  # called on a loop's thread: not on that loop
+        return ex.submit(asyncio.run, post()).result()
