@@ -152,8 +152,10 @@ def create_app(guard: Guard, *, token: str | None = None, extra_routers: Sequenc
     def auth(creds: HTTPAuthorizationCredentials | None = Depends(_bearer)) -> None:
         if token is None:
             return
+        # the header's own bytes (Starlette decodes headers as latin-1) against the token's UTF-8
+        # (api.token_file is read as UTF-8): a non-ASCII token sent as UTF-8 matches
         if creds is None or creds.scheme.lower() != "bearer" or not hmac.compare_digest(
-                creds.credentials.encode(), token.encode()):
+                creds.credentials.encode("latin-1"), token.encode()):
             raise HTTPException(401, "missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"})
 
     app = FastAPI(title="sla-guard", version="0.1.0",

@@ -111,3 +111,19 @@ def test_openapi_docs_served(api):
         assert p in spec["paths"]
     assert "HTTPBearer" in spec["components"]["securitySchemes"]
     assert httpx.get(f"{url}/docs").status_code == 200
+
+
+def test_a_non_ascii_token_sent_as_utf8_is_accepted():
+    """api.token_file is read as UTF-8 and clients (curl) send the token's UTF-8 bytes; Starlette
+    decodes headers as latin-1, so comparing the decoded text re-encoded as UTF-8 refused the
+    right token forever."""
+    token = "pässwort-ü"
+    guard = Guard(parse_config({}), StoreSource(drive([Engine()], 30, lambda rng, e: [(0.2, 0.01)])[0]), [])
+    srv = UvicornThread(create_app(guard, token=token))
+    try:
+        r = httpx.get(f"{srv.url}/v1/status", headers=[(b"Authorization", b"Bearer " + token.encode())])
+        assert r.status_code == 200, r.text
+        wrong = "pässwort-x".encode()
+        assert httpx.get(f"{srv.url}/v1/status", headers=[(b"Authorization", b"Bearer " + wrong)]).status_code == 401
+    finally:
+        srv.stop()

@@ -14,40 +14,23 @@
   targets are down) would otherwise scale the pool to its minimum. A guard whose ticks stopped
   completing (``staleness_s``) answers 503 for every pool (``AdvisorEvaluator.expire``).
 
-Both sit under ``/v1`` and require ``Authorization: Bearer <token>`` when a token is configured.
+Both sit under ``/v1``, behind the API's bearer auth (``sla_guard.api.create_app`` mounts them).
 """
 
 from __future__ import annotations
 
-import secrets
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
-from fastapi import APIRouter, Depends, HTTPException, Request
+from fastapi import APIRouter, HTTPException
 
 from sla_guard.scale.evaluator import AdvisorEvaluator
 from sla_guard.scale.guardrails import without_data
 
 
-def bearer_auth(token: Callable[[], str | None]) -> Callable[[Request], None]:
-    """Dependency: 401 unless the request carries the configured bearer token (no token = open)."""
-
-    def check(request: Request) -> None:
-        want = token()
-        if not want:
-            return
-        got = request.headers.get("authorization", "")
-        scheme, _, value = got.partition(" ")
-        if scheme.lower() != "bearer" or not secrets.compare_digest(value.strip().encode(), want.encode()):
-            raise HTTPException(status_code=401, detail="missing or wrong bearer token",
-                                headers={"WWW-Authenticate": "Bearer"})
-
-    return check
-
-
-def advisor_router(evaluators: Sequence[AdvisorEvaluator] | AdvisorEvaluator,
-                   token: Callable[[], str | None] = lambda: None) -> APIRouter:
+def advisor_router(evaluators: Sequence[AdvisorEvaluator] | AdvisorEvaluator) -> APIRouter:
+    """The routes below; ``create_app`` mounts them behind the API's bearer auth."""
     evs = [evaluators] if isinstance(evaluators, AdvisorEvaluator) else list(evaluators)
-    router = APIRouter(prefix="/v1", dependencies=[Depends(bearer_auth(token))], tags=["scaling"])
+    router = APIRouter(prefix="/v1", tags=["scaling"])
 
     def pick(model: str | None) -> AdvisorEvaluator:
         if model is None:
