@@ -185,6 +185,7 @@ class AlertPublisher:
         self._sent_open: dict[str, tuple[dict, float]] = {}  # key -> (alert, opened_at)
         self._last_push = -1e18
         self._last_version = -1
+        self._failed = 0  # pushes failed in a row: the next waits 1, 2, 4 ... s, at most resend_s
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -200,6 +201,8 @@ class AlertPublisher:
     def tick(self, now: float) -> bool | None:
         """Push if due; returns the push result, or None when nothing was due."""
         version = self.book.version
+        if self._failed and now - self._last_push < min(self.resend_s, 2.0 ** (self._failed - 1)):
+            return None  # an Alertmanager answering 429/5xx, or down, is not hit every second
         if version == self._last_version and now - self._last_push < self.resend_s:
             return None
         open_ = self.book.open_findings()
@@ -211,6 +214,7 @@ class AlertPublisher:
                    if labels.get(k) != a["labels"]]
         ok = self.client.send(alerts)
         self._last_push = now
+        self._failed = 0 if ok else self._failed + 1
         if ok:
             self._last_version = version
             self._sent_open = {f.key: (a, f.opened_at) for f, a in zip(open_, alerts, strict=False)}
