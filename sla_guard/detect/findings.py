@@ -70,7 +70,7 @@ class FindingsBook:
             f.resolved_at = now
             f.updated_at = now
             if details:
-                f.details.update(details)
+                f.details = {**f.details, **details}  # a new dict: readers iterate the old one unlocked
             self._resolved[key] = f
             while len(self._resolved) > self._max_resolved:
                 self._resolved.popitem(last=False)
