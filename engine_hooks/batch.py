@@ -21,6 +21,8 @@ from typing import Any
 from engine_hooks.kv_connector import KvTransferBatch, parse_kv_connector_stats
 from exporters.prometheus import BAD_INCREMENT, EngineRecorder
 
+_INF = float("inf")
+
 
 class StepBatch:
     """What one or more engine steps contributed since the last flush."""
@@ -45,9 +47,11 @@ class StepBatch:
         self.bad = 0  # counts refused (negative, NaN, non-number) since the last flush
 
     def _ok(self, n: Any) -> Any:
-        """``n`` if it is a count >= 0, else 0 and one more in ``bad`` (the slow path only)."""
+        """``n`` if it is a finite count >= 0, else 0 and one more in ``bad`` (the slow path only). An
+        infinite step is refused here, per step: summed, it made the whole flush window's sum infinite, which
+        the recorder then refused, losing every other step's count with it."""
         try:
-            if n >= 0:
+            if 0 <= n < _INF:
                 return n
         except TypeError:
             pass
@@ -95,7 +99,7 @@ class StepBatch:
         g, pc, lh, ext, pre = (it.num_generation_tokens, pts.computed, pts.local_cache_hit, pts.external_kv_transfer,
                                it.num_preempted_reqs)
         try:  # one check per step; the per-field path only when it fails
-            fine = g >= 0 and pc >= 0 and lh >= 0 and ext >= 0 and pre >= 0
+            fine = 0 <= g < _INF and 0 <= pc < _INF and 0 <= lh < _INF and 0 <= ext < _INF and 0 <= pre < _INF
         except TypeError:
             fine = False
         if not fine:
@@ -115,10 +119,10 @@ class StepBatch:
 
 
 def _add_into(acc: list[int], values) -> int:
-    """Add per-position counts into ``acc``; returns how many were refused (negative, NaN)."""
+    """Add per-position counts into ``acc``; returns how many were refused (negative, NaN, inf)."""
     bad = 0
     for i, v in enumerate(values):
-        if not v >= 0:
+        if not 0 <= v < _INF:
             bad += 1
             v = 0
         if i < len(acc):

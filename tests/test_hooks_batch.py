@@ -133,6 +133,28 @@ def test_negative_counts_are_refused_per_step_not_netted():
     assert _errors(text, "bad_increment") == 2 + 4
 
 
+def test_an_infinite_step_is_refused_per_step_not_the_whole_window():
+    """inf passed the per-step check (inf >= 0), so the window's sum was inf, which the recorder refused
+    whole: one bad step erased every other step's tokens, prefix-cache queries and accepted drafts."""
+    reasons: dict = {}
+    inf = float("inf")
+    b = StepBatch()
+    b.add_iteration(it(gen=100), reasons)
+    b.add_iteration(it(gen=inf), reasons)
+    b.add_iteration(it(gen=7), reasons)
+    b.add_scheduler(sched(1, 0.1, queries=inf, hits=5), kv_consumer=False)
+    b.add_scheduler(sched(1, 0.1, queries=10, hits=5), kv_consumer=False)
+    for accepted, per_pos in ((inf, [2, inf]), (3, [2, 1])):
+        b.add_spec(NS(num_drafts=2, num_draft_tokens=6, num_accepted_tokens=accepted,
+                      num_accepted_tokens_per_pos=per_pos, num_draft_tokens_per_pos=[2, 2]))
+    text = exposition([b])
+    lab = '{engine="0",model="m",pool="decode"}'
+    assert f"{c.GENERATION_TOKENS.series()}{lab} 107.0" in text
+    assert f'{c.PREFIX_CACHE_QUERIES.series()}{{cache="local",engine="0",model="m",pool="decode"}} 10.0' in text
+    assert f"{c.SPEC_ACCEPTED_TOKENS.series()}{lab} 3.0" in text
+    assert f'{c.SPEC_ACCEPTED_TOKENS_POS.series()}{{engine="0",model="m",pool="decode",position="1"}} 1.0' in text
+    assert _errors(text, "bad_increment") == 4
+
 def test_one_bad_item_costs_only_itself():
     """An exception on one part of a flush lost every finished request after it."""
     reasons: dict = {}
