@@ -98,8 +98,10 @@ def parse_proc_status(text: str) -> dict[str, int]:
 
 def classify_title(title: str, api_server: bool = False) -> tuple[str, str, int | None]:
     """Process title (``VLLM::EngineCore_DP1``, ``VLLM::Worker_DP0_TP1``, ``VLLM::APIServer_0``)
-    -> (role, process label, DP rank or None)."""
-    name = title.split("::", 1)[1].split()[0] if "::" in title else ""
+    -> (role, process label, DP rank or None). An untitled process's title is its command line, which
+    may end in ``::`` (``vllm serve ... --host ::``): nothing after it is no name, not an IndexError."""
+    after = title.split("::", 1)[1].split() if "::" in title else []
+    name = after[0] if after else ""
     m = _DP_RE.search(name)
     dp = int(m.group(1)) if m else None
     if name.startswith("EngineCore"):

@@ -35,6 +35,8 @@ from exporters.prometheus import ContractMetrics
     ("VLLM::APIServer_2", ("api_server", "APIServer_2", None)),
     ("VLLM::DPCoordinator", ("dp_coordinator", "DPCoordinator", None)),
     ("python -m vllm.entrypoints.openai.api_server", ("main", "main", None)),
+    ("python -m vllm.entrypoints.openai.api_server --host ::", ("main", "main", None)),
+    ("vllm serve tiny --host :: ", ("main", "main", None)),
 ])
 def test_classify_title(title, expected):
     assert classify_title(title) == expected
@@ -43,6 +45,25 @@ def test_classify_title(title, expected):
 def test_untitled_stat_logger_process_is_the_api_server():
     assert classify_title("python -m vllm.entrypoints.openai.api_server", api_server=True)[:2] == (
         "api_server", "APIServer")
+
+
+def test_process_whose_command_line_ends_in_double_colon_is_sampled():
+    """``vllm serve ... --host ::`` (IPv6 wildcard) leaves an untitled API server's title ending in "::":
+    classify_title raised IndexError, so that process was never sampled, and the sidecar, sampling the
+    whole tree in one go, lost every process's series (hook_errors{kind="process"} each scrape)."""
+    from exporters.sidecar import SidecarCollector
+
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", "--port", "8000", "--host", "::"])
+    try:
+        assert psutil.Process(proc.pid).cmdline()[-1] == "::"  # Popen returns once the child has exec'd
+        snap = take_snapshot(proc.pid, api_server=True)
+        assert (snap.role, snap.process) == ("api_server", "APIServer")
+        col = SidecarCollector("http://127.0.0.1:9/metrics", "m", "decode", proc.pid, timeout_s=0.5)
+        rss = [s for f in col.collect() if f.name == c.PROCESS_RSS.name for s in f.samples]
+        assert [s.labels["process"] for s in rss] == ["APIServer"] and "process" not in col.errors
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 def test_parse_proc_status_of_this_process():
