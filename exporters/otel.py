@@ -157,12 +157,15 @@ class OtelMirror:
         from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
         base = endpoint.rstrip("/")
+        self.timeout_s = timeout_s
         resource = Resource.create({"service.name": service_name, "process.pid": os.getpid()})
         reader = PeriodicExportingMetricReader(
             OTLPMetricExporter(endpoint=base + "/v1/metrics", timeout=timeout_s),
             export_interval_millis=export_interval_s * 1000, export_timeout_millis=timeout_s * 1000)
-        self.meter_provider = MeterProvider(resource=resource, metric_readers=[reader])
-        self.tracer_provider = TracerProvider(resource=resource)
+        # shutdown_on_exit=False: ``shutdown`` (atexit in the stat logger) bounds the SDK's own, which
+        # waits on a stuck export without a limit
+        self.meter_provider = MeterProvider(resource=resource, metric_readers=[reader], shutdown_on_exit=False)
+        self.tracer_provider = TracerProvider(resource=resource, shutdown_on_exit=False)
         self.tracer_provider.add_span_processor(BatchSpanProcessor(
             OTLPSpanExporter(endpoint=base + "/v1/traces", timeout=timeout_s),
             max_queue_size=4096, export_timeout_millis=timeout_s * 1000))  # bounded: drops when full
@@ -297,16 +300,29 @@ class OtelMirror:
 
     def force_flush(self, timeout_s: float = 5.0) -> None:
         self._each(self.drain, lambda: self.tracer_provider.force_flush(int(timeout_s * 1000)),
-                   lambda: self.meter_provider.force_flush(int(timeout_s * 1000)))
+                   lambda: self.meter_provider.force_flush(int(timeout_s * 1000)), deadline_s=2 * timeout_s + 1.0)
 
     def shutdown(self) -> None:
-        """Never raises: it runs from atexit inside vLLM."""
+        """Never raises, and returns within about twice the export timeout: it runs from atexit inside vLLM."""
         self._stop.set()
-        self._each(self.drain, self.tracer_provider.shutdown, self.meter_provider.shutdown)
+        self._each(self.drain, self.tracer_provider.shutdown, self.meter_provider.shutdown,
+                   deadline_s=2 * self.timeout_s + 1.0)
 
-    def _each(self, *steps) -> None:
-        for step in steps:  # each step even if one before failed
-            try:
-                step()
-            except Exception as e:
-                self.error(ERR_FLUSH, e)
+    def _each(self, *steps, deadline_s: float) -> None:
+        """Run ``steps`` in order, each even if one before failed, on a daemon thread abandoned after
+        ``deadline_s``: the SDK's span processor joins its export thread without a limit, and the
+        exporter's timeout bounds each socket read, not the request, so a collector trickling its answer
+        held vLLM's exit (this runs from atexit) for as long as it kept trickling."""
+
+        def run() -> None:
+            for step in steps:
+                try:
+                    step()
+                except Exception as e:
+                    self.error(ERR_FLUSH, e)
+
+        t = threading.Thread(target=run, name="sla-guard-otel-shutdown", daemon=True)
+        t.start()
+        t.join(deadline_s)
+        if t.is_alive():
+            self.error(ERR_FLUSH, TimeoutError(f"OTLP flush/shutdown not done after {deadline_s:g}s; abandoned"))

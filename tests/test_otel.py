@@ -130,3 +130,63 @@ def test_shutdown_never_raises(monkeypatch):
     mirror.force_flush(timeout_s=0.5)
     mirror.shutdown()
     assert mirror.errors == {"otel_dropped": 1, "otel_flush": 2}
+
+
+def test_shutdown_is_bounded_when_the_collector_trickles_its_answer():
+    """A collector that sends its response headers a byte at a time: the exporter's timeout bounds each
+    read, not the request, and the SDK's span processor joins its export without a limit, so
+    shutdown (atexit inside vLLM) and then the SDK's own atexit handlers held the process's exit for as
+    long as the collector trickled. Now shutdown is abandoned after about twice the export timeout."""
+    import socket
+    import subprocess
+    import sys
+    import threading
+    import time
+    from pathlib import Path
+
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(16)
+    done = threading.Event()
+
+    def trickle(conn: socket.socket) -> None:
+        with conn:
+            conn.recv(65536)
+            for ch in b"HTTP/1.1 200 OK\r\nX-Pad: " + b"a" * 10_000:
+                if done.wait(0.2):
+                    return
+                conn.send(bytes([ch]))
+
+    def accept() -> None:
+        while not done.is_set():
+            try:
+                conn, _ = srv.accept()
+            except OSError:
+                return
+            threading.Thread(target=trickle, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+    child = f"""
+import time
+from exporters.otel import OtelMirror
+from exporters.prometheus import FinishedRequest
+m = OtelMirror("http://127.0.0.1:{srv.getsockname()[1]}", timeout_s=1.0, export_interval_s=3600)
+m.engine("tiny", "mixed", 0).finished(FinishedRequest(1.0, 0.1, 0.2, 0.7, 0.01, 10, 0, 5, "stop", "r"), time.time())
+t = time.monotonic()
+m.shutdown()
+print("shutdown", round(time.monotonic() - t, 1), m.errors.get("otel_flush", 0), flush=True)
+"""
+    root = Path(__file__).resolve().parent.parent
+    t0 = time.monotonic()
+    try:
+        proc = subprocess.run([sys.executable, "-c", child], cwd=root, capture_output=True, text=True, timeout=30)
+        exit_s = time.monotonic() - t0
+    except subprocess.TimeoutExpired:
+        pytest.fail("the process did not exit within 30 s: shutdown waited on the trickling collector")
+    finally:
+        done.set()
+        srv.close()
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    _, seconds, abandoned = proc.stdout.split()
+    assert float(seconds) <= 4.0 and int(abandoned) == 1  # 2 x 1 s + 1 s, then abandoned and counted
+    assert exit_s < 15, f"exit took {exit_s:.1f}s: the SDK's own atexit shutdown waited on the stuck export"
