@@ -3,7 +3,13 @@ stream the body and give up past the limit, so an endless or huge page can grow 
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
 import httpx
+
+T = TypeVar("T")
 
 
 class PageTooLarge(Exception):
@@ -30,3 +36,23 @@ async def read_page(resp: httpx.Response, limit: int) -> str:
         return b"".join(chunks).decode("utf-8")
     except UnicodeDecodeError as err:
         raise PageNotText(f"not UTF-8: {err}") from None
+
+
+def run_bounded(coro: Coroutine[Any, Any, T]) -> T:
+    """``asyncio.run`` without its final wait for the default executor: httpx resolves host names there
+    (getaddrinfo in a thread), so a slow DNS held every sidecar scrape (and every push of
+    ``sla_guard.outbound``) until the lookup ended, long after the request's deadline had passed.
+    The abandoned lookup thread ends on its own."""
+    loop = asyncio.new_event_loop()
+    try:
+        return loop.run_until_complete(coro)
+    finally:
+        try:
+            left = asyncio.all_tasks(loop)  # as asyncio.run: cancel what the coroutine left behind
+            for task in left:
+                task.cancel()
+            if left:
+                loop.run_until_complete(asyncio.gather(*left, return_exceptions=True))
+            loop.run_until_complete(loop.shutdown_asyncgens())
+        finally:
+            loop.close()  # shuts the default executor down without waiting for it

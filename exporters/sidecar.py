@@ -44,7 +44,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
 from exporters import contract as c
-from exporters.page_read import PageNotText, PageTooLarge, read_page
+from exporters.page_read import PageNotText, PageTooLarge, read_page, run_bounded
 from exporters.process_collector import families, snapshot_rows
 from exporters.process_sampler import take_snapshot
 
@@ -288,7 +288,7 @@ class SidecarCollector(Collector):
         fams: list[Metric] = []
         engines: set[str] = set()
         try:
-            text = asyncio.run(_fetch_page(self.url, self.timeout_s, self.max_body_bytes))
+            text = run_bounded(_fetch_page(self.url, self.timeout_s, self.max_body_bytes))
             fams, engines, problems = map_exposition(text, self.model, self.pool)
             for kind, n in problems.items():
                 self._error(kind, f"{n} vLLM families dropped from {self.url}", n)

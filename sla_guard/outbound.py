@@ -3,7 +3,8 @@
 httpx's timeout bounds each read, not the request: a peer that trickled its answer a byte at a
 time held a push, and the thread that made it (the alert publisher, the guard's tick), for as
 long as it trickled. Here the whole request (connect, headers, body) runs under
-``asyncio.timeout``, which cancels it and closes its connection at the deadline."""
+``asyncio.timeout``, which cancels it and closes its connection at the deadline, and a slow
+name lookup left behind does not hold the caller (``run_bounded``)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import asyncio
 import concurrent.futures
 
 import httpx
+
+from exporters.page_read import run_bounded
 
 
 def post_json(url: str, body: object, *, timeout_s: float, headers: dict[str, str] | None = None,
@@ -26,6 +29,6 @@ def post_json(url: str, body: object, *, timeout_s: float, headers: dict[str, st
     try:
         asyncio.get_running_loop()
     except RuntimeError:  # the usual case: a worker thread without an event loop
-        return asyncio.run(post())
+        return run_bounded(post())
     with concurrent.futures.ThreadPoolExecutor(1) as ex:  # called on a loop's thread: not on that loop
-        return ex.submit(asyncio.run, post()).result()
+        return ex.submit(run_bounded, post()).result()

@@ -272,6 +272,25 @@ def test_page_that_never_finishes_fails_at_the_total_deadline_without_queueing_s
         vllm.stop()
 
 
+def test_slow_name_resolution_ends_the_scrape_at_the_deadline(monkeypatch):
+    """httpx resolves the host in asyncio's default executor, and asyncio.run waits for that executor
+    at the end: with a resolver taking 5 s, a 0.5 s --timeout was reported at 0.5 s but the scrape
+    lasted the whole 5 s (DNS outages in a cluster take as long)."""
+    import socket
+
+    real = socket.getaddrinfo
+
+    def slow_resolver(*a, **k):
+        time.sleep(5)
+        return real(*a, **k)
+
+    monkeypatch.setattr(socket, "getaddrinfo", slow_resolver)
+    col = SidecarCollector("http://localhost:9/metrics", "m", "decode", None, timeout_s=0.5)
+    t0 = time.monotonic()
+    list(col.collect())
+    assert time.monotonic() - t0 < 2.0
+    assert col.errors == {"timeout": 1}
+
 @pytest.mark.parametrize("endless", [True, False], ids=["streamed-endless", "content-length"])
 def test_page_over_max_body_bytes_is_abandoned_and_counted(endless):
     """An endless page grew the sidecar to 2.3 GB: the body is streamed and abandoned past
