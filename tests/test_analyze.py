@@ -3,6 +3,7 @@ in a subprocess, as CI and post-mortems run it)."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import subprocess
 import sys
@@ -296,3 +297,63 @@ def test_analyze_tpot_names_the_missing_column(tmp_path):
     (tmp_path / "x.csv").write_text("timestamp,tpot_sum_seconds,tpot_count\n1,0.1,1\n2,0.2,2\n")
     r = _run("tpot", tmp_path / "x.csv")
     assert r.returncode == 2 and "running_requests" in r.stderr
+
+
+def test_analyze_drift_reads_a_file_written_newest_first(tmp_path):
+    """An export ordered newest first (ORDER BY time DESC): its counters fall in every row. It was
+    refused as per-interval counts, and with the --increments it was told to pass, summed backwards
+    into a verdict hours off. Read in time order, it gives the verdict of the same rows in order."""
+    c = sy.rate_case("step", 5, change=-0.10, baseline=0.6, days=0.5, onset_h=4.0)
+    rows = [f"{1.8e9 + t:.0f},{n:.0f},{x:.0f}" for t, n, x in zip(c.t, c.drafts, c.accepted, strict=True)]
+    (tmp_path / "asc.csv").write_text("timestamp,draft_tokens,accepted_tokens\n" + "\n".join(rows) + "\n")
+    (tmp_path / "desc.csv").write_text("timestamp,draft_tokens,accepted_tokens\n" + "\n".join(rows[::-1]) + "\n")
+    asc = json.loads(_run("drift", tmp_path / "asc.csv").stdout)
+    r = _run("drift", tmp_path / "desc.csv")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout) == asc and asc["detected"] is True
+
+
+def test_analyze_reads_a_byte_order_mark_and_gzip(tmp_path):
+    """Excel's "CSV UTF-8" starts with a byte-order mark: the header's first name was not
+    ``timestamp`` and the file was refused, the message naming the very column it had. A gzip
+    export was refused as undecodable bytes. Both are read as the plain file."""
+    _leak_csv(tmp_path / "s.csv", 48.0, seed=3)
+    text = (tmp_path / "s.csv").read_text()
+    (tmp_path / "bom.csv").write_text("\ufeff" + text.replace("\n", "\r\n"), newline="")
+    (tmp_path / "s.csv.gz").write_bytes(gzip.compress(text.encode()))
+    plain = json.loads(_run("leak", tmp_path / "s.csv").stdout)
+    for f in ("bom.csv", "s.csv.gz"):
+        r = _run("leak", tmp_path / f)
+        assert r.returncode == 0, r.stderr
+        assert json.loads(r.stdout) == plain and plain["detected"] is True
+
+
+def test_analyze_leak_refuses_a_limit_in_gib(tmp_path):
+    """A limit in a dashboard's GiB, read as bytes, is under the RSS: the leak's time to the limit
+    was 0, an out-of-memory "now" that is not coming. It is refused with the conversion; 0 is no limit."""
+    c = _leak_csv(tmp_path / "s.csv", 48.0, seed=3)
+    rows = (tmp_path / "s.csv").read_text().splitlines()
+    gib = [rows[0]] + [r.rsplit(",", 1)[0] + f",{c.limit_bytes / 2**30:.0f}" for r in rows[1:]]
+    (tmp_path / "gib.csv").write_text("\n".join(gib) + "\n")
+    for args in (("gib.csv",), ("s.csv", "--limit-bytes", "16")):
+        r = _run("leak", tmp_path / args[0], *args[1:])
+        assert r.returncode == 2 and r.stdout == "", r.stdout
+        assert "is under the RSS it bounds" in r.stderr and "GiB x 1073741824" in r.stderr
+    out = json.loads(_run("leak", tmp_path / "s.csv", "--limit-bytes", "0").stdout)
+    assert out["detected"] is True and out["eta_s"] is None
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (["leak", "--time-scale", "0"], "--time-scale: '0': must be a finite number > 0"),  # a traceback
+    (["leak", "--time-scale", "nan"], "--time-scale: 'nan'"),  # a traceback
+    (["drift", "--interval-s", "0"], "--interval-s: '0'"),  # a traceback
+    (["drift", "--tolerance", "-1"], "--tolerance: '-1': must be a finite number >= 0"),  # a traceback
+    (["drift", "--arl0-days", "0"], "--arl0-days: '0'"),  # a verdict: false alarms at once
+    (["drift", "--warmup-s", "nan"], "--warmup-s: 'nan'"),  # a verdict: nothing learned, nothing said
+])
+def test_analyze_refuses_options_out_of_range(tmp_path, args, needle):
+    _leak_csv(tmp_path / "s.csv", 0.0, seed=3)
+    (tmp_path / "acc.csv").write_text("timestamp,draft_tokens,accepted_tokens\n" + "".join(
+        f"{1.8e9 + 30 * i},{100 * i},{60 * i}\n" for i in range(200)))
+    r = _run(args[0], tmp_path / ("s.csv" if args[0] == "leak" else "acc.csv"), *args[1:])
+    assert r.returncode == 2 and needle in r.stderr and "Traceback" not in r.stderr and r.stdout == ""

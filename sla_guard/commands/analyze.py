@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import gzip
 import json
 import math
 import sys
@@ -14,8 +15,13 @@ from pathlib import Path
 
 import numpy as np
 
+from sla_guard.commands import number
 from sla_guard.detect import census, drift, leak
 from sla_guard.settings.detectors import DetectorsConfig
+
+# option types: finite and in range (--time-scale 0, --interval-s 0 or --tolerance -1 used to end in a traceback,
+# --arl0-days 0 or --warmup-s nan in a verdict)
+POS, NONNEG = number(0), number(0, above=False)
 
 
 class InputError(ValueError):
@@ -30,8 +36,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
                                        "(running requests make it load-aware, as in the guard)")
     lk.add_argument("file", type=Path)
     _unit_arg(lk)
-    lk.add_argument("--limit-bytes", type=float, default=None, help="memory limit when the CSV has none")
-    lk.add_argument("--time-scale", type=float, default=1.0,
+    lk.add_argument("--limit-bytes", type=NONNEG, default=None,
+                    help="memory limit when the CSV has none (0: no limit)")
+    lk.add_argument("--time-scale", type=POS, default=1.0,
                     help="compress the detector's time constants by this factor (tests; default 1 = production)")
     lk.add_argument("--census", type=Path, default=None, metavar="FILE",
                     help="the process's object census (census-<pid>.json from the plugin's run directory): "
@@ -41,17 +48,17 @@ def add_parser(sub) -> argparse.ArgumentParser:
     _unit_arg(dr)
     _increments_arg(dr)
     d = drift.RateDriftParams()  # the guard's defaults: offline and online verdicts agree
-    dr.add_argument("--arl0-days", type=float, default=d.arl0_s / 86400, help="mean time between false alarms (days)")
-    dr.add_argument("--shift", type=float, default=d.shift, help="design shift beyond the tolerance band")
-    dr.add_argument("--tolerance", type=float, default=d.tolerance, help="rate wander (+-) that is not drift")
+    dr.add_argument("--arl0-days", type=POS, default=d.arl0_s / 86400, help="mean time between false alarms (days)")
+    dr.add_argument("--shift", type=POS, default=d.shift, help="design shift beyond the tolerance band")
+    dr.add_argument("--tolerance", type=NONNEG, default=d.tolerance, help="rate wander (+-) that is not drift")
     dr.add_argument("--sides", choices=("down", "up", "both"), default=d.sides)
-    dr.add_argument("--warmup-s", type=float, default=d.warmup_s, help="baseline learning span (s)")
-    dr.add_argument("--interval-s", type=float, default=d.interval_s, help="CUSUM step (s)")
+    dr.add_argument("--warmup-s", type=POS, default=d.warmup_s, help="baseline learning span (s)")
+    dr.add_argument("--interval-s", type=POS, default=d.interval_s, help="CUSUM step (s)")
     dr.add_argument("--arl-rule", choices=("gaussian", "lorden"), default=d.arl_rule,
                     help="threshold: exact Gaussian run length or Lorden's bound (docs/detectors.md)")
     dr.add_argument("--jitter-blocks", type=int, default=d.jitter_blocks,
                     help="re-estimate jitter over this many blocks after warm-up (0: warm-up only)")
-    dr.add_argument("--refine-s", type=float, default=d.refine_s,
+    dr.add_argument("--refine-s", type=NONNEG, default=d.refine_s,
                     help="keep learning the baseline until this long after the start (0: warm-up only)")
     px = kinds.add_parser("prefix", help="CSV columns: timestamp,queries_tokens,hits_tokens (the prefix cache's "
                                          "query and hit counters, cumulative; judged downward, as in the guard)")
@@ -59,10 +66,10 @@ def add_parser(sub) -> argparse.ArgumentParser:
     _unit_arg(px)
     _increments_arg(px)
     pc = DetectorsConfig().prefix_hit  # the guard's defaults for the prefix-cache hit rate
-    px.add_argument("--arl0-days", type=float, default=pc.arl0_days, help="mean time between false alarms (days)")
-    px.add_argument("--warmup-s", type=float, default=pc.warmup_s, help="baseline learning span (s)")
-    px.add_argument("--interval-s", type=float, default=pc.interval_s, help="one interval of the test (s)")
-    px.add_argument("--reset-hold-s", type=float, default=pc.reset_hold_s,
+    px.add_argument("--arl0-days", type=POS, default=pc.arl0_days, help="mean time between false alarms (days)")
+    px.add_argument("--warmup-s", type=POS, default=pc.warmup_s, help="baseline learning span (s)")
+    px.add_argument("--interval-s", type=POS, default=pc.interval_s, help="one interval of the test (s)")
+    px.add_argument("--reset-hold-s", type=NONNEG, default=pc.reset_hold_s,
                     help="after a counter reset (an engine restart: an empty cache) this long is not judged (s)")
     tp = kinds.add_parser("tpot", help="CSV columns: timestamp,tpot_sum_seconds,tpot_count,running_requests "
                                        "(the TPOT histogram's _sum and _count, cumulative; the pool's running "
@@ -71,9 +78,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     _unit_arg(tp)
     _increments_arg(tp)
     t = drift.LatencyDriftParams()
-    tp.add_argument("--arl0-days", type=float, default=t.arl0_s / 86400, help="mean time between false alarms (days)")
-    tp.add_argument("--warmup-s", type=float, default=t.warmup_s, help="reference learning span (s)")
-    tp.add_argument("--interval-s", type=float, default=t.interval_s, help="one interval of the test (s)")
+    tp.add_argument("--arl0-days", type=POS, default=t.arl0_s / 86400, help="mean time between false alarms (days)")
+    tp.add_argument("--warmup-s", type=POS, default=t.warmup_s, help="reference learning span (s)")
+    tp.add_argument("--interval-s", type=POS, default=t.interval_s, help="one interval of the test (s)")
     return p
 
 
@@ -109,6 +116,17 @@ def epoch_unit(t: np.ndarray) -> str:
     return "ns" if m >= 1e17 else "us" if m >= 1e14 else "ms" if m >= 1e11 else "s"
 
 
+def _open_text(path: Path):
+    """The file as text. A UTF-8 byte-order mark (Excel's "CSV UTF-8") is taken off, or the header's
+    first name is not ``timestamp``; a gzip file (an export compressed on its way off a cluster) is
+    read through, not refused as undecodable bytes."""
+    with path.open("rb") as fh:
+        gz = fh.read(2) == b"\x1f\x8b"
+    if gz:
+        return gzip.open(path, "rt", encoding="utf-8-sig", newline="")
+    return path.open(encoding="utf-8-sig", newline="")
+
+
 def read_csv(path: Path, required: tuple[str, ...], optional: tuple[str, ...] = (),
              timestamp_unit: str = "auto") -> tuple[dict[str, np.ndarray], dict]:
     """Numeric columns of a CSV with a header (timestamps as unix seconds, milliseconds, micro- or
@@ -117,7 +135,7 @@ def read_csv(path: Path, required: tuple[str, ...], optional: tuple[str, ...] = 
     A cell that is not a number is an error: that is a wrong file, not a gap."""
     skipped: dict[str, int] = {}
     try:
-        with path.open(newline="") as fh:
+        with _open_text(path) as fh:
             reader = csv.DictReader(fh)
             header = [h.strip() for h in (reader.fieldnames or [])]
             missing = [c for c in required if c not in header]
@@ -153,7 +171,7 @@ def read_csv(path: Path, required: tuple[str, ...], optional: tuple[str, ...] = 
                     cols[c].append(val)
     except OSError as err:
         raise InputError(f"cannot read {path}: {err.strerror or err}") from None
-    except (UnicodeDecodeError, csv.Error) as err:
+    except (UnicodeDecodeError, csv.Error, EOFError) as err:  # EOFError: a truncated gzip file
         raise InputError(f"{path} is not a readable CSV: {err}") from None
     out = {c: np.asarray(v, dtype=float) for c, v in cols.items()}
     if len(out["timestamp"]) < 2:
@@ -161,6 +179,10 @@ def read_csv(path: Path, required: tuple[str, ...], optional: tuple[str, ...] = 
                          + (f" ({sum(skipped.values())} rows had an empty cell)" if skipped else ""))
     unit = "s" if iso else epoch_unit(out["timestamp"]) if timestamp_unit == "auto" else timestamp_unit
     out["timestamp"] = out["timestamp"] * TIME_UNITS[unit]
+    # in time order: an export written newest first (ORDER BY time DESC) has counters that fall in
+    # every row, refused as per-interval counts, and with --increments summed backwards
+    order = np.argsort(out["timestamp"], kind="stable")
+    out = {c: v[order] for c, v in out.items()}
     return out, {"timestamp_unit": "iso8601" if iso else unit, "rows_skipped": sum(skipped.values()),
                  "rows_skipped_by_column": skipped}
 
@@ -172,6 +194,21 @@ def _bytes_column(path: Path, name: str, v: np.ndarray) -> None:
     if 0 < med < 2**20:
         raise InputError(f"{path}: column {name} must hold bytes, but its median is {med:g} (under 1 MiB): "
                          f"convert it (MiB x 1048576, GiB x 1073741824)")
+
+
+def _limit_bytes(path: Path, cols: dict[str, np.ndarray], option: float | None) -> float | None:
+    """The memory limit: ``--limit-bytes``, else the column's last value (0: none). A limit under the
+    RSS it bounds is in another unit (GiB or MiB from a dashboard): read as bytes, the time to the
+    limit of any leak is 0, an out-of-memory "now" that is not coming."""
+    where = "--limit-bytes"
+    if option is None and "limit_bytes" in cols:
+        lim = cols["limit_bytes"][np.isfinite(cols["limit_bytes"])]
+        option, where = (float(lim[-1]) if len(lim) else None), f"{path}: column limit_bytes"
+    med = float(np.median(cols["rss_bytes"]))
+    if option is not None and (option < 0 or 0 < option < med):
+        raise InputError(f"{where}: the limit {option:g} is under the RSS it bounds (median {med:g} bytes): it must "
+                         f"hold bytes (MiB x 1048576, GiB x 1073741824), or 0 for no limit")
+    return option
 
 
 def _counters(path: Path, cols: dict[str, np.ndarray], names: tuple[str, ...], increments: bool,
@@ -332,7 +369,7 @@ def run(args) -> int:
         if args.kind == "leak":
             cols, read = read_csv(args.file, ("timestamp", "rss_bytes"), ("limit_bytes", "running_requests"), unit)
             _bytes_column(args.file, "rss_bytes", cols["rss_bytes"])
-            result = analyze_leak(cols, args.limit_bytes, args.time_scale)
+            result = analyze_leak(cols, _limit_bytes(args.file, cols, args.limit_bytes), args.time_scale)
             if getattr(args, "census", None) is not None:
                 try:
                     data = census.read_census_file(args.census)
