@@ -99,3 +99,65 @@ def test_prompts_over_max_model_len_are_refused_at_once_as_vllm_does(capsys, tmp
     line = _replay(capsys, "--trace", str(tmp_path / "t.jsonl"))
     assert line["rejected"] == 10 and line["finished"] == 20 and line["unfinished"] == 0
     assert line["ttft_p90_s"] < 1.0 and line["slo_attainment"] == 1.0
+
+
+def _trace_rows(n: int = 20) -> str:
+    return "".join(json.dumps({"timestamp": 1000 * i, "input_length": 2000, "output_length": 100, "hash_ids": [i]})
+                   + "\n" for i in range(n))
+
+
+def test_replay_reads_a_file_named_agentic(capsys, tmp_path, monkeypatch):
+    """`--trace agentic_runs.jsonl` (a relative path) was taken for 'agentic' and replaced, without
+    a word, by 40 generated sessions; a missing agentic-old.csv replayed them with exit 0."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "agentic_runs.jsonl").write_text(_trace_rows(20))
+    line = _replay(capsys, "--trace", "agentic_runs.jsonl", "--no-metrics", "--drain-s", "60")
+    assert line["trace"] == "agentic_runs" and line["requests"] == 20
+    assert main(["replay", "--trace", "agentic-old.csv", "--no-metrics"]) == 2
+    assert "cannot read trace agentic-old.csv" in capsys.readouterr().err
+    assert main(["replay", "--trace", "agentic:many", "--no-metrics"]) == 2  # int()'s ValueError before
+    assert "N in 'agentic:N' must be a number of sessions >= 1, got 'many'" in capsys.readouterr().err
+
+
+def test_replay_reads_traces_with_a_byte_order_mark(capsys, tmp_path):
+    """A trace saved with a byte-order mark was refused: line 1 "not JSON", or an Azure header
+    without 'TIMESTAMP'."""
+    (tmp_path / "bom.jsonl").write_text("\ufeff" + _trace_rows(20))
+    (tmp_path / "bom.csv").write_text("\ufeffTIMESTAMP,ContextTokens,GeneratedTokens\n" + "".join(
+        f"2023-11-16 18:00:{i:02d}.1234567,1000,100\n" for i in range(30)))
+    assert _replay(capsys, "--trace", str(tmp_path / "bom.jsonl"), "--no-metrics", "--drain-s", "60")["requests"] == 20
+    assert _replay(capsys, "--trace", str(tmp_path / "bom.csv"), "--no-metrics", "--drain-s", "60")["requests"] == 30
+
+
+@pytest.mark.parametrize(("name", "text", "needle"), [
+    ("big.jsonl", '{"timestamp": 1' + "0" * 400 + ', "input_length": 5, "output_length": 5}\n',
+     "big.jsonl:1: field 'timestamp' must be a finite number"),  # OverflowError
+    ("short.csv", "ContextTokens,GeneratedTokens,TIMESTAMP\n10,5,2023-11-16 18:00:00\n10,5\n",
+     "short.csv:3: field 'TIMESTAMP' is not a date-time"),  # AttributeError on None
+])
+def test_replay_bad_trace_rows_are_named_not_a_traceback(capsys, tmp_path, name, text, needle):
+    (tmp_path / name).write_text(text)
+    assert main(["replay", "--trace", str(tmp_path / name), "--no-metrics"]) == 2
+    assert needle in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("fault", "needle"), [
+    ("[1]", "must be a JSON object"),  # passed over: the replay ran without a fault
+    ('"leak"', "must be a JSON object"),
+    ('{"kind": "leak", "replica": "d0", "mib_per_hour": "lots"}', "field 'mib_per_hour' must be a finite number"),
+    ('{"kind": "leak", "replica": "d0", "mib_per_hour": NaN}', "field 'mib_per_hour' must be a finite number"),
+    ('{"kind": "crash", "replica": 0, "at_s": 30}', "field 'replica' must be a string"),
+])
+def test_replay_refuses_a_fault_it_would_not_inject(capsys, tmp_path, fault, needle):
+    (tmp_path / "t.jsonl").write_text(_trace_rows(5))
+    assert main(["replay", "--trace", str(tmp_path / "t.jsonl"), "--fault", fault, "--duration", "10"]) == 2
+    assert needle in capsys.readouterr().err
+
+
+def test_replay_refuses_an_out_it_cannot_write_before_replaying(capsys, tmp_path):
+    """--out naming a file was a FileExistsError traceback after the replay, its results lost."""
+    (tmp_path / "t.jsonl").write_text(_trace_rows(5))
+    (tmp_path / "out").write_text("")
+    assert main(["replay", "--trace", str(tmp_path / "t.jsonl"), "--out", str(tmp_path / "out"), "--no-metrics"]) == 2
+    captured = capsys.readouterr()
+    assert "--out" in captured.err and "cannot make this directory" in captured.err and captured.out == ""

@@ -49,6 +49,18 @@ def add_parser(sub) -> argparse.ArgumentParser:
     return p
 
 
+def _fault(text: str) -> dict:
+    """One --fault: a JSON object. A list, string or number was passed over without a word, and the
+    replay ran without the fault it was asked for."""
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"--fault {text}: not JSON ({err})") from None
+    if not isinstance(obj, dict):
+        raise ValueError(f"--fault {text}: must be a JSON object, e.g. '{{\"kind\": \"leak\", \"replica\": \"d0\"}}'")
+    return obj
+
+
 def run(args: argparse.Namespace) -> int:
     from sla_guard.sim.faults import FaultSchedule
     from sla_guard.sim.profile import ProfileError, load_profile
@@ -58,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         profile = load_profile(args.profile)
         trace = load_trace(args.trace)
-        faults = FaultSchedule(json.loads(f) for f in args.fault)
+        faults = FaultSchedule(_fault(f) for f in args.fault)
     except (ProfileError, TraceError, ValueError) as err:
         print(f"sla-guard replay: {err}", file=sys.stderr)
         return 2
@@ -79,6 +91,13 @@ def run(args: argparse.Namespace) -> int:
     if args.no_metrics and args.policy != "static":
         print("sla-guard replay: --no-metrics needs --policy static (other policies read metrics)", file=sys.stderr)
         return 2
+    if args.out is not None:  # before the replay: a file there was a traceback after it, its results lost
+        try:
+            args.out.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            print(f"sla-guard replay: --out {args.out}: cannot make this directory: {err.strerror or err}",
+                  file=sys.stderr)
+            return 2
     spec = ReplaySpec(profile=profile, trace=trace.scaled(1.0 / args.speed, args.duration), policy=args.policy,
                       prefill=args.prefill, decode=args.decode, seed=args.seed, faults=faults,
                       min_replicas=args.min_replicas, max_replicas=args.max_replicas, gpu_budget=args.gpu_budget,

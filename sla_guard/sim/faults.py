@@ -7,6 +7,8 @@ only through the metrics it bends, as in production.
 
 from __future__ import annotations
 
+import math
+import numbers
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields
 
@@ -87,6 +89,14 @@ def parse_fault(d: Mapping[str, object]) -> Fault:
     extra = set(d) - names - {"kind"}
     if extra:
         raise ValueError(f"fault {kind!r}: unknown field(s) {sorted(extra)}; allowed: {sorted(names)}")
+    for f in fields(cls):  # a string where a number goes failed with a TypeError deep in the replay
+        v, want = d.get(f.name), str(f.type)
+        if f.name not in d or (v is None and "None" in want):
+            continue
+        if "float" in want and (isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v)):
+            raise ValueError(f"fault {kind!r}: field {f.name!r} must be a finite number, got {v!r}")
+        if want.startswith("str") and not isinstance(v, str):
+            raise ValueError(f"fault {kind!r}: field {f.name!r} must be a string, got {v!r}")
     try:
         return cls(**{k: v for k, v in d.items() if k != "kind"})
     except TypeError as err:

@@ -79,8 +79,10 @@ def _int_field(obj: dict, key: str, where: str, minimum: int = 0) -> int:
     if key not in obj:
         raise TraceError(f"{where}: missing field {key!r}")
     v = obj[key]
-    # NaN and Infinity (which json accepts) fail the finite test, not int()'s OverflowError
-    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < minimum:
+    # NaN and Infinity (which json accepts) fail the finite test, not int()'s OverflowError; an integer
+    # past a float's range (json reads any number of digits) fails it too, not with math's OverflowError
+    if (isinstance(v, bool) or not isinstance(v, int | float) or (isinstance(v, int) and abs(v) > 2**63)
+            or not math.isfinite(v) or v < minimum):
         raise TraceError(f"{where}: field {key!r} must be a finite number >= {minimum}, got {v!r}")
     return int(v)
 
@@ -97,7 +99,9 @@ def read_mooncake(path: str | Path, limit: int | None = None) -> Trace:
 def _read_mooncake(p: Path, limit: int | None) -> Trace:
     reqs: list[TraceRequest] = []
     try:
-        fh = gzip.open(p, "rt") if p.suffix == ".gz" else p.open()  # noqa: SIM115 - closed by `with` below
+        # utf-8-sig: a byte-order mark (a file saved on Windows) is no "Unexpected UTF-8 BOM" on line 1
+        fh = (gzip.open(p, "rt", encoding="utf-8-sig") if p.suffix == ".gz"  # noqa: SIM115 - closed by `with` below
+              else p.open(encoding="utf-8-sig"))
     except OSError as err:
         raise TraceError(f"cannot read trace {p}: {err.strerror}") from None
     with fh:
@@ -145,7 +149,7 @@ def read_azure(path: str | Path, limit: int | None = None) -> Trace:
 def _read_azure(p: Path, limit: int | None) -> Trace:
     reqs: list[TraceRequest] = []
     try:
-        fh = p.open(newline="")
+        fh = p.open(newline="", encoding="utf-8-sig")  # a byte-order mark (Excel) is not part of "TIMESTAMP"
     except OSError as err:
         raise TraceError(f"cannot read trace {p}: {err.strerror}") from None
     with fh:
@@ -156,7 +160,7 @@ def _read_azure(p: Path, limit: int | None) -> Trace:
         t0 = None
         for i, row in enumerate(reader, 2):
             where = f"{p}:{i}"
-            t = _parse_ts(row["TIMESTAMP"], where)
+            t = _parse_ts(row["TIMESTAMP"] or "", where)  # None: a short row, TIMESTAMP not in its first columns
             t0 = t if t0 is None else t0
             try:
                 inp, out = int(row["ContextTokens"]), int(row["GeneratedTokens"])
@@ -242,9 +246,11 @@ def load_trace(path: str | Path, limit: int | None = None) -> Trace:
     """Read a trace by its suffix (.jsonl Mooncake, .csv Azure) or ``agentic[:N]`` for N
     generated sessions."""
     s = str(path)
-    if s.startswith("agentic"):
-        n = int(s.split(":", 1)[1]) if ":" in s else 40
-        return agentic_sessions(n_sessions=n)
+    if s == "agentic" or s.startswith("agentic:"):  # not a file named agentic*.jsonl: that is read, not replaced
+        n = s.partition(":")[2] or "40"
+        if not n.isdigit() or int(n) < 1:
+            raise TraceError(f"--trace {s}: N in 'agentic:N' must be a number of sessions >= 1, got {n!r}")
+        return agentic_sessions(n_sessions=int(n))
     p = Path(s)
     if p.suffix in (".jsonl", ".json") or p.name.endswith((".jsonl.gz", ".json.gz")):
         return read_mooncake(p, limit)
