@@ -253,10 +253,18 @@ def parse_targets(data: object, where: str = "<targets>") -> list[Target]:
                 if unknown := sorted(set(entry) - FILE_SD_KEYS):  # 'label:' for 'labels:' dropped every label
                     raise DiscoveryError(f"{where}[{i}]: unknown key(s) {', '.join(map(str, unknown))} in a file_sd "
                                          f"group; it has 'targets' and 'labels' only")
-                labels = dict(entry.get("labels") or {})
+                # a string would be read character by character, a list of labels fails in dict()
+                hosts, labels = entry["targets"], entry.get("labels") or {}
+                if not isinstance(hosts, list) or not all(isinstance(h, str) for h in hosts):
+                    raise DiscoveryError(f"{where}[{i}].targets: expected a list of \"host:port\" strings "
+                                         f"(e.g. targets: [\"decode-0:8000\"]), got {hosts!r}")
+                if not isinstance(labels, dict):
+                    raise DiscoveryError(f"{where}[{i}].labels: expected a mapping (e.g. labels: {{model: m, "
+                                         f"pool: decode}}), got {labels!r}")
+                labels = dict(labels)
                 path = labels.pop("__metrics_path__", "/metrics")
                 scheme = labels.pop("__scheme__", "http")
-                for hostport in entry["targets"]:
+                for hostport in hosts:
                     out.append(Target(url=f"{scheme}://{hostport}{path}", model=labels.get("model", "default"),
                                       pool=labels.get("pool", "mixed"), name=labels.get("name")))
             else:

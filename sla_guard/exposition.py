@@ -169,7 +169,7 @@ def _parse_lines(numbered, drop_created: bool, oldest_s: float | None = None,
         if m is None:
             if not line.strip():
                 continue
-            if "#" in line:
+            if "#" in line or line[0] == "{":  # exemplar; a quoted UTF-8 name ({"a.b",x="1"}, Prometheus 3)
                 return None
             raise ExpositionError(f"line {lineno or '?'}: cannot parse {line[:120]!r}")
         name = m.group(1)

@@ -6,7 +6,7 @@ the base model (``Strict``), the YAML reader (``load_yaml``) and the wording of 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping
 from typing import Any
 
 import yaml
@@ -46,6 +46,8 @@ def _unique_mapping(loader: _Loader, node: yaml.MappingNode, deep: bool = False)
         if key_node.tag == "tag:yaml.org,2002:merge":
             continue  # ``<<: *defaults``: merged keys may be overridden by the mapping's own
         key = loader.construct_object(key_node, deep=deep)
+        if not isinstance(key, Hashable):
+            continue  # ``? [a, b]``: construct_mapping says "found unhashable key" (``in`` raised TypeError)
         if key in seen:
             raise yaml.constructor.ConstructorError(
                 "while reading a mapping", node.start_mark,

@@ -7,6 +7,8 @@ import asyncio
 import collections
 import gzip
 import http.server
+import os
+import re
 import threading
 from pathlib import Path
 
@@ -81,6 +83,21 @@ def test_openmetrics_exemplars_fall_back_to_reference():
     assert [(n, v) for n, _, v in samples] == [("r_total", 5.0)]
 
 
+def test_quoted_utf8_metric_names_fall_back_to_reference():
+    """A Prometheus 3 page may quote a UTF-8 metric name inside the braces. The fast path read
+    such a line as malformed and failed the whole page (the target went down); the reference
+    parser reads it, and a truly malformed line still fails the page."""
+    text = 'ok_total 1\n{"vllm.kv.usage",engine="0"} 0.5\nm{"lab.el"="x"} 2\n'
+    samples, _ = parse_exposition(text)
+    assert _norm(samples) == _norm([("ok_total", {}, 1.0), ("vllm.kv.usage", {"engine": "0"}, 0.5),
+                                    ("m", {"lab.el": "x"}, 2.0)])
+    store = SeriesStore()
+    res = store.ingest_text(text, 1000.0, {"instance": "e"})
+    assert res.samples == 3 and not res.errors
+    with pytest.raises(ExpositionError):
+        parse_exposition('ok_total 1\n{"vllm.kv.usage" 0.5\n')
+
+
 def test_targets_file_formats_and_errors():
     ts = parse_targets([{"url": "http://a:1/metrics", "model": "m", "pool": "decode"},
                         {"targets": ["b:2", "c:3"], "labels": {"model": "n", "pool": "prefill"}}])
@@ -91,6 +108,63 @@ def test_targets_file_formats_and_errors():
         parse_targets([{"url": "http://a/metrics", "pool": "middle"}], "t.yaml")
     with pytest.raises(DiscoveryError, match="expected a list"):
         parse_targets({"url": "x"})
+
+
+@pytest.mark.parametrize(("text", "says"), [
+    ("- targets: ['127.0.0.1:1']\n  labels: [model, pool]\n", r"\[0\]\.labels: expected a mapping"),
+    ("- targets: '127.0.0.1:1'\n", r"\[0\]\.targets: expected a list of \"host:port\" strings"),
+    ("- targets: ['127.0.0.1:1']\n  ? [x]\n  : 1\n", "found unhashable key"),
+    ("- url: http://127.0.0.1:1/metrics\n  model: caf\xe9\n", "is not UTF-8 text"),
+], ids=["labels-list", "targets-string", "list-as-key", "latin-1"])
+def test_a_wrong_targets_file_keeps_the_last_good_list_and_names_the_problem(tmp_path, text, says):
+    """A file_sd group whose ``labels`` is a list, a ``targets`` that is one string, a YAML key
+    that is a list, a Latin-1 file: each raised out of the discovery (ValueError, TypeError,
+    UnicodeDecodeError), so every round failed and no target -- the static ones neither -- was
+    scraped again; a string ``targets`` was read a character at a time. Now the file is refused
+    with what is wrong and the last good list is still scraped."""
+    e = Engine()
+    srv = Served(e.exposition)
+    f = tmp_path / "targets.yaml"
+    f.write_text(f"- {{url: '{srv.url}', model: m, pool: decode, name: e0}}\n")
+    scr = Scraper(ScrapeSource(targets_file=f, timeout_s=2), SeriesStore())
+    loop = asyncio.new_event_loop()
+    try:
+        loop.run_until_complete(scr.collect())
+        f.write_bytes(text.encode("latin-1"))
+        os.utime(f, ns=(f.stat().st_atime_ns, f.stat().st_mtime_ns + 10**9))
+        hits = srv.hits
+        loop.run_until_complete(scr.collect())
+        assert [(t.name, t.up) for t in scr.targets()] == [("e0", True)] and srv.hits == hits + 1
+        assert scr.discovery.errors == 1 and re.search(says, scr.discovery.last_error)
+    finally:
+        loop.run_until_complete(scr.aclose())
+        loop.close()
+        srv.stop()
+
+
+def test_a_targets_file_replaced_by_one_with_the_same_mtime_is_read(tmp_path):
+    """The file was re-read only when its mtime changed: one renamed over it (or copied with
+    ``cp -p``, ``rsync -t``) that carries the same mtime was never read, and the guard scraped the
+    old engines for good. Size and inode count too now."""
+    e0, e1 = Engine(engine="0"), Engine(engine="1")
+    s0, s1 = Served(e0.exposition), Served(e1.exposition)
+    f, new = tmp_path / "targets.yaml", tmp_path / "targets.yaml.new"
+    f.write_text(f"- {{url: '{s0.url}', model: m, pool: decode, name: e0}}\n")
+    scr = Scraper(ScrapeSource(targets_file=f, timeout_s=2), SeriesStore())
+    loop = asyncio.new_event_loop()
+    try:
+        loop.run_until_complete(scr.collect())
+        assert [t.name for t in scr.targets()] == ["e0"]
+        new.write_text(f"- {{url: '{s1.url}', model: m, pool: decode, name: e1-renamed}}\n")
+        os.utime(new, ns=(f.stat().st_atime_ns, f.stat().st_mtime_ns))
+        os.replace(new, f)
+        loop.run_until_complete(scr.collect())
+        assert [(t.name, t.up) for t in scr.targets()] == [("e1-renamed", True)]
+    finally:
+        loop.run_until_complete(scr.aclose())
+        loop.close()
+        s0.stop()
+        s1.stop()
 
 
 class _Gzip(http.server.BaseHTTPRequestHandler):

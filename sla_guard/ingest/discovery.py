@@ -21,12 +21,12 @@ log = logging.getLogger("sla_guard.ingest.discovery")
 
 
 class TargetDiscovery:
-    """Static targets + a targets file, re-read when its mtime changes."""
+    """Static targets + a targets file, re-read when its mtime, size or inode changes."""
 
     def __init__(self, static: list[Target], targets_file: Path | None = None) -> None:
         self.static = list(static)
         self.path = Path(targets_file) if targets_file else None
-        self._mtime: float | None = None
+        self._mtime: tuple[int, int, int] | None = None
         self._from_file: list[Target] = []
         self.errors = 0
         self.last_error: str | None = None
@@ -52,17 +52,22 @@ class TargetDiscovery:
 
     def _refresh(self) -> None:
         try:
-            mtime = self.path.stat().st_mtime
+            st = self.path.stat()
+            # not the mtime alone: a file renamed over it (or copied with cp -p / rsync -t) can carry
+            # the old one's mtime, and a coarse-mtime filesystem stamps two edits in a second alike
+            mtime = (st.st_mtime_ns, st.st_size, st.st_ino)
         except OSError as err:
             self._fail(f"cannot stat {self.path}: {err.strerror}")
             return
         if mtime == self._mtime:
             return
         try:
-            data = load_yaml(self.path.read_text())
+            data = load_yaml(self.path.read_text(encoding="utf-8"))
             self._from_file = parse_targets(data, str(self.path))
             self._mtime = mtime
             self.last_error = None
+        except UnicodeDecodeError:
+            self._fail(f"{self.path} is not UTF-8 text; write it as YAML or JSON")
         except (OSError, yaml.YAMLError, DiscoveryError) as err:
             self._fail(str(err))
 
