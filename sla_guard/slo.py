@@ -140,6 +140,13 @@ def le_count(buckets: Mapping[float, float], threshold: float) -> float | None:
     return None
 
 
+def not_cumulative(good: float | None, total: float | None) -> bool:
+    """More requests in a threshold's bucket than in +Inf: the histogram's buckets are not
+    cumulative (a broken page, not a good one): its attainment would read over 100 % and its
+    error budget grow. Loose enough for extrapolation noise."""
+    return good is not None and total is not None and good > total * (1 + 1e-6) + 1e-9
+
+
 # ---------------------------------------------------------------- ledger
 CHUNK = 64  # buckets per persisted part: a tick rewrites one chunk per tier, not the whole period
 
@@ -488,7 +495,7 @@ class SLOEvaluator:
                     for lab, b in buckets.items():
                         good = le_count(b, thr)
                         tot = b.get(math.inf)
-                        if good is None or tot is None:
+                        if good is None or tot is None or not_cumulative(good, tot):
                             continue
                         per.setdefault(_mp(lab), {})[w] = (tot - good, tot)
             else:
@@ -519,8 +526,8 @@ class SLOEvaluator:
                 elif math.isclose(le, thr, rel_tol=1e-9):
                     good[mp] = good.get(mp, 0.0) + v
             for mp, tot in total.items():
-                if mp not in good:
-                    continue  # threshold is not a bucket: reported per objective
+                if mp not in good or not_cumulative(good[mp], tot):
+                    continue  # threshold is not a bucket / buckets not cumulative: reported per objective
                 key = (ind, thr, period, *mp)
                 led = self._ledgers.get(key)
                 if led is None:
@@ -574,6 +581,10 @@ class SLOEvaluator:
             r.reason = (f"threshold {slo.threshold_s:g}s is not a bucket boundary of {h.name}; "
                         f"add it at {where} ({h.slo_threshold_env}={slo.threshold_s:g})")
             return r
+        if b and not_cumulative(le_count(b, slo.threshold_s), b.get(math.inf)):
+            r.reason = (f"malformed histogram: its le={slo.threshold_s:g} bucket counts more requests than +Inf "
+                        f"in {slo.window} (buckets must be cumulative); fix the engine's /metrics")
+            return r
         wins = longwin.get((slo.indicator, slo.threshold_s, period), {}).get(key, {})
         err_p, tot_p = wins.get(period, (math.nan, math.nan))
         alerts = burn_alerts(wins, slo.target, period)
@@ -610,7 +621,7 @@ class SLOEvaluator:
             s = slos[ind]
             b = windowed.get((ind, parse_duration(s.window)), {}).get((pr.model, pr.pool), {}).get("buckets") or {}
             good, tot = le_count(b, s.threshold_s), b.get(math.inf)
-            if good is None or not tot or tot < s.min_requests:
+            if good is None or not tot or tot < s.min_requests or not_cumulative(good, tot):
                 return
             shares.append(good / tot)
         a, b2 = shares

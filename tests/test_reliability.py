@@ -404,3 +404,51 @@ def test_prometheus_answers_of_the_wrong_shape_read_as_no_data_never_raise(data)
         assert srv.hits >= 3
     finally:
         srv.stop()
+
+
+def test_histogram_whose_threshold_bucket_exceeds_inf_is_unknown_not_ok():
+    """A page whose le=<threshold> bucket counts more than its +Inf bucket (buckets not
+    cumulative: a broken exporter) read as an attainment over 100 % with a growing error budget,
+    i.e. "ok". Now the objective is unknown and says why; the sane engine beside it is judged."""
+    engines = [Engine(model=f"m{i}") for i in range(2)]
+    bucket = c.REQUEST_TTFT.series("_bucket")
+
+    def broken():  # the +Inf bucket of the TTFT histogram at a quarter of the real count
+        out = []
+        for ln in engines[0].exposition().split("\n"):
+            if ln.startswith(bucket) and 'le="+Inf"' in ln:
+                head, value = ln.rsplit(" ", 1)
+                ln = f"{head} {float(value) / 4}"
+            out.append(ln)
+        return "\n".join(out)
+
+    servers = [Served(broken), Served(engines[1].exposition)]
+    cfg = parse_config({
+        "source": {"mode": "scrape", "interval_s": 0.25, "timeout_s": 0.5,
+                   "targets": [{"url": s.url, "model": f"m{i}", "pool": "decode", "name": f"e{i}"}
+                               for i, s in enumerate(servers)]},
+        "staleness_s": 2, "evaluation_interval_s": 0.25,
+        "slos": [{"objectives": [{"name": "ttft_att", "indicator": "ttft", "objective": "attainment",
+                                  "threshold_s": 0.5, "target": 0.9, "window": WINDOW, "period": "1h",
+                                  "min_requests": 3}]}],
+    })
+    guard = compose(cfg, detectors=False, advisor=False).guard
+    loop = asyncio.new_event_loop()
+    try:
+        for _ in range(8):
+            for e in engines:
+                for _ in range(4):
+                    e.request(0.2, 0.01)
+            loop.run_until_complete(guard.collect())
+            loop.run_until_complete(asyncio.sleep(0.25))
+            guard.tick()
+        pools = guard.evaluator("slo").pools
+        bad, good = pools[("m0", "decode")].slos[0], pools[("m1", "decode")].slos[0]
+        assert good.status is Status.OK and good.value == pytest.approx(1.0)
+        assert bad.status is Status.UNKNOWN, bad
+        assert "malformed histogram" in bad.reason and bad.budget_remaining is None
+    finally:
+        loop.run_until_complete(guard.source.aclose())
+        loop.close()
+        for s in servers:
+            s.stop()
