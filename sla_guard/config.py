@@ -355,14 +355,21 @@ class APISettings(Strict):
 
 
 def _read_token(path: Path) -> str:
+    """The token in ``path``: surrounding whitespace and an editor's byte-order mark dropped. A token
+    with a line break or another control character inside is refused: no client can send it in an
+    Authorization header, so /v1 would answer 401 to everyone without a word."""
     try:
-        return path.read_text(encoding="utf-8").strip()
+        token = path.read_text(encoding="utf-8").removeprefix("\ufeff").strip()
     except OSError as err:
         raise ConfigError(f"api.token_file: cannot read {path}: {err.strerror or err}; "
                           f"create it (one line, the token) or use api.token_env") from None
     except UnicodeDecodeError:
         raise ConfigError(f"api.token_file: {path} is not UTF-8 text; write the token as one line of "
                           f"plain text") from None
+    if not token.isprintable():
+        raise ConfigError(f"api.token_file: {path} holds more than one line (or a control character) where one "
+                          f"token is read; write the token alone on one line")
+    return token
 
 
 class Retention(Strict):

@@ -216,3 +216,96 @@ def test_serve_on_an_address_in_use_names_the_setting_and_exits_2(tmp_path):
         r = subprocess.run([sys.executable, "-m", "sla_guard.cli", "serve", "--config", str(f)], capture_output=True,
                            text=True, timeout=60)
     assert r.returncode == 2 and f"api.listen: cannot listen on 127.0.0.1:{port}" in r.stderr
+
+
+def test_serve_sigterm_exits_through_atexit_without_a_false_abandoned_tick(tmp_path):
+    """SIGTERM between ticks: the idle tick thread and the API's worker thread were still winding
+    down when serve looked for a hung tick, so nearly every stop logged 'exiting with a tick still
+    running (abandoned)' and left by os._exit, skipping atexit (where an active advisor's elector
+    releases its Lease: the standby then waited out the lease instead of taking over at once)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import httpx
+    import yaml
+    from guard_support import free_port
+
+    e = Engine()
+    srv = Served(e.exposition)
+    port = free_port()
+    cfg = {"source": {"mode": "scrape", "interval_s": 0.25, "timeout_s": 0.25,
+                      "targets": [{"url": srv.url, "model": "m", "pool": "decode"}]},
+           "evaluation_interval_s": 0.25, "api": {"listen": f"127.0.0.1:{port}"}}
+    f = tmp_path / "g.yaml"
+    f.write_text(yaml.safe_dump(cfg))
+    mark = tmp_path / "atexit-ran"
+    code = (f"import atexit, pathlib, sys; atexit.register(pathlib.Path({str(mark)!r}).touch); "
+            f"from sla_guard.cli import main; sys.exit(main(['serve', '--config', {str(f)!r}]))")
+    try:
+        for life in range(3):
+            mark.unlink(missing_ok=True)
+            proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                    text=True)
+            deadline = time.time() + 30
+            ticks = 0
+            while time.time() < deadline and ticks < 4:
+                try:
+                    ticks = httpx.get(f"http://127.0.0.1:{port}/v1/status", timeout=1).json()["ticks"]
+                except httpx.HTTPError:
+                    time.sleep(0.1)
+            assert ticks >= 4, f"life {life}: no ticks"
+            time.sleep(1.0)  # between ticks, the API idle
+            proc.send_signal(signal.SIGTERM)
+            out, _ = proc.communicate(timeout=30)
+            assert proc.returncode == 0, out[-2000:]
+            assert mark.exists(), f"life {life}: atexit handlers did not run\n{out[-2000:]}"
+            assert "abandoned" not in out, out[-2000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(5)
+        srv.stop()
+
+
+def test_serve_token_file_with_two_lines_is_refused_and_a_bom_is_dropped(tmp_path):
+    """api.token_file read whole: 'tok\\nother' became a token no Authorization header can carry (401
+    to every client, no word at start); a UTF-8 byte-order mark (Windows editors) became part of
+    the token, so the 'tok' the operator wrote was refused."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import httpx
+    from guard_support import free_port
+
+    tf = tmp_path / "token"
+    f = tmp_path / "g.yaml"
+    port = free_port()
+    f.write_text(f"source: {{targets: [{{url: 'http://127.0.0.1:9/metrics'}}]}}\n"
+                 f"api: {{listen: '127.0.0.1:{port}', token_file: '{tf}'}}\n")
+    tf.write_bytes(b"tok\nother\n")
+    r = subprocess.run([sys.executable, "-m", "sla_guard.cli", "serve", "--config", str(f)], capture_output=True,
+                       text=True, timeout=30)
+    assert r.returncode == 2 and "api.token_file" in r.stderr and "one line" in r.stderr, r.stderr
+    assert "other" not in r.stderr and "Traceback" not in r.stderr
+    tf.write_bytes(b"\xef\xbb\xbftok\r\n")
+    proc = subprocess.Popen([sys.executable, "-m", "sla_guard.cli", "serve", "--config", str(f)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline, got = time.time() + 30, None
+        while time.time() < deadline and got is None:
+            try:
+                got = httpx.get(f"http://127.0.0.1:{port}/v1/status", headers={"Authorization": "Bearer tok"},
+                                timeout=1).status_code
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        assert got == 200
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(15) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(5)

@@ -17,6 +17,7 @@ import os
 import signal
 import sys
 import threading
+import time
 
 from sla_guard.config import ConfigError, load_config, split_listen
 
@@ -123,9 +124,16 @@ def run(args: argparse.Namespace) -> int:
         print(f"{'--listen' if args.listen else 'api.listen'}: cannot listen on {host}:{port} (see the error "
               f"above: in use, or not an address of this host); choose another", file=sys.stderr)
         return 2
-    # a tick or query thread still blocked on a dead peer must not keep the process alive
-    if any(t.is_alive() and not t.daemon for t in threading.enumerate() if t is not threading.main_thread()):
-        log.warning("exiting with a tick still running (abandoned)")
+    # a tick or query thread still blocked on a dead peer must not keep the process alive; but the
+    # tick thread and the API's worker threads are still winding down here even when idle, so they
+    # get the grace to finish (a tick its state save): os._exit skips atexit, where the leader's
+    # Lease is released
+    deadline = time.monotonic() + SHUTDOWN_GRACE_S
+    others = [t for t in threading.enumerate() if t is not threading.main_thread() and not t.daemon]
+    for t in others:
+        t.join(max(0.0, deadline - time.monotonic()))
+    if stuck := [t.name for t in others if t.is_alive()]:
+        log.warning("exiting with %s still running after %gs (abandoned)", ", ".join(stuck), SHUTDOWN_GRACE_S)
         logging.shutdown()
         os._exit(0)
     return 0
