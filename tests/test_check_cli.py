@@ -155,3 +155,44 @@ def test_check_wait_uses_promql_windows_over_live_traffic(tmp_path):
     row = _rows(r.stdout)[("decode", "ttft_mean")]
     assert row[4] == "500.0 ms" and row[6] == "5m"
     assert 10 <= float(row[5]) <= 400  # requests over the 2 s between the scrapes, extrapolated
+
+
+def test_check_prometheus_error_text_cannot_forge_log_lines_or_flood(tmp_path):
+    """A Prometheus (or a proxy in front of it) answering 400 with an ``error`` holding a newline, an
+    escape sequence and 100 KB: the text was logged verbatim for every query, so it forged log
+    lines, repainted the terminal and wrote megabytes per check (per tick in ``serve``)."""
+    import http.server
+    import json
+    import threading
+
+    forged = "2026-01-01 00:00:00,000 CRITICAL sla_guard.slo: every SLO ok"
+    body = json.dumps({"status": "error", "errorType": "bad_data",
+                       "error": f"parse error\n{forged}\x1b[2J" + "A" * 100_000}).encode()
+
+    class H(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(400)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    cfg = {"source": {"mode": "prometheus", "url": f"http://127.0.0.1:{server.server_address[1]}", "timeout_s": 2},
+           "slos": [{"objectives": [{"name": "ttft_mean", "indicator": "ttft", "objective": "mean",
+                                     "threshold_s": 2.5, "window": "10s", "min_requests": 1}]}]}
+    try:
+        r = _check(cfg, tmp_path)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert r.returncode == 2, r.stdout + r.stderr[-2000:]
+    assert "HTTP 400: parse error" in r.stderr  # the server's words are still shown, escaped
+    assert not any(line.startswith(forged) for line in r.stderr.splitlines())
+    assert "\x1b" not in r.stderr + r.stdout
+    n = r.stderr.count("HTTP 400")
+    assert len(r.stderr) < 1000 * n, f"{len(r.stderr)} bytes of stderr for {n} failed queries"

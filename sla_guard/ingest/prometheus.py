@@ -52,6 +52,16 @@ def duration(seconds: float) -> str:
 MAX_PREFETCH = 2000
 
 
+def _server_text(text: object, limit: int = 300) -> str:
+    """What the server wrote (its ``error``, a warning), fit for one log line and /v1/targets: at
+    most ``limit`` characters, control characters escaped. Verbatim, a newline in it forged log
+    lines, an escape sequence repainted the operator's terminal, and a long one was logged whole
+    for every query of every tick."""
+    s = str(text)
+    cut = s[:limit]
+    return "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in cut) + ("..." if len(s) > limit else "")
+
+
 class PrometheusError(Exception):
     def __init__(self, kind: str, msg: str) -> None:
         super().__init__(msg)
@@ -232,15 +242,16 @@ class PrometheusView:
                 raise PrometheusError("bad_response", f"HTTP {status}, body is not JSON") from err
             if not isinstance(body, dict) or body.get("status") != "success" or not isinstance(body.get("data"), dict):
                 err = body.get("error") if isinstance(body, dict) else None
+                said = _server_text(err) if err else "unexpected answer"
                 raise PrometheusError("query" if status in (400, 422) else "bad_response",
-                                      f"HTTP {status}: {err or 'unexpected answer'} for {promql}")
+                                      f"HTTP {status}: {said} for {promql}")
             warnings = body.get("warnings")
             if warnings and not self.accept_partial:
                 # a remote-read endpoint or a store that failed (Prometheus, Thanos, Mimir): the
                 # data are partial, and a mean over part of the requests is not the SLA's
                 first = warnings[0] if isinstance(warnings, list) else warnings
                 raise PrometheusError("partial", f"Prometheus answered with warnings (partial data; "
-                                                 f"source.accept_partial: true uses them): {str(first)[:300]}")
+                                                 f"source.accept_partial: true uses them): {_server_text(first)}")
         except PrometheusError as err:
             self.errors[err.kind] = self.errors.get(err.kind, 0) + 1
             msg = redact_text(str(err))  # httpx's messages can quote the request URL
