@@ -24,8 +24,9 @@ import json
 import logging
 import socket
 import time
+from collections.abc import Awaitable
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 import httpx
@@ -43,6 +44,7 @@ log = logging.getLogger("pd_proxy")
 
 PATHS = ("/v1/completions", "/v1/chat/completions")
 Outcome = c.Outcome
+T = TypeVar("T")
 
 
 class LegFailed(Exception):
@@ -236,8 +238,12 @@ class Proxy:
             parts.append(part)
         try:
             body = json.loads(b"".join(parts))
-        except ValueError as e:
-            body, problem = None, f"request body is not JSON: {e}"
+            # what the legs cannot send on is the client's mistake, not a 500 counted as the service's error:
+            # NaN / Infinity (not JSON, refused by the encoder), a lone surrogate (not UTF-8), nesting past the
+            # recursion limit (RecursionError, raised by loads or dumps)
+            json.dumps(body, ensure_ascii=False, allow_nan=False).encode()
+        except (ValueError, RecursionError) as e:
+            body, problem = None, f"request body is not JSON: {type(e).__name__}: {e}"
         else:
             problem = None if isinstance(body, dict) else "request body must be a JSON object"
         if problem:
@@ -250,14 +256,19 @@ class Proxy:
                      stats: RequestStats) -> Response:
         up = legs.upstream_headers(request.headers, rid)
         streaming = bool(body.get("stream"))
-        answer, prefill_leg_s = await self._prefill_leg(path, body, up)
-        self.metrics.model_label.admit(body.get("model"))  # an engine served it: a real model
-        if await request.is_disconnected():  # the client left during prefill: do not start decode
+        leg = await _unless_client_leaves(request, self._prefill_leg(path, body, up))
+        if leg is None or await request.is_disconnected():  # the client left during prefill: do not start decode
             stats.finish(Outcome.ABORTED)
             return Response(status_code=499, headers=headers)
+        answer, prefill_leg_s = leg
+        self.metrics.model_label.admit(body.get("model"))  # an engine served it: a real model
         dec = legs.decode_body(body, answer, streaming)
         if not streaming:
-            r = await self._whole(self.decode, "decode", path, dec, up, self.config.decode_timeout_s)
+            r = await _unless_client_leaves(
+                request, self._whole(self.decode, "decode", path, dec, up, self.config.decode_timeout_s))
+            if r is None:
+                stats.finish(Outcome.ABORTED)
+                return Response(status_code=499, headers=headers)
             if r.status_code != 200:
                 raise LegFailed.engine_answer(r)
             if await request.is_disconnected():
@@ -268,7 +279,7 @@ class Proxy:
             return TrackedResponse(r.content, 200, r.headers.get("content-type"), headers, stats, Outcome.OK)
         return await self._open_stream(path, dec, up, headers, stats, legs.wants_usage(body), prefill_leg_s)
 
-    async def _prefill_leg(self, path: str, body: dict[str, Any], up: dict[str, str]) -> tuple[dict, float]:
+    async def _prefill_leg(self, path: str, body: dict[str, Any], up: dict[str, bytes]) -> tuple[dict, float]:
         sent = time.perf_counter()
         r = await self._whole(self.prefill, "prefill", path, legs.prefill_body(body), up,
                               self.config.prefill_timeout_s)
@@ -284,7 +295,7 @@ class Proxy:
                                         str(r.request.url))
         return answer, leg_s
 
-    async def _whole(self, pool: EnginePool, leg: str, path: str, body: dict[str, Any], up: dict[str, str],
+    async def _whole(self, pool: EnginePool, leg: str, path: str, body: dict[str, Any], up: dict[str, bytes],
                      timeout_s: float) -> httpx.Response:
         """One upstream call read to its end, under the leg's total deadline."""
         lease = pool.acquire()
@@ -305,7 +316,7 @@ class Proxy:
         log.warning("%s (engine %s)", message, display_url(engine))
         return LegFailed.proxy_error(status, kind, message, leg, engine)
 
-    async def _open_stream(self, path: str, dec: dict[str, Any], up: dict[str, str], headers: dict[str, str],
+    async def _open_stream(self, path: str, dec: dict[str, Any], up: dict[str, bytes], headers: dict[str, str],
                            stats: RequestStats, want_usage: bool, prefill_leg_s: float) -> Response:
         timeout_s = self.config.decode_timeout_s
         deadline = asyncio.get_running_loop().time() + timeout_s
@@ -346,6 +357,31 @@ class Proxy:
         await self.client.aclose()
         if self.metrics.otel is not None:  # send the last spans
             self.metrics.otel.shutdown()
+
+
+async def _unless_client_leaves(request: Request, call: Awaitable[T]) -> T | None:
+    """``call``'s result, or None when the client hangs up first. ``call`` is then cancelled, which closes its
+    upstream connection, and vLLM aborts a request whose connection closes: without this a client gone
+    during a non-streamed decode left the engine generating the whole answer, up to the decode deadline."""
+    task = asyncio.ensure_future(call)
+    gone = asyncio.ensure_future(_client_gone(request))
+    try:
+        await asyncio.wait((task, gone), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+        left = not task.done()
+        if left:
+            task.cancel()
+    if not left:
+        return task.result()
+    await asyncio.wait((task,))  # its clean-up (lease released, connection closed) is done
+    return None
+
+
+async def _client_gone(request: Request) -> None:
+    """Returns once the client has hung up: its body is read, so the next ASGI message is the disconnect."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 def _shown(in_flight: dict[str, int]) -> dict[str, int]:

@@ -32,11 +32,13 @@ def request_id(headers: Mapping[str, str]) -> str:
     return headers.get("x-request-id") or uuid.uuid4().hex
 
 
-def upstream_headers(headers: Mapping[str, str], rid: str) -> dict[str, str]:
-    out = {"X-Request-Id": rid}
+def upstream_headers(headers: Mapping[str, str], rid: str) -> dict[str, bytes]:
+    """As bytes, the client's own: the server decoded them as Latin-1, and httpx encodes a str as ASCII
+    (an X-Request-Id or Authorization with a byte past 0x7f raised out of the handler, a 500)."""
+    out = {"X-Request-Id": rid.encode("latin-1")}
     for name in PASSED_HEADERS:
         if name in headers:
-            out[name] = headers[name]
+            out[name] = headers[name].encode("latin-1")
     return out
 
 
@@ -91,35 +93,53 @@ def sse_error_event(message: str, kind: str, status: int, leg: str, engine: str)
 
 # --- server-sent events ---------------------------------------------------------------------------
 
+# An event longer than this is passed on in pieces, uninspected: an engine answering a stream with a
+# body that has no blank line (JSON, HTML) was buffered whole, copied and re-searched on every chunk
+# (a 26 MB body: 17 s of the event loop, the client's first byte at the end). vLLM's largest events
+# (the first chunk with a long prompt's token ids) are far below it.
+MAX_EVENT_BYTES = 4 * 1024 * 1024
+
+
 class SseSplitter:
     """Cuts a byte stream into whole SSE events (each with its blank-line terminator), so each
     event is inspected and forwarded as one unit however the network split it."""
 
-    def __init__(self) -> None:
-        self._buf = b""
+    def __init__(self, max_event_bytes: int = MAX_EVENT_BYTES) -> None:
+        self._buf = bytearray()
+        self._searched = 0  # bytes of _buf already searched for a terminator: only new bytes are
+        self.max_event_bytes = max_event_bytes
 
     def feed(self, data: bytes) -> list[bytes]:
-        buf = self._buf + data
+        buf = self._buf
+        buf += data
         out: list[bytes] = []
         start = 0
         while True:
-            cut = _event_end(buf, start)
+            cut = _event_end(buf, start, max(start, self._searched - 3))  # a terminator is at most 4 bytes
             if cut < 0:
                 break
-            out.append(buf[start:cut])
+            out.append(bytes(buf[start:cut]))
             start = cut
-        self._buf = buf[start:]
+        del buf[:start]
+        self._searched = len(buf)
+        if len(buf) > self.max_event_bytes:
+            out.append(bytes(buf))
+            buf.clear()
+            self._searched = 0
         return out
 
     def flush(self) -> list[bytes]:
         """What is left when the stream ends (an event without its terminator)."""
-        rest, self._buf = self._buf, b""
+        rest = bytes(self._buf)
+        self._buf.clear()
+        self._searched = 0
         return [rest] if rest.strip() else []
 
 
-def _event_end(buf: bytes, start: int) -> int:
-    """Index just past the first event terminator at or after ``start``, or -1."""
-    ends = [(i, len(sep)) for sep in (b"\n\n", b"\r\n\r\n", b"\r\r") if (i := buf.find(sep, start)) >= 0]
+def _event_end(buf: bytes | bytearray, start: int, search_from: int) -> int:
+    """Index just past the first event terminator at or after ``start`` (none starts before
+    ``search_from``), or -1."""
+    ends = [(i, len(sep)) for sep in (b"\n\n", b"\r\n\r\n", b"\r\r") if (i := buf.find(sep, search_from)) >= 0]
     if not ends:
         return -1
     i, n = min(ends)

@@ -738,3 +738,97 @@ def test_a_non_streamed_answer_the_client_left_before_is_aborted_not_ok(engines,
         time.sleep(0.05)
     assert value(s, c.CLIENT_REQUESTS.exposed, outcome="ok") == 0 and value(s, c.CLIENT_E2E.name + "_count") == 0
     assert value(s, c.CLIENT_IN_FLIGHT.name) == 0
+
+
+def test_a_body_the_legs_cannot_send_on_is_a_400_client_error_not_a_500(engines, proxies):
+    """NaN (json.loads takes it, the upstream encoder refuses it), a lone surrogate (not UTF-8) and
+    nesting past the recursion limit raised out of the handler: a 500, counted as the service's
+    error (or, for the nesting, not counted at all)."""
+    p, d = engines("prefill"), engines("decode")
+    px = proxies([p], [d])
+    for raw in (b'{"model": "m", "prompt": "x", "temperature": NaN}', b'{"model": "m", "prompt": "\\ud800"}',
+                b'{"model": "m", "prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", b"[" * 100_000):
+        r = httpx.post(px.url + "/v1/completions", content=raw, headers={"content-type": "application/json"},
+                       timeout=10)
+        assert r.status_code == 400 and "not JSON" in r.json()["error"]["message"], raw[:60]
+    assert p.requests == [] and d.requests == []
+    s = scrape(px.url)
+    assert value(s, c.CLIENT_REQUESTS.exposed, outcome="client_error") == 4
+    assert value(s, c.CLIENT_REQUESTS.exposed, outcome="error") == 0 and value(s, c.CLIENT_IN_FLIGHT.name) == 0
+
+
+def test_request_id_and_authorization_with_non_ascii_bytes_are_passed_on_as_they_came(engines, proxies):
+    """The server decodes header values as Latin-1 and httpx encodes a str as ASCII: an X-Request-Id
+    or Authorization with a byte past 0x7f raised UnicodeEncodeError out of the handler, a 500."""
+    p, d = engines("prefill"), engines("decode")
+    px = proxies([p], [d])
+    hs = {"x-request-id": "caf\xe9-1".encode("latin-1"), "authorization": b"Bearer k\xff"}
+    r = httpx.post(px.url + "/v1/completions", json={"model": "m", "prompt": "x"}, headers=hs, timeout=10)
+    assert r.status_code == 200 and (b"x-request-id", b"caf\xe9-1") in r.headers.raw
+    for got in (p.headers[0], d.headers[0]):  # http.server decodes them as Latin-1 too
+        assert got["x-request-id"] == "caf\xe9-1" and got["authorization"] == "Bearer k\xff"
+    assert value(scrape(px.url), c.CLIENT_REQUESTS.exposed, outcome="ok") == 1
+
+
+@pytest.mark.parametrize("leg", ["prefill", "decode"])
+def test_a_client_leaving_a_non_streamed_request_ends_the_engine_call(engines, proxies, leg):
+    """The client gave up while a leg was running: the proxy went on waiting for the whole answer
+    (vLLM generating it, up to the decode deadline) and only then counted the request aborted; the
+    upstream call is cancelled now (its connection closed: vLLM aborts the request)."""
+    p, d = engines("prefill"), engines("decode")
+    eng = p if leg == "prefill" else d
+    eng.delay_s = 4.0
+    px = proxies([p], [d])
+    t = time.monotonic()
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(px.url + "/v1/completions", json={"model": "m", "prompt": "x"}, timeout=0.5)
+    while px.proxy.health()["in_flight"][leg][eng.url] or value(scrape(px.url), c.CLIENT_REQUESTS.exposed) < 1:
+        assert time.monotonic() - t < 2.5, "the engine call outlived the client"
+        time.sleep(0.05)
+    s = scrape(px.url)
+    assert value(s, c.CLIENT_REQUESTS.exposed, outcome="aborted") == 1 and value(s, c.CLIENT_IN_FLIGHT.name) == 0
+    assert len(d.requests) == (1 if leg == "decode" else 0)
+
+
+def test_a_stream_body_without_event_boundaries_is_relayed_as_it_comes(engines, proxies):
+    """An engine answering a stream with a body that has no blank line (JSON, an HTML error page):
+    the proxy buffered it whole, copying and re-searching the buffer on every chunk (26 MB took 17 s
+    of the event loop) and the client's first byte came only at the end."""
+    p = engines("prefill")
+
+    class NoEvents(Engine):
+        def answer(self, h, body):
+            h.send_response(200)
+            h.send_header("Content-Type", "application/json")
+            h.end_headers()
+            for _ in range(128):  # 8 MB, then 3 s of silence
+                h.wfile.write(b"x" * 65536)
+            h.wfile.flush()
+            time.sleep(3)
+
+    d = NoEvents("decode")
+    try:
+        px = proxies([p], [d])
+        t = time.perf_counter()
+        first, n = None, 0
+        with httpx.stream("POST", px.url + "/v1/completions", json={"model": "m", "prompt": "x", "stream": True},
+                          timeout=30) as r:
+            for chunk in r.iter_raw():
+                first = first or time.perf_counter() - t
+                n += len(chunk)
+        assert r.status_code == 200 and n == 128 * 65536
+        assert first < 2.5, f"first byte after {first:.1f} s: the body was held until the engine ended it"
+        assert value(scrape(px.url), c.CLIENT_REQUESTS.exposed, outcome="error") == 1  # no [DONE]
+    finally:
+        d.close()
+
+
+def test_sse_splitter_searches_only_new_bytes_and_bounds_an_event():
+    data = b'data: {"choices":[{"text":"a"}]}\r\n\r\ndata: x\n\n\r\rdata: [DONE]\n\n'
+    for step in (1, 2, 3, 5):
+        sp = legs.SseSplitter()
+        out = [e for i in range(0, len(data), step) for e in sp.feed(data[i:i + step])] + sp.flush()
+        assert out == [b'data: {"choices":[{"text":"a"}]}\r\n\r\n', b"data: x\n\n", b"\r\r", b"data: [DONE]\n\n"]
+    sp = legs.SseSplitter(max_event_bytes=10)
+    assert sp.feed(b"x" * 8) == [] and sp.feed(b"y" * 8) == [b"x" * 8 + b"y" * 8]
+    assert sp.feed(b"z\n\ndata: [DONE]\n\n") == [b"z\n\n", b"data: [DONE]\n\n"]
