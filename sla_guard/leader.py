@@ -37,6 +37,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
+from sla_guard.outbound import call_within
+
 log = logging.getLogger(__name__)
 
 SA_NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
@@ -319,7 +321,10 @@ class LeaseElector(_Loop):
         log.warning("%s: %s", self.name, self.last_error)
 
     def _call(self, fn: Callable[..., Any], *args: Any) -> dict:
-        resp = fn(*args, _preload_content=False, _request_timeout=self.call_timeout_s)
+        # whole within call_timeout_s: the client's timeout bounds each read, and an API server
+        # trickling its answer held the elector (and stop(), so the Lease was never released)
+        resp = call_within(lambda: fn(*args, _preload_content=False, _request_timeout=self.call_timeout_s),
+                           self.call_timeout_s)
         return json.loads(resp.data)
 
     def _record(self, now: datetime, acquire: datetime, transitions: int) -> dict:

@@ -10,10 +10,15 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import threading
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import httpx
 
 from exporters.page_read import run_bounded
+
+T = TypeVar("T")
 
 
 def post_json(url: str, body: object, *, timeout_s: float, headers: dict[str, str] | None = None,
@@ -32,3 +37,26 @@ def post_json(url: str, body: object, *, timeout_s: float, headers: dict[str, st
         return run_bounded(post())
     with concurrent.futures.ThreadPoolExecutor(1) as ex:  # called on a loop's thread: not on that loop
         return ex.submit(run_bounded, post()).result()
+
+
+def call_within(fn: Callable[[], T], timeout_s: float) -> T:
+    """``fn()``'s result, or ``TimeoutError`` once ``timeout_s`` has passed. For blocking clients
+    (the ``kubernetes`` client) whose own timeout bounds each socket read, not the request: an API
+    server trickling its answer held the call, and the guard's tick or the elector, for as long as
+    it trickled. The call left behind runs on in a daemon thread until its own timeouts end it."""
+    out: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            out["value"] = fn()
+        except BaseException as err:  # handed to the caller
+            out["error"] = err
+
+    th = threading.Thread(target=run, name="sla-guard-bounded-call", daemon=True)
+    th.start()
+    th.join(timeout_s)
+    if th.is_alive():
+        raise TimeoutError(f"no complete answer within {timeout_s:g}s")
+    if "error" in out:
+        raise out["error"]
+    return out["value"]

@@ -141,8 +141,9 @@ def test_active_mode_failure_is_counted_not_fatal():
     assert rec["desired"] > rec["current"]
 
 
-def k8s_server():
-    """Speaks GET/PATCH of the Deployment and LeaderWorkerSet scale subresources."""
+def k8s_server(fail_get: int | None = None):
+    """Speaks GET/PATCH of the Deployment and LeaderWorkerSet scale subresources (the objects
+    themselves are 404, as to a guard without ``get`` on them); ``fail_get``: every GET answers it."""
     state = {("apps", "llm", "prefill-pool"): 2, ("lws", "llm", "decode-pool"): 1}
     calls: list[dict] = []
 
@@ -173,6 +174,8 @@ def k8s_server():
                     "spec": {"replicas": state[key]}, "status": {"replicas": state[key]}}
 
         def do_GET(self):
+            if fail_get is not None:
+                return self._reply(fail_get, {"kind": "Status", "code": fail_get, "reason": "InternalError"})
             key = self._key()
             if key not in state:
                 return self._reply(404, {"kind": "Status", "code": 404, "reason": "NotFound"})
@@ -220,3 +223,96 @@ def test_kubernetes_scale_subresource_deployment_and_lws():
                      "/apis/leaderworkerset.x-k8s.io/v1/namespaces/llm/leaderworkersets/decode-pool/scale"]
     assert all("patch" in (x["content_type"] or "") for x in calls)
     assert calls[0]["body"] == {"spec": {"replicas": 3}}
+
+
+def _k8s_actuator(url: str, **kw) -> KubernetesActuator:
+    from kubernetes import client
+
+    return KubernetesActuator({"prefill": KubernetesTarget(kind="Deployment", name="prefill-pool", namespace="llm")},
+                              api_client=client.ApiClient(client.Configuration(host=url)), **kw)
+
+
+def test_kubernetes_hung_or_trickling_api_server_fails_within_the_timeout():
+    """An API server trickling its answer a byte at a time: the client's ``_request_timeout``
+    bounds each read, and the actuator passed none at all, so one scale call held the guard's
+    tick for as long as the server trickled. Each call is now whole within ``timeout_s``."""
+    import time
+
+    from guard_support import Trickle
+
+    srv = Trickle('{"spec": {"replicas": 2}}', what="headers")
+    try:
+        act = _k8s_actuator(f"http://127.0.0.1:{srv.port}")
+        act.timeout_s = 0.5
+        out: dict = {}
+
+        def call() -> None:
+            try:
+                act.set_replicas("m", "prefill", 3, "k")
+            except ActuationError as err:
+                out["err"] = str(err)
+
+        t0 = time.monotonic()
+        th = threading.Thread(target=call, daemon=True)
+        th.start()
+        th.join(5)
+        assert not th.is_alive(), "the scale call is still held by the trickling API server"
+        assert time.monotonic() - t0 < 3
+        assert "no complete answer within 0.5s" in out["err"]
+    finally:
+        srv.stop()
+
+
+def test_kubernetes_scale_down_fails_closed_when_size_or_grace_period_is_unreadable():
+    """The drain check skipped itself when it could not read the current size or the grace
+    period (the shipped RBAC granted only ``.../scale``, so reading the Deployment was refused)
+    and the scale-down went ahead, killing pods sooner than the pool drains. It is refused now,
+    and a pool whose size cannot be read is not patched at all."""
+    handler, state, calls = k8s_server()
+    with serve(handler) as (url, _):
+        act = _k8s_actuator(url)
+        act.drain_grace_s["prefill"] = 200.0
+        with pytest.raises(ActuationError, match="cannot read its terminationGracePeriodSeconds"):
+            act.set_replicas("m", "prefill", 1, "k")
+        act.set_replicas("m", "prefill", 3, "k")  # a scale-up needs no drain
+    assert state[("apps", "llm", "prefill-pool")] == 3 and len(calls) == 1
+    handler, state, calls = k8s_server(fail_get=500)
+    with serve(handler) as (url, _):
+        act = _k8s_actuator(url)
+        act.drain_grace_s["prefill"] = 200.0
+        with pytest.raises(ActuationError, match="reading scale of Deployment/llm/prefill-pool failed"):
+            act.set_replicas("m", "prefill", 1, "k")
+        with pytest.raises(ActuationError, match="reading scale"):
+            _k8s_actuator(url).set_replicas("m", "prefill", 1, "k")
+    assert not calls and state[("apps", "llm", "prefill-pool")] == 2
+
+
+def test_kubernetes_actuator_does_not_patch_after_losing_the_leadership():
+    """LeaderGatedActuator checked the leadership once, before the actuator's reads; a leader
+    whose lease lapsed while those reads were slow still sent the patch (two leaders actuating).
+    The gate is checked again just before the patch, as it is before each webhook attempt."""
+    from sla_guard.scale.actuators import LeaderGatedActuator, StandbyError
+
+    class Lapsing:  # leads at the gate, no longer by the time of the patch
+        identity = "guard-a"
+
+        def __init__(self) -> None:
+            self.asked = 0
+
+        def is_leader(self) -> bool:
+            self.asked += 1
+            return self.asked == 1
+
+        def holder(self) -> str | None:
+            return None
+
+        def start(self) -> None: ...
+
+        def stop(self) -> None: ...
+
+    handler, state, calls = k8s_server()
+    with serve(handler) as (url, _):
+        gated = LeaderGatedActuator(_k8s_actuator(url), Lapsing())
+        with pytest.raises(StandbyError, match="lost the leadership"):
+            gated.set_replicas("m", "prefill", 3, "k")
+    assert not calls and state[("apps", "llm", "prefill-pool")] == 2

@@ -664,3 +664,27 @@ def test_lease_elector_built_from_config_and_kubeconfig(tmp_path):
         assert api.lease()["spec"]["holderIdentity"] == ""
     with pytest.raises(ConfigError, match=r"advisor\.actuation\.leader_election"):
         build_elector(le, kubeconfig=str(tmp_path / "missing"))
+
+
+def test_lease_trickling_api_server_fails_each_call_within_call_timeout():
+    """An API server trickling its answer a byte at a time: the client's ``_request_timeout``
+    bounds each read, so one 0.5 s call held the elector thread for as long as the server trickled
+    (and ``stop()`` gave up joining it, leaving the Lease unreleased). Each call is now whole
+    within ``call_timeout_s``."""
+    from guard_support import Trickle
+
+    srv = Trickle(json.dumps({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                              "metadata": {"name": "guard", "namespace": "llm", "resourceVersion": "7"},
+                              "spec": {"holderIdentity": "guard-x", "leaseDurationSeconds": 15}}), what="headers")
+    e = lease_elector(f"http://127.0.0.1:{srv.port}", "guard-a", lease_duration_s=6, renew_deadline_s=2.5,
+                      renew_s=0.5, retry_s=0.25, call_timeout_s=0.5)
+    try:
+        t0 = time.monotonic()
+        e.start()
+        wait_for(lambda: e.last_error, 5, "the read failing at its deadline")
+        assert time.monotonic() - t0 < 3
+        assert e.last_error == "reading the lease: TimeoutError: no complete answer within 0.5s"
+        assert not e.is_leader()
+    finally:
+        e.stop()
+        srv.stop()

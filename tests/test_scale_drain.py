@@ -20,14 +20,14 @@ class _Apps:
     def __init__(self, replicas: int, grace: int | None) -> None:
         self.replicas, self.grace, self.patched = replicas, grace, []
 
-    def read_namespaced_deployment_scale(self, name, ns):
+    def read_namespaced_deployment_scale(self, name, ns, **_):
         return SimpleNamespace(spec=SimpleNamespace(replicas=self.replicas))
 
-    def read_namespaced_deployment(self, name, ns):
+    def read_namespaced_deployment(self, name, ns, **_):
         return SimpleNamespace(spec=SimpleNamespace(template=SimpleNamespace(
             spec=SimpleNamespace(termination_grace_period_seconds=self.grace))))
 
-    def patch_namespaced_deployment_scale(self, name, ns, body):
+    def patch_namespaced_deployment_scale(self, name, ns, body, **_):
         self.patched.append(body["spec"]["replicas"])
         self.replicas = body["spec"]["replicas"]
 
@@ -36,6 +36,7 @@ def _actuator(apps: _Apps) -> KubernetesActuator:
     act = KubernetesActuator.__new__(KubernetesActuator)  # no cluster: the API objects are stubs
     act.targets = {"prefill": KubernetesTarget(kind="Deployment", name="glm-prefill", namespace="llm")}
     act.apps, act.custom, act.drain_grace_s = apps, None, {}
+    act.timeout_s, act.may_send = 5.0, None
     return act
 
 

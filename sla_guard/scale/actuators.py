@@ -17,11 +17,11 @@ from __future__ import annotations
 import hashlib
 import time
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import httpx
 
-from sla_guard.outbound import post_json
+from sla_guard.outbound import call_within, post_json
 from sla_guard.settings.advisor import KubernetesTarget, Webhook
 
 if TYPE_CHECKING:
@@ -104,17 +104,25 @@ class KubernetesActuator:
 
     name = "kubernetes"
 
-    def __init__(self, targets: Mapping[str, KubernetesTarget], api_client=None, kubeconfig: str | None = None
-                 ) -> None:
+    def __init__(self, targets: Mapping[str, KubernetesTarget], api_client=None, kubeconfig: str | None = None,
+                 timeout_s: float = 5.0) -> None:
         from kubernetes import client, config  # optional extra: sla-guard[kubernetes]
 
         if api_client is None:
+            conf = client.Configuration()
             if kubeconfig:
-                config.load_kube_config(config_file=kubeconfig)
+                config.load_kube_config(config_file=kubeconfig, client_configuration=conf)
             else:
-                config.load_incluster_config()
-            api_client = client.ApiClient()
+                config.load_incluster_config(client_configuration=conf)
+            # no urllib3 retries: a retry left running after the deadline could patch after this
+            # guard lost the leadership; the next tick decides again
+            conf.retries = 0
+            api_client = client.ApiClient(conf)
         self.targets = dict(targets)
+        self.timeout_s = timeout_s  # each API call, whole (a hung API server must not hold the tick)
+        # set by LeaderGatedActuator: checked just before the patch, so a leader deposed while the
+        # reads before it were slow does not send it
+        self.may_send: Callable[[], bool] | None = None
         self.apps = client.AppsV1Api(api_client)
         self.custom = client.CustomObjectsApi(api_client)
         # pool -> seconds a replica needs to drain (the advisor's drain_grace_s: the longest
@@ -128,10 +136,11 @@ class KubernetesActuator:
         t = self._target(pool)
         try:
             if t.kind == "Deployment":
-                spec = self.apps.read_namespaced_deployment(t.name, t.namespace).spec.template.spec
+                spec = self._call(self.apps.read_namespaced_deployment, t.name, t.namespace).spec.template.spec
                 g = getattr(spec, "termination_grace_period_seconds", None)
             else:
-                obj = self.custom.get_namespaced_custom_object(LWS_GROUP, LWS_VERSION, t.namespace, LWS_PLURAL, t.name)
+                obj = self._call(self.custom.get_namespaced_custom_object, LWS_GROUP, LWS_VERSION, t.namespace,
+                                 LWS_PLURAL, t.name)
                 tpl = obj.get("spec", {}).get("leaderWorkerTemplate", {})
                 tpl = tpl.get("leaderTemplate") or tpl.get("workerTemplate") or {}
                 g = tpl.get("spec", {}).get("terminationGracePeriodSeconds")
@@ -139,21 +148,25 @@ class KubernetesActuator:
             return None
         return 30.0 if g is None else float(g)
 
-    def check_drain(self, pool: str, replicas: int) -> None:
+    def check_drain(self, pool: str, replicas: int, current: int | None = None) -> None:
         """Refuse a scale-down that could kill in-flight requests: the pods' grace period must
-        cover the pool's observed drain time."""
+        cover the pool's observed drain time. Fails closed: a current size or a grace period it
+        cannot read (the API server failing, RBAC without ``get`` on the object) refuses too."""
         need = self.drain_grace_s.get(pool)
         if not need:
             return
-        try:
+        if current is None:
             current = self.get_replicas(pool)
-        except ActuationError:
-            return
         if replicas >= current:
             return
         grace = self.grace_period_s(pool)
-        if grace is not None and grace < need:
-            t = self._target(pool)
+        t = self._target(pool)
+        if grace is None:
+            raise ActuationError(f"refusing to scale {t.kind}/{t.namespace}/{t.name} down to {replicas}: cannot "
+                                 f"read its terminationGracePeriodSeconds (needs get on the {t.kind} itself, "
+                                 "deploy/k8s/rbac.yaml) to check it covers the drain time "
+                                 f"{need:.0f} s")
+        if grace < need:
             raise ActuationError(f"refusing to scale {t.kind}/{t.namespace}/{t.name} down to {replicas}: "
                                  f"terminationGracePeriodSeconds {grace:.0f} s < drain time {need:.0f} s "
                                  "(longest observed request x 1.5 + 60 s); raise it (deploy/k8s/pd-drain.yaml)")
@@ -168,23 +181,31 @@ class KubernetesActuator:
         t = self._target(pool)
         try:
             if t.kind == "Deployment":
-                return int(self.apps.read_namespaced_deployment_scale(t.name, t.namespace).spec.replicas or 0)
-            obj = self.custom.get_namespaced_custom_object_scale(LWS_GROUP, LWS_VERSION, t.namespace, LWS_PLURAL,
-                                                                 t.name)
+                return int(self._call(self.apps.read_namespaced_deployment_scale, t.name, t.namespace).spec.replicas
+                           or 0)
+            obj = self._call(self.custom.get_namespaced_custom_object_scale, LWS_GROUP, LWS_VERSION, t.namespace,
+                             LWS_PLURAL, t.name)
             return int(obj.get("spec", {}).get("replicas", 0))
         except Exception as err:  # ApiException, connection errors: the caller counts and continues
             raise ActuationError(f"reading scale of {t.kind}/{t.namespace}/{t.name} failed: {err}") from err
 
+    def _call(self, fn: Callable[..., object], *args: object) -> Any:
+        """One API call, whole within ``timeout_s`` (the client's own timeout bounds each read)."""
+        return call_within(lambda: fn(*args, _request_timeout=self.timeout_s), self.timeout_s)
+
     def set_replicas(self, model: str, pool: str, replicas: int, key: str) -> None:
         t = self._target(pool)
-        self.check_drain(pool, replicas)
+        current = self.get_replicas(pool)  # a pool whose size cannot be read is not acted on
+        self.check_drain(pool, replicas, current)
+        if self.may_send is not None and not self.may_send():
+            raise StandbyError(f"standby: lost the leadership before patching {pool}={replicas}")
         body = {"spec": {"replicas": int(replicas)}}
         try:
             if t.kind == "Deployment":
-                self.apps.patch_namespaced_deployment_scale(t.name, t.namespace, body)
+                self._call(self.apps.patch_namespaced_deployment_scale, t.name, t.namespace, body)
             else:
-                self.custom.patch_namespaced_custom_object_scale(LWS_GROUP, LWS_VERSION, t.namespace, LWS_PLURAL,
-                                                                 t.name, body)
+                self._call(self.custom.patch_namespaced_custom_object_scale, LWS_GROUP, LWS_VERSION, t.namespace,
+                           LWS_PLURAL, t.name, body)
         except Exception as err:
             raise ActuationError(f"scaling {t.kind}/{t.namespace}/{t.name} to {replicas} failed: {err}") from err
 
