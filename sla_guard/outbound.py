@@ -1,10 +1,14 @@
-"""Outbound HTTP pushes (Alertmanager, the scaling webhook) complete within a total deadline.
+"""Calls the guard makes to other services (Alertmanager, the scaling webhook, the Kubernetes API)
+complete within a total deadline.
 
-httpx's timeout bounds each read, not the request: a peer that trickled its answer a byte at a
-time held a push, and the thread that made it (the alert publisher, the guard's tick), for as
-long as it trickled. Here the whole request (connect, headers, body) runs under
-``asyncio.timeout``, which cancels it and closes its connection at the deadline, and a slow
-name lookup left behind does not hold the caller (``run_bounded``)."""
+A client's timeout bounds each read, not the request: a peer that trickled its answer a byte at
+a time held the call, and the thread that made it (the alert publisher, the guard's tick, the
+leader elector), for as long as it trickled. ``post_json`` runs the whole request (connect,
+headers, body) under ``asyncio.timeout``, which cancels it and closes its connection at the
+deadline, and a slow name lookup left behind does not hold the caller (``run_bounded``).
+``call_within`` bounds a blocking client's call (the ``kubernetes`` client) the only way it can be:
+the caller stops waiting, and the call ends on its own timeouts in a daemon thread. (Prometheus
+mode bounds its many queries on its own thread pool, ``ingest.prometheus.PrometheusView._get``.)"""
 
 from __future__ import annotations
 
