@@ -7,6 +7,8 @@ becomes ``***`` and every query value ``***``; scheme, host, port, path and quer
 the target is still recognisable. ``redact_text`` does the same to every URL inside free text
 (httpx's exception messages include the request URL), and ``RedactingFilter`` applies it to log
 records, including httpx's own ``HTTP Request: GET <url>`` lines and exception tracebacks.
+Text a peer wrote (Prometheus's ``error``, an Alertmanager rejection) is shown through
+``peer_text``: cut short, control characters escaped.
 """
 
 from __future__ import annotations
@@ -128,3 +130,13 @@ def install_log_redaction(level: int | str | None = None) -> None:
     numeric = logging.getLevelName(level.upper()) if isinstance(level, str) else level
     if not (isinstance(numeric, int) and numeric <= logging.DEBUG):
         logging.getLogger("httpx").setLevel(logging.WARNING)
+
+
+def peer_text(text: object, limit: int = 300) -> str:
+    """What a peer wrote (Prometheus's ``error`` or warning, an Alertmanager's rejection), fit for
+    one log line and /v1/targets: at most ``limit`` characters, control characters escaped.
+    Verbatim, a newline in it forged log lines, an escape sequence repainted the operator's
+    terminal, and a long one was logged whole for every query of every tick."""
+    s = str(text)
+    cut = s[:limit]
+    return "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in cut) + ("..." if len(s) > limit else "")

@@ -20,6 +20,7 @@ import httpx
 from exporters import contract as c
 from sla_guard.model import Finding
 from sla_guard.outbound import post_json
+from sla_guard.redact import peer_text
 
 log = logging.getLogger(__name__)
 
@@ -152,7 +153,7 @@ class AlertmanagerClient:
                 return True
             self._count("http_4xx" if r.status_code < 500 else "http_5xx")
             if 400 <= r.status_code < 500 and r.status_code != 429:
-                log.warning("alertmanager rejected alerts: %s %s", r.status_code, r.text[:200])
+                log.warning("alertmanager rejected alerts: %s %s", r.status_code, peer_text(r.text, 200))
                 return False  # a bad request will not get better by retrying
         return False
 

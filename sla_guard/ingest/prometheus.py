@@ -30,7 +30,7 @@ from sla_guard import promql
 from sla_guard.config import PrometheusSource as PrometheusConfig
 from sla_guard.ingest.source import TargetState
 from sla_guard.model import Labels, Series
-from sla_guard.redact import redact_text, strip_userinfo
+from sla_guard.redact import peer_text, redact_text, strip_userinfo
 
 log = logging.getLogger("sla_guard.ingest.prometheus")
 
@@ -50,16 +50,6 @@ def duration(seconds: float) -> str:
 
 # the most distinct queries remembered for the next tick's prefetch (a tick makes ~75)
 MAX_PREFETCH = 2000
-
-
-def _server_text(text: object, limit: int = 300) -> str:
-    """What the server wrote (its ``error``, a warning), fit for one log line and /v1/targets: at
-    most ``limit`` characters, control characters escaped. Verbatim, a newline in it forged log
-    lines, an escape sequence repainted the operator's terminal, and a long one was logged whole
-    for every query of every tick."""
-    s = str(text)
-    cut = s[:limit]
-    return "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in cut) + ("..." if len(s) > limit else "")
 
 
 class PrometheusError(Exception):
@@ -242,7 +232,7 @@ class PrometheusView:
                 raise PrometheusError("bad_response", f"HTTP {status}, body is not JSON") from err
             if not isinstance(body, dict) or body.get("status") != "success" or not isinstance(body.get("data"), dict):
                 err = body.get("error") if isinstance(body, dict) else None
-                said = _server_text(err) if err else "unexpected answer"
+                said = peer_text(err) if err else "unexpected answer"
                 raise PrometheusError("query" if status in (400, 422) else "bad_response",
                                       f"HTTP {status}: {said} for {promql}")
             warnings = body.get("warnings")
@@ -251,7 +241,7 @@ class PrometheusView:
                 # data are partial, and a mean over part of the requests is not the SLA's
                 first = warnings[0] if isinstance(warnings, list) else warnings
                 raise PrometheusError("partial", f"Prometheus answered with warnings (partial data; "
-                                                 f"source.accept_partial: true uses them): {_server_text(first)}")
+                                                 f"source.accept_partial: true uses them): {peer_text(first)}")
         except PrometheusError as err:
             self.errors[err.kind] = self.errors.get(err.kind, 0) + 1
             msg = redact_text(str(err))  # httpx's messages can quote the request URL
