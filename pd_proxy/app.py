@@ -246,6 +246,11 @@ class Proxy:
             body, problem = None, f"request body is not JSON: {type(e).__name__}: {e}"
         else:
             problem = None if isinstance(body, dict) else "request body must be a JSON object"
+        if not problem and "stream" in body:
+            try:  # one reading of stream for the proxy and the decode engine
+                body["stream"] = legs.stream_flag(body["stream"])
+            except ValueError as e:
+                problem = str(e)
         if problem:
             self.metrics.rejected(UNKNOWN_MODEL)
             return JSONResponse(legs.error_body(problem, "invalid_request_error", 400), status_code=400,

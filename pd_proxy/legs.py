@@ -18,6 +18,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from pydantic import TypeAdapter, ValidationError
+
 PREFILL_KV_PARAMS: dict[str, Any] = {
     "do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
     "remote_block_ids": None, "remote_host": None, "remote_port": None,
@@ -42,10 +44,27 @@ def upstream_headers(headers: Mapping[str, str], rid: str) -> dict[str, bytes]:
     return out
 
 
+# vLLM reads ``stream`` with pydantic in lax mode; so does the proxy
+_STREAM = TypeAdapter(bool | None)
+
+
+def stream_flag(value: Any) -> bool:
+    """``stream`` as the engine will read it, or ValueError where the engine would refuse it.
+
+    vLLM's request model reads ``"false"``, ``"no"`` and ``0`` as False; Python's ``bool("false")``
+    is True, so the proxy waited for a stream the engine never sent."""
+    try:
+        return bool(_STREAM.validate_python(value))
+    except ValidationError:
+        raise ValueError(f"stream must be a boolean, got {json.dumps(value)[:40]}") from None
+
+
 def prefill_body(body: dict[str, Any]) -> dict[str, Any]:
-    """The prefill leg: one token, not streamed, KV kept for a remote decode."""
+    """The prefill leg: one token, not streamed, KV kept for a remote decode. ``min_tokens`` goes:
+    over the one token, vLLM refuses the request (min_tokens must not exceed max_tokens)."""
     out = {**body, "max_tokens": 1, "stream": False, "kv_transfer_params": dict(PREFILL_KV_PARAMS)}
     out.pop("stream_options", None)
+    out.pop("min_tokens", None)
     if "max_completion_tokens" in out:
         out["max_completion_tokens"] = 1
     return out

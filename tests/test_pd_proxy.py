@@ -757,6 +757,28 @@ def test_a_body_the_legs_cannot_send_on_is_a_400_client_error_not_a_500(engines,
     assert value(s, c.CLIENT_REQUESTS.exposed, outcome="error") == 0 and value(s, c.CLIENT_IN_FLIGHT.name) == 0
 
 
+def test_stream_is_read_as_vllm_reads_it_and_min_tokens_stays_off_the_prefill_leg(engines, proxies):
+    """vLLM reads ``"stream": "false"`` as False (pydantic, lax): the proxy read it as True and waited
+    for a stream the engine never sent. A ``stream`` vLLM would refuse is the client's 400. And
+    ``min_tokens`` over the prefill leg's one token made vLLM refuse the prefill."""
+    p, d = engines("prefill"), engines("decode")
+    px = proxies([p], [d])
+    r = httpx.post(px.url + "/v1/completions", json={"model": "m", "prompt": "x", "stream": "false",
+                                                      "min_tokens": 5}, timeout=10)
+    assert r.status_code == 200 and r.json()["choices"][0]["text"] == "hello world"
+    assert d.requests[-1]["stream"] is False and d.requests[-1]["min_tokens"] == 5
+    assert "min_tokens" not in p.requests[-1] and p.requests[-1]["max_tokens"] == 1
+    with httpx.stream("POST", px.url + "/v1/completions", json={"model": "m", "prompt": "x", "stream": "yes"},
+                      timeout=10) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        assert b"[DONE]" in r.read()
+    r = httpx.post(px.url + "/v1/completions", json={"model": "m", "prompt": "x", "stream": "maybe"}, timeout=10)
+    assert r.status_code == 400 and "stream must be a boolean" in r.json()["error"]["message"]
+    s = scrape(px.url)
+    assert value(s, c.CLIENT_REQUESTS.exposed, outcome="ok") == 2
+    assert value(s, c.CLIENT_REQUESTS.exposed, outcome="client_error") == 1
+
+
 def test_request_id_and_authorization_with_non_ascii_bytes_are_passed_on_as_they_came(engines, proxies):
     """The server decodes header values as Latin-1 and httpx encodes a str as ASCII: an X-Request-Id
     or Authorization with a byte past 0x7f raised UnicodeEncodeError out of the handler, a 500."""
