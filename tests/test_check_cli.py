@@ -128,6 +128,25 @@ def test_check_json_output(tmp_path):
         s.stop()
     body = json.loads(r.stdout)
     assert body["status"] == "ok" and body["pools"][0]["slos"][0]["value"] == pytest.approx(0.2)
+    assert body["targets_down"] == [] and body["evaluator_errors"] == {}
+
+
+def test_check_json_says_unknown_on_stdout_when_there_is_no_verdict(tmp_path):
+    """A script reading --json's stdout got nothing to parse when the config was wrong, and the
+    down targets only on stderr; now an object with status unknown, the error, and the targets."""
+    import json
+
+    f = tmp_path / "bad.yaml"
+    f.write_text("nonsense: 1\n")
+    r = subprocess.run([sys.executable, "-m", "sla_guard.cli", "check", "--config", str(f), "--json"],
+                       capture_output=True, text=True, timeout=60, cwd=ROOT)
+    body = json.loads(r.stdout)
+    assert r.returncode == 2 and body["status"] == "unknown" and "nonsense: unknown field" in body["error"]
+    dead = f"http://127.0.0.1:{free_port()}/metrics"
+    r = _check(_cfg([]) | {"source": {"mode": "scrape", "timeout_s": 2,
+                                      "targets": [{"url": dead, "model": "m", "pool": "decode"}]}}, tmp_path, "--json")
+    body = json.loads(r.stdout)
+    assert r.returncode == 2 and body["status"] == "unknown" and [t["url"] for t in body["targets_down"]] == [dead]
 
 
 def test_check_wait_uses_promql_windows_over_live_traffic(tmp_path):

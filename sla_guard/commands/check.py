@@ -86,12 +86,20 @@ def render_breakdown(snapshot: dict) -> str:
     return "\n".join(out)
 
 
+def _failed(args: argparse.Namespace, message: str) -> int:
+    """No verdict: the reason on stderr, and with --json also an object on stdout, so a script
+    reading stdout gets ``status: unknown`` rather than nothing to parse."""
+    print(message, file=sys.stderr)
+    if args.json:
+        print(json.dumps({"status": "unknown", "error": message}, indent=2))
+    return 2
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         cfg = load_config(args.config)
     except ConfigError as err:
-        print(err, file=sys.stderr)
-        return 2
+        return _failed(args, str(err))
     from sla_guard.compose import compose
 
     # the source and the SLOs only: the detectors need history, and the advisor must not
@@ -112,28 +120,30 @@ def run(args: argparse.Namespace) -> int:
     try:
         result = asyncio.run(once())
     except TimeoutError:
-        print(f"check failed: no verdict within {limit:g}s (source timeouts {src_timeout:g}s)", file=sys.stderr)
-        return 2
+        return _failed(args, f"check failed: no verdict within {limit:g}s (source timeouts {src_timeout:g}s)")
     except Exception as err:  # the check itself failed: say why, exit 2
-        print(f"check failed: {type(err).__name__}: {err}", file=sys.stderr)
-        return 2
+        return _failed(args, f"check failed: {type(err).__name__}: {err}")
     ev = guard.evaluator("slo")
     snap = ev.snapshot()
     stages = breakdown.snapshot()
+    down = [{"target": t.name, "url": t.url, "error": t.last_error} for t in guard.source.targets() if not t.up]
+    failed = {name: str(err) for name, err in result.errors.items()}
     if args.json:
         from sla_guard.api import jsonable
 
-        print(json.dumps(jsonable({**snap, "ttft_breakdown": stages}), indent=2))
+        out = {**snap, "ttft_breakdown": stages, "targets_down": down, "evaluator_errors": failed}
+        if failed:  # exit 2: the JSON says the same
+            out["status"] = "unknown"
+        print(json.dumps(jsonable(out), indent=2))
     else:
         print(render_table(snap))
         text = render_breakdown(stages)
         if text:
             print(text)
-        for t in guard.source.targets():
-            if not t.up:
-                print(f"target {t.name} ({t.url}) down: {t.last_error}", file=sys.stderr)
-    if result.errors:
-        for name, err in result.errors.items():
+    for t in down:
+        print(f"target {t['target']} ({t['url']}) down: {t['error']}", file=sys.stderr)
+    if failed:
+        for name, err in failed.items():
             print(f"evaluator {name} failed: {err}", file=sys.stderr)
         return 2
     return EXIT[ev.overall()]
