@@ -72,12 +72,20 @@ def _cached_labels(text: str) -> dict[str, str]:
     return got
 
 
+def _lines(text: str) -> list[str]:
+    """The page's lines; CRLF line ends (a page served from Windows, or a proxy that rewrote it)
+    read as the reference parser reads them, not as lines that cannot be parsed."""
+    if "\r\n" in text:
+        text = text.replace("\r\n", "\n")
+    return text.split("\n")
+
+
 def _fast(text: str, drop_created: bool, oldest_s: float | None = None,
           problems: collections.Counter | None = None) -> list[Sample]:
     """The regular-expression parse (``_parse_lines``) with labels parsed, each distinct label
     text once; _Fallback for anything the reference parser must read (OpenMetrics exemplars,
     odd label text)."""
-    raw = _parse_lines(enumerate(text.split("\n"), 1), drop_created, oldest_s, problems)
+    raw = _parse_lines(enumerate(_lines(text), 1), drop_created, oldest_s, problems)
     if raw is None:
         raise _Fallback
     return [(name, _cached_labels(ltext) if ltext else {}, value) for _, name, ltext, value in raw]
@@ -128,15 +136,16 @@ def parse_raw(text: str, *, drop_created: bool = True, known: KnownTexts | None 
     old is not giving a current one (Prometheus would not find it within its lookback either). A
     line with a timestamp is never a known text (its key would hold the value), so the full parse
     sees it."""
+    all_lines = _lines(text)
     if not known:
-        return _parse_lines(enumerate(text.split("\n"), 1), drop_created, oldest_s, problems)
-    lines = [line for line in text.split("\n") if line and line[0] != "#"]
+        return _parse_lines(enumerate(all_lines, 1), drop_created, oldest_s, problems)
+    lines = [line for line in all_lines if line and line[0] != "#"]
     parts = [line.rpartition(" ") for line in lines]
     hit = known.hits(np.fromiter((hash(p[0]) for p in parts), np.int64, len(parts))).tolist()
     try:
         fast = [(p[0], None, None, float(p[2])) for p, h in zip(parts, hit, strict=True) if h]
     except ValueError:  # a known series with a bad value: the full parse says which line
-        return _parse_lines(enumerate(text.split("\n"), 1), drop_created, oldest_s, problems)
+        return _parse_lines(enumerate(all_lines, 1), drop_created, oldest_s, problems)
     if len(fast) == len(lines):
         return fast
     rest = [(None, line) for line, p, h in zip(lines, parts, hit, strict=True)

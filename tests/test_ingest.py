@@ -98,6 +98,21 @@ def test_quoted_utf8_metric_names_fall_back_to_reference():
         parse_exposition('ok_total 1\n{"vllm.kv.usage" 0.5\n')
 
 
+@pytest.mark.skipif(not FIXTURE.exists(), reason="no recorded vLLM exposition yet")
+def test_a_page_with_crlf_line_ends_reads_as_the_reference_parser_reads_it():
+    """A page with CRLF line ends (served from Windows, or rewritten by a proxy) failed the fast
+    path's every line, so the target went down, though the reference parser reads it. Both the
+    first scrape and the store's scrape-cache path (known series texts) read it now."""
+    text = FIXTURE.read_text().replace("\n", "\r\n")
+    fast, _ = parse_exposition(text)
+    assert len(fast) > 100 and _norm(fast) == _norm(_reference(text, True))
+    lf, crlf = SeriesStore(), SeriesStore()
+    for t in (1000.0, 1015.0):  # the second page takes the known-texts path
+        want = lf.ingest_text(FIXTURE.read_text(), t, {"instance": "e"})
+        got = crlf.ingest_text(text, t, {"instance": "e"})
+        assert (got.samples, got.errors) == (want.samples, want.errors) and got.samples > 100
+
+
 def test_targets_file_formats_and_errors():
     ts = parse_targets([{"url": "http://a:1/metrics", "model": "m", "pool": "decode"},
                         {"targets": ["b:2", "c:3"], "labels": {"model": "n", "pool": "prefill"}}])
