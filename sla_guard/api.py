@@ -20,7 +20,7 @@ import enum
 import hmac
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
@@ -145,17 +145,19 @@ def server_config(app, host: str, port: int, *, request_timeout_s: float = 10.0,
                           limit_concurrency=max_connections, timeout_graceful_shutdown=shutdown_timeout_s)
 
 
-def create_app(guard: Guard, *, token: str | None = None, extra_routers: Sequence[APIRouter] = (),
-               max_body_bytes: int = 1024 * 1024) -> FastAPI:
-    """The API app for ``guard``. ``extra_routers`` are mounted behind the same bearer auth."""
+def create_app(guard: Guard, *, token: str | Callable[[], str] | None = None,
+               extra_routers: Sequence[APIRouter] = (), max_body_bytes: int = 1024 * 1024) -> FastAPI:
+    """The API app for ``guard``. ``extra_routers`` are mounted behind the same bearer auth.
+    ``token``: the token, or a callable giving the current one (``config.TokenFile``)."""
 
     def auth(creds: HTTPAuthorizationCredentials | None = Depends(_bearer)) -> None:
         if token is None:
             return
+        want = token() if callable(token) else token
         # the header's own bytes (Starlette decodes headers as latin-1) against the token's UTF-8
         # (api.token_file is read as UTF-8): a non-ASCII token sent as UTF-8 matches
         if creds is None or creds.scheme.lower() != "bearer" or not hmac.compare_digest(
-                creds.credentials.encode("latin-1"), token.encode()):
+                creds.credentials.encode("latin-1"), want.encode()):
             raise HTTPException(401, "missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"})
 
     app = FastAPI(title="sla-guard", version="0.1.0",

@@ -19,6 +19,7 @@ what ``serve`` / ``check`` actually need:
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import re
@@ -42,6 +43,8 @@ from sla_guard.redact import redact_text
 from sla_guard.settings.advisor import AdvisorConfig
 from sla_guard.settings.detectors import DetectorsConfig
 from sla_guard.spec_base import Strict, error_message, load_yaml
+
+log = logging.getLogger("sla_guard.config")
 
 # The embedded store's value matrices are 8 bytes per series per slot: a bound above this is a
 # typo (or a guard that would be OOM-killed), not a sizing decision.
@@ -345,8 +348,8 @@ class APISettings(Strict):
         return v
 
     def token(self) -> str | None:
-        """The bearer token for /v1/*; ConfigError (never OSError/UnicodeDecodeError) if the file
-        cannot be used."""
+        """The bearer token for /v1/* now; ConfigError (never OSError/UnicodeDecodeError) if the file
+        cannot be used. The server follows a token file's changes through ``TokenFile``."""
         if self.token_file is not None:
             return _read_token(self.token_file) or None
         if self.token_env:
@@ -370,6 +373,42 @@ def _read_token(path: Path) -> str:
         raise ConfigError(f"api.token_file: {path} holds more than one line (or a control character) where one "
                           f"token is read; write the token alone on one line")
     return token
+
+
+class TokenFile:
+    """``api.token_file`` as the server reads it: re-read when the file changes (a Kubernetes Secret
+    rotates by swapping the mounted file), so a rotated token is the one accepted, without a restart.
+    A file that cannot be used after a change (gone mid-swap, empty, two lines) keeps the last good
+    token and is logged: the API never opens, and a bad edit never locks every client out."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._key = self._stat()
+        self._token = _read_token(path)  # ConfigError at start: serve names the field and exits 2
+        self._complained: object = None
+
+    def _stat(self) -> tuple[int, int, int] | None:
+        try:
+            st = self.path.stat()  # follows the Secret's ..data symlink
+        except OSError:
+            return None
+        return st.st_mtime_ns, st.st_size, st.st_ino
+
+    def __call__(self) -> str:
+        key = self._stat()
+        if key is not None and key != self._key:
+            try:
+                token = _read_token(self.path)
+                if not token:
+                    raise ConfigError(f"api.token_file: {self.path} is empty")
+            except ConfigError as err:
+                if self._complained != key:
+                    log.warning("%s; the last token read stays in use", err)
+                    self._complained = key
+            else:
+                self._token, self._key = token, key
+                log.info("api.token_file: %s changed; the new token is in use", self.path)
+        return self._token
 
 
 class Retention(Strict):

@@ -184,6 +184,57 @@ def test_serve_refuses_open_api_beyond_loopback(tmp_path):
     assert r.returncode == 2 and "api.listen" in r.stderr and "token" in r.stderr
 
 
+def test_serve_follows_a_rotated_token_file_and_keeps_the_last_good_token_over_a_bad_one(tmp_path):
+    """A Kubernetes Secret rotates by swapping the mounted file. The token was read once at start,
+    so after a rotation every client holding the new token got 401 until the guard restarted. A
+    file that cannot be used after a change (two lines) keeps the last good token: never open."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import httpx
+    from guard_support import free_port
+
+    tf = tmp_path / "token"
+    f = tmp_path / "g.yaml"
+    port = free_port()
+    f.write_text(f"source: {{targets: [{{url: 'http://127.0.0.1:9/metrics'}}]}}\n"
+                 f"api: {{listen: '127.0.0.1:{port}', token_file: '{tf}'}}\n")
+    tf.write_text("old-token\n")
+    proc = subprocess.Popen([sys.executable, "-m", "sla_guard.cli", "serve", "--config", str(f)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+    def status(tok: str) -> int | None:
+        try:
+            return httpx.get(f"http://127.0.0.1:{port}/v1/status", headers={"Authorization": f"Bearer {tok}"},
+                             timeout=2).status_code
+        except httpx.HTTPError:
+            return None
+
+    try:
+        deadline = time.time() + 30
+        while time.time() < deadline and status("old-token") is None:
+            time.sleep(0.1)
+        assert status("old-token") == 200 and status("new-token") == 401
+        (tmp_path / "token.new").write_text("new-token\n")
+        os.replace(tmp_path / "token.new", tf)  # the Secret's atomic swap
+        assert status("new-token") == 200 and status("old-token") == 401
+        (tmp_path / "token.new").write_text("half\nwritten\n")
+        os.replace(tmp_path / "token.new", tf)
+        assert status("new-token") == 200 and status("half") == 401
+        assert httpx.get(f"http://127.0.0.1:{port}/v1/status", timeout=2).status_code == 401
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(15) == 0
+        err = proc.stderr.read()
+        assert "one line" in err and "last token read stays in use" in err and "written" not in err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(5)
+
+
 def test_serve_refuses_a_token_variable_the_config_names_but_nobody_set(tmp_path):
     """api.token_env names the variable meant to hold the token: unset, the guard used to serve
     /v1 open on loopback without a word."""

@@ -19,7 +19,7 @@ import sys
 import threading
 import time
 
-from sla_guard.config import ConfigError, load_config, split_listen
+from sla_guard.config import ConfigError, TokenFile, load_config, split_listen
 
 log = logging.getLogger("sla_guard.serve")
 
@@ -62,7 +62,9 @@ def run(args: argparse.Namespace) -> int:
             host, port = split_listen(args.listen or cfg.api.listen)
         except ValueError as err:  # only --listen can still be wrong: api.listen was validated
             raise ConfigError(f"{'--listen' if args.listen else 'api.listen'}: {err}") from None
-        token = cfg.api.token()  # ConfigError if the file went away since load_config read it
+        token: str | TokenFile | None = cfg.api.token()  # ConfigError if the file went away since load_config
+        if token is not None and cfg.api.token_file is not None:
+            token = TokenFile(cfg.api.token_file)  # follows the file: a rotated Secret needs no restart
         if token is None and not _loopback(host):
             raise ConfigError(f"api.listen: {host} is not a loopback address and no API token is set; "
                               f"set api.token_file or ${cfg.api.token_env or 'SLA_GUARD_TOKEN'}")
