@@ -595,7 +595,9 @@ def _path_kind(path: Path) -> str:
     try:
         if path.is_file():
             return "file"
-        return "is a directory, not a file" if path.is_dir() else "does not exist"
+        if path.is_dir():
+            return "is a directory, not a file"
+        return "is not a regular file (a FIFO, socket or device)" if path.exists() else "does not exist"
     except (OSError, ValueError) as err:
         return f"cannot be used ({getattr(err, 'strerror', None) or err})"
 

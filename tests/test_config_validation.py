@@ -150,6 +150,13 @@ def _token_dir(cfg: dict, tmp_path: Path) -> None:
     cfg["api"]["token_file"] = str(tmp_path)
 
 
+def _token_fifo(cfg: dict, tmp_path: Path) -> None:
+    import os
+
+    os.mkfifo(tmp_path / "token.fifo")  # was "does not exist", though it does
+    cfg["api"]["token_file"] = str(tmp_path / "token.fifo")
+
+
 def _dup_target(cfg: dict, tmp_path: Path) -> None:
     cfg["source"]["targets"].append({**cfg["source"]["targets"][0], "url": "http://prefill-1:8000/metrics"})
 
@@ -241,6 +248,7 @@ VARIANTS: list[tuple[str, Callable[[dict, Path], None], str, str]] = [
     ("listen-int", _set("api.listen", 8080), "api.listen", "string"),
     ("token-file-missing", _set("api.token_file", "/nonexistent/token"), "api.token_file", "api.token_env"),
     ("token-file-is-a-directory", _token_dir, "api.token_file", "is a directory"),
+    ("token-file-is-a-fifo", _token_fifo, "api.token_file", "is not a regular file"),
     ("token-file-not-utf8", _token_non_utf8, "api.token_file", "UTF-8"),
     ("slos-empty", _set("slos", []), "slos", "at least one"),
     ("objectives-empty", _set("slos.0.objectives", []), "slos.0.objectives", "at least one"),

@@ -4,6 +4,7 @@ loopback targets."""
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import pytest
 from guard_support import Engine, Served
@@ -229,6 +230,44 @@ def test_serve_follows_a_rotated_token_file_and_keeps_the_last_good_token_over_a
         assert proc.wait(15) == 0
         err = proc.stderr.read()
         assert "one line" in err and "last token read stays in use" in err and "written" not in err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(5)
+
+
+def test_serve_stops_cleanly_on_a_sigterm_that_comes_before_the_server_is_up(tmp_path):
+    """A pod deleted as it starts: a SIGTERM while serve still loads its config and state took the
+    default action (killed, -15: no atexit, no Lease release). Here the config is a FIFO (as
+    ``--config <(...)`` gives), so serve waits in its config load until the test writes it, after
+    the signal."""
+    import contextlib
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from guard_support import free_port
+
+    fifo = tmp_path / "g.yaml"
+    os.mkfifo(fifo)
+    proc = subprocess.Popen([sys.executable, "-m", "sla_guard.cli", "serve", "--config", str(fifo)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 20  # serve cannot pass the FIFO before the test writes it
+        while time.time() < deadline and not any(
+                w in Path(f"/proc/{proc.pid}/wchan").read_text() for w in ("wait_for_partner", "fifo")):
+            time.sleep(0.05)  # blocked opening the FIFO: imports done, config load under way
+        assert proc.poll() is None
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(0.2)
+        with contextlib.suppress(OSError):  # ENXIO: no reader left, the signal killed serve
+            fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+            os.write(fd, f"source: {{targets: [{{url: 'http://127.0.0.1:9/metrics'}}]}}\n"
+                         f"api: {{listen: '127.0.0.1:{free_port()}'}}\n".encode())
+            os.close(fd)
+        assert proc.wait(30) == 0, proc.stderr.read()
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -56,6 +56,10 @@ def _loopback(host: str) -> bool:
 
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # a SIGTERM before the server is up (a pod deleted as it starts) is remembered and honoured once it
+    # is, as a clean stop: the default action killed the process (-15) before atexit could run
+    early_stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: early_stop.set())
     try:
         cfg = load_config(args.config)  # every problem of the file is a ConfigError, never a traceback
         try:
@@ -105,6 +109,8 @@ def run(args: argparse.Namespace) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, lambda: setattr(server, "should_exit", True))
+        if early_stop.is_set():
+            server.should_exit = True
         loop_task = asyncio.create_task(guard.run(stop))
         log.info("sla-guard starting on http://%s:%d (source=%s, %d evaluators)", host, port, guard.source.mode,
                  len(guard.evaluators))
