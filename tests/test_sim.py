@@ -12,7 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from exporters import contract as c
 from exporters.contract import Component
-from sla_guard.sim.deployment import DOWN, READY, STARTING, STOPPED, Deployment
+from sla_guard.sim.deployment import DOWN, DRAINING, READY, STARTING, STOPPED, Deployment
 from sla_guard.sim.faults import FaultSchedule, parse_fault
 from sla_guard.sim.harness import ClosedLoop, make_store
 from sla_guard.sim.live import LiveEndpoints
@@ -467,3 +467,109 @@ def test_a_failing_policy_is_logged_not_only_counted(caplog):
     assert loop.eval_errors >= 10
     logged = [r for r in caplog.records if "scaling policy broken failed" in r.getMessage()]
     assert 1 <= len(logged) <= 3 and "the policy's own bug" in (logged[0].exc_text or "")
+
+
+def test_the_gpu_budget_holds_when_both_pools_grow_in_one_tick():
+    """Both pools asking for more in the same decision: each pool's share of the budget is what
+    the other holds after its own change of this tick (each used to see the other's old size:
+    2P2D -> 4P4D = 128 GPUs under a 96-GPU budget)."""
+
+    class Grow:
+        name, interval_s = "grow", 15.0
+
+        def decide(self, now, obs):
+            return {"prefill": 4, "decode": 4}
+
+    dep = Deployment(PROFILE, 2, 2, record=False)
+    loop = ClosedLoop(dep, policy=Grow(), gpu_budget=6 * PROFILE.gpus_per_replica)
+    dep.run_until(100)
+    held = sum(r.state in (STARTING, READY) for r in dep.replicas) * PROFILE.gpus_per_replica
+    assert held <= 6 * PROFILE.gpus_per_replica, loop.actions
+    assert loop.actions == [{"t": 15.0, "pool": "decode", "from": 2, "to": 4}]
+
+
+def _kv_bound_burst(crash: str, p: int = 1):
+    """20 long requests into 1 decode replica with KV for 3 of them: 17 queue there for KV space
+    while their prompts' KV waits on the prefill side; ``crash`` crashes at 15 s (back at 25 s)."""
+    small = PROFILE.model_copy(update={"kv": PROFILE.kv.model_copy(update={"decode_capacity_tokens": 30_000})})
+    dep = Deployment(small, p, 1, record=False,
+                     faults=FaultSchedule([{"kind": "crash", "replica": crash, "at_s": 15.0, "restart_after_s": 10.0}]))
+    dep.submit(Trace("burst", tuple(TraceRequest(i * 0.2, 8000, 3000) for i in range(20))))
+    return dep
+
+
+def test_a_decode_crash_frees_the_prefill_kv_of_its_queue():
+    """Requests queued at a crashed decode replica are aborted, and the prefill KV they were
+    waiting to pull is freed: it was held for ever, so a prefill replica told to go never
+    stopped (its GPUs counted to the end of the run)."""
+    dep = _kv_bound_burst("d0", p=2)
+    dep.run_until(14.9)
+    assert sum(len(r.held) for r in dep.replicas if r.pool == "prefill") > 10  # queued at d0, KV held
+    dep.run_until(100)
+    assert all(not r.held and r.active_tokens == 0 for r in dep.replicas if r.pool == "prefill")
+    dep.set_replicas("prefill", 1)
+    dep.run_until(4000)
+    assert sum(r.state == STOPPED for r in dep.replicas if r.pool == "prefill") == 1
+    assert dep.gpu_hours() == pytest.approx((100 + 2 * 4000) * PROFILE.gpus_per_replica / 3600)
+
+
+def test_a_replica_that_crashes_while_draining_stays_gone():
+    """A replica told to go that crashes before its drain ends stops there: it used to restart
+    and come back READY, a replica nobody ordered (and its GPUs counted to the end)."""
+    reqs = tuple(TraceRequest(i * 0.5, 8000, 2000) for i in range(40))
+    dep = Deployment(PROFILE, 1, 2, record=False,
+                     faults=FaultSchedule([{"kind": "crash", "replica": "d0", "at_s": 25.0, "restart_after_s": 30.0}]))
+    dep.submit(Trace("t", reqs))
+    dep.run_until(20)
+    dep.set_replicas("decode", 1)
+    d0 = next(r for r in dep.replicas if r.name == "d0")
+    assert d0.state == DRAINING and d0.load() > 0
+    dep.run_until(200)
+    assert d0.state == STOPPED and dep.pool_counts("decode")[READY] == 1
+    assert d0.gpu_seconds == pytest.approx(25.0)
+
+
+def test_a_pull_from_a_crashed_prefill_replica_fails():
+    """A decode request whose prompt's KV died with its prefill replica cannot pull it: the
+    transfer fails and decode recomputes. The check read the state DOWN, which a crashed replica
+    leaves at once (it is restarting), so every such pull succeeded from a replica without it."""
+    from sla_guard.sim.deployment import DecodeReplica
+
+    dep = _kv_bound_burst("p0")
+    outcomes = []
+    done = DecodeReplica._xfer_done
+
+    def spy(self, arg):
+        outcomes.append(arg[2])
+        return done(self, arg)
+
+    dep.run_until(14.9)
+    queued = len(dep.replicas[1].waiting)
+    assert queued > 10
+    try:
+        DecodeReplica._xfer_done = spy
+        dep.run_until(3000)
+    finally:
+        DecodeReplica._xfer_done = done
+    assert sum(outcomes) >= queued
+    assert dep.summary().finished == 20
+
+
+def test_the_timeline_counts_restarting_replicas():
+    """timeline.csv (and the bench's GPU-hours to the last arrival, read from it) counts a
+    replica from the moment its GPUs are held: a rolling restart's surge replica and a crashed
+    replica restarting were left out until ready."""
+
+    def from_timeline(dep):
+        tl = [*dep.timeline, (dep.now, 0, 0, 0, 0)]
+        return sum((b[0] - a[0]) * (a[3] + a[4]) for a, b in itertools.pairwise(tl)) * PROFILE.gpus_per_replica / 3600
+
+    dep = Deployment(PROFILE, 2, 2, record=False)
+    dep.run_until(100)
+    assert dep.rolling_restart("p0")
+    dep.run_until(2000)
+    assert from_timeline(dep) == pytest.approx(dep.gpu_hours())
+    crash = FaultSchedule([{"kind": "crash", "replica": "d0", "at_s": 100.0}])
+    dep = Deployment(PROFILE, 2, 2, record=False, faults=crash)
+    dep.run_until(2000)
+    assert from_timeline(dep) == pytest.approx(dep.gpu_hours())

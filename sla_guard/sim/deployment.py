@@ -380,7 +380,9 @@ class DecodeReplica(Replica):
             src = r.p_replica
             nbytes = r.xfer_tokens * prof.kv.bytes_per_token
             tp = prof.transfer
-            fail = src is None or src.state == DOWN or (
+            # the KV is there to pull only while the prefill replica holds it: a crash since the
+            # prefill lost it (the replica is restarting, not DOWN, by the time a pull starts)
+            fail = src is None or r.rid not in src.held or (
                 dep.rng.random() < dep.faults.transfer_failure_prob(now, tp.failure_prob))
             dur = (tp.latency_s + nbytes / tp.bandwidth_bytes_s) * dep.faults.transfer_factor(now)
             dur *= dep.jitter(tp.jitter)
@@ -803,6 +805,7 @@ class Deployment:
         if rep is None:
             return False
         self._add(rep.pool)
+        self._notify()  # the surge replica is held (and counted in the timeline) from now, not once ready
         self.at(self.now + self.profile.cold_start_s, self._retire, rep)
         return True
 
@@ -825,6 +828,7 @@ class Deployment:
         if rep is None:
             return
         now = self.now
+        draining = rep.state == DRAINING
         rep.state = DOWN
         lost = list(rep.waiting) + list(rep.running)
         if isinstance(rep, DecodeReplica):
@@ -832,6 +836,8 @@ class Deployment:
             rep.ready_q = []
             rep.transferring = {}
         for r in lost:
+            if r.p_replica is not None and r.p_replica is not rep:
+                r.p_replica.release(r)  # a decode request queued for KV space: its prefill KV is freed
             self._abort(r)
         rep.waiting.clear()
         rep.running = []
@@ -843,11 +849,14 @@ class Deployment:
         rep.cache = PrefixCache(rep.cache.gpu.capacity, rep.cache.cpu.capacity if rep.cache.cpu else 0)
         rep.metrics = None  # endpoint goes dark; counters restart from zero on the new process
         rep.generation += 1
-        self._notify()
+        if draining:  # it was told to go: it stops, it does not come back as an unordered replica
+            self._stop(rep, now)
+            return
         delay = self.profile.cold_start_s if c.restart_after_s is None else c.restart_after_s
         rep.close_gpu_time(now)  # the machine stays rented while it restarts
         rep.boot(now, now + delay)
         rep.alive_since = now
+        self._notify()  # after boot: the timeline counts the restarting replica (its GPUs are held)
 
     def _notify(self) -> None:
         self._record_timeline()

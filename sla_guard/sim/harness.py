@@ -201,6 +201,10 @@ class ClosedLoop:
                 log.exception("scaling policy %s failed at %.0f s", getattr(self.policy, "name", self.policy), now)
             return
         gpr = dep.profile.gpus_per_replica
+        # replicas per pool as this tick leaves them: the budget left to a pool is what the other
+        # pools hold after their own changes of this tick, not before (both pools growing in one
+        # tick each saw the other's old size and together went over the budget)
+        sizes = {p: s.current for p, s in obs.pools.items()}
         for pool, n in sorted(desired.items()):
             st = obs.pools.get(pool)
             if st is None:
@@ -208,10 +212,11 @@ class ClosedLoop:
             lim = self.limits.get(pool, PoolLimits())
             n = max(lim.min_replicas, min(lim.max_replicas, int(n)))
             if self.gpu_budget is not None:
-                other = sum(s.current for p, s in obs.pools.items() if p != pool) * gpr
+                other = sum(v for p, v in sizes.items() if p != pool) * gpr
                 n = min(n, max(lim.min_replicas, (self.gpu_budget - other) // gpr))
             if n != st.current:
                 dep.set_replicas(pool, n)
+                sizes[pool] = n
                 self.actions.append({"t": now, "pool": pool, "from": st.current, "to": n})
         for name in restarts:
             if dep.rolling_restart(name):
