@@ -184,8 +184,13 @@ def _parse_lines(numbered, drop_created: bool, oldest_s: float | None = None,
         name = m.group(1)
         if drop_created and name.endswith("_created"):
             continue
-        if m.group(4) is not None and _stale(float(m.group(4)) / 1000.0, oldest_s, problems):
-            continue
+        if m.group(4) is not None:
+            try:  # the pattern admits "1.2.3" or "1e1e": a ValueError here escaped every caller
+                ts_ms = float(m.group(4))
+            except ValueError:
+                raise ExpositionError(f"line {lineno or '?'}: timestamp {m.group(4)[:40]!r} is not a number") from None
+            if _stale(ts_ms / 1000.0, oldest_s, problems):
+                continue
         vtext = m.group(3)
         try:
             value = float(vtext)

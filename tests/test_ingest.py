@@ -289,3 +289,32 @@ def test_a_sample_its_exporter_stamped_older_than_the_lookback_is_not_a_current_
     samples = _reference(f'x{{a="1"}} 1 {int(now * 1000)}\nold{{a="1"}} 2 1000\n', True, now - 60, problems)
     assert problems["stale_timestamp"] == 1 and [s[0] for s in samples] == ["x"]
     assert parse_exposition('old{a="1"} 2 1000\n', oldest_s=now - 60)[1]["stale_timestamp"] == 1
+
+
+@pytest.mark.parametrize("ts", ["1.2.3", "1e1e", "1-2"])
+def test_a_malformed_timestamp_fails_the_scrape_not_the_scraper(ts):
+    """The line pattern admits a timestamp such as "1.2.3"; its float() raised a bare ValueError
+    out of the parser, past the store and the scraper's error accounting: the target stayed up=1
+    on /metrics and in /v1/targets with no error, its old samples still judged, for as long as
+    it served the line. It is a malformed exposition: the scrape fails and says so."""
+    with pytest.raises(ExpositionError, match="timestamp"):
+        parse_exposition(f"a 1 {ts}\n")
+    e = Engine(model="llama", pool="prefill")
+    e.request(0.2, 0.01)
+    bad = [False]
+    srv = Served(lambda: e.exposition() + (f"slaguard_extra 1 {ts}\n" if bad[0] else ""))
+    store = SeriesStore()
+    now = [1000.0]
+    scr = Scraper(ScrapeSource(targets=[Target(url=srv.url, model="llama", pool="prefill", name="a")], timeout_s=2),
+                  store, clock=lambda: now[0])
+    try:
+        asyncio.run(scr.collect())
+        assert scr.targets()[0].up
+        bad[0], now[0] = True, 1005.0
+        asyncio.run(scr.collect())
+        st = scr.targets()[0]
+        assert not st.up and st.errors == {"parse": 1} and st.last_scrape == 1005.0
+        assert store.instant(UP, {"model": "llama"}, 1005.0) and \
+            list(store.instant(UP, {"model": "llama"}, 1005.0).values()) == [0.0]
+    finally:
+        srv.stop()
