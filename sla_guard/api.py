@@ -213,6 +213,11 @@ def create_app(guard: Guard, *, token: str | Callable[[], str] | None = None,
             # "unknown", not the other pools' "ok"
             snap["status"] = worst(Status(p["status"]) for p in snap["pools"]).value if snap["pools"] \
                 else Status.UNKNOWN.value
+            # pools beyond the evaluator's max_pools went unjudged and may match the filter too;
+            # only one pool named exactly and judged is known
+            exact = model is not None and pool is not None and snap["pools"]
+            if snap.get("pools_over_limit") and not exact and snap["status"] != Status.VIOLATED.value:
+                snap["status"] = Status.UNKNOWN.value
         return jsonable(snap)
 
     @v1.get("/targets")

@@ -353,8 +353,19 @@ class APISettings(Strict):
         if self.token_file is not None:
             return _read_token(self.token_file) or None
         if self.token_env:
-            return os.environ.get(self.token_env) or None
+            return _env_token(self.token_env)
         return None
+
+
+def _env_token(name: str) -> str | None:
+    """The token in ``$name``, surrounding whitespace dropped as for ``token_file``: a Secret
+    written with ``echo`` (a trailing newline) and mapped into the variable made /v1 answer 401
+    to every client, which cannot send a line break in a header. One inside is refused."""
+    token = os.environ.get(name, "").strip()
+    if token and not token.isprintable():
+        raise ConfigError(f"api.token_env: ${name} holds more than one line (or a control character) where one "
+                          f"token is read; set it to the token alone")
+    return token or None
 
 
 def _read_token(path: Path) -> str:

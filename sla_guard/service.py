@@ -163,6 +163,7 @@ class Guard:
                 errors[ev.name] = f"{type(err).__name__}: {err}"
                 self.metrics[c.GUARD_EVALUATOR_ERRORS].labels(ev.name).inc()
                 log.exception("evaluator %s failed at %.3f", ev.name, now)
+                self._expire_failed(ev, f"evaluator {ev.name} failed: {errors[ev.name]}", now)
         dt = time.perf_counter() - t0
         self.metrics[c.GUARD_EVAL_DURATION].observe(dt)
         store = getattr(self.source, "store", None)
@@ -174,6 +175,19 @@ class Guard:
         if self.state is not None:
             self.persist(now)
         return self.last_tick
+
+    @staticmethod
+    def _expire_failed(ev: Evaluator, reason: str, now: float) -> None:
+        """An evaluator that raised keeps its previous verdicts, and the ticks around it still
+        complete, so the staleness watchdog never expires them: the advisor kept serving KEDA its
+        last number (and an SLO its last "ok") for as long as it failed. Its ``expire`` turns them
+        unknown (a hold without data: 503 to KEDA) until it evaluates again."""
+        expire = getattr(ev, "expire", None)
+        if callable(expire):
+            try:
+                expire(reason, now)
+            except Exception:
+                log.exception("expiring %s", ev.name)
 
     async def collect(self, now: float | None = None) -> None:
         """One ingestion round (a scrape of every target in embedded mode)."""

@@ -22,8 +22,10 @@ or no current sample (stale or missing) gives ``unknown`` with the reason.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+import logging
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
@@ -45,6 +47,8 @@ from sla_guard.model import Labels, MetricsView, Status
 HIST = {i: (c.latency_metric(i.value, None), c.latency_metric(i.value, c.Pool.CLIENT)) for i in Indicator}
 BY = ("model", "pool")
 T = TypeVar("T")
+
+log = logging.getLogger("sla_guard.slo")
 
 
 def _scoped(ind: Indicator, query: Callable[[c.Metric], dict[Labels, T]]) -> dict[Labels, T]:
@@ -304,6 +308,9 @@ class SLOEvaluator:
         self._last_feed: float | None = None
         self._metrics: ContractMetrics | None = None
         self._children: dict[tuple, object] = {}
+        self._exported: set[tuple[str, str]] = set()  # pools with series on /metrics
+        # pools seen this tick but not judged: ``known`` was full (max_pools)
+        self.pools_over_limit = 0
         self.evaluated_at: float | None = None
         self.window_label: str | None = None
 
@@ -323,10 +330,17 @@ class SLOEvaluator:
                     seen.add((d["model"], d["pool"]))
         health = self._health(view, now)
         seen |= set(health)
+        over = 0
         for key in seen:
             if key in self.known or len(self.known) < self.max_pools:
                 self.known.add(key)
                 self._last_seen[key] = now
+            else:
+                over += 1
+        if over and not self.pools_over_limit:
+            log.warning("slo: %d pools beyond max_pools=%d are not judged; the overall verdict is unknown",
+                        over, self.max_pools)
+        self.pools_over_limit = over
         # where the source reports target health per pool, a pool with no target left (removed
         # from discovery) is forgotten once its data is stale, not after forget_after_s: its
         # "unknown" would otherwise hold the overall verdict for an hour
@@ -371,18 +385,27 @@ class SLOEvaluator:
         self._export()
 
     def snapshot(self) -> dict:
-        return {
+        out = {
             "evaluated_at": self.evaluated_at,
             "status": self.overall().value,
             "pools": [p.to_dict() for p in self.pools.values()],
+            "pools_over_limit": self.pools_over_limit,
         }
+        if self.pools_over_limit:
+            out["reason"] = (f"{self.pools_over_limit} pools beyond max_pools={self.max_pools} are not judged "
+                             f"(a label bomb, or more pools than one guard covers)")
+        return out
 
     def overall(self) -> Status:
         """violated if any objective is violated, else unknown if any is unknown, else
-        at_risk / ok (also unknown when there is nothing to judge)."""
+        at_risk / ok (also unknown when there is nothing to judge, or when pools beyond
+        ``max_pools`` went unjudged: one of them may be violated)."""
         if not self.pools:
             return Status.UNKNOWN
-        return worst(p.status for p in self.pools.values())
+        status = worst(p.status for p in self.pools.values())
+        if self.pools_over_limit and status is not Status.VIOLATED:
+            return Status.UNKNOWN
+        return status
 
     def expire(self, reason: str, now: float) -> None:
         """Every verdict becomes unknown with ``reason`` (the guard's staleness watchdog calls
@@ -641,6 +664,7 @@ class SLOEvaluator:
     def _export(self) -> None:
         if self._metrics is None:
             return
+        self._unexport_gone()
         ch = self._child
         for pr in self.pools.values():
             for s in pr.slos:
@@ -654,6 +678,22 @@ class SLOEvaluator:
                         s.budget_remaining if s.budget_remaining is not None else math.nan)
             ch(c.GUARD_GOODPUT, pr.model, pr.pool).set(
                 pr.goodput_lower_bound if pr.goodput_lower_bound is not None else math.nan)
+
+    def _unexport_gone(self) -> None:
+        """Take the series of pools no longer judged (forgotten) off /metrics: left there, a
+        removed pool's last verdict (its "unknown" = 1) stayed on /metrics for good, against the
+        API, and every model ever seen kept its ~15 series per objective."""
+        live = set(self.pools)
+        if self._exported <= live:
+            self._exported = live
+            return
+        gone = self._exported - live
+        for key in [k for k in self._children if k[1][:2] in gone]:
+            name, labels = key
+            del self._children[key]
+            with contextlib.suppress(KeyError):
+                self._metrics.families[name].remove(*labels)
+        self._exported = live
 
 
 class _Plan:

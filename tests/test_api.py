@@ -9,7 +9,7 @@ from guard_support import Engine, UvicornThread, drive
 
 from exporters import contract as c
 from sla_guard.api import create_app
-from sla_guard.config import parse_config
+from sla_guard.config import ConfigError, parse_config
 from sla_guard.ingest.source import StoreSource
 from sla_guard.service import Guard
 from sla_guard.slo import SLOEvaluator
@@ -127,3 +127,74 @@ def test_a_non_ascii_token_sent_as_utf8_is_accepted():
         assert httpx.get(f"{srv.url}/v1/status", headers=[(b"Authorization", b"Bearer " + wrong)]).status_code == 401
     finally:
         srv.stop()
+
+
+_MEAN_ONLY = {"evaluation_interval_s": 15, "staleness_s": 60, "slos": [{"model": "*", "pool": "*", "objectives": [
+    {"name": "ttft_mean", "indicator": "ttft", "objective": "mean", "threshold_s": 2.5, "window": "5m"}]}]}
+
+
+def test_pools_beyond_max_pools_make_the_verdict_unknown_not_ok():
+    """The SLO evaluator judges at most max_pools (model, pool) pairs. A pool seen once the cap
+    was reached (a label bomb filled it, or a model deployed later) was dropped without a word,
+    and the overall verdict stayed the judged pools' "ok" while the dropped pool was violated."""
+    cfg = parse_config(_MEAN_ONLY)
+    ev = SLOEvaluator(cfg, max_pools=2)
+    engines = [Engine(model="a"), Engine(model="b")]
+    store, ev, t = drive(engines, 300, lambda rng, e: [(0.2, 0.01)] * 3, ev=ev, cfg=cfg)
+    engines.append(Engine(model="c"))  # violated, and beyond the cap
+    store, ev, t = drive(engines, 300, lambda rng, e: [(9.0 if e.model == "c" else 0.2, 0.01)] * 3,
+                         ev=ev, cfg=cfg, store=store, t0=t + 5)
+    guard = Guard(cfg, StoreSource(store), [ev], clock=lambda: t)
+    srv = UvicornThread(create_app(guard, token=TOKEN))
+    try:
+        body = httpx.get(f"{srv.url}/v1/slo", headers=_auth()).json()
+        assert [(p["model"], p["status"]) for p in body["pools"]] == [("a", "ok"), ("b", "ok")]
+        assert body["status"] == "unknown" and body["pools_over_limit"] == 1
+        assert "max_pools=2" in body["reason"]
+        # a filter may match the unjudged pool too; one pool named exactly and judged is known
+        assert httpx.get(f"{srv.url}/v1/slo", headers=_auth(), params={"pool": "decode"}).json()["status"] == "unknown"
+        exact = httpx.get(f"{srv.url}/v1/slo", headers=_auth(), params={"model": "a", "pool": "decode"}).json()
+        assert exact["status"] == "ok"
+    finally:
+        srv.stop()
+
+
+def test_a_forgotten_pool_leaves_metrics():
+    """A pool whose data is gone is reported unknown for forget_after_s, then forgotten by the
+    API; its series stayed on /metrics for good (guard_slo_status{status="unknown"} 1 for a pool
+    the API no longer knows), one set per model ever seen."""
+    cfg = parse_config(_MEAN_ONLY)
+    ev = SLOEvaluator(cfg, forget_after_s=600)
+    store, ev, t = drive([Engine(model="old")], 300, lambda rng, e: [(0.2, 0.01)] * 3, ev=ev, cfg=cfg)
+    guard = Guard(cfg, StoreSource(store), [ev], clock=lambda: t)
+    srv = UvicornThread(create_app(guard, token=TOKEN))
+    try:
+        guard.tick(t)
+        assert 'model="old"' in httpx.get(f"{srv.url}/metrics").text
+        guard.tick(t + 700)  # no data since t, past forget_after_s
+        assert httpx.get(f"{srv.url}/v1/slo", headers=_auth()).json()["pools"] == []
+        assert 'model="old"' not in httpx.get(f"{srv.url}/metrics").text
+    finally:
+        srv.stop()
+
+
+@pytest.mark.parametrize("value", ["tok\n", "  tok \r\n"])
+def test_a_token_env_with_a_trailing_newline_is_the_token(monkeypatch, value):
+    """A Secret written with ``echo`` carries a trailing newline into the variable; no client can
+    send a line break in a header, so /v1 answered 401 to everyone. token_file already strips it."""
+    monkeypatch.setenv("SLA_GUARD_TEST_API_TOKEN", value)
+    cfg = parse_config({"api": {"token_env": "SLA_GUARD_TEST_API_TOKEN"}})
+    guard = Guard(cfg, StoreSource(drive([Engine()], 30, lambda rng, e: [(0.2, 0.01)])[0]), [])
+    srv = UvicornThread(create_app(guard, token=cfg.api.token()))
+    try:
+        assert httpx.get(f"{srv.url}/v1/status", headers=_auth("tok")).status_code == 200
+        assert httpx.get(f"{srv.url}/v1/status").status_code == 401
+    finally:
+        srv.stop()
+
+
+def test_a_token_env_holding_two_lines_is_refused(monkeypatch):
+    monkeypatch.setenv("SLA_GUARD_TEST_API_TOKEN", "tok\nother")
+    cfg = parse_config({"api": {"token_env": "SLA_GUARD_TEST_API_TOKEN"}})
+    with pytest.raises(ConfigError, match=r"api.token_env: \$SLA_GUARD_TEST_API_TOKEN holds more than one line"):
+        cfg.api.token()

@@ -191,3 +191,64 @@ def test_a_frozen_guard_stops_serving_its_last_number(served):
         assert not served.guard.tick(1060 + 965).errors
         assert isinstance(h.get("/v1/scale/keda/prefill", headers=auth).json()["desired"], int)
         assert c.GUARD_DESIRED_REPLICAS.series() in h.get("/metrics").text
+
+
+def test_a_failing_advisor_stops_serving_its_last_number(served, monkeypatch):
+    """An advisor that raised on every tick (an +Inf running-requests gauge did, see below) kept its
+    last advice: the guard isolates the failure and its ticks complete, so the staleness watchdog
+    never fired, and KEDA (and HPA, through the gauge) followed the number of the last tick that
+    worked for as long as the advisor failed. A failed evaluation now expires the advice: 503, no
+    gauge, the error in /v1/recommendations; the next good tick brings the number back. The
+    failure is injected (a raising evaluate), since every failure the test found is fixed."""
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    _evaluate_under_prefill_pressure(served)
+    busy = {"running": 4, "waiting": 30, "computed": 60_000, "prefills": 6, "ttft": 8.0}
+    adv = served.guard.evaluator("advisor")
+    with httpx.Client(base_url=served.url, timeout=5) as h:
+        assert h.get("/v1/scale/keda/prefill", headers=auth).status_code == 200
+        _run([Engine("prefill", "p0"), Engine("decode", "d0")], served.store, 1065, 1120,
+             p0=busy, d0={"running": 10, "waiting": 0, "steps": 400})
+
+        def boom(view, now):
+            raise OverflowError("cannot convert float infinity to integer")
+
+        monkeypatch.setattr(adv, "evaluate", boom)
+        assert "advisor" in served.guard.tick(1120).errors
+        r = h.get("/v1/scale/keda/prefill", headers=auth)
+        assert r.status_code == 503, r.text
+        recs = h.get("/v1/recommendations", headers=auth).json()["models"][0]["recommendations"]
+        assert all(r["reasons"][0] == "hold_stale_data" and "evaluator advisor failed" in r["reasons"][1]
+                   for r in recs)
+        samples = {s.name for f in text_string_to_metric_families(h.get("/metrics").text) for s in f.samples}
+        assert c.GUARD_DESIRED_REPLICAS.series() not in samples
+        monkeypatch.undo()
+        _run([Engine("prefill", "p0"), Engine("decode", "d0")], served.store, 1125, 1185,
+             p0=busy, d0={"running": 10, "waiting": 0, "steps": 400})
+        assert not served.guard.tick(1185).errors
+        assert isinstance(h.get("/v1/scale/keda/prefill", headers=auth).json()["desired"], int)
+
+
+def test_an_infinite_running_gauge_is_no_reading_not_an_advisor_failure(served):
+    """An engine reporting +Inf running requests made the advisor raise OverflowError on every
+    tick (math.ceil of an infinite demand). Such a gauge is now no reading, as a missing sample is:
+    the advisor goes on, and the prefill pool's advice still comes from prefill's own data."""
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    _evaluate_under_prefill_pressure(served)
+    busy = {"running": 4, "waiting": 30, "computed": 60_000, "prefills": 6, "ttft": 8.0}
+    _run([Engine("prefill", "p0"), Engine("decode", "d0")], served.store, 1065, 1120,
+         p0=busy, d0={"running": float("inf"), "waiting": 0, "steps": 400})
+    assert not served.guard.tick(1120).errors
+    r = httpx.get(served.url + "/v1/scale/keda/prefill", headers=auth, timeout=5)
+    assert r.status_code == 200 and isinstance(r.json()["desired"], int)
+
+
+@pytest.mark.parametrize(("limit", "says"), [("-5", "greater than or equal to 1"), ("0", "greater than or equal to 1"),
+                                              ("1000", "less than or equal to 256"), ("x", "valid integer")])
+def test_decisions_limit_out_of_range_is_an_error_naming_it(served, limit, says):
+    """limit was clamped silently: -5 and 0 answered one decision, 1000 answered 256."""
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    _evaluate_under_prefill_pressure(served)
+    r = httpx.get(served.url + "/v1/decisions", headers=auth, params={"limit": limit}, timeout=5)
+    assert r.status_code == 422 and "query.limit" in r.json()["error"]["message"] and says in r.text, r.text
+    ok = httpx.get(served.url + "/v1/decisions", headers=auth, params={"limit": "1"}, timeout=5).json()
+    assert len(ok["decisions"]) == 1

@@ -20,8 +20,9 @@ Both sit under ``/v1``, behind the API's bearer auth (``sla_guard.api.create_app
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Annotated
 
-from fastapi import APIRouter, HTTPException
+from fastapi import APIRouter, HTTPException, Query
 
 from sla_guard.scale.evaluator import AdvisorEvaluator
 from sla_guard.scale.guardrails import without_data
@@ -90,8 +91,12 @@ def advisor_router(evaluators: Sequence[AdvisorEvaluator] | AdvisorEvaluator) ->
         return {"model": model or e.model, "pool": pool, **pools[pool]}
 
     @router.get("/decisions")
-    def decisions(model: str | None = None, limit: int = 50) -> dict:
+    def decisions(model: str | None = None,
+                  limit: Annotated[int, Query(ge=1, le=256, description="newest decisions to return (1-256)")] = 50
+                  ) -> dict:
+        # out of range is a 422 naming query.limit: clamped, limit=-5 answered one decision and
+        # limit=1000 256, both without a word
         e = pick(model)
-        return {"model": e.model, "decisions": list(e.history)[-max(1, min(limit, 256)):]}
+        return {"model": e.model, "decisions": list(e.history)[-limit:]}
 
     return router

@@ -12,6 +12,7 @@ blame between the pools. Without one, the prefill pool's own TTFT is read, as be
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -42,6 +43,12 @@ def _by_replica(values: Mapping[Labels, float]) -> dict[str, float]:
         r = replica_of(k)
         out[r] = out.get(r, 0.0) + v
     return out
+
+
+def _finite(values: dict[Labels, float]) -> dict[Labels, float]:
+    """The series whose value is a finite number; an engine whose gauge is not is left out, as an
+    engine that sent no sample is."""
+    return {k: v for k, v in values.items() if math.isfinite(v)}
 
 
 def _sum_series(series: list[Series]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
@@ -244,9 +251,11 @@ class Reader:
         w = self.window_s
         mt: Mapping[str, str] = {"pool": pool} if model in ("", "*") else {"model": model, "pool": pool}
         r = PoolReading(pool)
-        running = view.instant(sample_name(c.REQUESTS_RUNNING), mt, now)
-        waiting = view.instant(sample_name(c.REQUESTS_WAITING), mt, now)
-        kv = view.instant(sample_name(c.KV_CACHE_USAGE), mt, now)
+        # a gauge that is not a finite number (+Inf running requests from a broken exporter) is no
+        # reading: summed, it raised out of the advisor's sizing on every tick
+        running = _finite(view.instant(sample_name(c.REQUESTS_RUNNING), mt, now))
+        waiting = _finite(view.instant(sample_name(c.REQUESTS_WAITING), mt, now))
+        kv = _finite(view.instant(sample_name(c.KV_CACHE_USAGE), mt, now))
         r.engines = sorted({replica_of(k) for k in running} | {replica_of(k) for k in waiting})
         t = r.totals
         t["running"] = sum(running.values()) if running else None
