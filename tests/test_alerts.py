@@ -58,6 +58,18 @@ def test_generate_check_detects_drift_and_write_fixes_it(tmp_path):
     assert cli([*args, "--check"]) == 1
 
 
+@pytest.mark.parametrize("flag", ["--rules-dir", "--dashboards-dir"])
+def test_generate_into_a_file_is_an_error_naming_the_flag(tmp_path, capsys, flag):
+    """An output directory that is a regular file was a FileExistsError traceback."""
+    blocker = tmp_path / "plain"
+    blocker.write_text("a file")
+    dirs = {"--rules-dir": str(tmp_path / "r"), "--dashboards-dir": str(tmp_path / "d"), flag: str(blocker)}
+    assert cli(["generate", *(x for kv in dirs.items() for x in kv)]) == 2
+    err = capsys.readouterr().err
+    assert f"{flag} {blocker}: cannot write there" in err and "writable directory" in err, err
+    assert blocker.read_text() == "a file"
+
+
 def test_generate_rejects_a_bad_config_with_the_field(tmp_path, capsys):
     bad = tmp_path / "guard.yaml"
     bad.write_text("slos:\n- objectives:\n  - {name: x, indicator: ttft, objective: attainment, threshold_s: 2.2,"

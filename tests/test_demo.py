@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import time
+
+import pytest
 
 from sla_guard.cli import main
 
@@ -30,9 +33,35 @@ def test_demo_writes_the_report(tmp_path, capsys):
     assert summary["policy"] == "guard"
 
 
-def test_demo_rejects_bad_options(capsys, tmp_path):
-    assert main(["demo", "--duration", "0", "--out", str(tmp_path)]) == 2
-    assert "--duration and --speed must be > 0" in capsys.readouterr().err
+@pytest.mark.parametrize(("flag", "value", "rule"), [
+    ("--duration", "0", "> 0"), ("--duration", "nan", "> 0"), ("--speed", "inf", "> 0"),
+    ("--scrape-interval", "0", "> 0"), ("--scrape-interval", "-5", "> 0"), ("--drift-to", "-1", ">= 0"),
+    ("--leak-mib-per-hour", "-100", ">= 0"), ("--surge", "0.5", ">= 1"),
+])
+def test_demo_rejects_bad_options(capsys, tmp_path, flag, value, rule):
+    """Each was a traceback (inf, nan, a zero scrape interval) or a run of a story no engine tells
+    (negative acceptance, a shrinking leak, a 'surge' below 1 silently dropped)."""
+    with pytest.raises(SystemExit) as info:
+        main(["demo", "--duration", "1", "--no-http", "--quiet", "--out", str(tmp_path / "demo"), flag, value])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument {flag}" in err and rule in err and "Traceback" not in err, err
+    assert not (tmp_path / "demo").exists()
+
+
+@pytest.mark.parametrize("kind", ["a file", "under a file"])
+def test_demo_refuses_an_unusable_out_before_running(capsys, tmp_path, kind):
+    """An --out that is a file (or lies under one) was a traceback at the very end, after the whole
+    run (90 s by default), with the report lost; it is refused at once, as replay does."""
+    blocker = tmp_path / "report"
+    blocker.write_text("not a directory")
+    out = blocker if kind == "a file" else blocker / "demo"
+    t0 = time.monotonic()
+    rc = main(["demo", "--duration", "30", "--speed", "60", "--no-http", "--quiet", "--out", str(out)])
+    assert rc == 2 and time.monotonic() - t0 < 10  # refused before the 30 s run
+    err = capsys.readouterr().err
+    assert f"--out {out}" in err and "writable directory" in err and "Traceback" not in err, err
+    assert blocker.read_text() == "not a directory"
 
 
 def test_demo_fault_story_ends_in_every_finding(tmp_path, capsys):

@@ -11,12 +11,16 @@ import sys
 import time
 from pathlib import Path
 
+from sla_guard.commands import number
+
 
 def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("demo", help="simulated 2P2D deployment with injected faults, guarded live; writes a report",
                        description=__doc__)
-    p.add_argument("--duration", type=float, default=90.0, help="wall-clock seconds to run (default 90)")
-    p.add_argument("--speed", type=float, default=120.0,
+    # finite and in range at parse time: --speed inf, --duration nan and --scrape-interval 0 were
+    # tracebacks; --drift-to -1 or --leak-mib-per-hour -100 ran a story no engine can tell
+    p.add_argument("--duration", type=number(0), default=90.0, help="wall-clock seconds to run (default 90)")
+    p.add_argument("--speed", type=number(0), default=120.0,
                    help="simulated seconds per wall second (default 120: three simulated hours in 90 s)")
     p.add_argument("--out", type=Path, default=Path("out/demo"), help="report directory (default ./out/demo)")
     p.add_argument("--trace", default=None,
@@ -25,14 +29,14 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--policy", default="guard",
                    help="scaling policy acting on the deployment (default guard: the advisor at work)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--leak-mib-per-hour", type=float, default=200.0,
+    p.add_argument("--leak-mib-per-hour", type=number(0, above=False), default=200.0,
                    help="RSS leak injected into the decode EngineCores (default 200; the leak in 'From Day 0 "
                         "to Production SLAs' (DaoCloud) was ~48)")
-    p.add_argument("--surge", type=float, default=2.0,
+    p.add_argument("--surge", type=number(1, above=False), default=2.0,
                    help="arrival-rate factor of the load surge over the second sixth of the run (default 2; 1 = none)")
-    p.add_argument("--drift-to", type=float, default=0.4,
+    p.add_argument("--drift-to", type=number(0, above=False), default=0.4,
                    help="acceptance falls to this fraction of its profile value (default 0.4)")
-    p.add_argument("--scrape-interval", type=float, default=30.0, help="simulated seconds between scrapes")
+    p.add_argument("--scrape-interval", type=number(0), default=30.0, help="simulated seconds between scrapes")
     p.add_argument("--no-http", action="store_true", help="scrape in-process instead of over loopback HTTP")
     p.add_argument("--quiet", action="store_true", help="no live status lines")
     return p
@@ -73,9 +77,6 @@ def run(args: argparse.Namespace) -> int:
     from sla_guard.sim.run import detectors as replay_detectors
     from sla_guard.sim.traces import TraceError, load_trace
 
-    if args.duration <= 0 or args.speed <= 0:
-        print("sla-guard demo: --duration and --speed must be > 0", file=sys.stderr)
-        return 2
     sim_s = args.duration * args.speed
     trace_path = args.trace or default_trace()
     try:
@@ -84,6 +85,15 @@ def run(args: argparse.Namespace) -> int:
         policy = get_policy(args.policy)
     except (ProfileError, TraceError, ValueError) as err:
         print(f"sla-guard demo: {err}", file=sys.stderr)
+        return 2
+    try:  # before the run, as replay does: a file there was a traceback after minutes, the report lost
+        args.out.mkdir(parents=True, exist_ok=True)
+        probe = args.out / ".sla-guard-demo-write-test"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as err:
+        print(f"sla-guard demo: --out {args.out}: cannot write the report there: {err.strerror or err}; "
+              f"name a writable directory", file=sys.stderr)
         return 2
     faults = demo_faults(sim_s, args.leak_mib_per_hour, args.drift_to, args.surge)
     dep = Deployment(profile, 2, 2, seed=args.seed, faults=FaultSchedule(faults),

@@ -46,6 +46,13 @@ def run(args: argparse.Namespace) -> int:
         print(f"ok: {sum(len(f) for f, _, _ in outputs)} generated files up to date")
         return 0
     for files, out, _ in outputs:
-        for path in write(files, out):
+        try:  # an output directory that is a file, or read-only, was a traceback
+            written = write(files, out)
+        except OSError as err:
+            flag = {args.rules_dir or RULES_DIR: "--rules-dir ", args.dashboards_dir or JSON_DIR: "--dashboards-dir "}
+            print(f"{flag.get(out, '')}{out}: cannot write there: {err.strerror or err} "
+                  f"({getattr(err, 'filename', None) or out}); name a writable directory", file=sys.stderr)
+            return 2
+        for path in written:
             print(f"wrote {path}")
     return 0
