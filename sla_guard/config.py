@@ -42,7 +42,7 @@ from sla_guard import defaults
 from sla_guard.redact import redact_text
 from sla_guard.settings.advisor import AdvisorConfig
 from sla_guard.settings.detectors import DetectorsConfig
-from sla_guard.spec_base import Strict, error_message, load_yaml
+from sla_guard.spec_base import Strict, error_message, http_url, load_yaml
 
 log = logging.getLogger("sla_guard.config")
 
@@ -86,18 +86,6 @@ def parse_duration(text: str, *, positive: bool = False) -> float:
     if positive and total <= 0:
         raise ValueError(f"duration {text!r} must be greater than zero; use e.g. 30s, 5m, 6h, 30d")
     return total
-
-
-def _http_url(v: str, example: str) -> str:
-    """An http(s) URL with a host and, if any, a numeric port (urlsplit alone accepts 'http:x')."""
-    try:
-        parts = urlsplit(v)
-        _ = parts.port  # raises ValueError for a port that is not a number in 0..65535
-    except ValueError as err:
-        raise ValueError(f"not a valid URL ({err}); use e.g. {example}") from None
-    if parts.scheme not in ("http", "https") or not parts.hostname or any(c.isspace() for c in v):
-        raise ValueError(f"must be an http:// or https:// URL with a host, e.g. {example}")
-    return v
 
 
 def split_listen(listen: str) -> tuple[str, int]:
@@ -221,7 +209,7 @@ class Target(Strict):
     @field_validator("url")
     @classmethod
     def _http(cls, v: str) -> str:
-        return _http_url(v, "http://decode-0:8000/metrics")
+        return http_url(v, "http://decode-0:8000/metrics")
 
     @model_validator(mode="after")
     def _adapter_is_client(self) -> Target:
@@ -317,7 +305,7 @@ class PrometheusSource(Strict):
     @field_validator("url")
     @classmethod
     def _http(cls, v: str) -> str:
-        return _http_url(v, "http://prometheus:9090")
+        return http_url(v, "http://prometheus:9090")
 
 
 def _source_mode(v: Any) -> str:
@@ -457,7 +445,7 @@ class AlertmanagerSettings(Strict):
     @field_validator("url")
     @classmethod
     def _http(cls, v: str | None) -> str | None:
-        return None if v is None else _http_url(v, "http://alertmanager:9093")
+        return None if v is None else http_url(v, "http://alertmanager:9093")
 
 
 class EngineBuckets(Strict):
@@ -530,7 +518,8 @@ def format_validation_error(err: ValidationError, where: str, prefix: str = "") 
     """One line per problem: the field path (under ``prefix``), what is wrong, the bad value."""
     lines = [f"invalid configuration in {where}:"]
     for e in err.errors():
-        path = ".".join([*([prefix] if prefix else []), *(str(p) for p in e["loc"])]) or "(top level)"
+        # a bad mapping key (advisor.pools.prefil) is located by pydantic at "<key>.[key]"
+        path = ".".join([*([prefix] if prefix else []), *(str(p) for p in e["loc"] if p != "[key]")]) or "(top level)"
         value = e.get("input")
         shown = redact_text(repr(value)) if not isinstance(value, dict) else "{...}"
         msg = "unknown field; remove it or check its spelling" if e["type"] == "extra_forbidden" else error_message(e)
@@ -611,6 +600,34 @@ def _path_kind(path: Path) -> str:
         return "is not a regular file (a FIFO, socket or device)" if path.exists() else "does not exist"
     except (OSError, ValueError) as err:
         return f"cannot be used ({getattr(err, 'strerror', None) or err})"
+
+
+def _writable_file_problem(field: str, text: str, example: str) -> Problem | None:
+    """A file the running guard creates or appends to (``advisor.decision_log``, the file
+    leader election's ``lock_file``): not a directory, and creatable in a writable directory.
+    Unchecked, a parent that is a file or read-only crashed ``serve`` at start with a traceback
+    (the decision log) or left it a standby for good, logging a traceback every retry (the lock)."""
+    path = Path(text)
+    where = "" if path.is_absolute() else f" (relative paths are read from the working directory, {Path.cwd()})"
+    try:
+        if path.is_dir():
+            return field, f"{_short(path)} is a directory{where}; name a file, e.g. {_short(path / example)}"
+        if path.exists():
+            if not os.access(path, os.W_OK):
+                return field, f"{_short(path)} is not writable{where}; fix its permissions or name another file"
+            return None
+        parent = path.parent
+        while not parent.exists():  # the guard creates the missing directories
+            parent = parent.parent
+        if not parent.is_dir():
+            return field, (f"{_short(path)} cannot be created: {_short(parent)} is not a directory{where}; "
+                           f"name a file under a directory")
+        if not os.access(parent, os.W_OK | os.X_OK):
+            return field, (f"{_short(path)} cannot be created: directory {_short(parent)} is not writable{where}; "
+                           f"mount a writable volume there or name another file")
+    except (OSError, ValueError) as err:
+        return field, f"{_short(path)} cannot be used ({getattr(err, 'strerror', None) or err}); name another file"
+    return None
 
 
 def _targets_file_problems(src: ScrapeSource) -> list[Problem]:
@@ -708,6 +725,12 @@ def deployment_problems(cfg: GuardConfig) -> list[Problem]:
                         f"engines with {env[ind]}={o.threshold_s:g} and declare it as engine_buckets: "
                         f"{{{ind.value}: [{o.threshold_s:g}]}}, or use a boundary such as "
                         f"{' or '.join(f'{b:g}' for b in sorted(near))}"))
+    adv = cfg.advisor
+    files = [("advisor.decision_log", adv.decision_log, "decisions.jsonl")]
+    if adv.mode == "active" and adv.actuation.leader_election.mode == "file":  # the only use of the lock
+        files.append(("advisor.actuation.leader_election.lock_file", adv.actuation.leader_election.lock_file,
+                      "actuation.lock"))
+    out.extend(p for field, text, eg in files if text and (p := _writable_file_problem(field, text, eg)) is not None)
     tf = cfg.api.token_file
     if tf is not None:
         if (kind := _path_kind(tf)) != "file":

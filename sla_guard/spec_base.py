@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 from collections.abc import Hashable, Mapping
 from typing import Any
+from urllib.parse import urlsplit
 
 import yaml
 from pydantic import BaseModel, ConfigDict
@@ -131,3 +132,20 @@ def _is_number(text: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+def http_url(v: str, example: str) -> str:
+    """An http(s) URL with a host and, if any, a numeric port (urlsplit alone accepts 'http:x'). Here, below
+    the config and the settings, so every URL field (sources, Alertmanager, the scaling webhook) reads alike."""
+    try:
+        parts = urlsplit(v)
+        _ = parts.port  # raises ValueError for a port that is not a number in 0..65535
+    except ValueError as err:
+        raise ValueError(f"not a valid URL ({err}); use e.g. {example}") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname or any(c.isspace() for c in v):
+        raise ValueError(f"must be an http:// or https:// URL with a host, e.g. {example}")
+    if not re.fullmatch(r"[\w.:%-]+", parts.hostname):  # \w: IDN names too
+        # 'http://${HOST}:8000' passed and every scrape failed on DNS: the file is not a shell template
+        hint = "; environment variables are not expanded in the config: write the value" if "$" in v else ""
+        raise ValueError(f"host {parts.hostname!r} is not a host name or IP address{hint}; use e.g. {example}")
+    return v

@@ -181,6 +181,19 @@ def _prom(url: str, **extra: Any) -> Callable[[dict, Path], None]:
     return mutate
 
 
+def _file_parent(field: str) -> Callable[[dict, Path], None]:
+    """``field`` (under ``advisor``) names a file whose parent directory is a regular file."""
+    def mutate(cfg: dict, tmp_path: Path) -> None:
+        (tmp_path / "plain").write_text("a file, not a directory")
+        path = str(tmp_path / "plain" / "out")
+        if field == "advisor.decision_log":
+            cfg["advisor"] = {"decision_log": path}
+        else:
+            cfg["advisor"] = {"mode": "active", "actuation": {"webhook": {"url": "http://scaler:8080/scale"},
+                                                              "leader_election": {"mode": "file", "lock_file": path}}}
+    return mutate
+
+
 INF, NAN = math.inf, math.nan
 
 # (id, mutation, field path named, a word of the fix)
@@ -239,6 +252,11 @@ VARIANTS: list[tuple[str, Callable[[dict, Path], None], str, str]] = [
     ("target-url-not-http", _set("source.targets.0.url", "ftp://x/metrics"), "source.scrape.targets.0.url",
      "http://"),
     ("alertmanager-url-not-a-url", _set("alertmanager.url", "alertmanager"), "alertmanager.url", "http://"),
+    # the file is not a shell template: '${HOST}' passed validation and every scrape failed on DNS
+    ("target-url-env-variable", _set("source.targets.0.url", "http://${PREFILL_HOST}:8000/metrics"),
+     "source.scrape.targets.0.url", "environment variables are not expanded"),
+    ("prometheus-url-env-variable", _prom("http://${PROM_HOST}:9090"), "source.prometheus.url",
+     "environment variables are not expanded"),
     ("alertmanager-url-spaces", _set("alertmanager.url", "http://alert manager:9093"), "alertmanager.url",
      "http://"),
     ("listen-port-99999", _set("api.listen", "0.0.0.0:99999"), "api.listen", "1..65535"),
@@ -276,6 +294,19 @@ VARIANTS: list[tuple[str, Callable[[dict, Path], None], str, str]] = [
      "advisor.pools.decode.max_replicas", "write it without quotes"),
     ("threshold-string", _set("slos.0.objectives.0.threshold_s", "2.5"), "slos.0.objectives.0.threshold_s",
      "not a string"),
+    # files the running guard writes: a parent that is a file crashed `serve` at start with a
+    # traceback (the decision log) or left it a standby for good (the lock file)
+    ("decision-log-under-a-file", _file_parent("advisor.decision_log"), "advisor.decision_log",
+     "is not a directory"),
+    ("decision-log-is-a-directory", lambda cfg, tmp: cfg.__setitem__("advisor", {"decision_log": str(tmp)}),
+     "advisor.decision_log", "decisions.jsonl"),
+    ("lock-file-under-a-file", _file_parent("advisor.actuation.leader_election.lock_file"),
+     "advisor.actuation.leader_election.lock_file", "is not a directory"),
+    # actuation targets that passed validation and failed at the first scaling decision
+    ("k8s-actuation-pool-typo", _set("advisor", {"mode": "active", "actuation": {"kubernetes": {
+        "prefil": {"name": "glm-prefill"}}}}), "advisor.actuation.kubernetes.prefil", "'prefill' or 'decode'"),
+    ("webhook-url-not-a-url", _set("advisor", {"mode": "active", "actuation": {"webhook": {"url": "scaler:80"}}}),
+     "advisor.actuation.webhook.url", "http://"),
 ]
 
 
@@ -464,6 +495,8 @@ def _broken_file(tmp_path: Path, variant: str) -> Path:
     ("check", "timeout-longer-than-interval", "source.scrape.timeout_s"),
     ("check", "token-file-not-utf8", "api.token_file"),
     ("serve", "listen-port-99999", "api.listen"),
+    ("serve", "decision-log-under-a-file", "advisor.decision_log"),
+    ("validate-config", "k8s-actuation-pool-typo", "advisor.actuation.kubernetes.prefil"),
 ])
 def test_cli_exits_2_naming_the_field(tmp_path, command, variant, field):
     f = _broken_file(tmp_path, variant)

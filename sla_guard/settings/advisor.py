@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from sla_guard import defaults as d
-from sla_guard.spec_base import Strict
+from sla_guard.spec_base import Strict, http_url
 
 
 class PoolLimits(Strict):
@@ -47,6 +47,12 @@ class Webhook(Strict):
     retries: int = Field(default=4, ge=0)
     backoff_s: float = Field(default=0.5, gt=0)
     bearer_token_env: str | None = None
+
+    @field_validator("url")
+    @classmethod
+    def _http(cls, v: str) -> str:
+        # 'scaler:80' passed validate-config and failed only at the first scaling decision
+        return http_url(v, "https://scaler.internal/scale")
 
 
 class KubernetesTarget(Strict):
@@ -91,8 +97,10 @@ class Actuation(Strict):
     """Where an active-mode decision goes. Advisory mode ignores this."""
 
     webhook: Webhook | None = None
-    kubernetes: dict[str, KubernetesTarget] = Field(default_factory=dict,
-                                                    description="pool name -> scale target")
+    # keyed by the advisor's pools: a mistyped key ('prefil') passed validate-config, and that pool's
+    # first decision failed with "no kubernetes target"
+    kubernetes: dict[Literal["prefill", "decode"], KubernetesTarget] = Field(
+        default_factory=dict, description="pool name -> scale target")
     kubeconfig: str | None = Field(default=None, description="path; in-cluster config when unset")
     leader_election: LeaderElection = Field(default_factory=LeaderElection)
 
