@@ -32,6 +32,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TypeVar
 
 import numpy as np
+from prometheus_client.utils import floatToGoString
 
 from exporters import contract as c
 from exporters.prometheus import ContractMetrics
@@ -98,15 +99,20 @@ def burn_rate(errors: float, total: float, target: float) -> float | None:
     return max(0.0, errors / total) / (1.0 - target)
 
 
-def burn_alerts(windows: Mapping[float, tuple[float, float]], target: float, period_s: float) -> list[BurnAlert]:
+def burn_alerts(windows: Mapping[float, tuple[float, float]], target: float, period_s: float,
+                min_requests: float = 0.0) -> list[BurnAlert]:
     """The period's multi-window verdicts (``burn_rules``, shared with the generated alert rules)
     from {window_s: (errors, total)}; an alert fires only when both its long and its short window
-    burn faster than its factor."""
+    burn faster than its factor and the short window holds at least ``min_requests`` requests:
+    the generated rule has that traffic guard (``alerts/slo_rules.py``); without it one slow
+    request in a quiet pool's short window paged here while the rule stayed silent."""
     out = []
     for row in burn_rules(period_s):
         bl = burn_rate(*windows.get(row.long_s, (math.nan, math.nan)), target)
-        bs = burn_rate(*windows.get(row.short_s, (math.nan, math.nan)), target)
-        firing = bl is not None and bs is not None and bl > row.factor and bs > row.factor
+        short = windows.get(row.short_s, (math.nan, math.nan))
+        bs = burn_rate(*short, target)
+        firing = bl is not None and bs is not None and bl > row.factor and bs > row.factor \
+            and short[1] >= min_requests
         out.append(BurnAlert(row.long, row.short, row.factor, row.severity, bl, bs, firing))
     return out
 
@@ -328,7 +334,7 @@ class SLOEvaluator:
                 d = dict(lab)
                 if "model" in d and "pool" in d:
                     seen.add((d["model"], d["pool"]))
-        health = self._health(view, now)
+        health, up_targets = self._health(view, now)
         seen |= set(health)
         over = 0
         for key in seen:
@@ -354,6 +360,13 @@ class SLOEvaluator:
                 for lk in [k for k in self._ledgers if k[3:] == key]:
                     del self._ledgers[lk]
         fresh = {i: {(dict(k).get("model"), dict(k).get("pool")) for k in current[i]} for i in HIST}
+        # targets of each pool with a current sample per indicator (where samples name one)
+        fresh_targets: dict[Indicator, dict[tuple[str, str], set[str]]] = {i: {} for i in HIST}
+        for i in HIST:
+            for k in current[i]:
+                d = dict(k)
+                if "instance" in d:
+                    fresh_targets[i].setdefault((d.get("model"), d.get("pool")), set()).add(d["instance"])
         source_error = view.last_error
 
         self.window_label = view.window_label
@@ -372,7 +385,13 @@ class SLOEvaluator:
             elif key in targetless:
                 gate = "no target left for this pool (removed from discovery); forgotten once its data is stale"
             for slo in self.config.slos_for(model, pool):
-                pr.slos.append(self._one(slo, key, gate, fresh, windowed, longwin, source_error))
+                g = gate
+                have = fresh_targets[slo.indicator].get(key)
+                silent = sorted(up_targets.get(key, set()) - have) if have and not g else []
+                if silent:  # up, but its data is stale or missing: the rest of the pool is not the pool
+                    g = (f"{len(silent)} of {len(up_targets[key])} targets up without current "
+                         f"{slo.indicator.value} data (stale timestamps or missing series): {', '.join(silent[:3])}")
+                pr.slos.append(self._one(slo, key, g, fresh, windowed, longwin, source_error))
             self._goodput(pr, windowed)
             pr.status = worst(s.status for s in pr.slos) if pr.slos else Status.UNKNOWN
             # the pool says why it is not ok: its gate, else its worst objective's reason
@@ -474,8 +493,11 @@ class SLOEvaluator:
 
     # -- data gathering ------------------------------------------------------------------------
     @staticmethod
-    def _health(view: MetricsView, now: float) -> dict[tuple[str, str], tuple[int, int]]:
+    def _health(view: MetricsView, now: float) -> tuple[dict[tuple[str, str], tuple[int, int]],
+                                                          dict[tuple[str, str], set[str]]]:
+        """Per pool (targets up, targets), and the instances of the targets that are up."""
         out: dict[tuple[str, str], list[int]] = {}
+        up: dict[tuple[str, str], set[str]] = {}
         for lab, v in view.instant(UP, {}, now).items():
             d = dict(lab)
             if "model" not in d or "pool" not in d:
@@ -483,7 +505,9 @@ class SLOEvaluator:
             cnt = out.setdefault((d["model"], d["pool"]), [0, 0])
             cnt[0] += int(v >= 1)
             cnt[1] += 1
-        return {k: (a, b) for k, (a, b) in out.items()}
+            if v >= 1 and "instance" in d:
+                up.setdefault((d["model"], d["pool"]), set()).add(d["instance"])
+        return {k: (a, b) for k, (a, b) in out.items()}, up
 
     def _windowed(self, view: MetricsView, now: float, plan: _Plan) -> dict:
         """{(indicator, window): {(model,pool): {'sum','count','buckets'}}} for mean/percentile
@@ -494,6 +518,11 @@ class SLOEvaluator:
             counts = _scoped(ind, lambda h, w=w: view.increase(h.series("_count"), {}, w, now, BY))
             buckets = _scoped(ind, lambda h, w=w: _bucket_increase(view, h.series(), w, now))
             per: dict = {}
+            for thr in plan.thresholds.get((ind, w), ()):
+                def inc(m, by, ind=ind, w=w):
+                    return _scoped(ind, lambda h: view.increase(h.series("_bucket"), m, w, now, by))
+                for mp, targets in _lacking(inc, thr).items():
+                    per.setdefault(mp, {}).setdefault("lacking", {})[thr] = sorted(targets)
             for lab, v in counts.items():
                 per.setdefault(_mp(lab), {})["count"] = v
             for lab, v in sums.items():
@@ -548,6 +577,12 @@ class SLOEvaluator:
                     total[mp] = total.get(mp, 0.0) + v
                 elif math.isclose(le, thr, rel_tol=1e-9):
                     good[mp] = good.get(mp, 0.0) + v
+
+            def delta(m, by, ind=ind):
+                return _scoped(ind, lambda h: view.counter_delta(h.series("_bucket"), m, t0, now, by))
+            for mp, targets in _lacking(delta, thr).items():  # their requests cannot be judged
+                if mp in total:
+                    total[mp] -= sum(targets.values())
             for mp, tot in total.items():
                 if mp not in good or not_cumulative(good[mp], tot):
                     continue  # threshold is not a bucket / buckets not cumulative: reported per objective
@@ -604,13 +639,20 @@ class SLOEvaluator:
             r.reason = (f"threshold {slo.threshold_s:g}s is not a bucket boundary of {h.name}; "
                         f"add it at {where} ({h.slo_threshold_env}={slo.threshold_s:g})")
             return r
+        lacking = (data.get("lacking") or {}).get(slo.threshold_s)
+        if lacking:
+            h = c.latency_metric(slo.indicator.value, key[1])
+            r.reason = (f"threshold {slo.threshold_s:g}s is not a bucket boundary of {h.name} on "
+                        f"{len(lacking)} target(s) with requests ({', '.join(sorted(lacking)[:3])}): their requests "
+                        f"cannot be judged; start them with {h.slo_threshold_env}={slo.threshold_s:g}")
+            return r
         if b and not_cumulative(le_count(b, slo.threshold_s), b.get(math.inf)):
             r.reason = (f"malformed histogram: its le={slo.threshold_s:g} bucket counts more requests than +Inf "
                         f"in {slo.window} (buckets must be cumulative); fix the engine's /metrics")
             return r
         wins = longwin.get((slo.indicator, slo.threshold_s, period), {}).get(key, {})
         err_p, tot_p = wins.get(period, (math.nan, math.nan))
-        alerts = burn_alerts(wins, slo.target, period)
+        alerts = burn_alerts(wins, slo.target, period, slo.min_requests)
         r.alerts = alerts
         r.burn_rates = {fmt_window(w): _num(burn_rate(e, t, slo.target)) for w, (e, t) in sorted(wins.items())}
         r.budget_remaining = _num(budget_remaining(err_p, tot_p, slo.target))
@@ -642,9 +684,11 @@ class SLOEvaluator:
         shares = []
         for ind in (Indicator.TTFT, Indicator.TPOT):
             s = slos[ind]
-            b = windowed.get((ind, parse_duration(s.window)), {}).get((pr.model, pr.pool), {}).get("buckets") or {}
+            data = windowed.get((ind, parse_duration(s.window)), {}).get((pr.model, pr.pool), {})
+            b = data.get("buckets") or {}
             good, tot = le_count(b, s.threshold_s), b.get(math.inf)
-            if good is None or not tot or tot < s.min_requests or not_cumulative(good, tot):
+            if (data.get("lacking") or {}).get(s.threshold_s) or good is None or not tot \
+                    or tot < s.min_requests or not_cumulative(good, tot):
                 return
             shares.append(good / tot)
         a, b2 = shares
@@ -703,6 +747,8 @@ class _Plan:
     def __init__(self, config: GuardConfig, pools) -> None:
         windows: set[tuple[Indicator, float]] = set()
         att: set[tuple[Indicator, float, float]] = set()
+        # attainment thresholds per (indicator, SLI window): checked on every target of a pool
+        thresholds: dict[tuple[Indicator, float], set[float]] = {}
         objs: list[SLO] = []
         for model, pool in pools:
             objs.extend(config.slos_for(model, pool))
@@ -710,7 +756,9 @@ class _Plan:
             windows.add((s.indicator, parse_duration(s.window)))
             if s.objective is Objective.ATTAINMENT:
                 att.add((s.indicator, s.threshold_s, parse_duration(s.period)))
+                thresholds.setdefault((s.indicator, parse_duration(s.window)), set()).add(s.threshold_s)
         self.windows = sorted(windows)
+        self.thresholds = thresholds
         self.attainments = sorted(att)
 
     @staticmethod
@@ -737,6 +785,45 @@ def _key_from_json(kj: str) -> tuple | None:
 def _mp(lab: Labels) -> tuple[str, str]:
     d = dict(lab)
     return d.get("model", ""), d.get("pool", "")
+
+
+def _le_spellings(thr: float) -> set[str]:
+    """How exporters write a bucket bound as an ``le`` value: prometheus_client ("1.0", "2.5"),
+    Go ("1", "2.5")."""
+    return {floatToGoString(thr), f"{thr:g}", repr(float(thr))}
+
+
+def _lacking(query: Callable[[Mapping[str, str], tuple[str, ...]], dict[Labels, float]],
+             thr: float) -> dict[tuple[str, str], dict[str, float]]:
+    """{(model, pool): {instance: requests}} of the targets with requests whose histogram has no
+    bucket at ``thr`` (an engine started without the threshold bucket, e.g. mid rolling restart).
+    Summed per pool, its requests would count as over the threshold (a two-engine pool read 50 %
+    and burned its budget with every request in time). ``query(matchers, by)`` is a
+    counter query over the ``_bucket`` series (``increase`` or ``counter_delta``); the common
+    case costs one query per spelling of the bound, over one series per target."""
+    by = (*BY, "instance")
+    busy = {lab: v for lab, v in query({"le": "+Inf"}, by).items() if v > 0}
+    if not busy:
+        return {}
+    have: set[Labels] = set()
+    for spelling in _le_spellings(thr):
+        have.update(query({"le": spelling}, by))
+    out: dict[tuple[str, str], dict[str, float]] = {}
+    for lab, v in busy.items():
+        if lab in have:
+            continue
+        inst = dict(lab).get("instance", "")
+        les = {_le_of(dict(k).get("le", "")) for k in query({"instance": inst}, (*by, "le"))}
+        if not any(math.isclose(x, thr, rel_tol=1e-9) for x in les):  # not merely spelled otherwise
+            out.setdefault(_mp(lab), {})[inst or "?"] = v
+    return out
+
+
+def _le_of(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        return math.nan
 
 
 def _bucket_increase(view: MetricsView, hist: str, w: float, now: float) -> dict[Labels, dict[float, float]]:

@@ -885,7 +885,11 @@ class SeriesStore:
     def counter_delta(self, metric: str, matchers: Mapping[str, str], t0: float, t1: float,
                       by: tuple[str, ...] = ()) -> dict[Labels, float]:
         """Summed reset-aware growth between the last samples at or before t0 and t1, without
-        extrapolation: consecutive intervals add up exactly (feeds request-weighted ledgers)."""
+        extrapolation: consecutive intervals add up exactly (feeds request-weighted ledgers).
+        A series with no sample within the lookback before t0 (its target was down or unreachable
+        for longer) starts from its last sample within retention, as ``increase`` over a window
+        spanning the gap would: the requests served while it could not be scraped are counted
+        when it comes back, not lost."""
         with self._lock:
             fam = self._families.get(metric)
             if fam is None:
@@ -897,6 +901,12 @@ class SeriesStore:
             if tt.shape[1] == 0:
                 return {}
             d = promql.counter_delta(tt, vv, t0, t1)
+            with np.errstate(invalid="ignore"):
+                present = ~np.isnan(vv) & ~np.isnan(tt)
+                gap = ~(present & (tt <= t0)).any(axis=1) & (present & (tt <= t1)).any(axis=1)
+            if gap.any():  # rare (a target back after an outage, or a new series): look further back
+                tg, vg = self._window(fam, rows[gap], t0 - self.retention_s, t1)
+                d[gap] = promql.counter_delta(tg, vg, t0, t1)
             poisoned = self._poisoned(fam, rows, t0, t1)
         return _group_sum(d, keys, labels, poisoned)
 

@@ -119,3 +119,41 @@ def test_ledger_serves_every_window_of_a_7d_period():
         assert total == pytest.approx(expected, abs=0 if w <= 6 * 3600 else 150), fmt_window(w)
         assert errors / total == pytest.approx(0.1)
 
+
+
+def test_a_quiet_short_window_pages_neither_the_guard_nor_the_rule():
+    """The generated SlaGuardErrorBudgetBurn rule holds a traffic guard: the short window needs
+    ``min_requests`` requests. A busy hour burning 16x (page threshold 14.4 for 30 days) that goes
+    quiet, 1 slow request of 5 in the last 5 minutes: the rule stays silent; the guard paged
+    ('violated') with 65 % of the budget left."""
+    period = 30 * 86400.0
+    wins = {w: (0.0, 1e6) for w in _Plan.burn_windows(period)}
+    wins.update({3600.0: (3511.0, 21706.0), 300.0: (1.0, 5.0)})
+    alerts = burn_alerts(wins, TARGET, period, min_requests=20)
+    page = next(a for a in alerts if (a.long, a.short) == ("1h", "5m"))
+    assert page.burn_long > page.factor and page.burn_short > page.factor
+    assert not page.firing
+    assert attainment_status(0.65, alerts, 0.25) is Status.OK
+    wins[300.0] = (4.0, 20.0)  # enough requests in the short window: it pages
+    assert next(a for a in burn_alerts(wins, TARGET, period, min_requests=20) if a.long == "1h").firing
+    # the rule says the same: its short-window traffic guard is min_requests
+    text = render_rules(GuardConfig.model_validate(_config("30d")))["slo.yaml"]
+    page_rule = next(r for g in yaml.safe_load(text)["groups"] for r in g["rules"]
+                     if r.get("alert") == "SlaGuardErrorBudgetBurn" and r["labels"]["short_window"] == "5m")
+    assert re.search(r"model_pool_slo:sli_requests:rate5m\{[^}]*\} \* 300 >= 20", page_rule["expr"])
+
+
+def test_the_evaluator_applies_the_short_window_traffic_guard():
+    """End to end through the ledger: the objective's ``min_requests`` (20) reaches the burn
+    verdicts. 5 busy minutes (a third of the requests slow), then 5 quiet ones: 10 slow requests."""
+    steps = iter(range(10_000))
+
+    def traffic(rng, e):
+        i = next(steps)
+        return [(9.0, 0.01), (0.2, 0.01), (0.2, 0.01)] if i < 60 else [(9.0, 0.01)] * (i % 6 == 0)
+
+    _, ev, _ = drive([Engine()], 600, traffic, cfg=parse_config(_config("30d")))
+    (res,) = ev.pools[("m", "decode")].slos
+    page = next(a for a in res.alerts if (a.long, a.short) == ("1h", "5m"))
+    assert page.burn_long > page.factor and page.burn_short > page.factor
+    assert not page.firing  # 10 requests in the last 5 minutes, fewer than min_requests

@@ -259,3 +259,158 @@ def test_client_scope_is_judged_like_a_pool_and_can_fail_while_the_pools_pass():
     assert ev.overall() is Status.VIOLATED
     # the engines' own TTFT is not mixed into the client scope, nor the client's into a pool
     assert _slo(pools[("m", "decode")], "ttft_mean").value == pytest.approx(0.05)
+
+
+# ---------------------------------------------------------------- scraped over real loopback HTTP
+class _Scraped:
+    """Engines behind real loopback HTTP servers, scraped by the embedded ``Scraper`` at simulated
+    times (``step``), evaluated by an ``SLOEvaluator`` every third scrape (5 s scrapes, 15 s ticks)."""
+
+    def __init__(self, engines, slos, **over):
+        import asyncio
+
+        from guard_support import Served
+
+        from sla_guard.ingest import build_store
+        from sla_guard.ingest.scrape import Scraper
+
+        self.engines = engines
+        self.servers = [Served(e.exposition) for e in engines]
+        self.cfg = parse_config({
+            "source": {"mode": "scrape", "interval_s": 5, "timeout_s": 2,
+                       "targets": [{"url": s.url, "model": e.model, "pool": e.pool, "name": f"e{i}"}
+                                   for i, (s, e) in enumerate(zip(self.servers, engines, strict=True))]},
+            "evaluation_interval_s": 15, "staleness_s": 60, "slos": slos, **over})
+        self.store = build_store(self.cfg)
+        self.scraper = Scraper(self.cfg.source, self.store)
+        self.ev = SLOEvaluator(self.cfg)
+        self.loop = asyncio.new_event_loop()
+        self.t = T0
+
+    def step(self, i: int, traffic) -> None:
+        self.t = T0 + 5 * i
+        for e in self.engines:
+            for ttft in traffic(i, e):
+                e.request(ttft, 0.01)
+
+        async def scrape():
+            for target in self.cfg.source.targets:
+                await self.scraper.scrape_target(target, self.t)
+
+        self.loop.run_until_complete(scrape())
+        if i % 3 == 0:
+            self.ev.evaluate(self.store, self.t)
+
+    def close(self) -> None:
+        self.loop.run_until_complete(self.scraper.aclose())
+        self.loop.close()
+        for s in self.servers:
+            s.stop()
+
+
+def _attainment(threshold_s: float, period: str = "1d", **kw) -> list[dict]:
+    return [{"objectives": [{"name": "ttft_att", "indicator": "ttft", "objective": "attainment",
+                             "threshold_s": threshold_s, "target": 0.99, "period": period, "window": "5m",
+                             "min_requests": 5, **kw}]}]
+
+
+class _EngineWithBuckets(Engine):
+    """An engine started with ``SLA_GUARD_TTFT_SLO_S`` (one more TTFT bucket)."""
+
+    def __init__(self, ttft_slo_s: str, **kw) -> None:
+        self.env = {"SLA_GUARD_TTFT_SLO_S": ttft_slo_s}
+        super().__init__(**kw)
+
+    def restart(self) -> None:
+        from prometheus_client import CollectorRegistry
+
+        from exporters.prometheus import ContractMetrics, EngineRecorder
+
+        super().restart()
+        with self.lock:
+            self.registry = CollectorRegistry()
+            self.rec = EngineRecorder(ContractMetrics(self.registry, components=self.components, env=self.env),
+                                      self.model, self.pool, self.engine)
+
+
+def test_target_without_the_threshold_bucket_is_unknown_and_spends_no_budget():
+    """Mid rolling restart that adds SLA_GUARD_TTFT_SLO_S=0.7: one engine has the 0.7 s bucket,
+    the other not yet. Every request takes 0.3 s. Summed per pool, the second engine's requests
+    counted as over the threshold: attainment 50 %, 'violated', the 1-day budget burned 49 times
+    over and kept in the ledger after the rollout."""
+    engines = [_EngineWithBuckets("0.7", engine="0"), Engine(engine="1")]
+    rig = _Scraped(engines, _attainment(0.7), engine_buckets={"ttft": [0.7]})
+    try:
+        for i in range(80):
+            rig.step(i, lambda i, e: [0.3, 0.3])
+        s = _slo(_pool(rig.ev), "ttft_att")
+        assert s.status is Status.UNKNOWN, s
+        assert "e1" in s.reason and "SLA_GUARD_TTFT_SLO_S=0.7" in s.reason
+        ledger = next(iter(rig.ev._ledgers.values()))
+        assert ledger.window(rig.t, 86400) == (0.0, pytest.approx(len(engines[0].sent_ttft), abs=4))
+        # the rollout reaches engine 1 (a restart with the bucket): judged again, on all requests
+        rig.engines[1] = engines[1] = _EngineWithBuckets("0.7", engine="1")
+        rig.servers[1].body = engines[1].exposition
+        for i in range(80, 160):
+            rig.step(i, lambda i, e: [0.3, 0.3])
+        s = _slo(_pool(rig.ev), "ttft_att")
+        assert s.value == 1.0 and s.requests > 100, s
+        errors, total = ledger.window(rig.t, 86400)
+        # no budget spent on the mixed period; only the tick of the restart may read as over (the
+        # new bucket series has no earlier sample, as in PromQL's increase): 2 scrapes of 2 requests
+        assert errors <= 4 and total > 400
+    finally:
+        rig.close()
+
+
+def test_requests_served_while_a_target_could_not_be_scraped_are_counted_when_it_returns():
+    """The engine is overloaded for 3 minutes (longer than staleness_s): its /metrics fails while
+    it serves 72 requests over the threshold, then recovers. Prometheus's increase over the burn
+    windows counts them; the ledger lost them (no sample within the lookback before the gap) and
+    read 100 % of the budget left, 'ok'."""
+    engine = Engine()
+    rig = _Scraped([engine], _attainment(2.5))
+    server = rig.servers[0]
+    try:
+        for i in range(200):
+            server.mode = "error" if 60 <= i < 96 else "ok"
+            rig.step(i, lambda i, e: [9.0, 9.0] if 60 <= i < 96 else [0.3, 0.3])
+        s = _slo(_pool(rig.ev), "ttft_att")
+        slow = sum(1 for x in engine.sent_ttft if x > 2.5)
+        assert slow == 72
+        errors, total = next(iter(rig.ev._ledgers.values())).window(rig.t, 86400)
+        assert errors == slow
+        assert total >= len(engine.sent_ttft) - 4  # all but the requests before the first tick
+        assert s.status is Status.VIOLATED and s.budget_remaining < 0
+    finally:
+        rig.close()
+
+
+def test_target_up_with_stale_samples_makes_the_pool_unknown_not_ok():
+    """Two engines, both scraped fine (up=1); engine 1's page freezes with exposition timestamps
+    (a wedged sidecar cache), so its samples go stale while it serves 9 s TTFTs. The pool's mean
+    was read from engine 0 alone: 0.3 s, 'ok'."""
+    engines = [Engine(engine="0"), Engine(engine="1")]
+    slos = [{"objectives": [{"name": "ttft_mean", "indicator": "ttft", "objective": "mean", "threshold_s": 2.5,
+                             "window": "5m", "min_requests": 5}]}]
+    rig = _Scraped(engines, slos)
+    frozen: list[str] = []
+    rig.servers[1].body = lambda: frozen[0] if frozen else engines[1].exposition()
+    try:
+        for i in range(120):
+            if i == 40:
+                ms = int(rig.t * 1000)
+                frozen.append("".join(f"{line} {ms}\n" if line and not line.startswith("#") else f"{line}\n"
+                                      for line in engines[1].exposition().splitlines()))
+            rig.step(i, lambda i, e: [0.3, 0.3] if e.engine == "0" else [9.0, 9.0])
+        pr = _pool(rig.ev)
+        assert pr.targets_up == 2
+        assert pr.status is Status.UNKNOWN, pr
+        assert "without current ttft data" in pr.reason and "e1" in pr.reason
+        # a fresh page again: judged again (and the slow engine shows)
+        frozen.clear()
+        for i in range(120, 200):
+            rig.step(i, lambda i, e: [0.3, 0.3] if e.engine == "0" else [9.0, 9.0])
+        assert _pool(rig.ev).status is Status.VIOLATED
+    finally:
+        rig.close()
