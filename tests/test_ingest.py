@@ -318,3 +318,31 @@ def test_a_malformed_timestamp_fails_the_scrape_not_the_scraper(ts):
             list(store.instant(UP, {"model": "llama"}, 1005.0).values()) == [0.0]
     finally:
         srv.stop()
+
+
+def test_anything_a_page_makes_the_store_raise_is_a_failed_scrape(monkeypatch):
+    """Whatever a page makes the parser or the store raise (a bare ValueError from the parser did)
+    must not leave the target up with its last samples and no error: the scrape fails, kind
+    internal, the target's data goes stale. The failure is injected into the real store."""
+    e = Engine(model="llama", pool="prefill")
+    e.request(0.2, 0.01)
+    srv = Served(e.exposition)
+    store = SeriesStore()
+    now = [1000.0]
+    scr = Scraper(ScrapeSource(targets=[Target(url=srv.url, model="llama", pool="prefill", name="a")], timeout_s=2),
+                  store, clock=lambda: now[0])
+    try:
+        asyncio.run(scr.collect())
+        assert scr.targets()[0].up
+
+        def boom(*a, **k):
+            raise RuntimeError("a page the store could not take")
+
+        monkeypatch.setattr(store, "ingest_text", boom)
+        now[0] = 1005.0
+        asyncio.run(scr.collect())
+        st = scr.targets()[0]
+        assert not st.up and st.errors == {"internal": 1} and "RuntimeError" in st.last_error
+        assert list(store.instant(UP, {"model": "llama"}, 1005.0).values()) == [0.0]
+    finally:
+        srv.stop()

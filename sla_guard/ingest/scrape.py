@@ -130,7 +130,13 @@ class Scraper:
                 res = self._ingest_router(text, ts, name, target)
             if res.errors.get("parse"):
                 raise ScrapeFailed("parse", "malformed exposition")
-        except ScrapeFailed as err:
+        except Exception as raised:
+            # anything else the page made the parser or store raise is a failed scrape too, not a
+            # target left up with its last data and no error (a bare ValueError once did that)
+            err = raised if isinstance(raised, ScrapeFailed) else ScrapeFailed(
+                "internal", f"{type(raised).__name__}: {raised}")
+            if not isinstance(raised, ScrapeFailed):
+                log.exception("scraping target %s", name)
             st.up = False
             st.last_error = redact_text(f"{err.kind}: {err}")  # httpx errors can quote the URL
             st.errors[err.kind] = st.errors.get(err.kind, 0) + 1
