@@ -58,6 +58,19 @@ def test_generate_check_detects_drift_and_write_fixes_it(tmp_path):
     assert cli([*args, "--check"]) == 1
 
 
+def test_generate_writes_under_the_working_directory_not_into_the_package(tmp_path, monkeypatch):
+    """The defaults were the package's own folders: from a pip install, `sla-guard generate
+    --config mine.yaml` wrote the user's rules into site-packages (and the docs page beside it).
+    They are ./alerts/rules and ./dashboards/json; the doc is written only where a checkout has it."""
+    committed = {p.name: p.read_bytes() for p in RULES_DIR.glob("*.yaml")}
+    monkeypatch.chdir(tmp_path)
+    assert cli(["generate"]) == 0
+    assert {p.name: p.read_bytes() for p in (tmp_path / "alerts" / "rules").glob("*.yaml")} == committed
+    assert list((tmp_path / "dashboards" / "json").glob("*.json")) and not (tmp_path / "docs").exists()
+    assert cli(["generate", "--check"]) == 0
+    assert {p.name: p.read_bytes() for p in RULES_DIR.glob("*.yaml")} == committed
+
+
 @pytest.mark.parametrize("flag", ["--rules-dir", "--dashboards-dir"])
 def test_generate_into_a_file_is_an_error_naming_the_flag(tmp_path, capsys, flag):
     """An output directory that is a regular file was a FileExistsError traceback."""

@@ -10,29 +10,35 @@ from pathlib import Path
 
 from sla_guard.config import ConfigError, GuardConfig, load_config
 
+RULES_DIR, JSON_DIR, DOC_PATH = Path("alerts/rules"), Path("dashboards/json"), Path("docs/dashboards.md")
+
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p = sub.add_parser("generate", help="regenerate dashboards/json and alerts/rules from the contract and SLOs")
     p.add_argument("--config", help="guard configuration whose SLO spec to use (default: built-in SLOs)")
     p.add_argument("--check", action="store_true", help="compare with the files on disk; write nothing")
-    p.add_argument("--rules-dir", type=Path, help="where rule files go (default: alerts/rules)")
-    p.add_argument("--dashboards-dir", type=Path, help="where dashboard JSON goes (default: dashboards/json)")
+    p.add_argument("--rules-dir", type=Path, help="where rule files go (default: ./alerts/rules)")
+    p.add_argument("--dashboards-dir", type=Path, help="where dashboard JSON goes (default: ./dashboards/json)")
     return p
 
 
 def run(args: argparse.Namespace) -> int:
-    from alerts.generate import RULES_DIR, diff, render_rules, write
+    from alerts.generate import diff, render_rules, write
     from alerts.slo_rules import GenerationError
-    from dashboards.docs import DOC_PATH, render_doc
-    from dashboards.generate import JSON_DIR, render_dashboards
+    from dashboards.docs import render_doc
+    from dashboards.generate import render_dashboards
+
+    # relative to the working directory, as the README reads: from a checkout's root these are the
+    # committed files; from a pip install they were the package's own folders in site-packages
+    rules_dir, boards_dir, doc = args.rules_dir or RULES_DIR, args.dashboards_dir or JSON_DIR, DOC_PATH
 
     try:
         config = load_config(args.config) if args.config else GuardConfig()
         boards = render_dashboards(config)
-        outputs = [(render_rules(config), args.rules_dir or RULES_DIR, "*.yaml"),
-                   (boards, args.dashboards_dir or JSON_DIR, "*.json")]
-        if args.dashboards_dir is None and args.config is None:  # the committed doc describes the defaults
-            outputs.append(({DOC_PATH.name: render_doc(boards)}, DOC_PATH.parent, DOC_PATH.name))
+        outputs = [(render_rules(config), rules_dir, "*.yaml"), (boards, boards_dir, "*.json")]
+        if args.dashboards_dir is None and args.config is None and doc.exists():
+            # a checkout's committed doc describes the default dashboards
+            outputs.append(({doc.name: render_doc(boards)}, doc.parent, doc.name))
     except (ConfigError, GenerationError) as err:
         print(err, file=sys.stderr)
         return 2
@@ -49,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
         try:  # an output directory that is a file, or read-only, was a traceback
             written = write(files, out)
         except OSError as err:
-            flag = {args.rules_dir or RULES_DIR: "--rules-dir ", args.dashboards_dir or JSON_DIR: "--dashboards-dir "}
+            flag = {rules_dir: "--rules-dir ", boards_dir: "--dashboards-dir "}
             print(f"{flag.get(out, '')}{out}: cannot write there: {err.strerror or err} "
                   f"({getattr(err, 'filename', None) or out}); name a writable directory", file=sys.stderr)
             return 2
