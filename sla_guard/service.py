@@ -163,7 +163,7 @@ class Guard:
                 errors[ev.name] = f"{type(err).__name__}: {err}"
                 self.metrics[c.GUARD_EVALUATOR_ERRORS].labels(ev.name).inc()
                 log.exception("evaluator %s failed at %.3f", ev.name, now)
-                self._expire_failed(ev, f"evaluator {ev.name} failed: {errors[ev.name]}", now)
+                self._expire(ev, f"evaluator {ev.name} failed: {errors[ev.name]}", now)
         dt = time.perf_counter() - t0
         self.metrics[c.GUARD_EVAL_DURATION].observe(dt)
         store = getattr(self.source, "store", None)
@@ -177,11 +177,11 @@ class Guard:
         return self.last_tick
 
     @staticmethod
-    def _expire_failed(ev: Evaluator, reason: str, now: float) -> None:
-        """An evaluator that raised keeps its previous verdicts, and the ticks around it still
-        complete, so the staleness watchdog never expires them: the advisor kept serving KEDA its
-        last number (and an SLO its last "ok") for as long as it failed. Its ``expire`` turns them
-        unknown (a hold without data: 503 to KEDA) until it evaluates again."""
+    def _expire(ev: Evaluator, reason: str, now: float) -> None:
+        """``ev``'s verdicts unknown (a hold without data: 503 to KEDA) until it evaluates again:
+        the staleness watchdog's, and a failed evaluation's, since an evaluator that raised kept
+        its previous verdicts while the ticks around it completed (the advisor kept serving KEDA
+        its last number, an SLO its last "ok")."""
         expire = getattr(ev, "expire", None)
         if callable(expire):
             try:
@@ -237,12 +237,7 @@ class Guard:
             reason = (f"verdict is stale: last completed evaluation {self.verdict_age(now):.0f}s ago "
                       f"(staleness bound {self.config.staleness_s:g}s)")
             for ev in self.evaluators:
-                expire = getattr(ev, "expire", None)
-                if callable(expire):
-                    try:
-                        expire(reason, now)
-                    except Exception:
-                        log.exception("expiring %s", ev.name)
+                self._expire(ev, reason, now)
             self.expired_at = now
             log.warning("%s", reason)
         return True

@@ -291,6 +291,18 @@ def test_a_sample_its_exporter_stamped_older_than_the_lookback_is_not_a_current_
     assert parse_exposition('old{a="1"} 2 1000\n', oldest_s=now - 60)[1]["stale_timestamp"] == 1
 
 
+
+
+def _one_target(page) -> tuple[Served, SeriesStore, list[float], Scraper]:
+    """A served page, a store, the scraper's settable clock (starts at 1000 s), the scraper."""
+    srv = Served(page)
+    store = SeriesStore()
+    now = [1000.0]
+    scr = Scraper(ScrapeSource(targets=[Target(url=srv.url, model="llama", pool="prefill", name="a")], timeout_s=2),
+                  store, clock=lambda: now[0])
+    return srv, store, now, scr
+
+
 @pytest.mark.parametrize("ts", ["1.2.3", "1e1e", "1-2"])
 def test_a_malformed_timestamp_fails_the_scrape_not_the_scraper(ts):
     """The line pattern admits a timestamp such as "1.2.3"; its float() raised a bare ValueError
@@ -302,11 +314,7 @@ def test_a_malformed_timestamp_fails_the_scrape_not_the_scraper(ts):
     e = Engine(model="llama", pool="prefill")
     e.request(0.2, 0.01)
     bad = [False]
-    srv = Served(lambda: e.exposition() + (f"slaguard_extra 1 {ts}\n" if bad[0] else ""))
-    store = SeriesStore()
-    now = [1000.0]
-    scr = Scraper(ScrapeSource(targets=[Target(url=srv.url, model="llama", pool="prefill", name="a")], timeout_s=2),
-                  store, clock=lambda: now[0])
+    srv, store, now, scr = _one_target(lambda: e.exposition() + (f"slaguard_extra 1 {ts}\n" if bad[0] else ""))
     try:
         asyncio.run(scr.collect())
         assert scr.targets()[0].up
@@ -326,11 +334,7 @@ def test_anything_a_page_makes_the_store_raise_is_a_failed_scrape(monkeypatch):
     internal, the target's data goes stale. The failure is injected into the real store."""
     e = Engine(model="llama", pool="prefill")
     e.request(0.2, 0.01)
-    srv = Served(e.exposition)
-    store = SeriesStore()
-    now = [1000.0]
-    scr = Scraper(ScrapeSource(targets=[Target(url=srv.url, model="llama", pool="prefill", name="a")], timeout_s=2),
-                  store, clock=lambda: now[0])
+    srv, store, now, scr = _one_target(e.exposition)
     try:
         asyncio.run(scr.collect())
         assert scr.targets()[0].up
