@@ -49,6 +49,13 @@ def test_demo_rejects_bad_options(capsys, tmp_path, flag, value, rule):
     assert not (tmp_path / "demo").exists()
 
 
+def test_demo_refuses_a_span_it_cannot_hold(capsys, tmp_path):
+    """--speed 1e9 submitted 9e10 simulated seconds of arrivals up front: a hang while memory grew."""
+    assert main(["demo", "--speed", "1e9", "--no-http", "--quiet", "--out", str(tmp_path / "demo")]) == 2
+    err = capsys.readouterr().err
+    assert "simulated hours" in err and "--speed" in err and not (tmp_path / "demo").exists()
+
+
 @pytest.mark.parametrize("kind", ["a file", "under a file"])
 def test_demo_refuses_an_unusable_out_before_running(capsys, tmp_path, kind):
     """An --out that is a file (or lies under one) was a traceback at the very end, after the whole

@@ -13,6 +13,8 @@ from pathlib import Path
 
 from sla_guard.commands import number
 
+MAX_SIMULATED_S = 24 * 3600.0
+
 
 def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("demo", help="simulated 2P2D deployment with injected faults, guarded live; writes a report",
@@ -78,6 +80,11 @@ def run(args: argparse.Namespace) -> int:
     from sla_guard.sim.traces import TraceError, load_trace
 
     sim_s = args.duration * args.speed
+    if sim_s > MAX_SIMULATED_S:  # the whole span's arrivals are submitted up front: memory grows with it
+        print(f"sla-guard demo: --duration x --speed is {sim_s / 3600:.3g} simulated hours, over the demo's "
+              f"{MAX_SIMULATED_S / 3600:g}; lower --speed or --duration (sla-guard replay runs longer traces)",
+              file=sys.stderr)
+        return 2
     trace_path = args.trace or default_trace()
     try:
         profile = load_profile(args.profile)
