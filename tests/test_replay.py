@@ -78,6 +78,9 @@ def test_replay_bad_input(capsys, tmp_path):
     (["--drain-s", "-1000"], "--drain-s: '-1000': must be a finite number >= 0"),
     (["--max-replicas", "0"], "--max-replicas: '0'"),
     (["--min-replicas", "5", "--max-replicas", "2"], "--min-replicas 5 is over --max-replicas 2"),
+    # the start ran over the limits until the policy first changed that pool
+    (["--prefill", "5", "--max-replicas", "2"], "--prefill 5 is outside --min-replicas 1 .. --max-replicas 2"),
+    (["--gpu-budget", "32"], "the start (2P2D x 16 GPUs = 64) is over --gpu-budget 32"),
     (["--slo-ttft", "2500"], "--slo-ttft: threshold_s 2500 is over 160 s"),  # ms for s: every breach "ok"
     (["--slo-tpot", "20"], "a 20 ms threshold is threshold_s: 0.02"),
 ])

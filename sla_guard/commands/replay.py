@@ -78,6 +78,18 @@ def run(args: argparse.Namespace) -> int:
         print(f"sla-guard replay: --min-replicas {args.min_replicas} is over --max-replicas {args.max_replicas}",
               file=sys.stderr)
         return 2
+    # the start is held to the limits the policy's decisions are held to (it ran over them until
+    # the policy first changed that pool)
+    for flag, n in (("--prefill", args.prefill), ("--decode", args.decode)):
+        if not args.min_replicas <= n <= args.max_replicas:
+            print(f"sla-guard replay: {flag} {n} is outside --min-replicas {args.min_replicas} .. --max-replicas "
+                  f"{args.max_replicas}", file=sys.stderr)
+            return 2
+    start_gpus = (args.prefill + args.decode) * profile.gpus_per_replica
+    if args.gpu_budget is not None and start_gpus > args.gpu_budget:
+        print(f"sla-guard replay: the start ({args.prefill}P{args.decode}D x {profile.gpus_per_replica} GPUs = "
+              f"{start_gpus}) is over --gpu-budget {args.gpu_budget}", file=sys.stderr)
+        return 2
     try:  # the SLO's own checks (a threshold beyond the histograms is in ms, not s)
         from sla_guard.config import SLO, Indicator, Objective
 
