@@ -341,8 +341,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if not a.metrics_url.startswith(("http://", "https://")):
         ap.error(f"--metrics-url must be an http(s) URL, got {a.metrics_url!r}")
     host, _, port = a.listen.rpartition(":")
+    if host.startswith("[") and host.endswith("]"):  # an IPv6 address, written as in a URL: [::1]:9400
+        host = host[1:-1]
     if not host or not port.isdigit() or not 0 < int(port) < 65536:
-        ap.error(f"--listen must be HOST:PORT (e.g. 127.0.0.1:9400), got {a.listen!r}")
+        ap.error(f"--listen must be HOST:PORT (e.g. 127.0.0.1:9400 or [::1]:9400), got {a.listen!r}")
     a.host, a.port = host, int(port)
     if a.pid is not None and not psutil.pid_exists(a.pid):
         ap.error(f"--pid {a.pid}: no such process (pass the vLLM server's PID)")
@@ -362,7 +364,12 @@ def build_registry(a: argparse.Namespace) -> CollectorRegistry:
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     a = parse_args(argv)
-    server, _thread = start_http_server(a.port, addr=a.host, registry=build_registry(a))
+    try:
+        server, _thread = start_http_server(a.port, addr=a.host, registry=build_registry(a))
+    except OSError as err:  # port taken, host not resolvable or not local: say so, not a traceback
+        print(f"sla-guard-sidecar: error: --listen {a.listen}: cannot listen there ({err.strerror or err}); "
+              "pass a free local HOST:PORT", file=sys.stderr)
+        return 2
     log.info("sla-guard-sidecar serving http://%s:%d/metrics for %s (pool=%s)", a.host, a.port, a.metrics_url,
              a.pool)
     stop = threading.Event()

@@ -213,6 +213,42 @@ def test_bad_arguments_name_the_flag(args, flag):
     assert out.returncode == 2 and flag in out.stderr, out.stderr
 
 
+def test_listen_address_in_use_or_unresolvable_names_the_flag_and_ipv6_is_accepted():
+    """A port another process holds (a second sidecar on the node) or a host that does not resolve
+    ended the sidecar with a socket traceback; "[::1]:PORT", the usual way to write an IPv6
+    HOST:PORT, did too ("[::1]" is no host name)."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        busy = f"127.0.0.1:{taken.getsockname()[1]}"
+        for listen in (busy, "no-such-host.invalid:9400"):
+            out = subprocess.run([str(SIDECAR), "--metrics-url", "http://127.0.0.1:1/metrics", "--model", "m",
+                                  "--pool", "decode", "--listen", listen], capture_output=True, text=True, timeout=30)
+            assert out.returncode == 2 and f"--listen {listen}" in out.stderr, out.stderr
+            assert "Traceback" not in out.stderr, out.stderr
+    if not socket.has_ipv6:
+        pytest.skip("no IPv6 on this host")
+    try:
+        with socket.socket(socket.AF_INET6) as probe:
+            probe.bind(("::1", 0))
+    except OSError:
+        pytest.skip("no ::1 on this host")
+    vllm = _FakeVllm()
+    port = _free_port()
+    side = subprocess.Popen([str(SIDECAR), "--metrics-url", vllm.url, "--pool", "decode", "--model", "m",
+                             "--listen", f"[::1]:{port}"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    try:
+        got = _scrape_until(f"http://[::1]:{port}/metrics", lambda s: bool(pick(s, c.REQUEST_TTFT.series("_count"))))
+        assert pick(got, c.REQUEST_TTFT.series("_count"), pool="decode")
+    finally:
+        side.terminate()
+        side.wait(10)
+        vllm.stop()
+
+
 # --- a broken vLLM page reads "unknown", is counted, and never stalls or bloats the sidecar ----
 
 
