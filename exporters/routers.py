@@ -122,7 +122,9 @@ DYNAMO = Adapter("dynamo", c.Route.PD, (
 #   (e2e - TTFT) / (output tokens - 1)); the deprecated inference_objective_* are exposed next to them.
 # inference_objective_*: kubernetes-sigs/gateway-api-inference-extension@a70292c1e00905bcd3412f498df0d5cca6679c33^
 #   pkg/epp/metrics/metrics.go (TTFT/TPOT only from the predicted-latency plugin,
-#   pkg/epp/framework/plugins/requestcontrol/dataproducer/predictedlatency/requestcontrol_hooks.go).
+#   pkg/epp/framework/plugins/requestcontrol/dataproducer/predictedlatency/requestcontrol_hooks.go:
+#   at its default streamingMode=false the "TTFT" is taken at end of stream, i.e. the whole duration,
+#   so it is not mapped; TPOT is recorded in streaming mode only, (e2e - TTFT) is 0 otherwise).
 # inference_model_*: the same repository at 1457f63620cc45d6dcf3fe1b9b6dca191c90307e (the parent of
 #   7108536e "rename inference_model metrics to inference_objective"), pkg/epp/metrics/metrics.go.
 # Go client_golang; HELP texts carry "[ALPHA] ". model_name is the model the client asked for.
@@ -137,8 +139,6 @@ LLM_D = Adapter("llm-d", c.Route.PD, (
     M("llm_d_epp_request_ttft_seconds", c.CLIENT_TTFT, "model_name", (*_NEW, "streaming"), _LLMD,
       where=(("streaming", "=", "true"),),
       note="streamed requests only: for non-streamed ones the EPP records the whole duration as TTFT"),
-    M("inference_objective_request_ttft_seconds", c.CLIENT_TTFT, "model_name", _OLD, _GIE,
-      note="only with the predicted-latency plugin; no streaming label"),
     M("llm_d_epp_request_streaming_tpot_seconds", c.CLIENT_TPOT, "model_name", _NEW, _LLMD),
     M("inference_objective_request_tpot_seconds", c.CLIENT_TPOT, "model_name", _OLD, _GIE,
       note="only with the predicted-latency plugin"),
@@ -153,6 +153,10 @@ LLM_D = Adapter("llm-d", c.Route.PD, (
      "pairs)", "requests are counted on arrival and errors at the end, so ok = total - errors falls whenever an "
      "in-flight request fails, which rate() reads as a counter reset; errors alone would make every ratio 1. "
      "Alert on rate(..._error_total) / rate(..._request_total) directly"),
+    ("inference_objective_request_ttft_seconds", "recorded by the predicted-latency plugin, which at its default "
+     "streamingMode=false records it at the end of the response: the whole duration, streamed or not "
+     "(requestcontrol_hooks.go). The page does not say which mode, and an end-to-end time read as TTFT "
+     "violates a TTFT SLO that clients met; llm_d_epp_request_ttft_seconds{streaming=\"true\"} is the TTFT"),
     ("llm_d_epp_request_ntpot_seconds / inference_objective_normalized_time_per_output_token_seconds",
      "end-to-end time / output tokens includes the TTFT: not TPOT"),
     ("llm_d_epp_request_streaming_itl_seconds", "gaps between response body chunks, not per request"),

@@ -161,6 +161,59 @@ def test_llm_d_old_inference_model_names_summed_over_target_models():
     assert {n for n, _, _ in out} & {c.CLIENT_TTFT.series("_count"), c.CLIENT_TPOT.series("_count")} == set()
 
 
+def _gie_predicted_latency_page(requests: int, duration_s: float) -> str:
+    """A GIE EPP with the predicted-latency plugin at its default streamingMode=false: its
+    inference_objective_request_ttft_seconds is taken at end of stream, so each request's
+    "TTFT" is its whole duration (requestcontrol_hooks.go: "In non-streaming mode, TTFT
+    represents full e2e latency")."""
+    lab = 'model_name="chat",target_model_name="chat"'
+    lines = []
+    for fam in ("inference_objective_request_duration_seconds", "inference_objective_request_ttft_seconds"):
+        lines.append(f"# TYPE {fam} histogram")
+        lines += [f'{fam}_bucket{{{lab},le="{b:g}"}} {requests if duration_s <= b else 0}'
+                  for b in _rebuild().GEN_LAT]
+        lines += [f'{fam}_bucket{{{lab},le="+Inf"}} {requests}', f"{fam}_sum{{{lab}}} {requests * duration_s}",
+                  f"{fam}_count{{{lab}}} {requests}"]
+    return "\n".join(lines) + "\n"
+
+
+def test_predicted_latency_plugin_ttft_is_not_read_as_ttft():
+    """Streamed requests whose first token came at 0.2 s and whose response ended at 8 s: the
+    plugin's deprecated TTFT histogram says 8 s. Mapped as the client TTFT, the guard judged a
+    2 s TTFT mean violated (8.0) that clients met; the page cannot say which mode the plugin
+    runs in, so the TTFT is unknown and the end-to-end latency still maps."""
+    assert not [n for n, _, _ in translate_text(_gie_predicted_latency_page(10, 8.0), "llm-d")
+                if n.startswith(c.CLIENT_TTFT.name)]
+    current = {"text": _gie_predicted_latency_page(0, 8.0)}
+    srv = Served(lambda: current["text"])
+    try:
+        cfg = parse_config({
+            "source": {"mode": "scrape", "timeout_s": 2, "targets": [
+                {"url": srv.url, "pool": "client", "adapter": "llm-d", "name": "epp"}]},
+            "slos": [{"pool": "client", "objectives": [
+                {"name": "ttft_mean", "indicator": "ttft", "objective": "mean", "threshold_s": 2.0,
+                 "window": "90s", "min_requests": 3}]}],
+        })
+        store = SeriesStore()
+        scr = Scraper(cfg.source, store)
+        guard = compose(cfg, source=scr, detectors=False, advisor=False).guard
+
+        async def go():
+            await scr.scrape_target(cfg.source.targets[0], 1000.0)
+            current["text"] = _gie_predicted_latency_page(10, 8.0)
+            await scr.scrape_target(cfg.source.targets[0], 1060.0)
+            await scr.aclose()
+
+        asyncio.run(go())
+        guard.tick(1060.0)
+        res = guard.evaluator("slo").pools[("chat", "client")].slos[0]
+        assert res.status is Status.UNKNOWN and "no current ttft data" in res.reason, res
+        e2e = store.instant(c.CLIENT_E2E.series("_count"), {"pool": "client"}, 1060.0)
+        assert {dict(k)["model"]: v for k, v in e2e.items()} == {"chat": 10}
+    finally:
+        srv.stop()
+
+
 def test_preference_is_per_model():
     """One model already on the new llm_d_epp_* name, another still only on the old one."""
     text = (
@@ -253,12 +306,64 @@ def test_guard_scrapes_a_dynamo_frontend_and_judges_pool_client(monkeypatch, new
         assert all(dict(k)["instance"] == "dynamo-fe" and dict(k)["router"] == "dynamo" and dict(k)["route"] == "pd"
                    for k in counts)
         assert store.instant("dynamo_frontend_time_to_first_token_seconds_count", {}, 1060.0) == {}
-        assert list(store.instant(UP, {"instance": "dynamo-fe"}, 1060.0).values()) == [1.0]
+        # up for each model the router serves (the target's model is no pool of its own)
+        assert {dict(k)["model"]: v for k, v in store.instant(UP, {"instance": "dynamo-fe"}, 1060.0).items()} \
+            == {QWEN: 1.0, LLAMA: 1.0}
         guard.tick(1060.0)
         pr = guard.evaluator("slo").pools[(QWEN, "client")]
         res = pr.slos[0]
         assert res.status is status, res
         assert res.value == pytest.approx(sum(new_ttft) / len(new_ttft))
+    finally:
+        srv.stop()
+
+
+def test_every_model_behind_one_router_is_judged_and_the_targets_model_is_no_phantom_pool(monkeypatch):
+    """A Dynamo frontend serving two models, configured with the default target model: each
+    model's client pool gets its own verdict (``up`` was written under the target's model only,
+    so llama's pool read "no target left ... removed from discovery" and ("default", "client")
+    was a pool without data: the overall verdict unknown for good); a router that goes down
+    takes every one of its models down."""
+    rb = _rebuild()
+    # a client's misspelt model: counted and in flight, never a first token (not a pool to judge)
+    typo = 'dynamo_frontend_inflight_requests{model="lama-3.1-8b"} 0\n'
+    anchor = 'dynamo_frontend_inflight_requests{model="llama-3.1-8b"} 0\n'
+    first = page("dynamo").replace(anchor, anchor + typo)
+    monkeypatch.setitem(rb.DYN_TTFT, "qwen", rb.DYN_TTFT["qwen"] + [0.5, 0.6, 0.7])
+    monkeypatch.setitem(rb.DYN_TTFT, "llama", rb.DYN_TTFT["llama"] + [0.4, 0.5, 0.6])
+    assert first != page("dynamo")
+    current = {"text": first}
+    srv = Served(lambda: current["text"])
+    try:
+        cfg = parse_config({
+            "source": {"mode": "scrape", "timeout_s": 2, "targets": [
+                {"url": srv.url, "pool": "client", "adapter": "dynamo", "name": "dynamo-fe"}]},
+            "slos": [{"pool": "client", "objectives": [
+                {"name": "ttft_mean", "indicator": "ttft", "objective": "mean", "threshold_s": 2.5,
+                 "window": "90s", "min_requests": 3}]}],
+        })
+        scr = Scraper(cfg.source, SeriesStore())
+        guard = compose(cfg, source=scr, detectors=False, advisor=False).guard
+        slo = guard.evaluator("slo")
+
+        async def scrape(t: float) -> None:
+            await scr.scrape_target(cfg.source.targets[0], t)
+            guard.tick(t)
+
+        async def go():
+            await scrape(1000.0)
+            current["text"] = rb.dynamo().replace(anchor, anchor + typo)
+            await scrape(1060.0)
+            got = {k: (r.status, r.reason) for k, r in slo.pools.items()}
+            assert got == {(QWEN, "client"): (Status.OK, ""), (LLAMA, "client"): (Status.OK, "")}, got
+            assert slo.overall() is Status.OK
+            srv.mode = "error"
+            await scrape(1090.0)
+            assert {k: r.reason for k, r in slo.pools.items()} == {
+                (QWEN, "client"): "1 of 1 targets down", (LLAMA, "client"): "1 of 1 targets down"}
+            await scr.aclose()
+
+        asyncio.run(go())
     finally:
         srv.stop()
 

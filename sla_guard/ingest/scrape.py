@@ -47,6 +47,18 @@ class ScrapeFailed(Exception):
         self.kind = kind
 
 
+_INDICATOR_COUNTS = frozenset({c.CLIENT_TTFT.series("_count"), c.CLIENT_TPOT.series("_count")})
+
+
+def _router_models(mapped: list[tuple[str, dict[str, str], float]], fallback: str) -> frozenset[str]:
+    """The models a router's translated page speaks for, for its ``up``: those with TTFT or TPOT
+    data (the SLOs' pools), else any it labels, else the target's own. Not every model label:
+    the EPP's comes from the request body, so a client's misspelt model (a 404 with an e2e time
+    and no first token) would become a pool without data, unknown, holding the verdict."""
+    judged = frozenset(lab["model"] for n, lab, _ in mapped if n in _INDICATOR_COUNTS)
+    return judged or frozenset(lab["model"] for _, lab, _ in mapped) or frozenset({fallback})
+
+
 class Scraper:
     """``Source`` for the embedded mode. ``collect(now)`` scrapes all targets once."""
 
@@ -66,6 +78,8 @@ class Scraper:
             limits=httpx.Limits(max_connections=cfg.concurrency, max_keepalive_connections=cfg.concurrency),
         )
         self._metrics: ContractMetrics | None = None
+        # adapter targets: the models the router's page carried at its last good scrape
+        self._router_models: dict[str, frozenset[str]] = {}
         self.rounds = 0
 
     def bind_metrics(self, metrics: ContractMetrics) -> None:
@@ -77,6 +91,7 @@ class Scraper:
         names = {self._name(t) for t in targets}
         for gone in set(self._state) - names:  # removed from discovery: forget it
             st = self._state.pop(gone)
+            self._router_models.pop(gone, None)
             if self._metrics is not None:
                 with contextlib.suppress(KeyError):
                     self._metrics[c.GUARD_TARGET_UP].remove(st.name, st.model, st.pool)
@@ -167,6 +182,7 @@ class Scraper:
             res.errors["parse"] += 1
             return res
         mapped = translate(samples, target.adapter, default_model=target.model)
+        self._router_models[name] = _router_models(mapped, target.model)
         res = self.store.ingest_samples(mapped, ts, {"instance": name, "pool": target.pool}, group=name,
                                         honor_labels=True)
         if samples and not mapped:
@@ -202,9 +218,14 @@ class Scraper:
             raise ScrapeFailed("http", f"{type(err).__name__}: {err}") from err
 
     def _up(self, name: str, target: Target, ts: float, value: float) -> None:
-        # own group, so the target's staleness marker does not hide its up=0
-        self.store.append(UP, {"instance": name, "model": target.model, "pool": target.pool}, ts, value,
-                          group=name + "#up")
+        """``up`` in the store (own group, so the target's staleness marker does not hide its
+        up=0) for each (model, pool) the target speaks for: a router's page carries its own
+        models, and an ``up`` under the target's model alone made every other model's pool
+        look target-less (unknown, then forgotten) and the target's model a pool without data."""
+        models = self._router_models.get(name) if target.adapter is not None else None
+        for model in sorted(models or (target.model,)):
+            self.store.append(UP, {"instance": name, "model": model, "pool": target.pool}, ts, value,
+                              group=name + "#up")
         if self._metrics is not None:
             self._metrics[c.GUARD_TARGET_UP].labels(name, target.model, target.pool).set(value)
 
