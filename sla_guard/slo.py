@@ -636,8 +636,12 @@ class SLOEvaluator:
         if b and le_count(b, slo.threshold_s) is None:
             h = c.latency_metric(slo.indicator.value, key[1])
             where = "the proxy's start" if key[1] == c.Pool.CLIENT else "engine start"
+            # a router's buckets (Dynamo, llm-d) cannot be set: the boundaries it has are the other fix
+            near = sorted((le for le in b if math.isfinite(le)), key=lambda le: abs(math.log(le / slo.threshold_s))
+                          if le > 0 else math.inf)[:2]
+            alt = f", or judge at a boundary it has ({' or '.join(f'{le:g}s' for le in sorted(near))})" if near else ""
             r.reason = (f"threshold {slo.threshold_s:g}s is not a bucket boundary of {h.name}; "
-                        f"add it at {where} ({h.slo_threshold_env}={slo.threshold_s:g})")
+                        f"add it at {where} ({h.slo_threshold_env}={slo.threshold_s:g}){alt}")
             return r
         lacking = (data.get("lacking") or {}).get(slo.threshold_s)
         if lacking:

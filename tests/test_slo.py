@@ -121,6 +121,8 @@ def test_threshold_not_a_bucket_is_unknown_with_fix():
     _, ev, _ = drive([Engine()], 120, lambda rng, e: [(0.2, 0.01)] * 3, cfg=cfg)
     s = _slo(_pool(ev), "ttft_att")
     assert s.status is Status.UNKNOWN and "SLA_GUARD_TTFT_SLO_S=2.2" in s.reason
+    # the other fix, where the buckets cannot be set (a router's): the boundaries the data has
+    assert "a boundary it has (2s or 2.5s)" in s.reason, s.reason
 
 
 def test_pools_are_separate_and_metrics_exported():
