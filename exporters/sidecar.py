@@ -44,7 +44,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
 from exporters import contract as c
-from exporters.page_read import PageNotText, PageTooLarge, read_page, run_bounded
+from exporters.page_read import ACCEPT_ENCODING, PageNotText, PageTooLarge, read_page, run_bounded
 from exporters.process_collector import families, snapshot_rows
 from exporters.process_sampler import take_snapshot
 
@@ -248,7 +248,8 @@ async def _fetch_page(url: str, timeout_s: float, max_body_bytes: int) -> str:
     and abandoned past ``max_body_bytes`` (an endless page must not grow the sidecar)."""
     try:
         async with (asyncio.timeout(timeout_s),
-                    httpx.AsyncClient(timeout=timeout_s, verify=_SSL, headers={"Accept": ACCEPT}) as client,
+                    httpx.AsyncClient(timeout=timeout_s, verify=_SSL,
+                                      headers={"Accept": ACCEPT, "Accept-Encoding": ACCEPT_ENCODING}) as client,
                     client.stream("GET", url) as resp):
             if resp.status_code != 200:
                 raise FetchFailed("scrape", f"HTTP {resp.status_code}")

@@ -6,6 +6,7 @@ what was recorded, not hard-coded."""
 from __future__ import annotations
 
 import contextlib
+import gzip
 import http.server
 import socket
 import socketserver
@@ -136,6 +137,9 @@ class Served:
                     data = data.encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "text/plain; version=0.0.4")
+                if outer.mode in ("gzip", "gzipped"):  # gzipped: body() is compressed already
+                    data = gzip.compress(data) if outer.mode == "gzip" else data
+                    self.send_header("Content-Encoding", "gzip")
                 if outer.mode != "chunked":
                     self.send_header("Content-Length", str(len(data)))
                 self.end_headers()

@@ -350,3 +350,37 @@ def test_anything_a_page_makes_the_store_raise_is_a_failed_scrape(monkeypatch):
         assert list(store.instant(UP, {"model": "llama"}, 1005.0).values()) == [0.0]
     finally:
         srv.stop()
+
+
+def test_a_gzip_page_is_read_and_a_gzip_bomb_is_too_large_without_being_inflated():
+    """httpx inflates each 64 KiB compressed chunk whole: ~60 KB of gzip became 60 MB in memory
+    before the page limit saw a byte, per target and scrape. The page is inflated within the limit
+    now; an ordinary gzip page reads as before."""
+    import gzip
+    import tracemalloc
+
+    e = Engine(model="llama", pool="prefill")
+    e.request(0.2, 0.01)
+    srv = Served(e.exposition)
+    srv.mode = "gzip"
+    store = SeriesStore()
+    scr = Scraper(ScrapeSource(targets=[Target(url=srv.url, model="llama", pool="prefill", name="a")],
+                               timeout_s=10, max_body_bytes=1 << 20), store, clock=lambda: 1000.0)
+    try:
+        asyncio.run(scr.collect())
+        st = scr.targets()[0]
+        assert st.up and st.samples > 10, st.last_error
+        bomb = gzip.compress(b"\n" * 60_000_000)
+        assert len(bomb) < 100_000
+        srv.body, srv.mode = (lambda: bomb), "gzipped"
+        tracemalloc.start()
+        try:
+            asyncio.run(scr.collect())
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        st = scr.targets()[0]
+        assert not st.up and st.errors.get("too_large") == 1, st.errors
+        assert peak < 20 << 20, f"{peak / 2**20:.0f} MiB held for a page limited to 1 MiB"
+    finally:
+        srv.stop()

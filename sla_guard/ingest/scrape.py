@@ -25,7 +25,7 @@ from collections.abc import Callable
 import httpx
 
 from exporters import contract as c
-from exporters.page_read import PageNotText, PageTooLarge, read_page
+from exporters.page_read import ACCEPT_ENCODING, PageNotText, PageTooLarge, read_page
 from exporters.prometheus import ContractMetrics
 from exporters.routers import translate
 from sla_guard.config import ScrapeSource as ScrapeConfig
@@ -74,7 +74,7 @@ class Scraper:
         self._state: dict[str, TargetState] = {}
         self._sem = asyncio.Semaphore(cfg.concurrency)
         self._client = httpx.AsyncClient(
-            transport=transport, headers={"Accept": ACCEPT}, follow_redirects=False,
+            transport=transport, headers={"Accept": ACCEPT, "Accept-Encoding": ACCEPT_ENCODING}, follow_redirects=False,
             limits=httpx.Limits(max_connections=cfg.concurrency, max_keepalive_connections=cfg.concurrency),
         )
         self._metrics: ContractMetrics | None = None
