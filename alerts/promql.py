@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from prometheus_client.utils import floatToGoString
 
 from exporters.contract import Kind, Metric
+from exporters.label_text import any_of_literal
 
 HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
 
@@ -19,6 +20,15 @@ HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
 def le(threshold: float) -> str:
     """The ``le`` label value prometheus_client writes for a bucket bound (2.5 -> "2.5", 5 -> "5.0")."""
     return floatToGoString(float(threshold))
+
+
+def le_matcher(threshold: float) -> str:
+    """Matcher for the bucket whose bound is ``threshold``, in every spelling exporters write:
+    prometheus_client "2.0", Go and Rust clients (the routers: llm-d, Dynamo) "2". Prometheus 2.x
+    stores ``le`` as scraped, so ``le="2.0"`` never matched a router's bucket and its client-scope
+    SLO recorded nothing and never alerted (the guard reads both spellings)."""
+    spellings = {le(threshold), f"{threshold:g}", repr(float(threshold))}
+    return f'le="{le(threshold)}"' if len(spellings) == 1 else f"le=~{any_of_literal(spellings)}"
 
 
 def series(metric: Metric, suffix: str = "", matchers: Sequence[str] = ()) -> str:
@@ -72,10 +82,20 @@ def quantile(q: float, metric: Metric, window: str, labels: Sequence[str], match
 
 def share_at_or_below(metric: Metric, threshold: float, window: str, labels: Sequence[str],
                       matchers: Sequence[str] = ()) -> str:
-    """Share of observations <= threshold (an attainment SLI); the threshold must be a bucket bound."""
-    good = sum_by(labels, rate(metric, window, "_bucket", (*matchers, f'le="{le(threshold)}"')))
-    return ratio(good, sum_by(labels, rate(metric, window, "_count", matchers)))
+    """Share of observations <= threshold (an attainment SLI); the threshold must be a bucket bound.
+
+    Only series that have that bucket count in the denominator (``and ignoring (le)``): an engine
+    started without the threshold bucket (mid rolling restart to new SLA buckets) would otherwise
+    add its requests to the total and none to the good ones, every one of them an error (two
+    engines, one without the bucket: 50 % errors and a page), as the guard keeps them out too."""
+    at = (*matchers, le_matcher(threshold))
+    good = sum_by(labels, rate(metric, window, "_bucket", at))
+    total = sum_by(labels, f"{rate(metric, window, '_count', matchers)} and ignoring (le) "
+                           f"{rate(metric, window, '_bucket', at)}")
+    return ratio(good, total)
 
 
-def has_bucket(metric: Metric, threshold: float) -> bool:
-    return any(abs(b - threshold) < 1e-12 for b in metric.buckets)
+def has_bucket(metric: Metric, threshold: float, extra: Sequence[float] = ()) -> bool:
+    """``threshold`` is a bucket bound of ``metric``: a contract bucket, or one of ``extra`` (the
+    config's ``engine_buckets``, which the engines add through ``SLA_GUARD_*_SLO_S``)."""
+    return any(abs(b - threshold) < 1e-12 for b in (*metric.buckets, *extra))

@@ -90,13 +90,20 @@ def set_matchers(sets: Sequence[SLOSet], i: int) -> list[str]:
     return pos
 
 
+def window_name(window: str) -> str:
+    """A window as recording-rule names and PromQL ranges can spell it: the config accepts
+    '1.5h', but ``...:rate1.5h`` is no metric name and ``[1.5h]`` no range (Prometheus refused
+    the whole rule file); '90m' is both."""
+    return fmt_duration(parse_duration(window))
+
+
 def _windows(slo: SLO) -> list[str]:
     if slo.objective is Objective.ATTAINMENT:
         out: list[str] = []
         for row in burn_rules(parse_duration(slo.period)):
             out += [row.long, row.short]
         return sorted(set(out), key=parse_duration)
-    return [slo.window]
+    return [window_name(slo.window)]
 
 
 def set_label(s: SLOSet) -> str:
@@ -172,14 +179,15 @@ def slo_alert_rules(slo: SLO, own: dict[str, str], matchers: list[str], p: RuleP
                              f"budget is gone in {row.long}."),
                 runbook="slaguarderrorbudgetburn"))
         return out
+    w = window_name(slo.window)
     if slo.objective is Objective.MEAN:
-        name, rec, sev, what = f"SlaGuard{ind}MeanHigh", f"model_pool_slo:sli_latency_seconds:mean{slo.window}", \
+        name, rec, sev, what = f"SlaGuard{ind}MeanHigh", f"model_pool_slo:sli_latency_seconds:mean{w}", \
             "critical", f"Mean {ind}"
     else:
         pct = f"p{round((slo.percentile or 0) * 100):g}"
         name, rec, sev, what = f"SlaGuard{ind}PercentileHigh", \
-            f"model_pool_slo:sli_latency_seconds:quantile{slo.window}", "warning", f"{pct} {ind}"
-    expr = f"{_sel(rec, own, matchers)} > {slo.threshold_s:g}\n{_traffic_guard(slo, own, slo.window, matchers, p)}"
+            f"model_pool_slo:sli_latency_seconds:quantile{w}", "warning", f"{pct} {ind}"
+    expr = f"{_sel(rec, own, matchers)} > {slo.threshold_s:g}\n{_traffic_guard(slo, own, w, matchers, p)}"
     return [p.alert(
         name, expr, sev, for_=p.slo_for, labels=dict(own),
         summary=f"{scope}: {what} {{{{ $value | humanizeDuration }}}} breaches the SLA of {thr}",
@@ -206,6 +214,12 @@ def data_stale_alert(slo: SLO, own: dict[str, str], matchers: list[str], p: Rule
         runbook="slaguarddatastale")
 
 
+def engine_buckets(config: GuardConfig, slo: SLO) -> list[float]:
+    """Bucket bounds the config declares the engines (and the proxy) were started with for the
+    SLO's indicator: the guard accepts an attainment threshold there, so the rules must too."""
+    return list(getattr(config.engine_buckets, slo.indicator.value))
+
+
 def slo_groups(config: GuardConfig, p: RuleParams) -> list[dict]:
     """One group per SLO set: its recording rules first, then the alerts that read them. Rules
     of one group run in order at each evaluation; separate groups run in no fixed order (in
@@ -217,11 +231,13 @@ def slo_groups(config: GuardConfig, p: RuleParams) -> list[dict]:
         records, alerts = [], []
         for slo in sset.objectives:
             metric = c.latency_metric(slo.indicator.value, sset.pool)
-            if slo.objective is Objective.ATTAINMENT and not q.has_bucket(metric, slo.threshold_s):
+            if slo.objective is Objective.ATTAINMENT and not q.has_bucket(metric, slo.threshold_s,
+                                                                          engine_buckets(config, slo)):
                 raise GenerationError(
                     f"slos[{i}] objective {slo.name!r}: threshold_s {slo.threshold_s} is not a bucket of "
-                    f"{metric.name}; start the engines with {metric.slo_threshold_env}={slo.threshold_s} and add it "
-                    "to the contract buckets, or pick one of " + ", ".join(f"{b:g}" for b in metric.buckets))
+                    f"{metric.name}; start the engines with {metric.slo_threshold_env}={slo.threshold_s} and declare "
+                    f"it as engine_buckets: {{{slo.indicator.value}: [{slo.threshold_s:g}]}}, or pick one of "
+                    + ", ".join(f"{b:g}" for b in metric.buckets))
             own = own_labels(slo, sset)
             records += slo_recording_rules(slo, own, matchers, p, sset.pool)
             alerts += slo_alert_rules(slo, own, matchers, p)
@@ -230,4 +246,4 @@ def slo_groups(config: GuardConfig, p: RuleParams) -> list[dict]:
     return groups
 
 
-__all__ = ["GenerationError", "fmt_duration", "own_labels", "set_label", "set_matchers", "slo_groups"]
+__all__ = ["GenerationError", "fmt_duration", "own_labels", "set_label", "set_matchers", "slo_groups", "window_name"]

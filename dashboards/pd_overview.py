@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from alerts import promql as pq
+from alerts.slo_rules import window_name
 from dashboards.common import GUARD_SEL, RATE, Panels, dashboard, mean_slo, q, sel, slo_thresholds
 from dashboards.latency import mean_and_percentiles
 from exporters import contract as c
@@ -54,7 +55,7 @@ def build(config: GuardConfig) -> dict:
                w=12, text_name=True,
                colors=[(".*violated", "red"), (".*at_risk", "orange"), (".*unknown", "text"), (".*: ok", "green")])
         for slo, metric, title in ((ttft_mean, c.REQUEST_TTFT, "Mean TTFT"), (tpot_mean, c.REQUEST_TPOT, "Mean TPOT")):
-            window = slo.window if slo else "5m"
+            window = window_name(slo.window) if slo else "5m"  # '1.5h' is no PromQL range
             p.stat(f"{title} ({window}) per pool", f"Request-weighted mean over {window}; red above the SLA.",
                    [q(pq.mean(metric, window, ["pool"], s), "{{pool}}", instant=True)], "s",
                    thresholds=[slo.threshold_s] if slo else ())
@@ -75,12 +76,11 @@ def build(config: GuardConfig) -> dict:
              [q(pq.sum_by(["pool", "reason"], pq.rate(c.REQUESTS_FINISHED, RATE, matchers=s)), "{{pool}} {{reason}}")],
              "reqps", w=8)
         good = [q(pq.series(c.GUARD_GOODPUT, matchers=GUARD_SEL), "{{pool}} goodput (guard)")]
-        if ttft_mean:
-            good.append(q(pq.share_at_or_below(c.REQUEST_TTFT, ttft_mean.threshold_s, RATE, ["pool"], s),
-                          f"{{{{pool}}}} TTFT <= {ttft_mean.threshold_s:g}s"))
-        if tpot_mean:
-            good.append(q(pq.share_at_or_below(c.REQUEST_TPOT, tpot_mean.threshold_s, RATE, ["pool"], s),
-                          f"{{{{pool}}}} TPOT <= {tpot_mean.threshold_s:g}s"))
+        for slo, metric in ((ttft_mean, c.REQUEST_TTFT), (tpot_mean, c.REQUEST_TPOT)):
+            # a mean threshold need not be a bucket bound: le="1.8" matches no series, a line never drawn
+            if slo and pq.has_bucket(metric, slo.threshold_s, getattr(config.engine_buckets, slo.indicator.value)):
+                good.append(q(pq.share_at_or_below(metric, slo.threshold_s, RATE, ["pool"], s),
+                              f"{{{{pool}}}} {slo.indicator.value.upper()} <= {slo.threshold_s:g}s"))
         p.ts("Goodput", "Share of requests meeting both TTFT and TPOT thresholds (guard), and the share "
              "within each threshold from the histogram buckets.", good, "percentunit", w=24)
 

@@ -313,3 +313,112 @@ def test_model_names_are_quoted_and_regex_escaped_in_the_rules(tmp_path):
         sort_keys=False))
     r = subprocess.run(["promtool", "test", "rules", "t.yaml"], capture_output=True, text=True, cwd=tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def _promtool_test(tmp_path: Path, rule_files: dict[str, str], series: list[dict],
+                   tests: dict) -> subprocess.CompletedProcess:
+    """``promtool test rules`` of ``rule_files`` (name -> text) over ``series``, one test group."""
+    for name, text in rule_files.items():
+        (tmp_path / name).write_text(text)
+    (tmp_path / "t.yaml").write_text(yaml.safe_dump({"rule_files": list(rule_files), "evaluation_interval": "1m",
+                                                     "tests": [{"interval": "1m", "input_series": series, **tests}]},
+                                                    sort_keys=False))
+    return subprocess.run(["promtool", "test", "rules", "t.yaml"], capture_output=True, text=True, cwd=tmp_path)
+
+
+@needs_promtool
+def test_an_engine_without_the_threshold_bucket_is_left_out_of_the_error_ratio(tmp_path):
+    """Mid rolling restart to new SLA buckets: d1 has no le="2.5" bucket. Its requests were in the
+    total and in none of the good ones (every one an error): 50 % errors and all four burn alerts
+    on a pool whose measured requests all met the SLA. The guard leaves such an engine out; so do
+    the rules now (ratio 0, nothing fires)."""
+    lab = 'model="m",pool="decode",engine="0",job="vllm",instance="{}"'
+    name = c.REQUEST_TTFT.series
+    series = [{"series": f"{name(part)}{{{lab.format(inst)}{le}}}", "values": "0+100x200"}
+              for inst, les in (("d0", ("2.5", "+Inf")), ("d1", ("3.0", "+Inf")))
+              for part, le in [("_count", ""), *(("_bucket", f',le="{x}"') for x in les)]]
+    ratio = "model_pool_slo:sli_error:ratio_rate1h"
+    r = _promtool_test(tmp_path, {"slo.yaml": render_rules()["slo.yaml"]}, series, {
+        "promql_expr_test": [{"expr": ratio, "eval_time": "150m", "exp_samples": [
+            {"labels": f'{ratio}{{model="m",pool="decode",slo="ttft_attainment",slo_set="*/*"}}', "value": 0}]}],
+        "alert_rule_test": [{"eval_time": "150m", "alertname": "SlaGuardErrorBudgetBurn", "exp_alerts": []}]})
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+@needs_promtool
+def test_client_slo_reads_a_router_bucket_spelled_the_go_way(tmp_path):
+    """llm-d's endpoint picker (a Go client) writes le="2", prometheus_client le="2.0"; Prometheus
+    2.x keeps ``le`` as scraped. A client-scope TTFT attainment SLO at 2 s matched only "2.0": it
+    recorded nothing and never alerted while 10 % of requests missed it (burn 10x, page at 3.36x).
+    The rules now match every spelling, through the router recording rules as deployed."""
+    config = parse_config({"slos": [{"pool": "client", "objectives": [
+        {"name": "ttft_att", "indicator": "ttft", "objective": "attainment", "threshold_s": 2, "target": 0.99,
+         "period": "7d"}]}]})
+    files = render_rules(config)
+    lab = ('model_name="llama",target_model_name="llama",fairness_id="f",priority="0",streaming="true",'
+           'instance="epp0",job="epp"')
+    series = [{"series": f'llm_d_epp_request_ttft_seconds_bucket{{{lab},le="{le}"}}', "values": f"0+{n}x120"}
+              for le, n in (("1", 50), ("2", 90), ("3", 100), ("+Inf", 100))]
+    series += [{"series": f"llm_d_epp_request_ttft_seconds_{part}{{{lab}}}", "values": v}
+               for part, v in (("count", "0+100x120"), ("sum", "0+150x120"))]
+    ratio = "model_pool_slo:sli_error:ratio_rate1h"
+    r = _promtool_test(tmp_path, {"routers.yaml": files["routers.yaml"], "slo.yaml": files["slo.yaml"]}, series, {
+        "promql_expr_test": [
+            {"expr": f"round({ratio}, 0.001)", "eval_time": "90m", "exp_samples": [
+                {"labels": '{model="llama",pool="client",slo="ttft_att",slo_set="*/client"}', "value": 0.1}]},
+            {"expr": 'count by (severity) (ALERTS{alertname="SlaGuardErrorBudgetBurn",alertstate="firing"})',
+             "eval_time": "90m", "exp_samples": [{"labels": '{severity="critical"}', "value": 2},
+                                                 {"labels": '{severity="warning"}', "value": 2}]}]})
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+@needs_promtool
+def test_generate_accepts_a_threshold_declared_in_engine_buckets(tmp_path, capsys):
+    """The guard accepts an attainment threshold the config declares in engine_buckets (its own
+    error says to declare it there); `generate --config` refused the same file ("add it to the
+    contract buckets", i.e. edit the source) and no rules could be made for it."""
+    cfg = tmp_path / "guard.yaml"
+    cfg.write_text("source: {targets: [{url: 'http://127.0.0.1:9/metrics', model: m, pool: decode, name: d0}]}\n"
+                   "engine_buckets: {ttft: [1.2]}\n"
+                   "slos:\n- pool: decode\n  objectives:\n"
+                   "  - {name: ttft_fast, indicator: ttft, objective: attainment, threshold_s: 1.2, target: 0.99}\n")
+    out = tmp_path / "r"
+    assert cli(["generate", "--config", str(cfg), "--rules-dir", str(out),
+                "--dashboards-dir", str(tmp_path / "d")]) == 0, capsys.readouterr().err
+    assert 'le="1.2"' in (out / "slo.yaml").read_text()
+    r = subprocess.run(["promtool", "check", "rules", "--lint=all", "--lint-fatal",
+                        *map(str, sorted(out.glob("*.yaml")))], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+    cfg.write_text(cfg.read_text().replace("engine_buckets: {ttft: [1.2]}\n", ""))
+    assert cli(["generate", "--config", str(cfg), "--check"]) == 2
+    assert "engine_buckets: {ttft: [1.2]}" in capsys.readouterr().err
+
+
+@needs_promtool
+def test_fractional_slo_windows_generate_rules_prometheus_loads(tmp_path):
+    """The guard accepts window '1.5h'; the rules recorded ``...:mean1.5h`` (no metric name) and
+    ranged over ``[1.5h]`` (no PromQL duration), so Prometheus refused the whole slo.yaml and no
+    SLO alert was loaded; the P/D overview's mean stat was a parse error too. Windows are now
+    spelled '90m': promtool lints the files, the alert fires, and the stat's query evaluates."""
+    cfg = tmp_path / "guard.yaml"
+    cfg.write_text("source: {targets: [{url: 'http://127.0.0.1:9/metrics', model: m, pool: decode, name: d0}]}\n"
+                   "slos:\n- objectives:\n"
+                   "  - {name: ttft_mean, indicator: ttft, objective: mean, threshold_s: 2.5, window: 1.5h}\n"
+                   "  - {name: ttft_p90, indicator: ttft, objective: percentile, percentile: 0.9, threshold_s: 5,"
+                   " window: 2.5m}\n")
+    rules, boards = tmp_path / "r", tmp_path / "d"
+    assert cli(["generate", "--config", str(cfg), "--rules-dir", str(rules), "--dashboards-dir", str(boards)]) == 0
+    r = subprocess.run(["promtool", "check", "rules", "--lint=all", "--lint-fatal",
+                        *map(str, sorted(rules.glob("*.yaml")))], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+    board = yaml.safe_load((boards / "sla-guard-pd-overview.json").read_text())
+    stat = next(p for p in board["panels"] if p["title"].startswith("Mean TTFT"))["targets"][0]["expr"]
+    lab = 'model="m",pool="decode",engine="0",instance="d0",job="vllm"'
+    series = [{"series": f"{c.REQUEST_TTFT.series(part)}{{{lab}}}", "values": v}
+              for part, v in (("_count", "0+60x120"), ("_sum", "0+180x120"))]
+    r = _promtool_test(tmp_path, {"slo.yaml": (rules / "slo.yaml").read_text()}, series, {
+        "promql_expr_test": [{"expr": re.sub(r'=~"\$\w+"', '=~".*"', stat), "eval_time": "100m",
+                              "exp_samples": [{"labels": '{pool="decode"}', "value": 3}]},
+                             {"expr": 'count(ALERTS{alertname="SlaGuardTTFTMeanHigh",alertstate="firing"})',
+                              "eval_time": "100m", "exp_samples": [{"labels": "{}", "value": 1}]}]})
+    assert r.returncode == 0, r.stdout + r.stderr

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
+import subprocess
 
 import pytest
 
@@ -114,3 +116,32 @@ def test_dashboards_doc_is_regenerated_exactly():
     assert DOC_PATH.read_text() == doc
     for b in BOARDS.values():
         assert f"## {b['title']}" in doc and all(e in doc for e in exprs(b))
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool missing: run scripts/setup.sh --full")
+def test_goodput_draws_only_lines_a_bucket_can_answer(tmp_path):
+    """A mean SLO's threshold need not be a bucket bound (the guard accepts mean TTFT 1.8 s); the
+    Goodput panel still drew "TTFT <= 1.8s" from le="1.8", a series no engine has: a line that was
+    never there. Each share line is drawn only for a contract bucket or one in engine_buckets, and
+    every line drawn returns data over engines exposing those buckets (promtool's PromQL engine)."""
+    def goodput(config: GuardConfig) -> list[dict]:
+        board = json.loads(render_dashboards(config)["sla-guard-pd-overview.json"])
+        return next(p for p in board["panels"] if p["title"] == "Goodput")["targets"]
+
+    objectives = [SLO(name="ttft_mean", indicator="ttft", objective="mean", threshold_s=1.8),
+                  SLO(name="tpot_mean", indicator="tpot", objective="mean", threshold_s=0.018)]
+    assert [t["legendFormat"] for t in goodput(GuardConfig(slos=[SLOSet(objectives=objectives)]))] == [
+        "{{pool}} goodput (guard)"]
+    declared = GuardConfig(slos=[SLOSet(objectives=objectives)], engine_buckets={"ttft": [1.8]})
+    shares = [t for t in goodput(declared) if "_bucket" in t["expr"]]
+    assert [t["legendFormat"] for t in shares] == ["{{pool}} TTFT <= 1.8s"]
+    lab = 'model="m",pool="decode",engine="0",instance="d0",job="vllm"'
+    series = [{"series": f'{c.REQUEST_TTFT.series("_bucket")}{{{lab},le="{le}"}}', "values": f"0+{n}x10"}
+              for le, n in (("1.8", 50), ("+Inf", 100))]
+    series.append({"series": f'{c.REQUEST_TTFT.series("_count")}{{{lab}}}', "values": "0+100x10"})
+    tests = [{"expr": re.sub(r"\$__rate_interval", "5m", re.sub(r'=~"\$\w+"', '=~".*"', t["expr"])),
+              "eval_time": "10m", "exp_samples": [{"labels": '{pool="decode"}', "value": 0.5}]} for t in shares]
+    (tmp_path / "t.yaml").write_text(json.dumps({"evaluation_interval": "1m", "tests": [
+        {"interval": "1m", "input_series": series, "promql_expr_test": tests}]}))
+    r = subprocess.run(["promtool", "test", "rules", "t.yaml"], capture_output=True, text=True, cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
