@@ -48,10 +48,12 @@ class KvTransferBatch:
                     or any(self.failures.values()) or self.expired or self.late_notifications or self.bad)
 
 
-def _numbers(value: Any) -> list[float]:
+def _numbers(value: Any) -> list[Any]:
+    """Numbers as floats; any other entry (a string, None) is kept as it is, so that the recorder's
+    histogram refuses and counts it (hook_errors{kind="bad_observation"}) instead of it vanishing."""
     if not isinstance(value, list | tuple):
         return []
-    return [float(v) for v in value if isinstance(v, int | float) and not isinstance(v, bool)]
+    return [float(v) if isinstance(v, int | float) else v for v in value if not isinstance(v, bool)]
 
 
 _INF = float("inf")
@@ -59,15 +61,20 @@ _INF = float("inf")
 
 def _count(value: Any) -> tuple[int, int]:
     """(events, refused): event lists hold one entry (normally 1) per event; a bare number is taken
-    as a count. Entries that are not finite numbers >= 0 are refused, not summed."""
+    as a count. Entries that are not finite numbers >= 0 are refused, not summed; that includes a
+    string or None in a list (``["1"]`` was a failure that vanished without a count). An absent key
+    (None) is no event."""
+    if value is None:
+        return 0, 0
     values = value if isinstance(value, list | tuple) else (value,)
     n = bad = 0
     for v in values:
-        if isinstance(v, int | float) and not isinstance(v, bool):
-            if 0 <= v < _INF:
-                n += v
-            else:
-                bad += 1
+        if isinstance(v, bool):
+            continue
+        if isinstance(v, int | float) and 0 <= v < _INF:
+            n += v
+        else:
+            bad += 1
     return int(n), bad
 
 

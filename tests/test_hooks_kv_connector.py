@@ -62,3 +62,18 @@ def test_malformed_event_counts_are_refused_not_summed():
     assert b.expired == 0 and b.bad == 4
     (only_bad,) = parse_kv_connector_stats({"transfer_duration": [], "num_failed_transfers": [-1]})
     assert only_bad.bad == 1  # not dropped as empty: the refusal must still be counted
+
+
+def test_non_number_entries_are_counted_not_dropped_without_a_word():
+    """Strings and None inside NIXL's lists: a failure ["1"] vanished (no failure, no hook error)
+    and durations ["0.5", None] were filtered before the histogram that counts refused values."""
+    reg = CollectorRegistry()
+    rec = EngineRecorder(ContractMetrics(reg), "m", "decode", 0)
+    (b,) = parse_kv_connector_stats({"transfer_duration": [0.01, "0.5", None], "num_failed_transfers": ["1"],
+                                     "num_kv_expired_reqs": [None, 1]})
+    assert b.bad == 2 and b.expired == 1 and b.failures["transfer"] == 0
+    rec.kv_transfer(b.durations, b.post_durations, b.nbytes, b.descriptors, b.failures, b.expired,
+                    b.late_notifications)
+    text = generate_latest(reg).decode()
+    assert f'{c.KV_XFER_DURATION.series("_count")}{{engine="0",model="m",pool="decode"}} 1.0' in text
+    assert f'{c.HOOK_ERRORS.series()}{{kind="bad_observation",model="m",pool="decode"}} 2.0' in text
