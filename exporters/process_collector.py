@@ -173,7 +173,8 @@ def snapshot_rows(snaps: Iterable[Snapshot], model: str, pool: str, dp_size: int
         if s.gc_frozen is not None:
             yield c.PROCESS_GC_FROZEN, labels, float(s.gc_frozen)
         yield c.PROCESS_THREADS, labels, float(s.threads)
-        yield c.PROCESS_OPEN_FDS, labels, float(s.fds)
+        if s.fds is not None:  # unreadable: absent (unknown), not 0
+            yield c.PROCESS_OPEN_FDS, labels, float(s.fds)
         yield c.PROCESS_INFO, (*labels, str(s.pid), f"{s.start_time:.0f}"), 1.0
         if census and s.pid in census:
             yield from census_rows(census[s.pid], labels)

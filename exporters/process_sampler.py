@@ -28,7 +28,7 @@ import os
 import re
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Self
@@ -40,6 +40,7 @@ log = logging.getLogger("sla_guard.process_sampler")
 ENV_RUN_DIR = "SLA_GUARD_RUN_DIR"
 ENV_INTERVAL = "SLA_GUARD_SAMPLE_INTERVAL_S"
 DEFAULT_INTERVAL_S = 5.0
+MAX_INTERVAL_S = 3600.0  # longer is cut to this (see seconds_from_env)
 SNAPSHOT_PREFIX = "proc-"
 CENSUS_PREFIX = "census-"  # engine_hooks/census.py writes census-<pid>.json beside the snapshots
 
@@ -73,7 +74,7 @@ class Snapshot:
     gc_collections: list[int] = field(default_factory=list)  # per generation, self only
     gc_frozen: int | None = None
     threads: int = 0
-    fds: int = 0
+    fds: int | None = 0  # None: not readable (another user's process: /proc/<pid>/fd needs ptrace access)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), separators=(",", ":"))
@@ -175,7 +176,10 @@ def take_snapshot(pid: int | None = None, api_server: bool | None = None,
     with proc.oneshot():
         rss = proc.memory_info().rss
         threads = proc.num_threads()
-        fds = proc.num_fds()
+        try:  # RSS and the rest are world-readable; a sidecar running as another user must still get them
+            fds: int | None = proc.num_fds()
+        except psutil.AccessDenied:
+            fds = None
         ppid = proc.ppid()
         start = proc.create_time()
         title = _own_title() if own else " ".join(proc.cmdline())
@@ -202,13 +206,31 @@ def write_snapshot(run_dir: Path, snap: Snapshot) -> Path:
     return path
 
 
-def interval_from_env(env: dict[str, str] | None = None) -> float:
+def seconds_from_env(name: str, default: float, maximum: float, env: Mapping[str, str] | None = None) -> float:
+    """A period in seconds from ``env[name]``: ``default`` unless it is a finite number > 0, at most
+    ``maximum``; an ignored or cut value is logged naming the variable (a hook cannot refuse to start).
+    Why bounded: ``Event.wait()`` raises OverflowError past ~1e9 s, so ``inf`` or ``1e10`` killed the
+    sampler's and the flush thread after their first round, and an infinite sample interval made the
+    staleness limit (6 intervals) infinite: the one snapshot taken was exported as current for ever."""
     env = os.environ if env is None else env
+    raw = env.get(name)
+    if raw is None:
+        return default
     try:
-        v = float(env.get(ENV_INTERVAL, DEFAULT_INTERVAL_S))
+        v = float(raw)
     except ValueError:
-        return DEFAULT_INTERVAL_S
-    return v if v > 0 else DEFAULT_INTERVAL_S
+        v = math.nan
+    if not (math.isfinite(v) and v > 0):
+        log.warning("%s=%r is not a number of seconds > 0; using %g", name, raw, default)
+        return default
+    if v > maximum:
+        log.warning("%s=%r is above the limit; using %g", name, raw, maximum)
+        return maximum
+    return v
+
+
+def interval_from_env(env: Mapping[str, str] | None = None) -> float:
+    return seconds_from_env(ENV_INTERVAL, DEFAULT_INTERVAL_S, MAX_INTERVAL_S, env)
 
 
 class BackgroundLoop:

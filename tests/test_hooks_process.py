@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -20,7 +21,9 @@ from exporters import contract as c
 from exporters.process_collector import MultiprocessMirror, SnapshotCollector, read_snapshots
 from exporters.process_sampler import (
     FreezeCount,
+    ProcessSampler,
     classify_title,
+    interval_from_env,
     parse_proc_status,
     take_snapshot,
     write_snapshot,
@@ -222,3 +225,54 @@ print(json.dumps({"values": sorted(set(values)), "truth": gc.get_freeze_count(),
     got = json.loads(out)
     assert got["values"] == [got["truth"]] and got["truth"] >= 2_000_000, got
     assert got["walks"] <= (5 if got["cost"] >= 0.001 else 60), got
+
+
+@pytest.mark.parametrize("value", ["inf", "1e10"])
+def test_infinite_or_huge_sample_interval_keeps_the_sampler_alive_and_its_snapshot_ageing(tmp_path, value):
+    """SLA_GUARD_SAMPLE_INTERVAL_S=inf (or 1e10): Event.wait() raised OverflowError after the first
+    sample, the thread died, and the staleness limit (6 intervals) was infinite, so that one snapshot
+    was exported as the process's current RSS for ever. Now bounded: the thread lives, the file ages."""
+    interval = interval_from_env({"SLA_GUARD_SAMPLE_INTERVAL_S": value})
+    assert 0 < interval <= 3600
+    sampler = ProcessSampler(tmp_path, interval).start()
+    try:
+        deadline = time.monotonic() + 5
+        while not (tmp_path / f"proc-{os.getpid()}.json").exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        time.sleep(0.2)  # past the first wait() call
+        assert sampler.alive
+        assert read_snapshots(tmp_path, max(30.0, 6 * interval), now=time.time() + 7 * 86400) == []
+    finally:
+        sampler.stop()
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="needs root and setpriv (util-linux)")
+def test_process_of_another_user_is_sampled_without_its_fd_count():
+    """A sampler (the sidecar) running as another user than vLLM: /proc/<pid>/fd needs ptrace access,
+    so psutil's num_fds() raised AccessDenied and the whole snapshot was dropped, RSS included (which
+    is world-readable), with nothing counted. Reproduced with a process of uid 65534 sampled by root
+    without capabilities; the fd count is now absent (unknown), the rest is there."""
+    other = subprocess.Popen(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "sleep", "30"])
+    code = """
+import json, sys
+from exporters import contract as c
+from exporters.process_collector import snapshot_rows
+from exporters.process_sampler import take_snapshot
+snap = take_snapshot(int(sys.argv[1]))
+rows = {m.name for m, _, _ in snapshot_rows([snap], "m", "decode", 1)}
+print(json.dumps({"rss": snap.rss, "fds": snap.fds, "rss_row": c.PROCESS_RSS.name in rows,
+                  "fds_row": c.PROCESS_OPEN_FDS.name in rows}))
+"""
+    try:
+        deadline = time.monotonic() + 5
+        while psutil.Process(other.pid).uids().real != 65534 and time.monotonic() < deadline:
+            time.sleep(0.02)  # setpriv has not exec'd sleep as the other user yet
+        out = subprocess.run(["setpriv", "--bounding-set=-all", "--inh-caps=-all", sys.executable, "-c", code,
+                              str(other.pid)], capture_output=True, text=True, timeout=60,
+                             cwd=Path(__file__).resolve().parent.parent)
+        assert out.returncode == 0, out.stderr[-2000:]
+        got = json.loads(out.stdout)
+        assert got == {"rss": got["rss"], "fds": None, "rss_row": True, "fds_row": False} and got["rss"] > 0
+    finally:
+        other.kill()
+        other.wait(10)
