@@ -15,9 +15,12 @@ logged once per kind, and never raised into vLLM.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import os
 import threading
+import time
+import weakref
 from typing import Any
 
 from prometheus_client import REGISTRY
@@ -27,7 +30,7 @@ from engine_hooks.batch import StepBatch, apply
 from exporters import contract as c
 from exporters.contract import Component
 from exporters.process_collector import MultiprocessMirror, SnapshotCollector
-from exporters.process_sampler import interval_from_env, mark_api_server
+from exporters.process_sampler import interval_from_env, mark_api_server, seconds_from_env
 from exporters.prometheus import ContractMetrics, EngineRecorder, FinishedRequest
 
 try:  # vLLM is optional for the package; the plugin only loads where it is installed.
@@ -41,15 +44,12 @@ KV_FETCH_STAGES = ("waiting_to_start", "in_progress", "completed_waiting")
 _REASONS: dict[Any, str] = {}  # FinishReason -> label (str() of an IntEnum is not free)
 ENV_FLUSH = "SLA_GUARD_FLUSH_INTERVAL_S"
 DEFAULT_FLUSH_S = 0.5
+MAX_FLUSH_S = 60.0  # longer is cut to this: Event.wait() past ~1e9 s raised and ended the flush thread
 MAX_BATCH = 50_000  # queued observations per engine before record() flushes inline
 
 
 def _flush_interval() -> float:
-    try:
-        v = float(os.environ.get(ENV_FLUSH, DEFAULT_FLUSH_S))
-    except ValueError:
-        return DEFAULT_FLUSH_S
-    return v if v > 0 else DEFAULT_FLUSH_S
+    return seconds_from_env(ENV_FLUSH, DEFAULT_FLUSH_S, MAX_FLUSH_S)
 
 
 # One set of families per process: vLLM may build several loggers (tests, engine restarts),
@@ -65,6 +65,61 @@ def process_metrics() -> ContractMetrics:
         if _metrics is None:
             _metrics = ContractMetrics(REGISTRY, (Component.ENGINE, Component.KV_TRANSFER, Component.HOOKS))
         return _metrics
+
+
+# One flush thread and one atexit hook per process for every live logger, held weakly. Each logger
+# used to start its own thread and atexit.register(self.flush): both kept it alive for ever, so a
+# process that builds AsyncLLM again and again (notebooks, RL loops, tests) gained a thread waking
+# every flush interval, and a logger with all its recorders, per construction.
+_live_loggers: weakref.WeakSet[SlaGuardStatLogger] = weakref.WeakSet()
+_flusher_pid: int | None = None
+
+
+def _flush_all() -> None:
+    for lg in list(_live_loggers):
+        lg.flush()
+
+
+def _flush_forever(interval: float) -> None:
+    while True:
+        time.sleep(interval)
+        with contextlib.suppress(Exception):  # flush() counts its own errors; this only keeps the thread alive
+            _flush_all()
+
+
+def _watch(lg: SlaGuardStatLogger) -> None:
+    """Add ``lg`` to the process's flush thread (started once per process, again after a fork)."""
+    global _flusher_pid
+    with _process_lock:
+        _live_loggers.add(lg)
+        if _flusher_pid != os.getpid():
+            _flusher_pid = os.getpid()
+            threading.Thread(target=_flush_forever, args=(lg.flush_interval,), name="sla-guard-flush",
+                             daemon=True).start()
+            atexit.register(_flush_all)
+
+
+_otel_mirror: Any = None
+_otel_pid: int | None = None
+
+
+def _process_otel(on_error: Any) -> Any:
+    """The process's OTel mirror (None unless SLA_GUARD_OTLP_ENDPOINT is set), built once per process
+    (a forked child builds its own: the parent's threads are not there): each mirror owns SDK
+    providers, three threads and an atexit hook, which one per logger leaked. Its errors are counted
+    by the newest logger."""
+    global _otel_mirror, _otel_pid
+    with _process_lock:
+        if _otel_mirror is None or _otel_pid != os.getpid():
+            _otel_pid = os.getpid()
+            from exporters.otel import OtelMirror  # lazy: the OTel SDK is an optional extra
+
+            _otel_mirror = OtelMirror.from_env()
+            if _otel_mirror is None:
+                return None
+            atexit.register(_otel_mirror.shutdown)
+        _otel_mirror.on_error = on_error
+        return _otel_mirror
 
 
 def _multiprocess_mode() -> bool:
@@ -133,7 +188,6 @@ class SlaGuardStatLogger(AggregateStatLoggerBase):
         self.otel = None
         self.flush_interval = _flush_interval()
         self._flush_lock = threading.Lock()
-        self._stop = threading.Event()
         try:
             self._init(vllm_config, list(engine_indexes or [0]))
         except Exception as e:
@@ -160,12 +214,8 @@ class SlaGuardStatLogger(AggregateStatLoggerBase):
         kv_consumer = bool(kv is not None and getattr(kv, "is_kv_consumer", False))
         self._hook_errors = self.metrics[c.HOOK_ERRORS]
         try:
-            from exporters.otel import OtelMirror  # lazy: the OTel SDK is an optional extra
-
-            self.otel = OtelMirror.from_env()
-            if self.otel is not None:
-                self.otel.on_error = self._error  # its flush thread's errors count here too
-                atexit.register(self.otel.shutdown)
+            own = weakref.WeakMethod(self._error)  # weak: the process's mirror must not keep self alive
+            self.otel = _process_otel(lambda kind, exc: (own() or (lambda *_: None))(kind, exc))
         except Exception as e:  # OTel is a mirror: without it the Prometheus side still works
             self._error("otel", e)
         for idx in engine_indexes:
@@ -176,8 +226,7 @@ class SlaGuardStatLogger(AggregateStatLoggerBase):
             otel = self.otel.engine(self.model, self.pool, idx, info) if self.otel is not None else None
             self._engines[idx] = _Engine(rec, kv_consumer, otel)
         _export_process_samples(self.model, self.pool, dp_size, lambda e: self._error("process_samples", e))
-        threading.Thread(target=self._flush_loop, name="sla-guard-flush", daemon=True).start()
-        atexit.register(self.flush)
+        _watch(self)
 
     # -- error accounting --------------------------------------------------------------------------
     def _error(self, kind: str, exc: BaseException) -> None:
@@ -275,10 +324,6 @@ class SlaGuardStatLogger(AggregateStatLoggerBase):
                     apply(eng.rec, b, self._error)  # per part: one bad value costs only itself
                 except Exception as e:
                     self._error("flush", e)
-
-    def _flush_loop(self) -> None:
-        while not self._stop.wait(self.flush_interval):
-            self.flush()
 
     def log_engine_initialized(self) -> None:
         pass

@@ -41,6 +41,8 @@ ENV_TIMEOUT = "SLA_GUARD_OTLP_TIMEOUT_S"
 ENV_INTERVAL = "SLA_GUARD_OTLP_EXPORT_INTERVAL_S"
 DEFAULT_TIMEOUT_S = 2.0
 DEFAULT_INTERVAL_S = 15.0
+MAX_TIMEOUT_S = 60.0  # longer values are cut to these (_float_env)
+MAX_INTERVAL_S = 3600.0
 FLUSH_INTERVAL_S = 1.0
 MAX_PENDING = 100_000  # per engine; bounded memory if the flush thread falls behind
 ERR_DROPPED = "otel_dropped"  # hook_errors kinds (fixed set): a malformed record, not exported
@@ -64,12 +66,14 @@ def _finite(*values: Any) -> bool:
         return False
 
 
-def _float_env(env: Mapping[str, str], key: str, default: float) -> float:
+def _float_env(env: Mapping[str, str], key: str, default: float, maximum: float) -> float:
+    """Seconds from ``env[key]``: ``default`` unless a finite number > 0, at most ``maximum``. An
+    infinite or huge timeout made ``shutdown()`` raise OverflowError (its thread join) from atexit."""
     try:
         v = float(env.get(key, default))
     except ValueError:
         return default
-    return v if v > 0 else default
+    return min(v, maximum) if math.isfinite(v) and v > 0 else default
 
 
 class OtelEngine:
@@ -240,15 +244,20 @@ class OtelMirror:
         if not endpoint:
             return None
         try:
-            return cls(endpoint, _float_env(env, ENV_TIMEOUT, DEFAULT_TIMEOUT_S),
-                       _float_env(env, ENV_INTERVAL, DEFAULT_INTERVAL_S))
+            return cls(endpoint, _float_env(env, ENV_TIMEOUT, DEFAULT_TIMEOUT_S, MAX_TIMEOUT_S),
+                       _float_env(env, ENV_INTERVAL, DEFAULT_INTERVAL_S, MAX_INTERVAL_S))
         except ImportError as e:
             raise RuntimeError(f"{ENV_ENDPOINT} is set but the OpenTelemetry SDK is missing: "
                                "pip install 'sla-guard[otel]'") from e
 
     def engine(self, model: str, pool: str, engine: str | int, info: Mapping[str, str] | None = None) -> OtelEngine:
-        e = OtelEngine(self, model, pool, engine)
-        self.engines.append(e)
+        """The engine's side of the mirror; the same labels give the same one (a process may build
+        its stat logger again: a new one per build grew ``engines`` and observed stale state)."""
+        e = next((x for x in self.engines if x.attrs["gen_ai.request.model"] == model and x.pool == str(pool)
+                  and x.engine == str(engine)), None)
+        if e is None:
+            e = OtelEngine(self, model, pool, engine)
+            self.engines.append(e)
         if info:
             self.info.set(1, {**e.attrs, **{f"sla_guard.{k}": str(v) for k, v in info.items()}})
         return e

@@ -2,6 +2,7 @@
 
 from types import SimpleNamespace as NS
 
+import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from engine_hooks.batch import StepBatch, apply
@@ -176,3 +177,49 @@ def test_one_bad_item_costs_only_itself():
     assert f"{c.GENERATION_TOKENS.series()}{lab} 5.0" in text
     assert _errors(text, "bad_observation") == 1
     assert _errors(text, "flush") == 2  # the two parts that raised, each counted once
+
+
+@pytest.mark.parametrize("value", ["inf", "1e10", "nan", "-1", "soon"])
+def test_flush_interval_from_env_is_a_period_the_flush_thread_can_wait(monkeypatch, value):
+    """SLA_GUARD_FLUSH_INTERVAL_S=inf or 1e10 made the flush thread's Event.wait() raise OverflowError:
+    the thread died at its first wait and the batches were applied only on vLLM's log()."""
+    from engine_hooks.stat_logger import _flush_interval
+
+    monkeypatch.setenv("SLA_GUARD_FLUSH_INTERVAL_S", value)
+    assert 0 < _flush_interval() <= 60
+
+
+def test_rebuilt_stat_loggers_share_one_flush_thread_and_are_freed(monkeypatch, tmp_path):
+    """A process that builds AsyncLLM again and again builds a stat logger each time. Each one
+    started its own flush thread and atexit hook, which kept it alive: 200 builds, 200 threads waking
+    every 0.5 s. Now one thread per process flushes every live logger, held weakly."""
+    import gc
+    import threading
+    import time
+    import weakref
+
+    from prometheus_client import REGISTRY
+
+    from engine_hooks.stat_logger import SlaGuardStatLogger
+
+    monkeypatch.setenv("SLA_GUARD_DISABLE_SAMPLER", "1")
+    monkeypatch.setenv("SLA_GUARD_RUN_DIR", str(tmp_path))
+    monkeypatch.setenv("SLA_GUARD_FLUSH_INTERVAL_S", "0.05")
+    monkeypatch.delenv("SLA_GUARD_OTLP_ENDPOINT", raising=False)
+    cfg = NS(model_config=NS(served_model_name="rebuilt", model="/m"), kv_transfer_config=None,
+             speculative_config=None, parallel_config=NS(data_parallel_size=1))
+    SlaGuardStatLogger(cfg, [0])  # the first may stay referenced (the process snapshot exporter's error hook)
+    before = threading.active_count()
+    refs = [weakref.ref(SlaGuardStatLogger(cfg, [0])) for _ in range(50)]
+    gc.collect()
+    assert threading.active_count() <= before + 1
+    assert sum(r() is not None for r in refs) == 0
+    live = SlaGuardStatLogger(cfg, [3])  # still flushed by the process thread, without log()
+    live.record(NS(num_running_reqs=7, num_waiting_reqs=0, num_skipped_waiting_reqs=0, kv_cache_usage=0.5,
+                   num_kv_fetch_reqs_by_stage={}, prefix_cache_stats=None, connector_prefix_cache_stats=None,
+                   spec_decoding_stats=None, kv_connector_stats=None), None, None, 3)
+    labels = {"model": "rebuilt", "pool": "mixed", "engine": "3"}
+    deadline = time.monotonic() + 5
+    while REGISTRY.get_sample_value(c.REQUESTS_RUNNING.name, labels) != 7 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert REGISTRY.get_sample_value(c.REQUESTS_RUNNING.name, labels) == 7

@@ -190,3 +190,25 @@ print("shutdown", round(time.monotonic() - t, 1), m.errors.get("otel_flush", 0),
     _, seconds, abandoned = proc.stdout.split()
     assert float(seconds) <= 4.0 and int(abandoned) == 1  # 2 x 1 s + 1 s, then abandoned and counted
     assert exit_s < 15, f"exit took {exit_s:.1f}s: the SDK's own atexit shutdown waited on the stuck export"
+
+
+@pytest.mark.parametrize("value", ["inf", "1e10"])
+def test_infinite_timeout_from_env_does_not_make_shutdown_raise(value):
+    """SLA_GUARD_OTLP_TIMEOUT_S=inf: shutdown()'s bounded join got an infinite deadline and raised
+    OverflowError from atexit inside vLLM. A non-finite value is ignored and a huge one cut."""
+    mirror = OtelMirror.from_env({"SLA_GUARD_OTLP_ENDPOINT": "http://127.0.0.1:9", "SLA_GUARD_OTLP_TIMEOUT_S": value,
+                                  "SLA_GUARD_OTLP_EXPORT_INTERVAL_S": value})
+    assert 0 < mirror.timeout_s <= 60
+    mirror.shutdown()
+
+
+def test_same_engine_labels_give_the_same_otel_engine():
+    """The stat logger is rebuilt in a process with one mirror: a new OtelEngine per build grew
+    ``engines`` for ever and the old ones kept reporting their last running/waiting/KV state."""
+    mirror = OtelMirror("http://127.0.0.1:9", timeout_s=0.5)
+    try:
+        first = mirror.engine("tiny", "decode", 0, {"kv_role": "kv_consumer"})
+        assert mirror.engine("tiny", "decode", 0) is first and mirror.engine("tiny", "decode", "0") is first
+        assert mirror.engine("tiny", "decode", 1) is not first and len(mirror.engines) == 2
+    finally:
+        mirror.shutdown()
