@@ -179,7 +179,9 @@ class _Engine:
 class SlaGuardStatLogger(AggregateStatLoggerBase):
     """Emits the sla-guard contract from vLLM's SchedulerStats / IterationStats."""
 
-    def __init__(self, vllm_config: Any, engine_indexes: list[int] | None = None) -> None:
+    def __init__(self, vllm_config: Any, engine_indexes: list[int] | None = None, **later_args: Any) -> None:
+        # later_args: what a newer vLLM may pass its stat-logger factories; a TypeError here would stop
+        # vLLM's start, and hooks never raise into vLLM
         self._errors_logged: set[str] = set()
         self._error_children: dict[str, Any] = {}
         self._engines: dict[int, _Engine] = {}
@@ -192,6 +194,8 @@ class SlaGuardStatLogger(AggregateStatLoggerBase):
             self._init(vllm_config, list(engine_indexes or [0]))
         except Exception as e:
             self._error("init", e)
+        if later_args:
+            log.info("sla-guard stat logger: vLLM passed arguments it does not read: %s", sorted(later_args))
 
     def _init(self, vllm_config: Any, engine_indexes: list[int]) -> None:
         mark_api_server()

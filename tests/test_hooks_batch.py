@@ -214,7 +214,9 @@ def test_rebuilt_stat_loggers_share_one_flush_thread_and_are_freed(monkeypatch, 
     gc.collect()
     assert threading.active_count() <= before + 1
     assert sum(r() is not None for r in refs) == 0
-    live = SlaGuardStatLogger(cfg, [3])  # still flushed by the process thread, without log()
+    # a newer vLLM may pass its factories more arguments: a TypeError would stop vLLM's start
+    live = SlaGuardStatLogger(vllm_config=cfg, engine_indexes=[3], client_count=2)
+    # still flushed by the process thread, without log()
     live.record(NS(num_running_reqs=7, num_waiting_reqs=0, num_skipped_waiting_reqs=0, kv_cache_usage=0.5,
                    num_kv_fetch_reqs_by_stage={}, prefix_cache_stats=None, connector_prefix_cache_stats=None,
                    spec_decoding_stats=None, kv_connector_stats=None), None, None, 3)
