@@ -380,8 +380,12 @@ def pool_from_kv_role(kv_role: str | None, env: dict[str, str] | None = None) ->
     both or none -> mixed."""
     env = os.environ if env is None else env
     override = env.get("SLA_GUARD_POOL", "").strip().lower()
-    if override in Pool.__members__.values():
+    if override in {p.value for p in ENGINE_POOLS}:
         return Pool(override)
+    if override:  # a misspelt 'prefil' left the engine in its kv-role pool without a word
+        logging.getLogger("sla_guard.contract").warning(
+            "SLA_GUARD_POOL=%r is not one of %s; the pool comes from the KV role", env["SLA_GUARD_POOL"],
+            ", ".join(p.value for p in ENGINE_POOLS))
     return {"kv_producer": Pool.PREFILL, "kv_consumer": Pool.DECODE}.get(kv_role or "", Pool.MIXED)
 
 

@@ -46,6 +46,14 @@ def test_pool_from_kv_role(role, env, pool):
     assert c.pool_from_kv_role(role, env) == pool
 
 
+@pytest.mark.parametrize("wrong", ["prefil", "client"])
+def test_a_pool_override_that_is_no_engine_pool_is_said(caplog, wrong):
+    """A misspelt SLA_GUARD_POOL left the engine in its KV role's pool without a word, and
+    'client' (the proxy's scope, no engine's) was taken: engine series under the client SLOs."""
+    assert c.pool_from_kv_role("kv_producer", {"SLA_GUARD_POOL": wrong}) == "prefill"
+    assert f"SLA_GUARD_POOL='{wrong}' is not one of prefill, decode, mixed" in caplog.text
+
+
 @pytest.mark.parametrize(("status", "outcome"), [
     (200, "ok"), (400, "client_error"), (401, "client_error"), (404, "client_error"), (413, "client_error"),
     (422, "client_error"), (408, "error"), (429, "error"), (500, "error"), (502, "error"), (503, "error"),
