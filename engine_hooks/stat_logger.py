@@ -227,6 +227,8 @@ class SlaGuardStatLogger(AggregateStatLoggerBase):
             rec.engine_info(**info)
             if kv_consumer:
                 rec.prebind_kv_fetch_stages(KV_FETCH_STAGES)
+            if kv is not None:
+                rec.prebind_kv_transfer()
             otel = self.otel.engine(self.model, self.pool, idx, info) if self.otel is not None else None
             self._engines[idx] = _Engine(rec, kv_consumer, otel)
         _export_process_samples(self.model, self.pool, dp_size, lambda e: self._error("process_samples", e))

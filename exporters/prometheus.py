@@ -12,6 +12,7 @@ import logging
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 
@@ -182,7 +183,7 @@ class EngineRecorder:
         self._kv_fetch: dict[str, object] = {}
         self._pos_draft: list = []
         self._pos_accepted: list = []
-        self._kv_xfer: dict[str, object] | None = None  # bound on first KV-transfer stats
+        self._kv_xfer: dict[str, Any] | None = None  # bound at start on KV-connector engines (prebind_kv_transfer)
         self._errors: dict[str, object] = {}  # hook_errors children by kind, bound on first error
         # Hot-path handles (record() runs every engine step on vLLM's event loop).
         h = self._histogram
@@ -333,11 +334,10 @@ class EngineRecorder:
                     count(incs[i], v)
 
     # -- KV transfer (connector stats) ---------------------------------------------------------
-    def kv_transfer(self, durations: Iterable[float] = (), post_durations: Iterable[float] = (),
-                    nbytes: Iterable[float] = (), descriptors: Iterable[float] = (),
-                    failures: Mapping[str, int] | None = None, expired: int = 0,
-                    late_notifications: int = 0) -> None:
-        """One batch of per-transfer observations (NIXL's kv_connector_stats lists)."""
+    def prebind_kv_transfer(self) -> dict[str, Any]:
+        """The KV-transfer series, at 0 from now on: an engine with a KV connector binds them at start,
+        so a failure in its first stats batch is an increase from 0. Bound with it, the counter's
+        first sample was already 1, and increase() (Prometheus's and the guard's) never counted it."""
         k = self._kv_xfer
         if k is None:
             b = self._bind
@@ -348,6 +348,14 @@ class EngineRecorder:
                 **{f"fail_{kind}": b(c.KV_XFER_FAILURES, kind)
                    for kind in ("transfer", "notification", "handshake")},
             }
+        return k
+
+    def kv_transfer(self, durations: Iterable[float] = (), post_durations: Iterable[float] = (),
+                    nbytes: Iterable[float] = (), descriptors: Iterable[float] = (),
+                    failures: Mapping[str, int] | None = None, expired: int = 0,
+                    late_notifications: int = 0) -> None:
+        """One batch of per-transfer observations (NIXL's kv_connector_stats lists)."""
+        k = self.prebind_kv_transfer()
         for key, values in (("duration", durations), ("post", post_durations), ("bytes", nbytes),
                             ("descriptors", descriptors)):
             self._histogram(k[key]).observe_many(values)

@@ -77,3 +77,27 @@ def test_non_number_entries_are_counted_not_dropped_without_a_word():
     text = generate_latest(reg).decode()
     assert f'{c.KV_XFER_DURATION.series("_count")}{{engine="0",model="m",pool="decode"}} 1.0' in text
     assert f'{c.HOOK_ERRORS.series()}{{kind="bad_observation",model="m",pool="decode"}} 2.0' in text
+
+
+def test_an_engine_with_a_kv_connector_exports_its_failure_counters_at_zero_from_start(tmp_path, monkeypatch):
+    """The failure counters were bound at the first KV stats batch and incremented in the same call:
+    a failure in that batch made the series' first sample 1, which increase() (Prometheus's and the
+    guard's) never counts, so an engine's first KV-transfer failure raised no alert."""
+    from types import SimpleNamespace as NS
+
+    from prometheus_client import REGISTRY
+
+    from engine_hooks.stat_logger import SlaGuardStatLogger
+
+    monkeypatch.setenv("SLA_GUARD_DISABLE_SAMPLER", "1")
+    monkeypatch.setenv("SLA_GUARD_RUN_DIR", str(tmp_path))
+    monkeypatch.delenv("SLA_GUARD_OTLP_ENDPOINT", raising=False)
+    kv = NS(kv_role="kv_producer", kv_connector="NixlConnector", is_kv_consumer=False)
+    cfg = NS(model_config=NS(served_model_name="kvstart", model="/m"), kv_transfer_config=kv,
+             speculative_config=None, parallel_config=NS(data_parallel_size=1))
+    SlaGuardStatLogger(cfg, [5])
+    for kind in ("transfer", "notification", "handshake"):
+        labels = {"model": "kvstart", "pool": "prefill", "engine": "5", "kind": kind}
+        assert REGISTRY.get_sample_value(c.KV_XFER_FAILURES.series(), labels) == 0.0, kind
+    labels = {"model": "kvstart", "pool": "prefill", "engine": "5"}
+    assert REGISTRY.get_sample_value(c.KV_XFER_DURATION.series("_count"), labels) == 0.0
