@@ -362,3 +362,181 @@ def test_prefill_demand_without_the_computed_series_is_unknown_under_load_not_ze
     store2 = _store()
     _run(idle, store2, 1000, 1120, **{e.name: {"running": 0, "waiting": 0} for e in idle})
     assert adv.reader.read(store2, MODEL, "prefill", 1120).totals["uncached_tps"] == 0.0
+
+
+class _BrokenCounters(Engine):
+    """An engine whose page, from ``broken_from`` on, carries every counter (``_total``) as
+    ``value`` added to it (``inf``: +Inf; 1e18: a counter that jumped by 1e18)."""
+
+    def __init__(self, pool: str, name: str, value: float, broken_from: float) -> None:
+        super().__init__(pool, name)
+        self.value, self.broken_from = value, broken_from
+
+    def scrape(self, store, t: float) -> None:
+        from prometheus_client import generate_latest
+        from prometheus_client.parser import text_string_to_metric_families
+
+        out = []
+        for fam in text_string_to_metric_families(generate_latest(self.registry).decode()):
+            for s in fam.samples:
+                v = s.value
+                if t >= self.broken_from and s.name.endswith("_total"):
+                    v = v + self.value
+                out.append((s.name, dict(s.labels), v))
+        store.ingest_samples(out, t, group=self.name)
+
+
+@pytest.mark.parametrize("value", [float("inf"), 1e18])
+def test_broken_counters_hold_prefill_and_leave_the_learned_state_finite(value):
+    """Counters at +Inf (or one that jumped by 1e18) made the learned prefill capacity infinite
+    (1e16 tokens/s for the jump) and the accepted length NaN, for good: prefill then read as one
+    replica's work whatever the load, decode asked for 1 -> 5 replicas at one sequence a replica,
+    and the state file kept the NaN across restarts. Rates from such counters are unknown: prefill
+    holds, and nothing non-finite is learned or served."""
+    cfg = AdvisorConfig.model_validate({"profile": {"prefill_tokens_per_s": 10_000, "decode_step_base_s": 0.01,
+                                                    "decode_step_per_request_s": 0.0002}, "window_s": 60})
+    ev = AdvisorEvaluator(cfg)
+    store = _store()
+    p = [_BrokenCounters("prefill", f"p{i}", value, 1200) for i in range(2)]
+    d = _BrokenCounters("decode", "d0", value, 1200)
+    busy = {"running": 4, "waiting": 2, "computed": 50_000, "prefills": 5, "ttft": 1.0, "steps": 5}
+    for t in range(1000, 1400, 15):
+        _run([*p, d], store, t, t + 10, **{e.name: busy for e in p},
+             d0={"running": 30, "waiting": 0, "steps": 250, "tpot": 0.02, "drafts": 10, "accepted": 20})
+        ev.evaluate(store, t + 10)
+        recs = {r.pool: r for r in ev.recommendations()[0]}
+        if t >= 1200:
+            assert recs["prefill"].action == "hold" and "hold_missing_data" in recs["prefill"].reasons
+            assert recs["decode"].desired <= 2, recs["decode"]
+    adv = ev.advisor
+    assert adv.learned.prefill.tokens_per_s == pytest.approx(10_000, rel=0.1)  # 10k tok/s, always busy
+    assert adv._accepted_len == pytest.approx(3.0, rel=0.05)
+    json.dumps(ev.state_dump(True), allow_nan=False)
+    for rec in ev.history:
+        json.dumps(rec, allow_nan=False)
+
+
+def test_a_saved_state_no_tick_could_have_learned_is_not_restored(tmp_path):
+    """A state file holding NaN or infinite numbers, a utilisation target of 0, a memory without
+    the decode pool or a TPOT spread over another grid (an older or hand-edited file) was restored
+    as is, and every tick of the advisor raised (NaN to int, division by zero, KeyError, a
+    broadcast error) until the file was deleted; the guard saved it back every tick. Such a state
+    is not restored: that model learns afresh, the others are restored."""
+    from sla_guard.state import StateStore
+
+    cfg = AdvisorConfig.model_validate({"profile": {"prefill_tokens_per_s": 10_000, "decode_step_base_s": 0.01,
+                                                    "decode_step_per_request_s": 0.0002}, "window_s": 60})
+    engines = [Engine("prefill", "p0"), Engine("decode", "d0")]
+    busy = {"p0": {"running": 4, "waiting": 2, "computed": 50_000, "prefills": 5, "ttft": 1.0, "steps": 5},
+            "d0": {"running": 30, "waiting": 0, "steps": 250, "tpot": 0.02}}
+    seed = AdvisorEvaluator(cfg)
+    store = _store()
+    _run(engines, store, 1000, 1200, **busy)
+    for t in range(1015, 1201, 15):
+        seed.evaluate(store, t)
+    good = json.loads(json.dumps(seed.state_dump(True)["model/m"]))
+
+    def spoil(edit) -> dict:
+        part = json.loads(json.dumps(good))
+        edit(part)
+        return part
+
+    bad = {
+        "nan_capacity": spoil(lambda p: p["learned"]["f"]["prefill"]["f"].update(tokens_per_s=float("nan"))),
+        "inf_step": spoil(lambda p: p["learned"]["f"]["decode"]["f"].update(b=float("inf"))),
+        "zero_target": spoil(lambda p: p.update(u_target=0.0)),
+        "no_decode_memory": spoil(lambda p: p["memory"].pop("decode")),
+        "old_spread_grid": spoil(lambda p: p["learned"]["f"].update(
+            tpot_spread={"__dc__": "TpotSpread", "f": {"loglik": {"__t__": [1.0, 2.0, 3.0]}, "requests": 1e3}})),
+    }
+    st = StateStore(tmp_path / "state.db")
+    assert st.save({"advisor": {"model/m": good, **{f"model/{k}": v for k, v in bad.items()}}})
+    st.close()
+    st = StateStore(tmp_path / "state.db")
+    ev = AdvisorEvaluator(cfg, model=MODEL)
+    ev.state_load(st.load()["advisor"], [])
+    st.close()
+    assert set(ev.advisors) == {"m"}  # the spoiled ones learn afresh
+    assert ev.advisors["m"].learned.prefill == seed.advisors["m"].learned.prefill
+    # each spoiled state, restored on its own as the model's state, leaves a working advisor
+    for name, part in bad.items():
+        ev = AdvisorEvaluator(cfg, model=MODEL)
+        ev.state_load({"model/m": part}, [])
+        _run(engines, store, 5000, 5100, **busy)
+        for t in range(5015, 5101, 15):
+            ev.evaluate(store, t)  # raised on every tick
+        recs = {r.pool: r for r in ev.recommendations()[0]}
+        assert recs["prefill"].desired >= 1 and recs["decode"].desired >= 1, name
+        json.dumps(ev.state_dump(True), allow_nan=False)
+
+
+class _Router:
+    """A P/D router's client scope (``pool="client"``, ``route="pd"``): every request's client TTFT
+    and its stages; from ``broken_from`` on the decode leg's ``_sum`` is ``leg_sum``."""
+
+    def __init__(self, leg_sum: float, broken_from: float) -> None:
+        from prometheus_client import Histogram
+
+        self.name, self.leg_sum, self.broken_from = "router", leg_sum, broken_from
+        self.registry = CollectorRegistry()
+        self.ttft = Histogram(c.CLIENT_TTFT.name, "client TTFT", ["model", "pool", "route"],
+                              buckets=list(c.CLIENT_TTFT.buckets), registry=self.registry)
+        self.stage = Histogram(c.CLIENT_STAGE.name, "stages", ["model", "pool", "route", "stage"],
+                               buckets=list(c.CLIENT_STAGE.buckets), registry=self.registry)
+
+    def tick(self, **_) -> None:
+        for _ in range(40):
+            self.ttft.labels(MODEL, "client", "pd").observe(3.0)
+            for stage, v in (("prefill_leg", 2.8), ("decode_first_leg", 0.1), ("proxy", 0.1)):
+                self.stage.labels(MODEL, "client", "pd", stage).observe(v)
+
+    def scrape(self, store, t: float) -> None:
+        from prometheus_client import generate_latest
+        from prometheus_client.parser import text_string_to_metric_families
+
+        out = []
+        for fam in text_string_to_metric_families(generate_latest(self.registry).decode()):
+            for s in fam.samples:
+                v = s.value
+                if t >= self.broken_from and s.name.endswith("_sum") and s.labels.get("stage") == "decode_first_leg":
+                    v = self.leg_sum
+                out.append((s.name, dict(s.labels), v))
+        store.ingest_samples(out, t, group=self.name)
+
+
+def test_a_non_finite_stage_sum_does_not_hide_the_clients_ttft_breach():
+    """The client's TTFT (3 s, SLA 2.5 s) is the prefill leg's doing. With the decode leg's
+    ``_sum`` at +Inf its mean was infinite: the prefill pool's part of the tail read as 0 s, and
+    prefill held (and offered to shrink) through the breach. The stage mean is unknown instead, and
+    the whole client TTFT is the prefill pool's, as without stage series."""
+    cfg = AdvisorConfig.model_validate({"profile": {"prefill_tokens_per_s": 10_000, "decode_step_base_s": 0.01,
+                                                    "decode_step_per_request_s": 0.0002}, "window_s": 60})
+    adv = Advisor(cfg, model=MODEL)
+    store = _store()
+    engines = [Engine("prefill", "p0"), Engine("prefill", "p1"), Engine("decode", "d0"), _Router(float("inf"), 1200)]
+    # 1k tokens/s a replica, never a running batch at a scrape: no capacity learned, 10% busy
+    light = {"running": 0, "waiting": 0, "computed": 5_000, "prefills": 5, "ttft": 3.0, "steps": 5}
+    _run(engines, store, 1000, 1300, p0=light, p1=light, d0={"running": 4, "waiting": 0, "steps": 250})
+    decs, _ = adv.step(store, 1300, {"prefill": (2, 0), "decode": (1, 0)})
+    pre = decs["prefill"]
+    assert "ttft_over_sla" in pre.reasons and pre.desired > 2, pre
+    assert pre.numbers["ttft_tail_s"] > pre.numbers["ttft_slo_s"] == 2.5
+    json.dumps(pre.numbers, allow_nan=False)
+
+
+def test_a_negative_request_gauge_is_no_reading():
+    """A running gauge at -1000 (a broken exporter: requests are never negative) was summed into
+    the pool, and decode read -970 sequences across two replicas: 'over provisioned', asking for
+    one. The gauge is left out as one that is not finite is, and the other engine's 30 stand."""
+    cfg = AdvisorConfig.model_validate({"profile": {"prefill_tokens_per_s": 10_000, "decode_step_base_s": 0.01,
+                                                    "decode_step_per_request_s": 0.0002}, "window_s": 60})
+    adv = Advisor(cfg, model=MODEL)
+    store = _store()
+    engines = [Engine("prefill", "p0"), Engine("decode", "d0"), Engine("decode", "d1")]
+    _run(engines, store, 1000, 1120, p0={"running": 1, "waiting": 0, "computed": 5_000, "prefills": 5},
+         d0={"running": 30, "waiting": 0, "steps": 250}, d1={"running": -1000, "waiting": 0, "steps": 250})
+    r = adv.reader.read(store, MODEL, "decode", 1120)
+    assert r.totals["running"] == 30
+    decs, _ = adv.step(store, 1120, {"prefill": (1, 0), "decode": (2, 0)})
+    assert decs["decode"].numbers["concurrency"] == 30
+    assert "decode_over_provisioned" not in decs["decode"].reasons

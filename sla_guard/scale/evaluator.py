@@ -13,9 +13,10 @@ import contextlib
 import dataclasses
 import json
 import logging
+import math
 import threading
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from exporters import contract as c
@@ -23,9 +24,9 @@ from exporters.prometheus import ContractMetrics
 from sla_guard.defaults import TPOT_SLO_S, TTFT_SLO_S
 from sla_guard.model import Finding, MetricsView, PoolRecommendation
 from sla_guard.scale.actuators import ActuationError, Actuator, StandbyError, idempotency_key
-from sla_guard.scale.advisor import Advisor, _Learned, to_recommendation
+from sla_guard.scale.advisor import POOLS, Advisor, _Learned, to_recommendation
 from sla_guard.scale.guardrails import PoolMemory, without_data
-from sla_guard.scale.learn import PrefillCapacity, StepModel, TpotSpread
+from sla_guard.scale.learn import SPREAD_GRID, PrefillCapacity, StepModel, TpotSpread
 from sla_guard.settings.advisor import AdvisorConfig
 
 log = logging.getLogger(__name__)
@@ -200,10 +201,18 @@ class AdvisorEvaluator:
         for name, value in parts.items():
             if not name.startswith("model/") or len(self.advisors) >= self.max_models:
                 continue
-            adv = self._advisor_for(name[len("model/"):])
-            for k, v in decode(value, _ADVISOR_CLASSES).items():
-                if k in _ADVISOR_STATE:
-                    setattr(adv, k, v)
+            model = name[len("model/"):]
+            try:
+                state = {k: v for k, v in decode(value, _ADVISOR_CLASSES).items() if k in _ADVISOR_STATE}
+                problem = state_problem(state)
+            except (ValueError, TypeError, KeyError, AttributeError) as err:
+                problem = f"{type(err).__name__}: {err}"
+            if problem:
+                log.warning("advisor: saved state of model %r not restored (%s); it learns afresh", model, problem)
+                continue
+            adv = self._advisor_for(model)
+            for k, v in state.items():
+                setattr(adv, k, v)
         self._seen.update((parts.get("meta") or {}).get("seen") or {})
         self.history.extend(records)
 
@@ -259,6 +268,52 @@ class AdvisorEvaluator:
 # what an Advisor learns (and must not relearn after a restart); the rest is configuration
 _ADVISOR_STATE = ("learned", "memory", "pending", "_accepted_len", "u_target", "_proven")
 _ADVISOR_CLASSES = {k.__name__: k for k in (_Learned, PrefillCapacity, StepModel, TpotSpread, PoolMemory)}
+
+
+def _numbers(obj: object) -> Iterator[object]:
+    """Every number in a decoded state (dataclass fields, containers), recursively."""
+    if isinstance(obj, bool):
+        return
+    if isinstance(obj, int | float):
+        yield obj
+    elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        for f in dataclasses.fields(obj):
+            yield from _numbers(getattr(obj, f.name))
+    elif isinstance(obj, dict):
+        for k, v in obj.items():
+            yield from _numbers(k)
+            yield from _numbers(v)
+    elif isinstance(obj, list | tuple | set | deque):
+        for v in obj:
+            yield from _numbers(v)
+
+
+def state_problem(state: dict) -> str | None:
+    """Why a saved advisor state cannot be restored (None: it can). The state is written every
+    tick and read back at start, so a value no tick could have learned (NaN or infinite numbers,
+    a utilisation target outside (0, 1], a pool missing, a spread over another grid: an older or
+    hand-edited file) made every tick of the restored advisor raise, or size on NaN, until the
+    file was deleted."""
+    learned, memory = state.get("learned"), state.get("memory")
+    if learned is not None and not isinstance(learned, _Learned):
+        return "learned is not a learned state"
+    if memory is not None and not (isinstance(memory, dict) and set(memory) == set(POOLS)
+                                   and all(isinstance(m, PoolMemory) for m in memory.values())):
+        return f"memory is not one guardrail memory per pool {list(POOLS)}"
+    if not isinstance(state.get("_proven", deque()), deque):
+        return "_proven is not a bounded history"
+    u = state.get("u_target")
+    if u is not None and not (isinstance(u, int | float) and 0 < u <= 1):
+        return f"u_target {u!r} is not a utilisation in (0, 1]"
+    acc = state.get("_accepted_len")
+    if acc is not None and not (isinstance(acc, int | float) and acc > 0):
+        return f"_accepted_len {acc!r} is not a positive length"
+    if learned is not None and learned.tpot_spread.loglik and len(learned.tpot_spread.loglik) != len(SPREAD_GRID):
+        return f"tpot_spread has {len(learned.tpot_spread.loglik)} points, this version {len(SPREAD_GRID)}"
+    bad = next((v for v in _numbers(state) if not math.isfinite(v)), None)
+    if bad is not None:
+        return f"a number is {bad}"
+    return None
 
 
 def rec_json(r: PoolRecommendation) -> dict:

@@ -40,7 +40,7 @@ def update_prefill_capacity(cap: PrefillCapacity, observed_tps_per_replica: floa
     would make every added replica look slower (and ask for yet another one). The estimate rises
     faster than it falls for the same reason. The first admissible sample replaces the prior."""
     x = float(observed_tps_per_replica)
-    if not (x > 0 and busy_share >= min_busy):
+    if not (0 < x < math.inf and busy_share >= min_busy):  # an infinite sample would stay learned for good
         return cap
     est = x / min(busy_share, 1.0)
     if cap.samples == 0:
@@ -78,7 +78,7 @@ def update_step_model(m: StepModel, batch: float, step_s: float, forget: float =
     """One recursive-least-squares update with exponential forgetting. Keeps the slope positive
     (a larger batch is never faster), which also guards against a degenerate fit when every sample
     sits at one batch size."""
-    if not (batch > 0 and step_s > 0):
+    if not (0 < batch < math.inf and 0 < step_s < math.inf):  # one infinite sample: a NaN fit for good
         return m
     x0, x1 = 1.0, float(batch)
     # P x

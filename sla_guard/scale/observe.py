@@ -46,9 +46,25 @@ def _by_replica(values: Mapping[Labels, float]) -> dict[str, float]:
 
 
 def _finite(values: dict[Labels, float]) -> dict[Labels, float]:
-    """The series whose value is a finite number; an engine whose gauge is not is left out, as an
-    engine that sent no sample is."""
-    return {k: v for k, v in values.items() if math.isfinite(v)}
+    """The series whose value is a finite number of at least 0 (requests, a KV-cache share); an
+    engine whose gauge is not is left out, as an engine that sent no sample is. A running gauge
+    at -1000 summed into the pool read as negative concurrency: decode 'steady' (or over
+    provisioned) at one replica with 30 sequences running."""
+    return {k: v for k, v in values.items() if 0.0 <= v < math.inf}
+
+
+# the largest count a float64 holds exactly: a counter beyond it (or negative, or not finite) is a
+# broken exporter's, not tokens or steps counted
+MAX_COUNT = float(2**53)
+
+
+def counts_ok(series: list[Series]) -> bool:
+    """Whether every sample of these counter series is a count (finite, 0 to ``MAX_COUNT``).
+
+    One that is not makes the rates read from them unknown, not the rates of the other series:
+    a +Inf or 1e18 token counter read as a rate made the learned prefill capacity infinite (or
+    1e16 tokens/s) for good, and prefill was then sized at one replica whatever the load."""
+    return all(bool(((s.v >= 0.0) & (s.v <= MAX_COUNT)).all()) for s in series)
 
 
 def _sum_series(series: list[Series]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
@@ -217,13 +233,19 @@ class Reader:
         return max(vals) if vals else None
 
     def _mean(self, view: MetricsView, metric: Metric, mt: Mapping[str, str], now: float) -> tuple[float, float | None]:
-        """(observations, mean) of a histogram over the window; mean None without observations."""
+        """(observations, mean) of a histogram over the window; mean None without observations,
+        or when the sum or count is not a finite number (a +Inf or NaN ``_sum`` of the decode leg
+        read as an infinite time outside prefill: the client's TTFT breach was then blamed on
+        nobody, the prefill pool's part of it read as 0 s against a NaN budget)."""
         cnt = view.increase(sample_name(metric, "_count"), mt, self.window_s, now, ())
         n = sum(cnt.values()) if cnt else 0.0
+        if not math.isfinite(n):
+            return 0.0, None
         if n <= 0:
             return n, None
         tot = view.increase(sample_name(metric, "_sum"), mt, self.window_s, now, ())
-        return n, (sum(tot.values()) / n if tot else None)
+        mean = sum(tot.values()) / n if tot else None
+        return n, (mean if mean is not None and math.isfinite(mean) else None)
 
     def read_client(self, view: MetricsView, model: str, now: float) -> ClientReading | None:
         """The client scope's TTFT and stages for ``model`` (route "pd"); None when the deployment
@@ -269,12 +291,16 @@ class Reader:
         computed = counter_rates(view.range(sample_name(c.PROMPT_TOKENS), comp_mt, now - w, now))
         # every prompt token (hits included), per replica: the pool's hit ratio and each replica's
         # miss ratio (a new replica's empty cache, advisor._demand_tps) come from the same rates
-        prompt_rates = counter_rates(view.range(sample_name(c.PROMPT_TOKENS), mt, now - w, now))
+        prompt_series = view.range(sample_name(c.PROMPT_TOKENS), mt, now - w, now)
+        prompt_rates = counter_rates(prompt_series)
         t["uncached_tps"] = uncached_demand(computed, prompt_rates, r.engines, t["running"], t["waiting"])
+        if not counts_ok(prompt_series):  # the computed series are among them
+            computed, prompt_rates, t["uncached_tps"] = {}, {}, None
         if prompt_rates and computed:
             tot = sum(prompt_rates.values())
             t["prefix_hit_ratio"] = 1.0 - sum(computed.values()) / tot if tot > 0 else None
-        prefills = counter_rates(view.range(sample_name(c.REQUEST_PREFILL, "_count"), mt, now - w, now))
+        prefill_series = view.range(sample_name(c.REQUEST_PREFILL, "_count"), mt, now - w, now)
+        prefills = counter_rates(prefill_series) if counts_ok(prefill_series) else {}
         t["requests_per_s"] = sum(prefills.values()) if prefills else None
         by_le = promql.split_le(view.increase(sample_name(c.REQUEST_PREFILL, "_bucket"), mt, w, now, ("le",)))
         long_s = long_prefill_seconds(by_le.get((), {}), self.long_prefill_s)
@@ -308,9 +334,9 @@ class Reader:
         n_tpot = t.get("tpot_requests") or 0.0
         t["tpot_mean_s"] = sum(tsum.values()) / n_tpot if tsum and n_tpot > 0 else None
         # step time of a replica = mean over its data-parallel engines (each steps on its own)
-        step_rates = counter_rates(view.range(sample_name(c.ENGINE_STEPS), mt, now - w, now), by="engine")
-        eng_rep = {s.label("engine"): replica_of(s.labels) for s in view.range(sample_name(c.ENGINE_STEPS), mt,
-                                                                                 now - w, now)}
+        step_series = view.range(sample_name(c.ENGINE_STEPS), mt, now - w, now)
+        step_rates = counter_rates(step_series, by="engine") if counts_ok(step_series) else {}
+        eng_rep = {s.label("engine"): replica_of(s.labels) for s in step_series}
         step_times: dict[str, list[float]] = {}
         for eng, rate in step_rates.items():
             if rate > 0:
@@ -340,4 +366,26 @@ class Reader:
             if drafts.get(e):
                 s.accepted_len = 1.0 + acc.get(e, 0.0) / drafts[e]
             r.per_engine[e] = s
+        _drop_non_finite(r)
         return r
+
+
+def _drop_non_finite(r: PoolReading) -> None:
+    """Unknown (None) for every number of ``r`` that is not finite: a +Inf histogram sum or
+    running gauge in the window read as an infinite (or NaN) mean, step time or accepted length,
+    which the learned state kept for good (a NaN accepted length sized decode at one sequence a
+    replica, 1 -> 5 replicas, until the guard's state file was deleted)."""
+    t = r.totals
+    for k, v in t.items():
+        if v is not None and not math.isfinite(v):
+            t[k] = None
+    if t.get("accepted_len") is None:
+        t["accepted_len"], t["accepted_len_seen"] = 1.0, 0.0
+    for s in r.per_engine.values():
+        for f in ("computed_tps", "prompt_tps", "running_mean", "running_min", "step_s", "tpot_mean_s",
+                  "accepted_len"):
+            v = getattr(s, f)
+            if v is not None and not math.isfinite(v):
+                setattr(s, f, None)
+    if not all(math.isfinite(v) for v in r.tpot_le.values()):
+        r.tpot_le = {}
