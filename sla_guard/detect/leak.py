@@ -758,7 +758,9 @@ def seasonal_removed(t: np.ndarray, y: np.ndarray, since: float, p: LeakParams) 
     r0 = ym - trend @ b0
     sse1, sse0 = float(r_full @ r_full), float(r0 @ r0)
     df2 = len(ym) - full.shape[1]
-    if sse1 <= 0 or df2 <= 0:
+    # sse0 == 0: the floor is exactly a cubic (a flat RSS, e.g. a float32 coarse tier of an idle
+    # process): nothing is left for a swing to explain, and the ratio below divided by zero
+    if sse1 <= 0 or sse0 <= 0 or df2 <= 0:
         return y, 0.0
     # F(2, df2) upper tail in closed form: (1 + 2F/df2)^(-df2/2) = (sse1 / sse0)^(df2/2)
     if (sse1 / sse0) ** (df2 / 2.0) > p.seasonal_p:
