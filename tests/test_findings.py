@@ -276,3 +276,270 @@ def test_updating_open_findings_recounts_the_gauges_only_when_a_count_moves(monk
     assert g(c.GUARD_FINDINGS.name, {"model": "m", "pool": "decode", "detector": "leak", "severity": "warning"}) == 48
     assert g(c.GUARD_FINDINGS.name, {"model": "m", "pool": "decode", "detector": "leak", "severity": "critical"}) == 1
     assert g(c.GUARD_FINDINGS.name, {"model": "m", "pool": "prefill", "detector": "leak", "severity": "warning"}) == 1
+
+
+# --- the detectors' live path over real loopback targets: the real scraper (a fake clock stamps
+# the scrapes, so hours pass in seconds), the composed guard, and its state file -----------------
+
+class _Page:
+    """One engine's /metrics: spec-decode counters at acceptance ``p`` and the RSS of its processes."""
+
+    def __init__(self, seed: int = 0) -> None:
+        self.rng = np.random.default_rng(seed)
+        self.p, self.n, self.x, self.spec = 0.6, 0.0, 0.0, True
+        self.rss: dict[str, float] = {}  # process label -> RSS bytes
+
+    def advance(self, dt: float) -> None:
+        dn = self.rng.poisson(50 * dt)
+        self.n += dn
+        self.x += self.rng.binomial(dn, self.p)
+
+    def text(self) -> str:
+        lab = 'model="m",pool="decode",engine="0"'
+        out = [f"{c.REQUESTS_RUNNING.name}{{{lab}}} 8"]
+        if self.spec:
+            out += [f"{c.SPEC_DRAFT_TOKENS.exposed}{{{lab}}} {self.n}",
+                    f"{c.SPEC_ACCEPTED_TOKENS.exposed}{{{lab}}} {self.x}"]
+        for proc, rss in self.rss.items():
+            out.append(f'{c.PROCESS_RSS.name}{{{lab},role="engine_core",process="{proc}"}} {rss}')
+        return "\n".join(out) + "\n"
+
+
+class _Live:
+    """``compose`` over the real embedded scraper of loopback targets, ticked at simulated times."""
+
+    def __init__(self, targets: dict, detectors: dict | None = None, state=None) -> None:
+        import asyncio
+
+        from sla_guard.compose import compose
+        from sla_guard.ingest import build_store
+        from sla_guard.ingest.scrape import Scraper
+
+        cfg = parse_config({"source": {"mode": "scrape", "interval_s": 15, "timeout_s": 2,
+                                       "targets": [{"url": url, "model": "m", "pool": "decode", "name": name}
+                                                   for name, url in targets.items()]},
+                            "evaluation_interval_s": 15, "staleness_s": 60, "detectors": detectors or {}})
+        self.t = T0
+        self.scraper = Scraper(cfg.source, build_store(cfg), clock=lambda: self.t)
+        self.state = state
+        self.root = compose(cfg, source=self.scraper, state=state, clock=lambda: self.t)
+        self.guard, self.book = self.root.guard, self.root.findings
+        self.loop = asyncio.new_event_loop()
+
+    def step(self, t: float):
+        self.t = t
+        self.loop.run_until_complete(self.scraper.collect(t))
+        return self.guard.tick(t)
+
+    def close(self) -> None:
+        self.loop.run_until_complete(self.scraper.aclose())
+        self.loop.close()
+        if self.state is not None:
+            self.state.close()
+
+
+def _leaking(page: _Page, t: float, rng) -> None:
+    """EngineCore_DP0 leaks 200 MiB/h from T0 + 1 h, with 3 MiB of noise."""
+    page.rss["EngineCore_DP0"] = 6e9 + rng.normal(0, 3 * MIB) + max(0.0, t - T0 - HOUR) * 200 * MIB / HOUR
+
+
+def test_a_flat_rss_does_not_blind_the_leak_detector_for_every_process():
+    """A process whose RSS does not move (an idle helper; the coarse tier keeps RSS as float32)
+    made the seasonal F-test divide by zero once 8 h of it were stored: the leak evaluator raised
+    on that series every tick, so no other process was judged (nor any finding resolved) again."""
+    from guard_support import Served
+
+    flat, leaky = _Page(), _Page(1)
+    flat.spec = leaky.spec = False
+    flat.rss["DPCoordinator"] = 6e9
+    servers = {"a": Served(flat.text), "b": Served(leaky.text)}
+    live = _Live({k: s.url for k, s in servers.items()}, {"leak": {"limit_bytes": 64e9}})
+    rng = np.random.default_rng(2)
+    try:
+        t = T0
+        while t < T0 + 8.5 * HOUR:
+            t += 15.0
+            _leaking(leaky, t, rng)
+            assert live.step(t).errors == {}, (t - T0) / HOUR
+        assert [f.key for f in live.book.open_findings()] == ["leak/b/m/decode/0/EngineCore_DP0"]
+    finally:
+        live.close()
+        for s in servers.values():
+            s.stop()
+
+
+def test_leak_finding_of_a_vanished_process_resolves_and_its_slope_series_goes():
+    """A leaking process that vanishes from a page still served (scaled down, replaced) kept its
+    finding open, and the advisor's rolling restart of it, for the 12 h of RSS the detector reads,
+    and its slope gauge stayed on the guard's /metrics forever (one series per process that ever
+    lived). Gone after the gap the detector already reads as a new segment; while its target is
+    down nothing is known and the finding stays open."""
+    from guard_support import Served
+
+    page = _Page()
+    page.spec = False
+    srv = Served(page.text)
+    live = _Live({"e0": srv.url}, {"leak": {"limit_bytes": 64e9}})
+    rng = np.random.default_rng(3)
+    key = "leak/e0/m/decode/0/EngineCore_DP0"
+    slope = {"model": "m", "pool": "decode", "instance": "e0", "process": "EngineCore_DP0"}
+    try:
+        t = T0
+        while t < T0 + 4 * HOUR:
+            t += 60.0
+            _leaking(page, t, rng)
+            page.rss["APIServer"] = 2e9 + rng.normal(0, 3 * MIB)
+            live.step(t)
+        assert live.book.get(key).open
+        assert live.guard.registry.get_sample_value(c.GUARD_LEAK_SLOPE.name, slope) > 0
+        srv.mode = "error"  # the target is down for 2 h: unknown, the finding stays
+        for _ in range(120):
+            t += 60.0
+            live.step(t)
+        assert live.book.get(key).open
+        srv.mode = "ok"
+        del page.rss["EngineCore_DP0"]  # served again, without the leaking process
+        gone = t
+        while live.book.get(key).open and t < gone + 13 * HOUR:
+            t += 60.0
+            page.rss["APIServer"] = 2e9 + rng.normal(0, 3 * MIB)
+            live.step(t)
+        f = live.book.get(key)
+        assert not f.open and f.details["resolution"] == "series_gone" and t - gone <= HOUR, (t - gone) / HOUR
+        assert live.guard.registry.get_sample_value(c.GUARD_LEAK_SLOPE.name, slope) is None
+    finally:
+        live.close()
+        srv.stop()
+
+
+def _drifted(live: _Live, page: _Page, t: float, until: float) -> float:
+    """Acceptance 0.6, then 0.45 from T0 + 1.5 h (past warm-up), until ``until``."""
+    while t < until:
+        t += 15.0
+        page.p = 0.45 if t > T0 + 1.5 * HOUR else 0.6
+        page.advance(15.0)
+        live.step(t)
+    return t
+
+
+def test_drift_finding_resolves_once_its_series_are_gone():
+    """An open acceptance drift whose counters vanish (spec decoding turned off, the pool removed)
+    stayed open forever: its CUSUM keeps the alarm and nothing judges the pool again."""
+    from guard_support import Served
+
+    page = _Page()
+    srv = Served(page.text)
+    live = _Live({"e0": srv.url})
+    key = "acceptance_drift/m/decode"
+    try:
+        t = _drifted(live, page, T0, T0 + 2 * HOUR)
+        assert live.book.get(key).open
+        page.spec = False
+        gone = t
+        while live.book.get(key).open and t < gone + 6 * HOUR:
+            t += 15.0
+            live.step(t)
+        f = live.book.get(key)
+        assert not f.open and f.details["resolution"] == "series_gone" and t - gone <= HOUR
+    finally:
+        live.close()
+        srv.stop()
+
+
+def test_restored_findings_no_configured_detector_judges_are_resolved(tmp_path):
+    """A guard restarted from its state file with a detector turned off (or per-position acceptance
+    off) reopened that detector's findings and nothing ever resolved them: served, sent to
+    Alertmanager and, for a leak, a rolling restart recommended forever. The same config keeps them."""
+    from guard_support import Served
+
+    from sla_guard.state import StateStore
+
+    page = _Page()
+    srv = Served(page.text)
+    db = tmp_path / "state.db"
+    live = _Live({"e0": srv.url}, state=StateStore(db))
+    leak_key = "leak/e0/m/decode/0/core"
+    try:
+        t = _drifted(live, page, T0, T0 + 2 * HOUR)
+        live.book.raise_("leak", leak_key, "critical", "core RSS grows", {"model": "m", "pool": "decode"},
+                         {"eta_s": 1680.0}, t)  # as the leak evaluator would have (its process is served)
+        live.step(t + 15.0)
+        t += 15.0
+        opened = sorted(f.key for f in live.book.open_findings())
+        assert "acceptance_drift/m/decode" in opened and leak_key in opened
+        live.close()
+        for detectors, kept in (({}, opened),
+                                ({"leak": {"enabled": False}}, [k for k in opened if k != leak_key]),
+                                ({"acceptance": {"enabled": False}}, [leak_key])):
+            live = _Live({"e0": srv.url}, detectors, state=StateStore(db))
+            page.advance(15.0)
+            t += 15.0
+            assert live.step(t).errors == {}
+            assert sorted(f.key for f in live.book.open_findings()) == kept, detectors
+            gone = [f for f in live.book.resolved_findings() if f.key in set(opened) - set(kept)]
+            assert "error" not in live.guard.status()["evaluators"]["restored_findings"]
+            assert all(f.details["resolution"] == "not_configured" for f in gone)
+            live.close()
+            if detectors:  # put the findings back for the next config
+                live = _Live({"e0": srv.url}, state=StateStore(db))
+                for f in gone:
+                    live.book.raise_(f.detector, f.key, f.severity, f.summary, f.labels, f.details, t)
+                live.guard.persist(t)
+                live.close()
+    finally:
+        srv.stop()
+
+
+class _PrefixPage:
+    """An engine's prefix-cache counters (hit share 0.5, refilling with a 10-min time constant
+    after ``start``); serves an empty page while ``on`` is False."""
+
+    def __init__(self, start: float, rng) -> None:
+        self.start, self.rng, self.on, self.q, self.h, self.drop = start, rng, True, 0.0, 0.0, 0.0
+
+    def advance(self, t: float) -> None:
+        lengths = self.rng.integers(1000, 8000, self.rng.poisson(4))
+        share = 0.555 * (1 - np.exp(-(t - self.start) / 600.0)) - self.drop
+        self.q += float(lengths.sum())
+        self.h += float((0.9 * lengths * (self.rng.random(len(lengths)) < share)).sum())
+
+    def text(self) -> str:
+        if not self.on:
+            return ""
+        lab = 'model="m",pool="decode",engine="0",cache="local"'
+        return (f"{c.PREFIX_CACHE_QUERIES.exposed}{{{lab}}} {self.q}\n"
+                f"{c.PREFIX_CACHE_HITS.exposed}{{{lab}}} {self.h}\n")
+
+
+def test_an_engine_restarted_under_new_labels_is_a_counter_reset_for_the_prefix_hit_hold():
+    """A restarted engine whose series come back under another instance (Kubernetes replaced the
+    pod, the target was renamed) starts its counters at zero and its prefix cache cold, like a
+    restart under the same labels; only the latter held judging, so the refill was a prefix-hit
+    drift finding within minutes. A real drop later is still found."""
+    from guard_support import Served
+
+    rng = np.random.default_rng(4)
+    restart = T0 + 3 * HOUR
+    old, new = _PrefixPage(T0 - 1e6, rng), _PrefixPage(restart, rng)
+    new.on = False
+    servers = {"pod-a": Served(old.text), "pod-b": Served(new.text)}
+    live = _Live({k: s.url for k, s in servers.items()})
+    key = "prefix_hit_drift/m/decode"
+    try:
+        t = T0
+        while t < restart + 3 * HOUR:
+            t += 15.0
+            if t >= restart:
+                old.on, new.on = False, True
+            if t >= restart + 2 * HOUR:
+                new.drop = 0.222
+            (new if new.on else old).advance(t)
+            live.step(t)
+            f = live.book.get(key)
+            if f is not None:
+                break
+        assert f is not None and restart + 2 * HOUR <= f.opened_at <= restart + 2 * HOUR + 1800, (t - restart) / 60
+    finally:
+        live.close()
+        for s in servers.values():
+            s.stop()

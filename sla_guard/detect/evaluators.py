@@ -19,6 +19,7 @@ from fastapi import APIRouter, HTTPException
 from exporters import contract as c
 from sla_guard.detect import drift, leak
 from sla_guard.detect.findings import FindingsBook, finding_json
+from sla_guard.ingest.source import UP
 from sla_guard.model import MetricsView
 from sla_guard.settings.detectors import DetectorsConfig, LeakConfig, RateConfig, TpotConfig
 
@@ -58,6 +59,7 @@ class LeakEvaluator:
         self.verdicts: dict[str, leak.LeakVerdict] = {}
         self._last_bucket: dict[str, int] = {}
         self._ok_since: dict[str, float] = {}
+        self._gauged: dict[str, tuple[str, str, str, str]] = {}  # key -> its GUARD_LEAK_SLOPE labels
         self._data_since: float | None = None  # first tick that saw any RSS series
 
     def bind_metrics(self, metrics) -> None:
@@ -75,12 +77,15 @@ class LeakEvaluator:
         if not self.cfg.enabled:
             return
         seen: set[str] = set()
+        down = self._down_instances(view, now)
         for s in view.range(c.PROCESS_RSS.name, {}, now - self.lookback_s, now):
             lab = dict(s.labels)
             key = "leak/" + "/".join(lab.get(k, "") for k in ("instance", "model", "pool", "engine", "process"))
-            seen.add(key)
             if len(s.t) == 0:
                 continue
+            if now - float(s.t[-1]) > self.params.max_gap_s and lab.get("instance", "") not in down:
+                continue  # gone (see _down_instances): its finding resolves below, not in lookback_s (12 h)
+            seen.add(key)
             bucket = int(s.t[-1] // self.params.bucket_s)
             if self._last_bucket.get(key) == bucket and key in self.verdicts:
                 continue  # the floor only changes once per bucket
@@ -97,6 +102,8 @@ class LeakEvaluator:
             limit, source = self._limit()
             v = leak.assess(s.t, s.v, self.params, limit_bytes=limit, load=load, start_time=start)
             self.verdicts[key] = v
+            self._gauged[key] = (lab.get("model", ""), lab.get("pool", ""), lab.get("instance", ""),
+                                 lab.get("process", ""))
             # a restart is evidence only when seen: a drop inside our data or a process start
             # time after the finding opened, never merely "our data begins after it opened"
             # (which is all a guard restarted from its state file has at first)
@@ -109,8 +116,25 @@ class LeakEvaluator:
                 self.verdicts.pop(key, None)
                 self._last_bucket.pop(key, None)
                 self._ok_since.pop(key, None)
+                self._ungauge(key)
                 self.book.resolve(key, now, {"resolution": "series_gone"})
         self._restored_gone(seen, now)
+
+    @staticmethod
+    def _down_instances(view: MetricsView, now: float) -> set[str]:
+        """Instances whose source fails now (``up`` 0). A process series with no sample for
+        longer than ``max_gap_s`` (a hole the detector already reads as a new segment) is gone
+        when its page is still served without it or its target is no longer scraped (removed,
+        renamed); while its target is down its data is unknown, and an open leak stays open."""
+        return {dict(lab).get("instance", "") for lab, v in view.instant(UP, {}, now).items() if not v >= 1}
+
+    def _ungauge(self, key: str) -> None:
+        """Drop a gone process's slope gauge: kept, it showed the last slope forever and every
+        process that ever lived stayed a series on the guard's /metrics."""
+        labels = self._gauged.pop(key, None)
+        if labels is not None and self.metrics is not None:
+            with contextlib.suppress(KeyError):
+                self.metrics[c.GUARD_LEAK_SLOPE].remove(*labels)
 
     def _restored_gone(self, seen: set[str], now: float) -> None:
         """A finding reopened from the state file whose process never shows up again, while
@@ -155,6 +179,10 @@ class LeakEvaluator:
             self._ok_since.pop(key, None)
             self.book.resolve(key, now, {"resolution": "trend_gone"})
 
+    def claims(self, key: str) -> bool:
+        """Whether this evaluator will judge (and so in time resolve) the open finding ``key``."""
+        return self.cfg.enabled and key.startswith("leak/")
+
     def state_dump(self, full: bool) -> dict:
         """Only the hysteresis clocks: verdicts are recomputed from the data at the next bucket,
         and the open findings themselves live in the findings book."""
@@ -193,6 +221,30 @@ class _DriftState:
         self._dumped_next = self._next
         return {"s": encode({"next": self._next, "cusums": self.cusums})}
 
+    def _sweep_gone(self, view: MetricsView, present: set[tuple], now: float) -> None:
+        """Resolve the open finding of a group whose series are gone (its pool removed or renamed,
+        spec decoding turned off) for longer than ``resolve_s``: its CUSUM keeps the open alarm, so
+        it stayed open forever. Not while a target of that model/pool is down (data unknown). The
+        CUSUM is kept: if the series come back still drifted, the finding opens again."""
+        seen = self._seen_at
+        for k in present:
+            seen[k] = now
+        down = None
+        for k, cus in self.cusums.items():
+            if cus.alarm is None or now - seen.setdefault(k, now) <= self.params.resolve_s:
+                continue
+            if down is None:
+                down = {(_lab(lab, "model"), _lab(lab, "pool")) for lab, v in view.instant(UP, {}, now).items()
+                        if not v >= 1}
+            f = self.book.get(self._key(k))
+            if f is not None and f.open and tuple(k[:2]) not in down:
+                self.book.resolve(f.key, now, {"resolution": "series_gone"})
+
+    def claims(self, key: str) -> bool:
+        """Whether this evaluator will judge (and so in time resolve) the open finding ``key``."""
+        return self.cfg.enabled and any(cus.alarm is not None and self._key(k) == key
+                                        for k, cus in self.cusums.items())
+
     def state_load(self, parts: dict, records: list[dict]) -> None:
         from sla_guard.state import decode
 
@@ -211,21 +263,29 @@ class _Counters:
     def __init__(self) -> None:
         self.last: dict = {}
         self.resets: set[tuple] = set()  # groups with a counter reset (an engine restart) in the last step
+        self.groups: set[tuple] = set()  # groups seen in an earlier step
 
     def step(self, values: dict, by: tuple[str, ...]) -> dict[tuple, float]:
         out: dict[tuple, float] = defaultdict(float)
         self.resets = set()
+        seen: set[tuple] = set()
         for labels, v in values.items():
             if not math.isfinite(v):
                 continue
+            key = tuple(_lab(labels, k) for k in by)
+            seen.add(key)
             prev = self.last.get(labels)
             self.last[labels] = v
             if prev is None:
+                # a new series in a group already seen is an engine (re)started under new labels (a
+                # replaced pod, a renamed target): its counters began at zero, its cache is cold
+                if key in self.groups:
+                    self.resets.add(key)
                 continue
-            key = tuple(_lab(labels, k) for k in by)
             if v < prev:
                 self.resets.add(key)
             out[key] += v - prev if v >= prev else v
+        self.groups |= seen
         return out
 
 
@@ -255,12 +315,15 @@ class RateDriftEvaluator(_DriftState):
         self._acc: dict[tuple, list[float]] = defaultdict(lambda: [0.0, 0.0])
         self._next: float | None = None
         self.cusums: dict[tuple, drift.RateCusum] = {}
+        self._seen_at: dict[tuple, float] = {}  # group -> last tick its series were there (_sweep_gone)
 
     def evaluate(self, view: MetricsView, now: float) -> None:
         if not self.cfg.enabled:
             return
-        dn = self._n.step(view.instant(self.trials.exposed, self.matchers, now), self.by)
+        trials = view.instant(self.trials.exposed, self.matchers, now)
+        dn = self._n.step(trials, self.by)
         dx = self._x.step(view.instant(self.successes.exposed, self.matchers, now), self.by)
+        self._sweep_gone(view, {tuple(_lab(lab, b) for b in self.by) for lab in trials}, now)
         for k, n in dn.items():
             acc = self._acc[k]
             acc[0] += n
@@ -318,6 +381,7 @@ class TpotDriftEvaluator(_DriftState):
         self._next: float | None = None
         self._acc: dict[tuple, list[float]] = defaultdict(lambda: [0.0, 0.0])
         self.cusums: dict[tuple, drift.LatencyDrift] = {}
+        self._seen_at: dict[tuple, float] = {}  # group -> last tick its series were there (_sweep_gone)
         self._running: dict[tuple, list[float]] = defaultdict(lambda: [0.0, 0.0])  # (sum, ticks) this interval
 
     def evaluate(self, view: MetricsView, now: float) -> None:
@@ -325,7 +389,9 @@ class TpotDriftEvaluator(_DriftState):
             return
         by = ("model", "pool")
         ds = self._s.step(view.instant(c.REQUEST_TPOT.series("_sum"), {}, now), by)
-        dn = self._n.step(view.instant(c.REQUEST_TPOT.series("_count"), {}, now), by)
+        counts = view.instant(c.REQUEST_TPOT.series("_count"), {}, now)
+        dn = self._n.step(counts, by)
+        self._sweep_gone(view, {tuple(_lab(lab, b) for b in by) for lab in counts}, now)
         for k, n in dn.items():
             self._acc[k][0] += ds.get(k, 0.0)
             self._acc[k][1] += n
@@ -350,7 +416,7 @@ class TpotDriftEvaluator(_DriftState):
             cus = self.cusums.setdefault(k, drift.LatencyDrift(self.params))
             was_open = cus.alarm is not None
             cus.update(now, s / n, running[k][0] / running[k][1], n)
-            key = "/".join(("tpot_drift", *k))
+            key = self._key(k)
             labels = dict(zip(by, k, strict=True))
             if cus.alarm is not None:
                 a = cus.alarm
@@ -363,8 +429,40 @@ class TpotDriftEvaluator(_DriftState):
             elif was_open:
                 self.book.resolve(key, now)
 
+    def _key(self, k: tuple) -> str:
+        return "/".join(("tpot_drift", *k))
+
     def snapshot(self) -> dict:
         return {"/".join(k): cus.snapshot() for k, cus in self.cusums.items()}
+
+
+class RestoredFindings:
+    """A finding reopened from the state file that no configured detector will judge again (its
+    detector now disabled, per-position acceptance turned off, its drift state lost) stayed open
+    forever: served, sent to Alertmanager and, for a leak, a rolling restart the advisor kept
+    recommending. At the first tick each is resolved unless an enabled evaluator claims it."""
+
+    name = "restored_findings"
+
+    def __init__(self, book: FindingsBook, evaluators: list) -> None:
+        self.book, self.evaluators = book, evaluators
+        self.detectors = {"leak", "acceptance_drift", "prefix_hit_drift", "tpot_drift"}  # ttft_stage syncs its own
+        self.done = False
+        self.resolved: list[str] = []  # keys resolved as not configured
+
+    def evaluate(self, view: MetricsView, now: float) -> None:
+        if self.done:
+            return
+        self.done = True
+        for f in self.book.open_findings():
+            if f.key in self.book.restored and f.detector in self.detectors and not any(
+                    ev.claims(f.key) for ev in self.evaluators):
+                self.book.restored.discard(f.key)
+                self.book.resolve(f.key, now, {"resolution": "not_configured"})
+                self.resolved.append(f.key)
+
+    def snapshot(self) -> dict:
+        return {"done": self.done, "resolved": list(self.resolved)}
 
 
 def build_evaluators(book: FindingsBook, cfg: DetectorsConfig) -> list:
@@ -381,6 +479,7 @@ def build_evaluators(book: FindingsBook, cfg: DetectorsConfig) -> list:
                                   c.PREFIX_CACHE_HITS, cfg.prefix_hit, "down", "prefix-cache hit rate",
                                   matchers={"cache": "local"}))
     evs.append(TpotDriftEvaluator(book, cfg.tpot))
+    evs.append(RestoredFindings(book, list(evs)))
     return evs
 
 
