@@ -66,9 +66,9 @@ def run(args: argparse.Namespace) -> int:
             host, port = split_listen(args.listen or cfg.api.listen)
         except ValueError as err:  # only --listen can still be wrong: api.listen was validated
             raise ConfigError(f"{'--listen' if args.listen else 'api.listen'}: {err}") from None
-        token: str | TokenFile | None = cfg.api.token()  # ConfigError if the file went away since load_config
-        if token is not None and cfg.api.token_file is not None:
-            token = TokenFile(cfg.api.token_file)  # follows the file: a rotated Secret needs no restart
+        # ConfigError if the file went away since load_config read it; a token file is followed, so a
+        # rotated Secret needs no restart
+        token = TokenFile(cfg.api.token_file) if cfg.api.token_file is not None else cfg.api.token()
         if token is None and not _loopback(host):
             raise ConfigError(f"api.listen: {host} is not a loopback address and no API token is set; "
                               f"set api.token_file or ${cfg.api.token_env or 'SLA_GUARD_TOKEN'}")
