@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from prometheus_client.utils import floatToGoString
 
 from exporters.contract import Kind, Metric
-from exporters.label_text import any_of_literal
+from exporters.label_text import any_of_literal, le_spellings
 
 HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
 
@@ -27,7 +27,7 @@ def le_matcher(threshold: float) -> str:
     prometheus_client "2.0", Go and Rust clients (the routers: llm-d, Dynamo) "2". Prometheus 2.x
     stores ``le`` as scraped, so ``le="2.0"`` never matched a router's bucket and its client-scope
     SLO recorded nothing and never alerted (the guard reads both spellings)."""
-    spellings = {le(threshold), f"{threshold:g}", repr(float(threshold))}
+    spellings = le_spellings(threshold)
     return f'le="{le(threshold)}"' if len(spellings) == 1 else f"le=~{any_of_literal(spellings)}"
 
 

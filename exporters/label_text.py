@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from prometheus_client.utils import floatToGoString
+
 _RE2_META = frozenset("\\.+*?()|[]{}^$")
 
 
@@ -21,3 +23,10 @@ def any_of_literal(values: Iterable[str]) -> str:
     matches anything) and that model was never alerted on."""
     return string_literal("|".join("".join("\\" + ch if ch in _RE2_META else ch for ch in v)
                                    for v in sorted(set(values))))
+
+
+def le_spellings(bound: float) -> frozenset[str]:
+    """How exporters write a bucket bound as an ``le`` value: prometheus_client "2.0", Go and Rust
+    clients (the routers: llm-d, Dynamo) "2". Prometheus 2.x keeps ``le`` as scraped, so a matcher
+    on one spelling misses the other's buckets."""
+    return frozenset({floatToGoString(float(bound)), f"{bound:g}", repr(float(bound))})

@@ -32,9 +32,9 @@ from dataclasses import asdict, dataclass, field
 from typing import TypeVar
 
 import numpy as np
-from prometheus_client.utils import floatToGoString
 
 from exporters import contract as c
+from exporters.label_text import le_spellings
 from exporters.prometheus import ContractMetrics
 from sla_guard import promql
 from sla_guard.burn_windows import PAGE, burn_rules
@@ -791,12 +791,6 @@ def _mp(lab: Labels) -> tuple[str, str]:
     return d.get("model", ""), d.get("pool", "")
 
 
-def _le_spellings(thr: float) -> set[str]:
-    """How exporters write a bucket bound as an ``le`` value: prometheus_client ("1.0", "2.5"),
-    Go ("1", "2.5")."""
-    return {floatToGoString(thr), f"{thr:g}", repr(float(thr))}
-
-
 def _lacking(query: Callable[[Mapping[str, str], tuple[str, ...]], dict[Labels, float]],
              thr: float) -> dict[tuple[str, str], dict[str, float]]:
     """{(model, pool): {instance: requests}} of the targets with requests whose histogram has no
@@ -810,7 +804,7 @@ def _lacking(query: Callable[[Mapping[str, str], tuple[str, ...]], dict[Labels, 
     if not busy:
         return {}
     have: set[Labels] = set()
-    for spelling in _le_spellings(thr):
+    for spelling in le_spellings(thr):
         have.update(query({"le": spelling}, by))
     out: dict[tuple[str, str], dict[str, float]] = {}
     for lab, v in busy.items():
