@@ -43,6 +43,11 @@ from pd_proxy.metrics import UNKNOWN_MODEL, ClientMetrics, RequestStats, never_r
 log = logging.getLogger("pd_proxy")
 
 PATHS = ("/v1/completions", "/v1/chat/completions")
+# A decode engine's 401 / 403 / 404 to a request the prefill engine has just served with the same model
+# and Authorization: a model or LoRA adapter only one pool serves, another API key. The deployment is
+# broken, not the client's request, so the outcome is error: as client_error every request failed while
+# the availability SLO stayed green. (A decode 400 / 422 can be the client's: only decode sees max_tokens.)
+POOLS_DISAGREE_4XX = frozenset({401, 403, 404})
 Outcome = c.Outcome
 T = TypeVar("T")
 
@@ -53,6 +58,7 @@ class LegFailed(Exception):
     def __init__(self, status: int, content: bytes, media_type: str) -> None:
         super().__init__(status)
         self.status, self.content, self.media_type = status, content, media_type
+        self.outcome = c.outcome_of_status(status)
 
     @classmethod
     def proxy_error(cls, status: int, kind: str, message: str, leg: str, engine: str) -> LegFailed:
@@ -60,14 +66,19 @@ class LegFailed(Exception):
         return cls(status, json.dumps(body).encode(), "application/json")
 
     @classmethod
-    def engine_answer(cls, r: httpx.Response) -> LegFailed:
+    def engine_answer(cls, r: httpx.Response, leg: str = "prefill") -> LegFailed:
         """An engine's non-200 answer, passed through: its status and body, as JSON when it is."""
         try:
             json.loads(r.content)
             media = "application/json"
         except ValueError:
             media = r.headers.get("content-type") or "text/plain"
-        return cls(r.status_code, r.content, media)
+        failed = cls(r.status_code, r.content, media)
+        if leg == "decode" and r.status_code in POOLS_DISAGREE_4XX:
+            log.warning("decode engine %s answered %d to a request the prefill engine served: the pools disagree "
+                        "(model, LoRA adapter or API key)", display_url(str(r.request.url)), r.status_code)
+            failed.outcome = Outcome.ERROR
+        return failed
 
 
 class TrackedResponse(Response):
@@ -109,6 +120,11 @@ class DecodeStream:
         first_at = last_at = None
         tokens: int | None = None
         done = errored = False
+        # Several choices (n > 1, a list of prompts) are decoded side by side, interleaved, and usage counts
+        # the tokens of all of them: one choice's time over every choice's tokens observed TPOT / n. The
+        # proxy cannot tell one choice's token count, so such a stream's TPOT is unknown, not observed.
+        choice: int | None = None
+        several = False
         while True:
             failure = None
             try:
@@ -130,11 +146,17 @@ class DecodeStream:
                     tokens = ev.completion_tokens
                 if ev.usage_only and not self.want_usage:
                     continue  # asked for by the proxy (TPOT needs completion_tokens), not by the client
-                if ev.token:
+                for i in ev.choices:
+                    choice = i if choice is None else choice
+                    several = several or i != choice
+                if ev.token or (ev.step and first_at is not None):
                     # Stamped when the token is handed to the client connection, before the yield: the
                     # yield resumes only once the server's send() returns, and uvicorn's send() first
                     # waits (flow control) for a slow reader to drain what is already buffered, so a
                     # stamp after it counted the client's reading speed into TTFT (and TPOT).
+                    # After the first token, a chunk without text is a decode step too: the last one, EOS
+                    # with finish_reason, has none but is in completion_tokens; TPOT ended a step early
+                    # ("Yes" + EOS: 0 s, observed) where vLLM's own TPOT ends at the EOS step.
                     last_at = time.perf_counter()
                     if first_at is None:
                         first_at = last_at
@@ -145,7 +167,7 @@ class DecodeStream:
                     # Settled once [DONE] is out: a client that hangs up now has its whole answer.
                     done = True
                     self.outcome = Outcome.ERROR if errored else Outcome.OK
-                    if first_at is not None and not errored:
+                    if first_at is not None and not errored and not several:
                         self.stats.tpot(first_at, last_at, tokens)
             if chunk is None:
                 break
@@ -212,7 +234,7 @@ class Proxy:
         except LegFailed as e:
             # an engine's 4xx (bad request, prompt over max_model_len, unknown model) is the client's
             # mistake, not the service failing; 408/429/5xx and the proxy's 502/504 are errors
-            return TrackedResponse(e.content, e.status, e.media_type, headers, stats, c.outcome_of_status(e.status))
+            return TrackedResponse(e.content, e.status, e.media_type, headers, stats, e.outcome)
         except BaseException:
             stats.finish(Outcome.ERROR)
             raise
@@ -275,7 +297,7 @@ class Proxy:
                 stats.finish(Outcome.ABORTED)
                 return Response(status_code=499, headers=headers)
             if r.status_code != 200:
-                raise LegFailed.engine_answer(r)
+                raise LegFailed.engine_answer(r, "decode")
             if await request.is_disconnected():
                 # the client left during decode: the server's send would vanish without an error,
                 # and the answer nobody read was counted ok with an e2e time
@@ -335,7 +357,7 @@ class Proxy:
                 if resp.status_code != 200:
                     await resp.aread()
             if resp.status_code != 200:
-                raise LegFailed.engine_answer(resp)
+                raise LegFailed.engine_answer(resp, "decode")
             stream = DecodeStream(resp, lease, stats, deadline, want_usage, sent, prefill_leg_s)
             media = resp.headers.get("content-type") or "text/event-stream"
             return RelayResponse(stream, headers, media)

@@ -60,6 +60,7 @@ class Engine:
         self.stall_s = 3.0
         self.send_done = True
         self.first_chunk_extra: dict = {}  # more fields of chat's first (role) chunk
+        self.eos = False  # end as vLLM does at EOS: one more step, no text, finish_reason, counted in usage
         self.hung_up = threading.Event()
         self.active = 0
         eng = self
@@ -123,20 +124,40 @@ class Engine:
             h.wfile.write(b"data: " + (obj if isinstance(obj, bytes) else json.dumps(obj).encode()) + b"\n\n")
             h.wfile.flush()
 
+        # vLLM's should_include_usage: continuous usage (in every chunk) only along with include_usage
+        so = body.get("stream_options") or {}
+        continuous = bool(so.get("include_usage") and so.get("continuous_usage_stats"))
+        n = body.get("n") or 1  # n choices, interleaved, each chunk one choice (vLLM's form)
         if chat:  # vLLM's first chat chunk: the role, no text
-            event({"id": "d", "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}],
-                   "usage": None, **self.first_chunk_extra})
+            for k in range(n):
+                event({"id": "d", "choices": [{"index": k, "delta": {"role": "assistant", "content": ""}}],
+                       "usage": None, **self.first_chunk_extra})
         time.sleep(self.first_token_s)
         for i in range(self.tokens):
             if i:
                 time.sleep(self.itl_s)
             if self.stall_after is not None and i == self.stall_after:
                 time.sleep(self.stall_s)
-            choice = {"index": 0, "delta": {"content": f"t{i} "}} if chat else {"index": 0, "text": f"t{i} "}
-            event({"id": "d", "choices": [choice], "usage": None})
-        if (body.get("stream_options") or {}).get("include_usage"):
-            event({"id": "d", "choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": self.tokens,
-                                                        "total_tokens": 3 + self.tokens}})
+            for k in range(n):
+                choice = {"index": k, "delta": {"content": f"t{i} "}} if chat else {"index": k, "text": f"t{i} "}
+                if not chat and i == 0 and body.get("echo"):  # the prompt, and its logprobs, with the first token
+                    words = body["prompt"].split(" ")
+                    choice["text"] = body["prompt"] + choice["text"]
+                    if body.get("logprobs") is not None:
+                        choice["logprobs"] = {"tokens": words, "token_logprobs": [-0.25] * len(words),
+                                              "top_logprobs": [{w: -0.25, " x": -1.5} for w in words],
+                                              "text_offset": list(range(len(words)))}
+                usage = {"prompt_tokens": 3, "completion_tokens": i + 1, "total_tokens": 4 + i} if continuous else None
+                event({"id": "d", "choices": [choice], "usage": usage})
+        if self.eos:
+            time.sleep(self.itl_s)
+            for k in range(n):
+                choice = {"index": k, "delta": {"content": ""}} if chat else {"index": k, "text": ""}
+                event({"id": "d", "choices": [{**choice, "finish_reason": "stop"}]})
+        generated = n * (self.tokens + self.eos)
+        if so.get("include_usage"):
+            event({"id": "d", "choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": generated,
+                                                        "total_tokens": 3 + generated}})
         if self.send_done:
             event(b"[DONE]")
 
@@ -854,3 +875,121 @@ def test_sse_splitter_searches_only_new_bytes_and_bounds_an_event():
     sp = legs.SseSplitter(max_event_bytes=10)
     assert sp.feed(b"x" * 8) == [] and sp.feed(b"y" * 8) == [b"x" * 8 + b"y" * 8]
     assert sp.feed(b"z\n\ndata: [DONE]\n\n") == [b"z\n\n", b"data: [DONE]\n\n"]
+
+
+# --- what vLLM's streams carry beyond one plain choice ----------------------------------------------
+
+def test_several_choices_interleaved_do_not_divide_one_choices_time_by_every_choices_tokens(engines, proxies):
+    """``n`` > 1 (or a list of prompts): vLLM interleaves the choices' chunks and its usage chunk counts
+    the tokens of all of them, so one choice's decode time over every choice's tokens observed TPOT / n
+    (n=3 at 30 ms a token: 10 ms, under a 20 ms SLO). The proxy cannot tell one choice's count: TPOT is
+    not observed for such a stream; TTFT, e2e and outcome still are, and a one-choice stream's TPOT is."""
+    p, d = engines("prefill"), engines("decode")
+    px = proxies([p], [d])
+    d.tokens, d.itl_s = 6, 0.03
+    for path in ("/v1/completions", "/v1/chat/completions"):
+        body = {"model": "m", "stream": True, "n": 3,
+                **({"messages": [{"role": "user", "content": "x"}]} if "chat" in path else {"prompt": "x"})}
+        r, events, _ = stream(px.url + path, body)
+        assert r.status_code == 200 and events[-1][1] == "[DONE]"
+        assert {json.loads(e)["choices"][0]["index"] for _, e in events[:-1]} == {0, 1, 2}
+    s = scrape(px.url)
+    assert value(s, c.CLIENT_REQUESTS.exposed, outcome="ok", model="m") == 2
+    assert value(s, c.CLIENT_TTFT.exposed + "_count") == 2
+    assert value(s, c.CLIENT_TPOT.exposed + "_count") == 0
+    r, events, _ = stream(px.url + "/v1/completions", {"model": "m", "prompt": "x", "stream": True})
+    s = scrape(px.url)
+    assert value(s, c.CLIENT_TPOT.exposed + "_count") == 1
+    assert value(s, c.CLIENT_TPOT.exposed + "_sum") >= 0.03 * 0.9  # one choice: (last - first) / (6 - 1)
+
+
+def test_a_decode_engine_refusing_what_the_prefill_engine_served_is_an_error_not_the_clients(engines, proxies):
+    """The decode pool without the model (or LoRA adapter) the prefill pool serves, or with another API key:
+    every request got the decode engine's 404 / 401 and was counted client_error, so the availability
+    SLO stayed green over a deployment that answered nothing. The answer still passes through as it came;
+    the outcome is error. A decode 400 stays the client's (only decode sees max_tokens)."""
+    p, d = engines("prefill"), engines("decode")
+    px = proxies([p], [d])
+    missing = (b'{"error": {"message": "The model `m` does not exist.", "type": "NotFoundError", "param": "model", '
+               b'"code": 404}}', "application/json")
+    for status, streamed in ((404, True), (404, False), (401, True), (403, False)):
+        d.status, d.error = status, missing
+        r = httpx.post(px.url + "/v1/completions", json={"model": "m", "prompt": "x", "stream": streamed},
+                       timeout=10)
+        assert r.status_code == status and r.content == missing[0]
+    d.status = 400
+    assert httpx.post(px.url + "/v1/completions", json={"model": "m", "prompt": "x", "stream": True},
+                      timeout=10).status_code == 400
+    s = scrape(px.url)
+    assert value(s, c.CLIENT_REQUESTS.exposed, outcome="error", model="m") == 4
+    assert value(s, c.CLIENT_REQUESTS.exposed, outcome="client_error", model="m") == 1
+    assert value(s, c.CLIENT_IN_FLIGHT.name) == 0
+
+
+def test_continuous_usage_stats_alone_does_not_put_usage_into_every_chunk(engines, proxies):
+    """vLLM sends usage in every chunk only when ``include_usage`` is on as well. The proxy turns
+    include_usage on for TPOT, which also turned on the continuous usage a client had asked for alone: its
+    every chunk carried usage that vLLM would not have sent it. Asked together, both still come."""
+    p, d = engines("prefill"), engines("decode")
+    px = proxies([p], [d])
+    body = {"model": "m", "prompt": "x", "stream": True, "stream_options": {"continuous_usage_stats": True}}
+    r, events, _ = stream(px.url + "/v1/completions", body)
+    assert r.status_code == 200 and len(events) == d.tokens + 1
+    assert d.requests[-1]["stream_options"] == {"include_usage": True}
+    assert all(json.loads(e).get("usage") is None for _, e in events[:-1])
+    assert value(scrape(px.url), c.CLIENT_TPOT.exposed + "_count") == 1  # TPOT still has its token count
+    body["stream_options"]["include_usage"] = True
+    r, events, _ = stream(px.url + "/v1/completions", body)
+    chunks = [json.loads(e) for _, e in events[:-1]]
+    assert all(ch["usage"]["completion_tokens"] == i + 1 for i, ch in enumerate(chunks[:-1]))
+    assert chunks[-1] == {"id": "d", "choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": d.tokens,
+                                                               "total_tokens": 3 + d.tokens}}
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+def test_tpot_ends_at_the_eos_step_whose_chunk_has_no_text(engines, proxies, path):
+    """vLLM ends a generation at EOS with one more chunk: no text, finish_reason "stop", and the EOS token
+    in completion_tokens. TPOT ended at the last chunk with text, a step early: a "Yes" + EOS answer
+    observed TPOT 0 s, three words + EOS two thirds of the truth, pulling the client TPOT SLO toward
+    good on every short answer. It ends at the EOS step now, as vLLM's own TPOT does."""
+    p, d = engines("prefill"), engines("decode")
+    px = proxies([p], [d])
+    d.eos, d.itl_s = True, 0.05
+    body = {"model": "m", "stream": True,
+            **({"messages": [{"role": "user", "content": "x"}]} if "chat" in path else {"prompt": "x"})}
+    for tokens in (1, 3):
+        d.tokens = tokens
+        before = scrape(px.url)
+        r, events, _ = stream(px.url + path, body)
+        assert r.status_code == 200 and json.loads(events[-2][1])["choices"][0]["finish_reason"] == "stop"
+        after = scrape(px.url)
+        name = c.CLIENT_TPOT.exposed
+        assert value(after, name + "_count") - value(before, name + "_count") == 1
+        tpot = value(after, name + "_sum") - value(before, name + "_sum")  # (tokens + EOS - 1) steps of itl
+        assert 0.05 * 0.9 <= tpot <= 0.05 * 2, (tokens, tpot)
+
+
+def test_a_first_chunk_over_the_event_bound_still_carries_the_first_token(engines, proxies):
+    """Completions with ``echo`` and ``logprobs``: vLLM's decode engine recomputes the prompt (prompt
+    logprobs skip the remote KV) and its first chunk carries the prompt, its logprobs and the first token,
+    past MAX_EVENT_BYTES at ~20k prompt tokens. That event is passed on in pieces, uninspected, so the
+    first token was missed: TTFT was taken at the second chunk (here 0.4 s later) and TPOT was 0 s."""
+    p, d = engines("prefill"), engines("decode")
+    px = proxies([p], [d])
+    d.tokens, d.itl_s = 2, 0.4
+    prompt = " ".join(f"w{i}" for i in range(70_000))
+    r, events, t_sent = stream(px.url + "/v1/completions",
+                               {"model": "m", "prompt": prompt, "stream": True, "echo": True, "logprobs": 1})
+    assert r.status_code == 200 and events[-1][1] == "[DONE]"
+    assert len(events[0][1]) > legs.MAX_EVENT_BYTES  # relayed whole, in pieces
+    first = json.loads(events[0][1])["choices"][0]
+    assert first["text"] == prompt + "t0 " and len(first["logprobs"]["tokens"]) == 70_000
+    s = scrape(px.url)
+    assert value(s, c.CLIENT_TTFT.exposed + "_count") == 1
+    assert value(s, c.CLIENT_TTFT.exposed + "_sum") <= events[0][0] - t_sent < events[1][0] - t_sent
+    assert value(s, c.CLIENT_TPOT.exposed + "_sum") > 0.1  # handed over 0.4 s apart, less the big chunk's relay
+    # a cut head is read by its structure only: text quoted inside a string (escaped) is not a key
+    role = json.dumps({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}],
+                       "prompt_token_ids": [1] * 10, "prompt_text": '{"text":"x", "content":"y"}'}).encode()
+    assert not legs.inspect_event(b"data: " + role[:-20]).token
+    assert legs.inspect_event(b"data: " + json.dumps({"choices": [{"index": 0, "text": "a"}]}).encode()[:-3]).token
