@@ -270,7 +270,7 @@ class Proxy:
             problem = None if isinstance(body, dict) else "request body must be a JSON object"
         if not problem and "stream" in body:
             try:  # one reading of stream for the proxy and the decode engine
-                body["stream"] = legs.stream_flag(body["stream"])
+                body["stream"] = legs.vllm_bool(body["stream"])
             except ValueError as e:
                 problem = str(e)
         if problem:

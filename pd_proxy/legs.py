@@ -13,6 +13,7 @@ request unchanged plus those parameters.
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -44,19 +45,18 @@ def upstream_headers(headers: Mapping[str, str], rid: str) -> dict[str, bytes]:
     return out
 
 
-# vLLM reads ``stream`` with pydantic in lax mode; so does the proxy
-_STREAM = TypeAdapter(bool | None)
+# vLLM reads its request's booleans with pydantic in lax mode; so does the proxy
+_LAX_BOOL = TypeAdapter(bool | None)
 
 
-def stream_flag(value: Any) -> bool:
-    """``stream`` as the engine will read it, or ValueError where the engine would refuse it.
-
-    vLLM's request model reads ``"false"``, ``"no"`` and ``0`` as False; Python's ``bool("false")``
-    is True, so the proxy waited for a stream the engine never sent."""
+def vllm_bool(value: Any, name: str = "stream") -> bool:
+    """A request boolean (``stream``, ``include_usage``) as the engine will read it, or ValueError
+    where the engine would refuse it. vLLM's request model reads ``"false"``, ``"no"`` and ``0`` as
+    False; Python's ``bool("false")`` is True, so the proxy waited for a stream the engine never sent."""
     try:
-        return bool(_STREAM.validate_python(value))
+        return bool(_LAX_BOOL.validate_python(value))
     except ValidationError:
-        raise ValueError(f"stream must be a boolean, got {json.dumps(value)[:40]}") from None
+        raise ValueError(f"{name} must be a boolean, got {json.dumps(value)[:40]}") from None
 
 
 def prefill_body(body: dict[str, Any]) -> dict[str, Any]:
@@ -71,9 +71,15 @@ def prefill_body(body: dict[str, Any]) -> dict[str, Any]:
 
 
 def wants_usage(body: Mapping[str, Any]) -> bool:
-    """Did the client ask for the final usage chunk of a stream?"""
+    """Did the client ask for the final usage chunk of a stream? Read as vLLM reads it (``"false"`` is
+    no); a value vLLM refuses is no too, and the decode engine answers the client's 400."""
     so = body.get("stream_options")
-    return isinstance(so, Mapping) and bool(so.get("include_usage"))
+    if not isinstance(so, Mapping):
+        return False
+    try:
+        return vllm_bool(so.get("include_usage"), "include_usage")
+    except ValueError:
+        return False
 
 
 def decode_body(body: dict[str, Any], prefill_answer: Mapping[str, Any], streaming: bool) -> dict[str, Any]:
@@ -90,6 +96,10 @@ def decode_body(body: dict[str, Any], prefill_answer: Mapping[str, Any], streami
         so = body.get("stream_options")
         if so is None or isinstance(so, Mapping):
             out["stream_options"] = {**(so or {}), "include_usage": True}
+            if not wants_usage(body):
+                # vLLM sends continuous usage only with include_usage: turning that on for TPOT must not
+                # also put usage into every chunk of a client that asked continuous_usage_stats alone
+                out["stream_options"].pop("continuous_usage_stats", None)
     return out
 
 
@@ -165,6 +175,13 @@ def _event_end(buf: bytes | bytearray, start: int, search_from: int) -> int:
     return i + n
 
 
+# Text in a chunk cut short: a choice's key followed by a non-empty string (or a tool call). The key must
+# follow ``{`` or ``,``: inside a JSON string every quote is escaped, so the prompt's own text cannot match.
+_CUT_TEXT = re.compile(rb'[{,]\s*"(?:text|content|reasoning|reasoning_content)"\s*:\s*"[^"]'
+                       rb'|[{,]\s*"tool_calls"\s*:\s*\[\s*\{')
+_CUT_HEAD_BYTES = 64 * 1024  # vLLM writes a choice's text before its logprobs and token ids
+
+
 @dataclass(frozen=True, slots=True)
 class Event:
     """What the proxy needs to know of one SSE event."""
@@ -174,9 +191,12 @@ class Event:
     completion_tokens: int | None = None
     done: bool = False  # data: [DONE]
     error: bool = False  # an in-stream error object
+    choices: tuple[int, ...] = ()  # the indices of the choices that carry text (n > 1, a list of prompts)
+    step: bool = False  # carries choices, with text or not: a decode step's output (the EOS step's has no text)
 
 
 _NOTHING = Event()
+_CUT_TOKEN = Event(token=True, step=True)
 
 
 def inspect_event(raw: bytes) -> Event:
@@ -187,9 +207,14 @@ def inspect_event(raw: bytes) -> Event:
     if data.strip() == b"[DONE]":
         return Event(done=True)
     try:
+        if not data.rstrip().endswith(b"}"):  # not an object: no need to parse up to 4 MiB to learn it
+            raise ValueError("not a JSON object")
         obj = json.loads(data)
     except ValueError:
-        return _NOTHING
+        # the head of an event over MAX_EVENT_BYTES, cut mid-JSON: vLLM's first chunk of an echo with logprobs
+        # (the prompt's, recomputed on decode) passes 4 MiB at ~20k prompt tokens; it carries the first token,
+        # which was missed (TTFT taken at the next chunk, TPOT 0 s with one more)
+        return _CUT_TOKEN if _CUT_TEXT.search(data, 0, _CUT_HEAD_BYTES) else _NOTHING
     if not isinstance(obj, dict):
         return _NOTHING
     if obj.get("error"):
@@ -199,8 +224,17 @@ def inspect_event(raw: bytes) -> Event:
     tokens = usage.get("completion_tokens") if isinstance(usage, dict) else None
     if not isinstance(tokens, int):
         tokens = None
-    has_token = isinstance(choices, list) and any(_has_text(ch) for ch in choices)
-    return Event(token=has_token, usage_only=tokens is not None and not choices, completion_tokens=tokens)
+    if not isinstance(choices, list):
+        choices = []
+    with_text = tuple(_index(ch, i) for i, ch in enumerate(choices) if _has_text(ch))
+    return Event(token=bool(with_text), usage_only=tokens is not None and not choices, completion_tokens=tokens,
+                 choices=with_text, step=bool(choices))
+
+
+def _index(choice: dict, position: int) -> int:
+    """A choice's ``index`` (vLLM: its place among the n choices of each prompt), else its position."""
+    i = choice.get("index")
+    return i if isinstance(i, int) else position
 
 
 def _has_text(choice: object) -> bool:

@@ -793,10 +793,14 @@ def test_stream_is_read_as_vllm_reads_it_and_min_tokens_stays_off_the_prefill_le
                       timeout=10) as r:
         assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
         assert b"[DONE]" in r.read()
+    with httpx.stream("POST", px.url + "/v1/completions", timeout=10,
+                      json={"model": "m", "prompt": "x", "stream": True, "stream_options": {"include_usage": "false"}}
+                      ) as r:  # the usage chunk the proxy asked for is dropped again: the client said no
+        assert r.status_code == 200 and b'completion_tokens' not in r.read()
     r = httpx.post(px.url + "/v1/completions", json={"model": "m", "prompt": "x", "stream": "maybe"}, timeout=10)
     assert r.status_code == 400 and "stream must be a boolean" in r.json()["error"]["message"]
     s = scrape(px.url)
-    assert value(s, c.CLIENT_REQUESTS.exposed, outcome="ok") == 2
+    assert value(s, c.CLIENT_REQUESTS.exposed, outcome="ok") == 3
     assert value(s, c.CLIENT_REQUESTS.exposed, outcome="client_error") == 1
 
 
