@@ -58,7 +58,10 @@ def test_process_whose_command_line_ends_in_double_colon_is_sampled():
 
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", "--port", "8000", "--host", "::"])
     try:
-        assert psutil.Process(proc.pid).cmdline()[-1] == "::"  # Popen returns once the child has exec'd
+        deadline = time.monotonic() + 10  # under load /proc/<pid>/cmdline can read empty just after the exec
+        while not psutil.Process(proc.pid).cmdline() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert psutil.Process(proc.pid).cmdline()[-1] == "::"
         snap = take_snapshot(proc.pid, api_server=True)
         assert (snap.role, snap.process) == ("api_server", "APIServer")
         col = SidecarCollector("http://127.0.0.1:9/metrics", "m", "decode", proc.pid, timeout_s=0.5)
