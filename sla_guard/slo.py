@@ -655,6 +655,12 @@ class SLOEvaluator:
                         f"in {slo.window} (buckets must be cumulative); fix the engine's /metrics")
             return r
         wins = longwin.get((slo.indicator, slo.threshold_s, period), {}).get(key, {})
+        if not all(math.isfinite(x) for x in (*b.values(), *(n for pair in wins.values() for n in pair))):
+            # Prometheus's increase() of a bucket counter that jumped to +Inf is +Inf: every burn
+            # rate and the budget then read None, no row fired, and the pool was "ok"
+            r.reason = (f"bucket counts of {slo.indicator.value} that are not finite numbers (+Inf or NaN): "
+                        f"a broken exporter's counter; fix its /metrics")
+            return r
         err_p, tot_p = wins.get(period, (math.nan, math.nan))
         alerts = burn_alerts(wins, slo.target, period, slo.min_requests)
         r.alerts = alerts
@@ -672,6 +678,14 @@ class SLOEvaluator:
             r.status = Status.UNKNOWN
             return r
         r.status = attainment_status(r.budget_remaining, alerts, self.at_risk_budget)
+        missing = [w for w in _Plan.burn_windows(period) if w not in wins]
+        if missing and r.status is not Status.VIOLATED:
+            # a burn window without an answer (its Prometheus query failed or timed out) is not a
+            # window that does not burn: with the 1h query failing, a pool burning 16x read "ok"
+            r.status = Status.UNKNOWN
+            r.reason = (f"no data for the {', '.join(fmt_window(w) for w in missing)} burn window(s) "
+                        f"(the query failed or returned nothing for this pool); the burn alerts cannot be judged")
+            return r
         if r.status is not Status.OK:
             firing = [f"{a.long}&{a.short}>{a.factor:g}" for a in alerts if a.firing]
             r.reason = ("burning " + ", ".join(firing)) if firing else \

@@ -8,6 +8,7 @@ pool reads unknown, the warning in its reason; ``source.accept_partial: true`` u
 
 from __future__ import annotations
 
+import math
 import socket
 import time
 
@@ -73,6 +74,48 @@ def test_partial_answer_reads_unknown_unless_accepted():
         assert "partial" in (views[False].last_error or ""), views[False].last_error
         assert views[True].errors == {}
         assert lenient.status is Status.OK, (lenient.status, lenient.reason)
+    finally:
+        prom.stop()
+        served.stop()
+
+
+def test_bucket_counter_jumping_to_inf_is_unknown_not_ok():
+    """An exporter whose TTFT histogram counters jump to +Inf (a broken engine's page). A REAL
+    Prometheus answers ``increase()`` over a window holding the jump as ``+Inf`` (NaN within
+    it): every burn rate and the error budget read None, no burn row fired, and the attainment
+    objective was "ok". Counts that are not finite numbers read unknown."""
+    from exporters import contract as c
+
+    name = c.latency_metric("ttft", None).name
+    state = {"n": 0.0}
+
+    def page() -> str:
+        n = state["n"]
+        v = "+Inf" if math.isinf(n) else repr(n)
+        lab = 'model="m",pool="decode"'
+        return (f"# TYPE {name} histogram\n{name}_bucket{{{lab},le=\"0.5\"}} {v}\n"
+                f"{name}_bucket{{{lab},le=\"+Inf\"}} {v}\n{name}_sum{{{lab}}} 1.0\n{name}_count{{{lab}}} {v}\n")
+
+    served = Served(page)
+    prom = PrometheusProcess([f"127.0.0.1:{served.port}"], interval_s=1.0)
+    cfg = parse_config({"slos": [{"model": "m", "pool": "decode", "objectives": [
+        {"name": "ttft_att", "indicator": "ttft", "objective": "attainment", "threshold_s": 0.5, "target": 0.99,
+         "window": "5m", "period": "1h", "min_requests": 3}]}]})
+    try:
+        prom.wait_ready()
+        prom.wait_up(1)
+        for _ in range(5):
+            state["n"] += 10
+            time.sleep(1)
+        state["n"] = math.inf
+        time.sleep(2.5)
+        view = PrometheusView(prom.url, timeout_s=5)
+        ev = SLOEvaluator(cfg)
+        ev.evaluate(view, time.time())
+        view.close()
+        slo = ev.pools[("m", "decode")].slos[0]
+        assert slo.status is Status.UNKNOWN, (slo.status, slo.reason, slo.burn_rates)
+        assert "not finite" in slo.reason, slo.reason
     finally:
         prom.stop()
         served.stop()

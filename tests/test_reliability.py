@@ -452,3 +452,192 @@ def test_histogram_whose_threshold_bucket_exceeds_inf_is_unknown_not_ok():
         loop.close()
         for s in servers:
             s.stop()
+
+
+class FakePrometheus:
+    """A loopback server answering ``/api/v1/query`` with ``answer(query, time) -> (status, body)``
+    (Thanos or Mimir failing one query among many: a store timing out, a 503)."""
+
+    def __init__(self, answer) -> None:
+        import http.server
+        import json
+        import threading
+        import urllib.parse
+
+        outer = self
+        self.queries: list[str] = []
+
+        class H(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                q = urllib.parse.parse_qs(urllib.parse.urlsplit(self.path).query)
+                outer.queries.append(q["query"][0])
+                status, body = answer(q["query"][0], float(q["time"][0]) if "time" in q else None)
+                data = json.dumps(body).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *a):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+UNAVAILABLE = (503, {"status": "error", "errorType": "unavailable", "error": "store unavailable"})
+
+
+def _vector(items: list[tuple[dict, float]], at: float) -> tuple[int, dict]:
+    return 200, {"status": "success", "data": {"resultType": "vector", "result": [
+        {"metric": m, "value": [at, str(v)]} for m, v in items]}}
+
+
+@pytest.mark.parametrize("failing", [None, "1h", "5m"])
+def test_failed_burn_window_query_is_unknown_not_ok(failing):
+    """A pool burning 16x its budget over the last hour (only the 1h&5m page row fires). With the
+    1h (or 5m) ``increase`` query failing and every other query answered, the row read as not
+    firing and the pool as "ok"; a burn window without an answer is unknown."""
+    import re
+
+    base = {"model": "m", "pool": "decode", "instance": "i0"}
+    fail_ms = {"1h": 3_600_000, "5m": 300_000}.get(failing)
+
+    def answer(query: str, at: float):
+        if query == "up":
+            return _vector([({"__name__": "up", **base}, 1.0)], at)
+        if "ttft" not in query or "client" in query:
+            return _vector([], at)
+        if "increase(" not in query:  # the current-sample check
+            return _vector([({"__name__": "x_count", **base}, 1000.0)], at)
+        w_ms = int(re.search(r"\[(\d+)ms\]", query).group(1))
+        if w_ms == fail_ms:
+            return UNAVAILABLE
+        by = re.search(r"sum by \(([^)]*)\)", query).group(1).split(",")
+        total = 10 * w_ms / 1000  # 10 requests/s, 16 % of them slow during the last hour
+        slow = 0.16 * 10 * min(w_ms / 1000, 3600)
+        counts = {"0.5": total - slow, "+Inf": total}
+        m = re.search(r'le="([^"]*)"', query)
+        if m:
+            counts = {m.group(1): counts.get(m.group(1), 0.0)}
+        if "_bucket" in query:
+            return _vector([({k: v for k, v in {**base, "le": le}.items() if k in by}, n)
+                            for le, n in counts.items()], at)
+        return _vector([({k: base[k] for k in by if k in base}, total * (0.3 if "_sum" in query else 1))], at)
+
+    srv = FakePrometheus(answer)
+    try:
+        cfg = parse_config({"source": {"mode": "prometheus", "url": srv.url, "timeout_s": 2},
+                            "slos": [{"model": "m", "pool": "decode", "objectives": [
+                                {"name": "ttft_att", "indicator": "ttft", "objective": "attainment",
+                                 "threshold_s": 0.5, "target": 0.99, "window": "5m", "period": "30d",
+                                 "min_requests": 10}]}]})
+        guard = compose(cfg, detectors=False, advisor=False).guard
+        guard.tick(2_000_000_000.0)
+        slo = guard.evaluator("slo").pools[("m", "decode")].slos[0]
+        if failing is None:
+            assert slo.status is Status.VIOLATED and "1h&5m" in slo.reason, (slo.status, slo.reason)
+        else:
+            assert guard.source.view.errors.get("http_status", 0) >= 1
+            assert slo.status is Status.UNKNOWN, (slo.status, slo.reason)
+            assert f"no data for the {failing} burn window" in slo.reason, slo.reason
+    finally:
+        srv.stop()
+
+
+def test_failing_prometheus_keeps_open_leak_findings():
+    """A leak finding open on a process's RSS (a Prometheus source). One tick where Prometheus
+    answered 503 read as "every process gone": each open leak finding was resolved
+    ``series_gone`` (and reopened, re-notified, at the next answer). Failed data are unknown."""
+    from sla_guard.detect.evaluators import LeakEvaluator
+    from sla_guard.detect.findings import FindingsBook
+    from sla_guard.ingest.prometheus import PrometheusView
+    from sla_guard.settings.detectors import LeakConfig
+
+    now = 2_000_000_000.0
+    lab = {"instance": "d0", "model": "m", "pool": "decode", "engine": "0", "process": "EngineCore_DP0"}
+    state = {"fail": False}
+
+    def answer(query: str, at: float):
+        if state["fail"]:
+            return UNAVAILABLE
+        if query.startswith(c.PROCESS_RSS.name + "["):
+            pts = [[at - 60 * i, str(8e9 + 1e6 * (1800 - i))] for i in range(1800, -1, -1)]
+            return 200, {"status": "success", "data": {"resultType": "matrix", "result": [
+                {"metric": {"__name__": c.PROCESS_RSS.name, **lab}, "values": pts}]}}
+        if query == "up":
+            return _vector([({"__name__": "up", **{k: lab[k] for k in ("instance", "model", "pool")}}, 1.0)], at)
+        return _vector([], at)
+
+    srv = FakePrometheus(answer)
+    view = PrometheusView(srv.url, timeout_s=2)
+    try:
+        book = FindingsBook()
+        ev = LeakEvaluator(book, LeakConfig(limit_bytes=64e9, warmup_s=60))
+        ev.evaluate(view, now)
+        key = "leak/d0/m/decode/0/EngineCore_DP0"
+        assert key in ev.verdicts
+        book.raise_("leak", key, "warning", "grows", lab, {"slope_mib_per_h": 3.4}, now)
+        state["fail"] = True
+        ev.evaluate(view, now + 60)
+        assert view.errors.get("http_status", 0) >= 1
+        assert [f.key for f in book.open_findings()] == [key]
+        assert key in ev.verdicts
+    finally:
+        view.close()
+        srv.stop()
+
+
+@pytest.mark.parametrize("skew_s", [-600.0, 600.0])
+def test_prometheus_clock_minutes_apart_is_queried_at_its_own_time(skew_s):
+    """The guard's clock ``skew_s`` off Prometheus's (no NTP on one host). Queries went out at
+    the guard's now: 10 min behind, they read Prometheus's past (requests fast then, slow now:
+    "ok" for a pool in violation); 10 min ahead, its future (no samples: "stale or missing").
+    The guard measures the offset with ``time()`` and queries at Prometheus's time."""
+    import time
+
+    base = {"model": "m", "pool": "decode", "instance": "i0"}
+
+    def answer(query: str, at: float | None):
+        server_now = time.time()
+        if at is None:  # time() at the server's own now
+            return 200, {"status": "success", "data": {"resultType": "scalar", "result": [server_now, str(server_now)]}}
+        if at - server_now > 300 or server_now - at > 1800:
+            return _vector([], at)  # no sample within the 5 min lookback of a time in its future
+        slow = abs(at - server_now) < 30  # the pool's requests got slow in the last minutes
+        if query == "up":
+            return _vector([({"__name__": "up", **base}, 1.0)], at)
+        if "ttft" not in query or "client" in query:
+            return _vector([], at)
+        if "increase(" not in query:
+            return _vector([({"__name__": "x_count", **base}, 1000.0)], at)
+        if "_count" in query:
+            return _vector([({"model": "m", "pool": "decode"}, 100.0)], at)
+        if "_sum" in query:
+            return _vector([({"model": "m", "pool": "decode"}, 100.0 * (4.0 if slow else 0.3))], at)
+        return _vector([], at)
+
+    srv = FakePrometheus(answer)
+    cfg = parse_config({"source": {"mode": "prometheus", "url": srv.url, "timeout_s": 2},
+                        "slos": [{"model": "m", "pool": "decode", "objectives": [
+                            {"name": "ttft_mean", "indicator": "ttft", "objective": "mean", "threshold_s": 2.5,
+                             "window": "5m", "min_requests": 3}]}]})
+    guard = compose(cfg, detectors=False, advisor=False).guard
+    guard.clock = lambda: time.time() + skew_s
+    loop = asyncio.new_event_loop()
+    try:
+        loop.run_until_complete(guard.check_once())
+        pool = guard.evaluator("slo").pools[("m", "decode")]
+        assert pool.status is Status.VIOLATED, (pool.status, pool.reason)
+        assert pool.slos[0].value == pytest.approx(4.0)
+        assert guard.source.view.clock_offset_s == pytest.approx(-skew_s, abs=2)
+    finally:
+        loop.run_until_complete(guard.source.aclose())
+        loop.close()
+        srv.stop()

@@ -39,6 +39,12 @@ def _lab(labels, name: str) -> str:
     return dict(labels).get(name, "")
 
 
+def failed_queries(view: MetricsView) -> int:
+    """How many of ``view``'s queries have failed so far (a Prometheus source; the guard's own
+    store never fails): "no series" from a failed query is unknown data, never "gone"."""
+    return getattr(view, "failed_queries", 0)
+
+
 # --- leak ------------------------------------------------------------------------------------
 
 class LeakEvaluator:
@@ -77,8 +83,14 @@ class LeakEvaluator:
         if not self.cfg.enabled:
             return
         seen: set[str] = set()
+        failed = failed_queries(view)
         down = self._down_instances(view, now)
-        for s in view.range(c.PROCESS_RSS.name, {}, now - self.lookback_s, now):
+        rss = view.range(c.PROCESS_RSS.name, {}, now - self.lookback_s, now)
+        if failed_queries(view) != failed:
+            # Prometheus did not answer (503, timeout, too_large): every process read as gone and
+            # each open leak finding was resolved "series_gone", to reopen at the next answer
+            return
+        for s in rss:
             lab = dict(s.labels)
             key = "leak/" + "/".join(lab.get(k, "") for k in ("instance", "model", "pool", "engine", "process"))
             if len(s.t) == 0:

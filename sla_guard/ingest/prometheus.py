@@ -135,6 +135,11 @@ class PrometheusView:
         self.last_error: str | None = None
         self.last_ok: float | None = None
         self.queries = 0
+        # answers that were no data because the query failed (cached or not): an evaluator that
+        # reads "no series" as "gone" compares it around its queries (``failed_queries``)
+        self.failed_queries = 0
+        # Prometheus's clock minus the guard's (``sync_clock``): queries are sent at ``at`` plus it
+        self.clock_offset_s = 0.0
 
     def bind_metrics(self, metrics: ContractMetrics) -> None:
         self._metrics = metrics
@@ -211,15 +216,16 @@ class PrometheusView:
         if len(self._used) < MAX_PREFETCH:
             self._used[promql] = None
         key = (promql, at)
-        if key in self._cache:
-            return self._cache.pop(key)
-        return self._query_now(promql, at, deadline)
+        data = self._cache.pop(key) if key in self._cache else self._query_now(promql, at, deadline)
+        if data is None:
+            self.failed_queries += 1
+        return data
 
     def _query_now(self, promql: str, at: float, deadline: float | None) -> dict | None:
         self.queries += 1
         try:
             try:
-                status, raw = self._get({"query": promql, "time": f"{at:.3f}"}, deadline)
+                status, raw = self._get({"query": promql, "time": f"{at + self.clock_offset_s:.3f}"}, deadline)
             except httpx.TimeoutException as err:
                 raise PrometheusError("timeout", f"Prometheus did not answer in time: {err}") from err
             except httpx.HTTPError as err:
@@ -289,8 +295,37 @@ class PrometheusView:
             points = [q for q in map(_point, vals) if q is not None] if isinstance(vals, list) else []
             if labels is None or not points:
                 continue
-            out.append(Series(labels, np.array([q[0] for q in points]), np.array([q[1] for q in points])))
+            out.append(Series(labels, np.array([q[0] for q in points]) - self.clock_offset_s,
+                              np.array([q[1] for q in points])))
         return out
+
+    def sync_clock(self, now: float, read_at: float | None = None, deadline: float | None = None) -> float | None:
+        """Measure Prometheus's clock against the guard's (``now``: the guard's clock, read at
+        ``time.monotonic()`` ``read_at``, default this call) with ``time()`` evaluated at the
+        server's own now, and send later queries at Prometheus's time. With the clocks minutes
+        apart, ``&time=<guard now>`` landed in the server's past (a violation of the last minutes
+        read "ok", judged on old data) or its future (pools "stale or missing"). Offsets within
+        the round trip's uncertainty (or 1 s) are taken as none. Returns the offset applied,
+        None when the server did not answer."""
+        start = time.monotonic()
+        read_at = start if read_at is None else read_at
+        try:
+            status, raw = self._get({"query": "time()"}, deadline)
+            body = json.loads(raw)
+            server = float(body["data"]["result"][1])
+        except (PrometheusError, httpx.HTTPError, ValueError, TypeError, KeyError, IndexError):
+            return None
+        end = time.monotonic()
+        half_rtt = (end - start) / 2
+        offset = server - (now + (start + half_rtt - read_at))
+        if status != 200 or not math.isfinite(offset):
+            return None
+        offset = offset if abs(offset) > max(1.0, half_rtt) else 0.0
+        if abs(offset - self.clock_offset_s) > 1.0:
+            log.warning("Prometheus's clock is %+.1fs from the guard's: queries are sent at Prometheus's time "
+                        "(synchronise the clocks, e.g. with NTP)", offset)
+        self.clock_offset_s = offset
+        return offset
 
     def histogram_quantile(self, q: float, metric: str, matchers: Mapping[str, str], window_s: float,
                            at: float, by: tuple[str, ...] = ()) -> dict[Labels, float]:
@@ -348,8 +383,11 @@ class PrometheusSourceImpl:
     async def collect(self, now: float) -> None:
         import asyncio
 
-        # the server check has its own budget (it runs beside a tick, not inside one)
-        await asyncio.to_thread(self.view.query, "vector(1)", now, deadline=time.monotonic() + self.cfg.timeout_s)
+        # the server check and the clock's measure share one budget (beside a tick, not inside one)
+        read_at = time.monotonic()
+        deadline = read_at + self.cfg.timeout_s
+        if await asyncio.to_thread(self.view.query, "vector(1)", now, deadline=deadline) is not None:
+            await asyncio.to_thread(self.view.sync_clock, now, read_at, deadline)
         self._checked = True
 
     def targets(self) -> list[TargetState]:
