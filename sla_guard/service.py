@@ -68,6 +68,7 @@ class Guard:
         self._saved: dict[str, dict] = state.load() if state is not None else {}
         self._stateful: dict[str, Stateful] = {}
         self._full_save = True
+        self._full_at: float | None = None  # when the last full save committed
         self._unsaved: dict[str, list[dict]] = {}
         self.last_persist_ms: float | None = None
         for ev in evaluators:
@@ -113,14 +114,19 @@ class Guard:
 
     def persist(self, now: float) -> bool:
         """One transaction with every component's changed parts and new records. A failed save
-        makes the next one full (the parts dumped since were never written)."""
+        makes the next one full (the parts dumped since were never written). So does half the
+        store's retention since the last full one: retention deletes parts not written for that
+        long, and a part that never changes (a frozen stage baseline, the resolved findings of a
+        quiet week) was otherwise only in memory after ``retention_s`` of uptime, lost at the
+        next restart."""
         if self.state is None:
             return False
         t0 = time.perf_counter()
+        full = self._full_save or self._full_at is None or now - self._full_at >= self.state.retention_s / 2
         parts: dict[str, dict] = {}
         for name, comp in self._stateful.items():
             try:
-                parts[name] = comp.state_dump(self._full_save)
+                parts[name] = comp.state_dump(full)
             except Exception:
                 log.exception("state: could not dump %s", name)
             drain = getattr(comp, "state_records", None)
@@ -133,6 +139,8 @@ class Guard:
         else:  # keep the records, bounded, for the next try
             self._unsaved = {k: v[-4096:] for k, v in self._unsaved.items()}
         self._full_save = not ok
+        if ok and full:
+            self._full_at = now
         self.last_persist_ms = (time.perf_counter() - t0) * 1e3
         return ok
 

@@ -83,6 +83,23 @@ def _is_corrupt(err: sqlite3.Error) -> bool:
         ("SQLITE_CORRUPT", "SQLITE_NOTADB"))
 
 
+_TABLES = {"kv": ["component", "part", "value", "updated_at"], "log": ["id", "stream", "t", "value"]}
+
+
+def _foreign_table(conn: sqlite3.Connection) -> str | None:
+    """The first table that is not the guard's (another program's database at ``state.path``), or
+    None. Checked before anything is written: the schema's ``IF NOT EXISTS`` took another ``kv``
+    table for its own, stamped the file as ours and then failed with a traceback at every start."""
+    names = sorted(r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'"))
+    for name in names:
+        if name == "sqlite_sequence":
+            continue
+        cols = [r[0] for r in conn.execute("SELECT name FROM pragma_table_info(?)", (name,))]
+        if _TABLES.get(name) != cols:
+            return f"table {name}({', '.join(cols)})"
+    return None
+
+
 _FIX = ("another sla-guard or tool may hold it, or the file/directory is read-only, or the disk is full: fix "
         "that, or set state.path to another file (moving this one away starts fresh and forgets the error budgets)")
 
@@ -105,6 +122,7 @@ class StateStore:
         self.last_save_at: float | None = None
         self.last_save_ms: float | None = None
         self.trimmed = 0
+        self.unreadable = 0  # parts/records skipped at restore (damaged)
         self._conn: sqlite3.Connection | None = None
         self._lock_fd: int | None = None
         try:
@@ -156,6 +174,9 @@ class StateStore:
     def _open(self) -> sqlite3.Connection:
         conn = sqlite3.connect(str(self.path), timeout=5.0, isolation_level=None, check_same_thread=False)
         try:
+            if foreign := _foreign_table(conn):
+                raise StateUnavailable(f"state file {self.path} is not an sla-guard state file (it has {foreign}); "
+                                       f"left untouched: set state.path to a file of the guard's own")
             conn.execute("PRAGMA journal_mode=WAL").fetchone()
             conn.execute(f"PRAGMA synchronous={'FULL' if self.synchronous == 'FULL' else 'NORMAL'}")
             conn.execute("PRAGMA journal_size_limit=8388608")  # the WAL shrinks back after a checkpoint
@@ -198,27 +219,46 @@ class StateStore:
 
     # -- reading ---------------------------------------------------------------------------------
     def load(self) -> dict[str, dict[str, Any]]:
-        """{component: {part: value}} as last committed; an unreadable part is skipped."""
+        """{component: {part: value}} as last committed. A part that cannot be read (not UTF-8,
+        not JSON: a damaged page the quick check does not see) is skipped, counted in
+        ``unreadable`` and named in ``problem`` (so ``/v1/status`` says what was lost). Columns
+        are read as bytes and decoded row by row: one bad byte made sqlite3's own decoding
+        raise out of the whole query, and ``serve`` died with a traceback at every start."""
         out: dict[str, dict[str, Any]] = {}
         with self._lock:
-            rows = self._conn.execute("SELECT component, part, value FROM kv").fetchall()
+            rows = self._conn.execute("SELECT CAST(component AS BLOB), CAST(part AS BLOB), CAST(value AS BLOB) "
+                                      "FROM kv").fetchall()
+        bad: list[str] = []
         for comp, part, value in rows:
             try:
-                out.setdefault(comp, {})[part] = json.loads(value)
+                name = (comp.decode(), part.decode())
+                out.setdefault(name[0], {})[name[1]] = json.loads(value.decode())
             except ValueError:
-                log.warning("state: unreadable part %s/%s skipped", comp, part)
+                bad.append(f"{comp.decode(errors='replace')}/{part.decode(errors='replace')}")
+        if bad:
+            self._unreadable(f"{len(bad)} unreadable part(s) skipped: {', '.join(bad[:8])}", len(bad))
         return out
 
     def tail(self, stream: str, limit: int) -> list[dict]:
-        """The newest ``limit`` records of ``stream``, oldest first."""
+        """The newest ``limit`` records of ``stream``, oldest first (unreadable ones skipped and
+        counted, as in ``load``)."""
         with self._lock:
-            rows = self._conn.execute("SELECT value FROM log WHERE stream = ? ORDER BY id DESC LIMIT ?",
+            rows = self._conn.execute("SELECT CAST(value AS BLOB) FROM log WHERE stream = ? ORDER BY id DESC LIMIT ?",
                                       (stream, int(limit))).fetchall()
-        out = []
+        out, bad = [], 0
         for (value,) in reversed(rows):
-            with contextlib.suppress(ValueError):
-                out.append(json.loads(value))
+            try:
+                out.append(json.loads(value.decode()))
+            except ValueError:
+                bad += 1
+        if bad:
+            self._unreadable(f"{bad} unreadable record(s) of {stream} skipped", bad)
         return out
+
+    def _unreadable(self, what: str, n: int) -> None:
+        self.unreadable += n
+        self.problem = f"state file {self.path}: {what} (the rest was restored)"
+        log.error("%s", self.problem)
 
     # -- writing ---------------------------------------------------------------------------------
     def save(self, parts: Mapping[str, Mapping[str, Any]], records: Mapping[str, Iterable[dict]] = {},
@@ -270,6 +310,8 @@ class StateStore:
             log.warning("%s", self.problem)
             return False
         self.saves += 1
+        if self.problem is not None and self.problem.startswith("state save failed"):
+            self.problem = None  # saving again: /v1/status kept reporting a disk-full that had ended
         self.last_save_at = now
         self.last_save_ms = (time.perf_counter() - t0) * 1e3
         return True
@@ -315,8 +357,8 @@ class StateStore:
     def status(self) -> dict:
         return {"path": str(self.path), "bytes": self.file_bytes(), "max_bytes": self.max_bytes,
                 "saves": self.saves, "errors": self.errors, "last_save_at": self.last_save_at,
-                "last_save_ms": self.last_save_ms, "trimmed": self.trimmed, "moved_aside": self.moved_aside,
-                "problem": self.problem}
+                "last_save_ms": self.last_save_ms, "trimmed": self.trimmed, "unreadable": self.unreadable,
+                "moved_aside": self.moved_aside, "problem": self.problem}
 
     def close(self) -> None:
         with self._lock:

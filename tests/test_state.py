@@ -574,3 +574,102 @@ def test_a_second_guard_on_the_same_state_file_is_refused_naming_the_holder(tmp_
     st.close()
     assert StateStore(p).load() == {"slo": {"meta": {"x": 1}}}
     assert not list(tmp_path.glob("*.corrupt-*"))
+
+
+def test_a_part_or_record_that_is_not_utf8_is_skipped_and_reported_and_the_rest_restored(tmp_path):
+    """Probe: one flipped byte that left a stored value invalid UTF-8 (2 of every 30 random flips
+    of a closed state file; SQLite's quick check does not read values) made ``state.load()`` raise
+    ``OperationalError: Could not decode to UTF-8``: ``serve`` died with a traceback at every start."""
+    p = tmp_path / "state.db"
+    book = FindingsBook()
+    book.raise_("leak", KEY, "critical", "grows", {"model": "m"}, {}, T0)
+    st = StateStore(p)
+    assert st.save({"findings": book.state_dump(True), "slo": {"meta": {"last_feed": T0}}},
+                   {"advisor": [{"t": T0, "n": 1}, {"t": T0 + 1, "n": 2}]}, now=T0)
+    st.close()
+    with sqlite3.connect(p) as conn:
+        conn.execute("UPDATE kv SET value = CAST(x'7b2261223a22ff227d' AS TEXT) WHERE component = 'slo'")
+        conn.execute("UPDATE log SET value = CAST(x'7b2274223aff7d' AS TEXT) WHERE id = 1")
+    st = StateStore(p)
+    assert st.moved_aside is None
+    cfg = parse_config(ATT)
+    guard = Guard(cfg, _NullSource(), state=st)
+    restored = FindingsBook()
+    guard.add_state("findings", restored)
+    assert [f.key for f in restored.open_findings()] == [KEY]
+    assert st.tail("advisor", 10) == [{"t": T0 + 1, "n": 2}]
+    state = guard.status()["state"]
+    assert state["unreadable"] == 2 and "unreadable record(s) of advisor" in state["problem"]
+    assert st.save({"slo": {"meta": {"last_feed": T0 + 15}}}, now=T0 + 15)  # the part is rewritten
+    st.close()
+    assert StateStore(p).load()["slo"] == {"meta": {"last_feed": T0 + 15}}
+
+
+def test_parts_that_never_change_outlive_the_retention_of_a_long_running_guard(tmp_path):
+    """Probe: retention deletes parts not written for ``retention_s`` (the longest period + 1 day),
+    and a frozen stage baseline or a quiet resolved-findings list is written only when it changes:
+    after 25 h of uptime (1 h period) both were gone from the file, so the next restart relearned
+    the baseline from today's (grown) latencies and forgot the resolved findings."""
+    from sla_guard.detect.stages import StageBreakdownEvaluator
+    from sla_guard.state import open_state
+
+    cfg = parse_config({**ATT, "slos": [{"objectives": [{**ATT["slos"][0]["objectives"][0], "period": "1h"}]}],
+                        "state": {"path": str(tmp_path / "state.db")}})
+    st = open_state(cfg)
+    guard = Guard(cfg, _NullSource(), state=st)
+    stages, book = StageBreakdownEvaluator(cfg), FindingsBook()
+    stages.baseline = {"m": {"prefill": 0.2}}
+    guard.add_state("ttft_breakdown", stages)
+    guard.add_state("findings", book)
+    book.raise_("leak", KEY, "critical", "grows", {"model": "m"}, {}, T0)
+    book.resolve(KEY, T0 + 1)
+    for k in range(200):  # 33 h of saves, 10 min apart
+        guard.persist(T0 + 600.0 * k)
+    assert st.retention_s < 600.0 * 199
+    st.close()
+    saved = StateStore(tmp_path / "state.db").load()
+    assert saved["ttft_breakdown"] == {"baseline": {"m": {"prefill": 0.2}}}
+    assert [f["f"]["key"] for f in saved["findings"]["resolved"]] == [KEY]
+
+
+def test_another_programs_database_at_state_path_is_refused_and_left_untouched(tmp_path):
+    """Probe: ``state.path`` naming another program's SQLite file with a ``kv`` table: the schema's
+    ``IF NOT EXISTS`` took that table for the guard's, the file was switched to WAL and stamped
+    ``user_version=1`` with a ``log`` table added, then ``serve`` died with a traceback (no such
+    column: component) at every start."""
+    from sla_guard.state import StateUnavailable
+
+    p = tmp_path / "app.db"
+    with sqlite3.connect(p) as conn:
+        conn.execute("CREATE TABLE kv (k TEXT PRIMARY KEY, v TEXT)")
+        conn.execute("INSERT INTO kv VALUES ('a', 'b')")
+    conn.close()
+    with pytest.raises(StateUnavailable, match=r"not an sla-guard state file \(it has table kv\(k, v\)\)"):
+        StateStore(p)
+    with sqlite3.connect(p) as conn:
+        assert conn.execute("PRAGMA user_version").fetchone() == (0,)
+        assert conn.execute("PRAGMA journal_mode").fetchone() == ("delete",)
+        assert [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")] == ["kv"]
+    conn.close()
+    assert not list(tmp_path.glob("*.corrupt-*"))
+    st = StateStore(tmp_path / "own.db")  # the guard's own file: fresh, then reopened
+    assert st.save({"a": {"x": 1}})
+    st.close()
+    assert StateStore(tmp_path / "own.db").load() == {"a": {"x": 1}}
+
+
+def test_a_save_failure_that_ended_is_no_longer_reported(tmp_path):
+    """Probe (a 3 MiB tmpfs filled under a real serve): saves failed with "database or disk is
+    full", then resumed once space was freed, but ``/v1/status`` kept the failure as the state's
+    ``problem`` until the next restart."""
+    st = StateStore(tmp_path / "state.db")
+    holder = sqlite3.connect(tmp_path / "state.db", isolation_level=None, timeout=0)
+    holder.execute("BEGIN EXCLUSIVE")
+    try:
+        assert not st.save({"a": {"x": 1}})
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    assert "state save failed" in st.status()["problem"]
+    assert st.save({"a": {"x": 2}})
+    assert st.status()["problem"] is None and st.status()["errors"] == 1
