@@ -177,6 +177,29 @@ def _gie_predicted_latency_page(requests: int, duration_s: float) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _router_guard_scraped_twice(target: dict, ttft_mean_s: float, next_page) -> tuple[SeriesStore, Scraper, object]:
+    """A guard (SLOs only: a client-scope mean TTFT over 90 s) on one router target, scraped at
+    1000 s and, after ``next_page()``, at 1060 s: (store, scraper, guard)."""
+    cfg = parse_config({
+        "source": {"mode": "scrape", "timeout_s": 2, "targets": [target]},
+        "slos": [{"pool": "client", "objectives": [
+            {"name": "ttft_mean", "indicator": "ttft", "objective": "mean", "threshold_s": ttft_mean_s,
+             "window": "90s", "min_requests": 3}]}],
+    })
+    store = SeriesStore()
+    scr = Scraper(cfg.source, store)
+    guard = compose(cfg, source=scr, detectors=False, advisor=False).guard
+
+    async def go():
+        await scr.scrape_target(cfg.source.targets[0], 1000.0)
+        next_page()
+        await scr.scrape_target(cfg.source.targets[0], 1060.0)
+        await scr.aclose()
+
+    asyncio.run(go())
+    return store, scr, guard
+
+
 def test_predicted_latency_plugin_ttft_is_not_read_as_ttft():
     """Streamed requests whose first token came at 0.2 s and whose response ended at 8 s: the
     plugin's deprecated TTFT histogram says 8 s. Mapped as the client TTFT, the guard judged a
@@ -184,27 +207,13 @@ def test_predicted_latency_plugin_ttft_is_not_read_as_ttft():
     runs in, so the TTFT is unknown and the end-to-end latency still maps."""
     assert not [n for n, _, _ in translate_text(_gie_predicted_latency_page(10, 8.0), "llm-d")
                 if n.startswith(c.CLIENT_TTFT.name)]
-    current = {"text": _gie_predicted_latency_page(0, 8.0)}
+    pages = iter([_gie_predicted_latency_page(0, 8.0), _gie_predicted_latency_page(10, 8.0)])
+    current = {"text": next(pages)}
     srv = Served(lambda: current["text"])
     try:
-        cfg = parse_config({
-            "source": {"mode": "scrape", "timeout_s": 2, "targets": [
-                {"url": srv.url, "pool": "client", "adapter": "llm-d", "name": "epp"}]},
-            "slos": [{"pool": "client", "objectives": [
-                {"name": "ttft_mean", "indicator": "ttft", "objective": "mean", "threshold_s": 2.0,
-                 "window": "90s", "min_requests": 3}]}],
-        })
-        store = SeriesStore()
-        scr = Scraper(cfg.source, store)
-        guard = compose(cfg, source=scr, detectors=False, advisor=False).guard
-
-        async def go():
-            await scr.scrape_target(cfg.source.targets[0], 1000.0)
-            current["text"] = _gie_predicted_latency_page(10, 8.0)
-            await scr.scrape_target(cfg.source.targets[0], 1060.0)
-            await scr.aclose()
-
-        asyncio.run(go())
+        store, _scr, guard = _router_guard_scraped_twice(
+            {"url": srv.url, "pool": "client", "adapter": "llm-d", "name": "epp"}, 2.0,
+            lambda: current.update(text=next(pages)))
         guard.tick(1060.0)
         res = guard.evaluator("slo").pools[("chat", "client")].slos[0]
         assert res.status is Status.UNKNOWN and "no current ttft data" in res.reason, res
@@ -281,24 +290,9 @@ def test_guard_scrapes_a_dynamo_frontend_and_judges_pool_client(monkeypatch, new
     current = {"text": next(pages)}
     srv = Served(lambda: current["text"])
     try:
-        cfg = parse_config({
-            "source": {"mode": "scrape", "timeout_s": 2, "targets": [
-                {"url": srv.url, "model": QWEN, "pool": "client", "adapter": "dynamo", "name": "dynamo-fe"}]},
-            "slos": [{"pool": "client", "objectives": [
-                {"name": "ttft_mean", "indicator": "ttft", "objective": "mean", "threshold_s": 2.5,
-                 "window": "90s", "min_requests": 3}]}],
-        })
-        store = SeriesStore()
-        scr = Scraper(cfg.source, store)
-        guard = compose(cfg, source=scr, detectors=False, advisor=False).guard
-
-        async def go():
-            await scr.scrape_target(cfg.source.targets[0], 1000.0)
-            current["text"] = next(pages)
-            await scr.scrape_target(cfg.source.targets[0], 1060.0)
-            await scr.aclose()
-
-        asyncio.run(go())
+        store, scr, guard = _router_guard_scraped_twice(
+            {"url": srv.url, "model": QWEN, "pool": "client", "adapter": "dynamo", "name": "dynamo-fe"}, 2.5,
+            lambda: current.update(text=next(pages)))
         st = scr.targets()[0]
         assert st.up and not st.errors, st
         counts = store.instant(c.CLIENT_TTFT.series("_count"), {"pool": "client"}, 1060.0)
