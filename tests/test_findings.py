@@ -441,7 +441,43 @@ def test_drift_finding_resolves_once_its_series_are_gone():
             live.step(t)
         f = live.book.get(key)
         assert not f.open and f.details["resolution"] == "series_gone" and t - gone <= HOUR
+        for _ in range(240):  # and it stays resolved: the CUSUM's kept alarm must not raise it again
+            t += 15.0
+            live.step(t)
+        assert not live.book.get(key).open
     finally:
+        live.close()
+        srv.stop()
+
+
+def test_a_failing_prometheus_does_not_resolve_an_open_drift_finding():
+    """The drift evaluators read a failed Prometheus query as "no series": after resolve_s of an
+    outage each open drift finding was resolved series_gone (the up query failed too, so no target
+    read as down). A failed read is unknown: the tick is skipped and the finding stays open."""
+    from guard_support import Served
+    from test_reliability import UNAVAILABLE, FakePrometheus
+
+    from sla_guard.ingest.prometheus import PrometheusView
+
+    page = _Page()
+    srv = Served(page.text)
+    live = _Live({"e0": srv.url})
+    prom = FakePrometheus(lambda query, at: UNAVAILABLE)
+    view = PrometheusView(prom.url, timeout_s=2)
+    key = "acceptance_drift/m/decode"
+    try:
+        t = _drifted(live, page, T0, T0 + 2 * HOUR)
+        opened = live.book.get(key).opened_at
+        ev = live.guard.evaluator("acceptance_drift")
+        for _ in range(int(2 * HOUR / 60)):  # two hours of ticks against a Prometheus that fails
+            t += 60.0
+            ev.evaluate(view, t)
+            f = live.book.get(key)
+            assert f.open and f.opened_at == opened, f  # never resolved (and raised again) meanwhile
+        assert view.errors.get("http_status", 0) >= 1 and not live.book.resolved_findings()
+    finally:
+        view.close()
+        prom.stop()
         live.close()
         srv.stop()
 

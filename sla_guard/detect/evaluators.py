@@ -246,8 +246,11 @@ class _DriftState:
             if cus.alarm is None or now - seen.setdefault(k, now) <= self.params.resolve_s:
                 continue
             if down is None:
-                down = {(_lab(lab, "model"), _lab(lab, "pool")) for lab, v in view.instant(UP, {}, now).items()
-                        if not v >= 1}
+                failed = failed_queries(view)
+                up = view.instant(UP, {}, now)
+                if failed_queries(view) != failed:
+                    return  # whether its targets are down is unknown this tick
+                down = {(_lab(lab, "model"), _lab(lab, "pool")) for lab, v in up.items() if not v >= 1}
             f = self.book.get(self._key(k))
             if f is not None and f.open and tuple(k[:2]) not in down:
                 self.book.resolve(f.key, now, {"resolution": "series_gone"})
@@ -332,9 +335,16 @@ class RateDriftEvaluator(_DriftState):
     def evaluate(self, view: MetricsView, now: float) -> None:
         if not self.cfg.enabled:
             return
+        failed = failed_queries(view)
         trials = view.instant(self.trials.exposed, self.matchers, now)
+        successes = view.instant(self.successes.exposed, self.matchers, now)
+        if failed_queries(view) != failed:
+            # Prometheus did not answer one of them: this tick's counts are unknown, not absent (one
+            # read without the other moved its increments into the next interval, and an outage read
+            # as every series gone); the counters' last values wait for the next answer, losing nothing
+            return
         dn = self._n.step(trials, self.by)
-        dx = self._x.step(view.instant(self.successes.exposed, self.matchers, now), self.by)
+        dx = self._x.step(successes, self.by)
         self._sweep_gone(view, {tuple(_lab(lab, b) for b in self.by) for lab in trials}, now)
         for k, n in dn.items():
             acc = self._acc[k]
@@ -400,8 +410,12 @@ class TpotDriftEvaluator(_DriftState):
         if not self.cfg.enabled:
             return
         by = ("model", "pool")
-        ds = self._s.step(view.instant(c.REQUEST_TPOT.series("_sum"), {}, now), by)
+        failed = failed_queries(view)
+        sums = view.instant(c.REQUEST_TPOT.series("_sum"), {}, now)
         counts = view.instant(c.REQUEST_TPOT.series("_count"), {}, now)
+        if failed_queries(view) != failed:  # unknown this tick, not absent (as in RateDriftEvaluator)
+            return
+        ds = self._s.step(sums, by)
         dn = self._n.step(counts, by)
         self._sweep_gone(view, {tuple(_lab(lab, b) for b in by) for lab in counts}, now)
         for k, n in dn.items():
