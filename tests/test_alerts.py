@@ -71,6 +71,18 @@ def test_generate_writes_under_the_working_directory_not_into_the_package(tmp_pa
     assert {p.name: p.read_bytes() for p in RULES_DIR.glob("*.yaml")} == committed
 
 
+def test_generate_without_the_dashboards_extra_names_it(tmp_path, monkeypatch, capsys):
+    """A pip install without the [dashboards] extra (the Grafana SDK) ended in a traceback."""
+    import sys
+
+    for mod in [m for m in sys.modules if m == "dashboards" or m.startswith(("dashboards.", "grafana_foundation_sdk"))]:
+        monkeypatch.delitem(sys.modules, mod)
+    monkeypatch.setitem(sys.modules, "grafana_foundation_sdk", None)  # as if not installed
+    monkeypatch.chdir(tmp_path)
+    assert cli(["generate"]) == 2
+    assert "pip install 'sla-guard[dashboards]'" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("flag", ["--rules-dir", "--dashboards-dir"])
 def test_generate_into_a_file_is_an_error_naming_the_flag(tmp_path, capsys, flag):
     """An output directory that is a regular file was a FileExistsError traceback."""

@@ -25,8 +25,14 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     from alerts.generate import diff, render_rules, write
     from alerts.slo_rules import GenerationError
-    from dashboards.docs import render_doc
-    from dashboards.generate import render_dashboards
+
+    try:
+        from dashboards.docs import render_doc
+        from dashboards.generate import render_dashboards
+    except ImportError as err:  # the Grafana SDK is an extra: a pip install without it got a traceback
+        print(f"sla-guard generate: the dashboards need the Grafana Foundation SDK ({err}); "
+              f"pip install 'sla-guard[dashboards]'", file=sys.stderr)
+        return 2
 
     # relative to the working directory, as the README reads: from a checkout's root these are the
     # committed files; from a pip install they were the package's own folders in site-packages
