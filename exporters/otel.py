@@ -154,8 +154,9 @@ class OtelMirror:
                  export_interval_s: float = DEFAULT_INTERVAL_S, service_name: str = "sla-guard-engine") -> None:
         from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-        from opentelemetry.sdk.metrics import MeterProvider
-        from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+        from opentelemetry.sdk.metrics import Counter, Histogram, MeterProvider, ObservableGauge
+        from opentelemetry.sdk.metrics.export import AggregationTemporality, PeriodicExportingMetricReader
+        from opentelemetry.sdk.metrics.view import ExplicitBucketHistogramAggregation
         from opentelemetry.sdk.resources import Resource
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import BatchSpanProcessor
@@ -163,9 +164,19 @@ class OtelMirror:
         base = endpoint.rstrip("/")
         self.timeout_s = timeout_s
         resource = Resource.create({"service.name": service_name, "process.pid": os.getpid()})
+        # the contract's shape whatever OTEL_EXPORTER_OTLP_METRICS_* the process has (set for another
+        # exporter, or by an operator's injection): "delta" made the counters delta, and
+        # "base2_exponential_bucket_histogram" dropped the SLA thresholds' bucket boundaries
+        cumulative = AggregationTemporality.CUMULATIVE
+        exporter = OTLPMetricExporter(
+            endpoint=base + "/v1/metrics",
+            timeout=timeout_s,
+            preferred_temporality={Counter: cumulative, Histogram: cumulative, ObservableGauge: cumulative},
+            preferred_aggregation={Histogram: ExplicitBucketHistogramAggregation()},
+        )
         reader = PeriodicExportingMetricReader(
-            OTLPMetricExporter(endpoint=base + "/v1/metrics", timeout=timeout_s),
-            export_interval_millis=export_interval_s * 1000, export_timeout_millis=timeout_s * 1000)
+            exporter, export_interval_millis=export_interval_s * 1000, export_timeout_millis=timeout_s * 1000
+        )
         # shutdown_on_exit=False: ``shutdown`` (atexit in the stat logger) bounds the SDK's own, which
         # waits on a stuck export without a limit
         self.meter_provider = MeterProvider(resource=resource, metric_readers=[reader], shutdown_on_exit=False)

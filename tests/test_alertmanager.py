@@ -270,3 +270,28 @@ def test_resolved_before_opened_is_not_refused(alertmanager):
     a = to_alert(f, RUNBOOKS)
     assert a["endsAt"] == a["startsAt"]
     assert AlertmanagerClient(alertmanager).send([a]) is True
+
+
+def test_a_wall_clock_stepped_back_does_not_stop_the_resends(alertmanager):
+    """The publisher timed its re-sends on the wall clock: after a step back of an hour (NTP, a
+    resumed VM) nothing was re-sent for 3660 s, and Alertmanager resolved the still-open leak
+    after its resolve_timeout (5 min). A step back now makes the push due at once."""
+    book = FindingsBook()
+    now = time.time()
+    book.raise_(
+        "leak",
+        "leak/m/decode/host-d/engine_core",
+        "warning",
+        "grows",
+        {"model": "m", "pool": "decode", "instance": "host-d:8000", "process": "engine_core"},
+        {"slope_mib_per_h": 5.0},
+        now,
+    )
+    pub = AlertPublisher(book, AlertmanagerClient(alertmanager), RUNBOOKS, resend_s=60)
+    assert pub.tick(now) is True
+    stepped = now - 3600
+    assert pub.tick(stepped) is True
+    assert pub.tick(stepped + 1) is None  # then every resend_s on the new clock
+    assert pub.tick(stepped + 61) is True
+    firing = [a for a in _am_alerts(alertmanager) if a["labels"]["instance"] == "host-d:8000"]
+    assert [a["status"]["state"] for a in firing] == ["active"]

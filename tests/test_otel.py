@@ -48,6 +48,46 @@ def test_metrics_use_genai_names_and_sla_buckets(receiver):
     assert sum(p.as_int for p in points[c.REQUESTS_FINISHED.name]) == 1
 
 
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE": "delta"},
+        {"OTEL_EXPORTER_OTLP_METRICS_DEFAULT_HISTOGRAM_AGGREGATION": "base2_exponential_bucket_histogram"},
+    ],
+)
+def test_contract_shape_whatever_the_otel_env(receiver, monkeypatch, env):
+    """The SDK's exporter reads OTEL_EXPORTER_OTLP_METRICS_* (set for another exporter in vLLM's
+    process, or injected by an operator): "delta" exported the counters and histograms as delta
+    (the finished-requests counter read 1 at its second export, not 2), the exponential setting
+    exported histograms without the contract's bounds (no 20 ms TPOT bucket). The mirror pins
+    cumulative temporality and the contract's explicit buckets."""
+    from opentelemetry.proto.metrics.v1.metrics_pb2 import AGGREGATION_TEMPORALITY_CUMULATIVE
+
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    mirror = OtelMirror(receiver.endpoint, timeout_s=2, export_interval_s=3600)
+    try:
+        eng = mirror.engine("tiny", "decode", 0)
+        for rid in ("r1", "r2"):  # two exports, one finished request each
+            eng.latencies([0.1])
+            eng.finished(FinishedRequest(2.0, 0.1, 0.3, 1.6, 0.016, 20, 0, 11, "stop", rid), 1_800_000_000.0)
+            mirror.force_flush()
+    finally:
+        mirror.shutdown()
+    second = receiver.metrics[1]  # the second export (shutdown sends a third)
+    last = {m.name: m for rm in second.resource_metrics for sm in rm.scope_metrics for m in sm.metrics}
+    for metric in (c.REQUEST_TTFT, c.REQUEST_TPOT, c.REQUEST_E2E, c.REQUEST_QUEUE, c.REQUEST_PREFILL, c.REQUEST_DECODE):
+        m = last[metric.otel_name or metric.name]
+        assert m.WhichOneof("data") == "histogram", (m.name, m.WhichOneof("data"))
+        assert m.histogram.aggregation_temporality == AGGREGATION_TEMPORALITY_CUMULATIVE
+        assert tuple(m.histogram.data_points[0].explicit_bounds) == c.bucket_override(metric)
+        assert m.histogram.data_points[0].count == 2
+    finished = last[c.REQUESTS_FINISHED.name].sum
+    assert finished.aggregation_temporality == AGGREGATION_TEMPORALITY_CUMULATIVE and finished.is_monotonic
+    assert finished.data_points[0].as_int == 2
+
+
 def test_finished_request_span_with_phase_children(receiver):
     mirror = OtelMirror(receiver.endpoint, timeout_s=2)
     try:

@@ -9,6 +9,7 @@ ever raises into the guard: an unreachable Alertmanager degrades alerting, not t
 from __future__ import annotations
 
 import logging
+import math
 import os
 import threading
 import time
@@ -202,9 +203,12 @@ class AlertPublisher:
     def tick(self, now: float) -> bool | None:
         """Push if due; returns the push result, or None when nothing was due."""
         version = self.book.version
-        if self._failed and now - self._last_push < min(self.resend_s, 2.0 ** (self._failed - 1)):
+        since = now - self._last_push
+        if since < 0:  # the wall clock stepped back (NTP, a VM resumed): waiting for it to catch up
+            since = math.inf  # re-sent nothing for that long, and Alertmanager resolved what still fires
+        if self._failed and since < min(self.resend_s, 2.0 ** (self._failed - 1)):
             return None  # an Alertmanager answering 429/5xx, or down, is not hit every second
-        if version == self._last_version and now - self._last_push < self.resend_s:
+        if version == self._last_version and since < self.resend_s:
             return None
         open_ = self.book.open_findings()
         resolved = [f for f in self.book.resolved_findings() if f.key not in self._sent_resolved]
