@@ -117,6 +117,11 @@ class DecodeStream:
     async def events(self):
         splitter = legs.SseSplitter()
         raw_it = self.resp.aiter_raw()
+        loop = asyncio.get_running_loop()
+        # Time spent handing events to a slow client (the yield waits for uvicorn's flow control) is not the
+        # engine's: it moves the deadline on. Counted, it cut a stream the engine had long finished (a client
+        # that read late got a 504 "decode leg passed its deadline" mid-answer, an error charged to the service).
+        blocked = 0.0
         first_at = last_at = None
         tokens: int | None = None
         done = errored = False
@@ -125,10 +130,15 @@ class DecodeStream:
         # proxy cannot tell one choice's token count, so such a stream's TPOT is unknown, not observed.
         choice: int | None = None
         several = False
+        # An engine started with --enable-force-include-usage puts usage into every chunk and sends the usage chunk
+        # whatever the request said: to a client talking to it directly too, so the proxy keeps that chunk then.
+        # Usage in a decode step the proxy did not ask for (it drops continuous_usage_stats) is how it shows.
+        forced_usage = False
+        finished = aborted = False
         while True:
             failure = None
             try:
-                async with asyncio.timeout_at(self.deadline):
+                async with asyncio.timeout_at(self.deadline + blocked):
                     chunk = await anext(raw_it, None)
             except TimeoutError:
                 failure = (504, "upstream_timeout", "decode leg passed its deadline")
@@ -142,9 +152,11 @@ class DecodeStream:
             for raw in splitter.flush() if chunk is None else splitter.feed(chunk):
                 ev = legs.inspect_event(raw)
                 errored = errored or ev.error
+                finished, aborted = finished or ev.finished, aborted or ev.aborted
                 if ev.completion_tokens is not None:
                     tokens = ev.completion_tokens
-                if ev.usage_only and not self.want_usage:
+                    forced_usage = forced_usage or ev.step
+                if ev.usage_only and not (self.want_usage or forced_usage):
                     continue  # asked for by the proxy (TPOT needs completion_tokens), not by the client
                 for i in ev.choices:
                     choice = i if choice is None else choice
@@ -162,10 +174,19 @@ class DecodeStream:
                         first_at = last_at
                         self.stats.first_token(first_at - self.stats.t0, self.prefill_leg_s,
                                                received - self.sent_at)
+                handed = loop.time()
                 yield raw
+                blocked += loop.time() - handed
                 if ev.done and not done:
-                    # Settled once [DONE] is out: a client that hangs up now has its whole answer.
+                    # Settled once [DONE] is out: a client that hangs up now has its whole answer. vLLM ends every
+                    # answer with a finish_reason; "abort" (or none at all, and no text: dropped before the first
+                    # token) is the engine dropping the request while the client read: shutdown, fault, /pause.
                     done = True
+                    cut = aborted or (first_at is None and not finished)
+                    if cut and not errored:
+                        why, engine = "abort" if aborted else "missing", display_url(self.lease.url)
+                        log.warning("decode engine %s aborted a request (finish_reason %s)", engine, why)
+                    errored = errored or cut
                     self.outcome = Outcome.ERROR if errored else Outcome.OK
                     if first_at is not None and not errored and not several:
                         self.stats.tpot(first_at, last_at, tokens)
@@ -303,7 +324,9 @@ class Proxy:
                 # and the answer nobody read was counted ok with an e2e time
                 stats.finish(Outcome.ABORTED)
                 return Response(status_code=499, headers=headers)
-            return TrackedResponse(r.content, 200, r.headers.get("content-type"), headers, stats, Outcome.OK)
+            # an answer the decode engine aborted (shutdown, fault, /pause) is a 200 cut short, the service's failure
+            outcome = Outcome.ERROR if legs.aborted_answer(r.content) else Outcome.OK
+            return TrackedResponse(r.content, 200, r.headers.get("content-type"), headers, stats, outcome)
         return await self._open_stream(path, dec, up, headers, stats, legs.wants_usage(body), prefill_leg_s)
 
     async def _prefill_leg(self, path: str, body: dict[str, Any], up: dict[str, bytes]) -> tuple[dict, float]:

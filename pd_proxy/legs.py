@@ -182,6 +182,12 @@ _CUT_TEXT = re.compile(rb'[{,]\s*"(?:text|content|reasoning|reasoning_content)"\
 _CUT_HEAD_BYTES = 64 * 1024  # vLLM writes a choice's text before its logprobs and token ids
 
 
+# vLLM's finish_reason for a request the engine itself aborted while its client was still connected: engine
+# shutdown (``--shutdown-timeout`` 0 by default), a fault, ``/pause`` in abort mode. The client's answer is cut
+# short, yet it comes as any other ending: a 200, that chunk, the usage chunk and ``[DONE]``.
+ABORT = "abort"
+
+
 @dataclass(frozen=True, slots=True)
 class Event:
     """What the proxy needs to know of one SSE event."""
@@ -193,6 +199,8 @@ class Event:
     error: bool = False  # an in-stream error object
     choices: tuple[int, ...] = ()  # the indices of the choices that carry text (n > 1, a list of prompts)
     step: bool = False  # carries choices, with text or not: a decode step's output (the EOS step's has no text)
+    finished: bool = False  # a choice carries a finish_reason
+    aborted: bool = False  # a choice finished with "abort": the engine dropped the request
 
 
 _NOTHING = Event()
@@ -227,8 +235,23 @@ def inspect_event(raw: bytes) -> Event:
     if not isinstance(choices, list):
         choices = []
     with_text = tuple(_index(ch, i) for i, ch in enumerate(choices) if _has_text(ch))
+    reasons = {r for ch in choices if isinstance(ch, dict) and isinstance(r := ch.get("finish_reason"), str)}
     return Event(token=bool(with_text), usage_only=tokens is not None and not choices, completion_tokens=tokens,
-                 choices=with_text, step=bool(choices))
+                 choices=with_text, step=bool(choices), finished=bool(reasons), aborted=ABORT in reasons)
+
+
+def aborted_answer(content: bytes) -> bool:
+    """Does a whole (non-streamed) answer end a choice with ``finish_reason: "abort"``?"""
+    if ABORT.encode() not in content:  # most answers: no need to parse them
+        return False
+    try:
+        obj = json.loads(content)
+    except (ValueError, RecursionError):
+        return False
+    choices = obj.get("choices") if isinstance(obj, dict) else None
+    if not isinstance(choices, list):
+        return False
+    return any(isinstance(ch, dict) and ch.get("finish_reason") == ABORT for ch in choices)
 
 
 def _index(choice: dict, position: int) -> int:

@@ -43,8 +43,9 @@ class Engine:
     whole or streams ``tokens`` chunks (first after ``first_token_s``, then every ``itl_s``), then
     the usage chunk if asked, then ``[DONE]`` (unless ``send_done`` is off). Knobs: ``delay_s``
     before any answer, ``status`` / ``error`` for an error answer, ``stall_after`` tokens then
-    ``stall_s`` of silence, ``first_chunk_extra`` fields added to chat's first chunk. Records every
-    request and whether the proxy hung up mid-stream."""
+    ``stall_s`` of silence, ``first_chunk_extra`` fields added to chat's first chunk, ``force_usage``
+    (vLLM's ``--enable-force-include-usage``), ``abort_after`` tokens (vLLM's ending of a request its
+    engine aborted). Records every request and whether the proxy hung up mid-stream."""
 
     def __init__(self, role: str, name: str = "") -> None:
         self.role, self.name = role, name or role
@@ -61,6 +62,8 @@ class Engine:
         self.send_done = True
         self.first_chunk_extra: dict = {}  # more fields of chat's first (role) chunk
         self.eos = False  # end as vLLM does at EOS: one more step, no text, finish_reason, counted in usage
+        self.force_usage = False  # vLLM's should_include_usage when forced: usage in every chunk, and the usage chunk
+        self.abort_after: int | None = None  # the engine aborts the request (shutdown, fault) after this many tokens
         self.hung_up = threading.Event()
         self.active = 0
         eng = self
@@ -114,6 +117,8 @@ class Engine:
         if not body.get("stream"):
             msg = {"message": {"role": "assistant", "content": "hello world"}} if chat else {"text": "hello world"}
             out = {"id": "d", "choices": [{"index": 0, **msg}], "usage": {"completion_tokens": self.tokens}}
+            if self.abort_after is not None:
+                out["choices"][0]["finish_reason"] = "abort"
             self._send(h, 200, json.dumps(out).encode(), "application/json")
             return
         h.send_response(200)
@@ -126,14 +131,17 @@ class Engine:
 
         # vLLM's should_include_usage: continuous usage (in every chunk) only along with include_usage
         so = body.get("stream_options") or {}
-        continuous = bool(so.get("include_usage") and so.get("continuous_usage_stats"))
+        include = self.force_usage or bool(so.get("include_usage"))
+        continuous = self.force_usage or bool(so.get("include_usage") and so.get("continuous_usage_stats"))
         n = body.get("n") or 1  # n choices, interleaved, each chunk one choice (vLLM's form)
         if chat:  # vLLM's first chat chunk: the role, no text
             for k in range(n):
+                usage = {"prompt_tokens": 3, "completion_tokens": 0, "total_tokens": 3} if continuous else None
                 event({"id": "d", "choices": [{"index": k, "delta": {"role": "assistant", "content": ""}}],
-                       "usage": None, **self.first_chunk_extra})
+                       "usage": usage, **self.first_chunk_extra})
         time.sleep(self.first_token_s)
-        for i in range(self.tokens):
+        tokens = self.tokens if self.abort_after is None else min(self.tokens, self.abort_after)
+        for i in range(tokens):
             if i:
                 time.sleep(self.itl_s)
             if self.stall_after is not None and i == self.stall_after:
@@ -149,13 +157,17 @@ class Engine:
                                               "text_offset": list(range(len(words)))}
                 usage = {"prompt_tokens": 3, "completion_tokens": i + 1, "total_tokens": 4 + i} if continuous else None
                 event({"id": "d", "choices": [choice], "usage": usage})
-        if self.eos:
+        # vLLM's ending at EOS, or of an aborted request: a chunk without text (none when nothing was generated)
+        ending = "abort" if self.abort_after is not None else "stop" if self.eos else None
+        if ending and tokens:
             time.sleep(self.itl_s)
+            m = tokens + (ending == "stop")
+            usage = {"prompt_tokens": 3, "completion_tokens": m, "total_tokens": 3 + m} if continuous else None
             for k in range(n):
                 choice = {"index": k, "delta": {"content": ""}} if chat else {"index": k, "text": ""}
-                event({"id": "d", "choices": [{**choice, "finish_reason": "stop"}]})
-        generated = n * (self.tokens + self.eos)
-        if so.get("include_usage"):
+                event({"id": "d", "choices": [{**choice, "finish_reason": ending}], "usage": usage})
+        generated = n * (tokens + (ending == "stop"))
+        if include:
             event({"id": "d", "choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": generated,
                                                         "total_tokens": 3 + generated}})
         if self.send_done:
@@ -513,6 +525,37 @@ def test_client_ttft_ends_when_the_token_is_handed_to_the_connection_not_when_a_
     assert ttft < hold_s / 2, f"TTFT {ttft:.3f} s holds the {hold_s} s the client took to start reading"
     stages = sum(value(s, c.CLIENT_STAGE.name + "_sum", stage=st.value) for st in c.Stage)
     assert stages == pytest.approx(ttft, abs=1e-6)
+
+
+def test_a_client_reading_late_does_not_push_the_decode_leg_past_its_deadline(engines, proxies):
+    """The decode deadline ran on while the proxy waited for a slow client to take what it had handed over:
+    an engine that had finished its stream at once, behind a client that began reading after the deadline,
+    got a 504 "decode leg passed its deadline" event in mid-answer (1 token of 3, no ``[DONE]``), counted as the
+    service's error. Only the time the proxy waits for the engine counts now."""
+    p, d = engines("prefill"), engines("decode")
+    d.tokens, d.first_token_s = 3, 0.3  # the tokens come once the proxy waits for the client, not with the first chunk
+    d.first_chunk_extra = {"prompt_token_ids": [151644] * 40_000}  # ~320 KB: fills the small socket buffers
+    px = proxies([p], [d], decode_timeout_s=1.0)
+    px.server.servers[0].sockets[0].setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 8192)
+    body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}).encode()
+    head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode()
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.connect(("127.0.0.1", px.port))
+        sock.sendall(head + body)
+        time.sleep(2.0)  # the client reads nothing until the 1 s decode deadline is past
+        sock.settimeout(10)
+        got = bytearray()
+        while chunk := sock.recv(1 << 20):
+            got += chunk
+    assert b"data: [DONE]" in got and got.count(b'"content": "t') == 3 and b"upstream_timeout" not in got
+    deadline = time.monotonic() + 5
+    while value(s := scrape(px.url), c.CLIENT_REQUESTS.exposed) < 1:
+        assert time.monotonic() < deadline, s
+        time.sleep(0.05)
+    assert value(s, c.CLIENT_REQUESTS.exposed, outcome="ok") == 1 and value(s, c.CLIENT_TPOT.exposed + "_count") == 1
+
 
 # --- labels, balancing, robustness ----------------------------------------------------------------
 
@@ -948,6 +991,57 @@ def test_continuous_usage_stats_alone_does_not_put_usage_into_every_chunk(engine
     assert all(ch["usage"]["completion_tokens"] == i + 1 for i, ch in enumerate(chunks[:-1]))
     assert chunks[-1] == {"id": "d", "choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": d.tokens,
                                                                "total_tokens": 3 + d.tokens}}
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+def test_an_engine_forcing_usage_gives_the_client_the_stream_vllm_would(engines, proxies, path):
+    """A decode engine started with ``--enable-force-include-usage`` sends usage in every chunk and the usage
+    chunk to every client, asked or not. The proxy dropped that final chunk from a client that had not asked
+    (the chunk the proxy asks for itself, for TPOT): the client got usage in every chunk but not the usage
+    chunk a client of vLLM gets. The client now sees what the engine sends it directly, forced or not, and
+    TPOT still has its completion_tokens."""
+    p, d = engines("prefill"), engines("decode")
+    px = proxies([p], [d])
+    d.tokens, d.itl_s, d.eos = 4, 0.05, True
+    body = {"model": "m", "stream": True,
+            **({"messages": [{"role": "user", "content": "x"}]} if "chat" in path else {"prompt": "x"})}
+    for forced in (True, False):
+        d.force_usage = forced
+        _, direct, _ = stream(d.url + path, body)
+        r, relayed, _ = stream(px.url + path, body)
+        assert r.status_code == 200 and [e for _, e in relayed] == [e for _, e in direct], forced
+        usage_chunks = [e for _, e in relayed if e != "[DONE]" and not json.loads(e)["choices"]]
+        assert len(usage_chunks) == forced and d.requests[-1]["stream_options"] == {"include_usage": True}
+    s = scrape(px.url)
+    assert value(s, c.CLIENT_REQUESTS.exposed, outcome="ok") == 2 and value(s, c.CLIENT_TPOT.exposed + "_count") == 2
+    assert value(s, c.CLIENT_TPOT.exposed + "_sum") >= 2 * 0.05 * 0.9  # 5 tokens (EOS too) 50 ms apart
+
+
+@pytest.mark.parametrize("streamed", [True, False])
+def test_an_answer_the_engine_aborted_is_an_error_not_ok(engines, proxies, streamed):
+    """vLLM aborts in-flight requests itself on shutdown (``--shutdown-timeout`` is 0 by default: a scale-down or
+    rollout of a decode engine), on an engine fault and on ``/pause`` in abort mode. The client, still connected,
+    gets a 200 whose choice ends with ``finish_reason: "abort"``, then usage and ``[DONE]`` (a stream aborted before
+    its first token: no text and no finish_reason at all). The proxy counted each as ok: a rollout that cut every
+    answer short kept the availability SLO green."""
+    p, d = engines("prefill"), engines("decode")
+    px = proxies([p], [d])
+    cases = [("/v1/completions", 2), ("/v1/chat/completions", 2), ("/v1/completions", 0), ("/v1/chat/completions", 0)]
+    for path, after in cases if streamed else cases[:2]:
+        d.abort_after = after
+        body = {"model": "m", "stream": streamed,
+                **({"messages": [{"role": "user", "content": "x"}]} if "chat" in path else {"prompt": "x"})}
+        r = httpx.post(px.url + path, json=body, timeout=10)
+        assert r.status_code == 200 and ('"abort"' in r.text) == bool(after or not streamed), (path, after)
+    d.abort_after = None
+    assert httpx.post(px.url + "/v1/completions", json={"model": "m", "prompt": "x", "stream": streamed},
+                      timeout=10).status_code == 200
+    s = scrape(px.url)
+    assert value(s, c.CLIENT_REQUESTS.exposed, outcome="error") == (4 if streamed else 2)
+    assert value(s, c.CLIENT_REQUESTS.exposed, outcome="ok") == 1
+    assert value(s, c.CLIENT_TPOT.exposed + "_count") == streamed  # only the answer that was whole
+    assert value(s, c.CLIENT_TTFT.exposed + "_count") == (3 if streamed else 0)  # the two with tokens, the whole one
+    assert value(s, c.CLIENT_IN_FLIGHT.name) == 0
 
 
 @pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
