@@ -27,6 +27,7 @@ SCALE_DOWN_MARGIN: Final = 0.2  # N-1 must fit with this extra headroom
 DECODE_TPOT_HEADROOM: Final = 0.85  # size decode so predicted TPOT <= headroom x SLA
 KV_TARGET_USAGE: Final = 0.85
 LEARN_QUANTILE: Final = 0.95  # TTFT quantile the utilisation target is learned from (5% miss budget)
+KUBERNETES_CALL_TIMEOUT_S: Final = 5.0  # each call of the Kubernetes actuator, whole
 
 # --- rate-drift detector (settings.detectors.RateConfig and detect.drift.RateDriftParams) --------
 RATE_INTERVAL_S: Final = 60.0  # one CUSUM step

@@ -20,6 +20,10 @@ takes over when the leader dies. Two electors share one small protocol:
 Electors run in a daemon thread; ``is_leader()`` only reads memory and the clock, so the guard's
 tick never blocks on the API server or the filesystem, and a renewal hung in the network cannot
 keep a stale leader actuating (the deadline is evaluated at call time, not by the thread).
+``confirm(within_s)`` is the check just before an actuation's request: it renews the Lease (or
+re-checks the lock file) then and there, and holds only if the request's whole deadline ends
+within the renew deadline. ``is_leader()`` trusts a renewal up to ``renew_s`` old, and a Lease
+deleted or taken over in between went unnoticed until the next renewal: two guards patched.
 """
 
 from __future__ import annotations
@@ -51,6 +55,8 @@ class Elector(Protocol):
 
     def is_leader(self) -> bool: ...
 
+    def confirm(self, within_s: float) -> bool: ...
+
     def holder(self) -> str | None: ...
 
     def start(self) -> None: ...
@@ -71,6 +77,7 @@ class _Loop:
     def __init__(self) -> None:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._step_mu = threading.Lock()  # one step at a time: the loop's or confirm()'s
 
     def start(self) -> None:
         if self._thread is not None:
@@ -81,12 +88,41 @@ class _Loop:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            try:
-                self._step()
-            except Exception:  # the elector thread must outlive any surprise; not leader meanwhile
-                log.exception("%s: election step failed", self.name)
-                self._on_crash()
+            with self._step_mu:
+                self._guarded_step()
             self._stop.wait(self._wait_s())
+
+    def _guarded_step(self) -> None:
+        try:
+            self._step()
+        except Exception:  # the elector thread must outlive any surprise; not leader meanwhile
+            log.exception("%s: election step failed", self.name)
+            self._on_crash()
+
+    def confirm(self, within_s: float) -> bool:
+        """Just before an actuation's request: one election step now (a Lease renewal, a lock
+        file re-check), then whether this guard leads for the request's whole ``within_s``.
+        False when the loop's own step holds the elector past ``_confirm_wait_s()`` (a hung API
+        server), or after ``stop()``."""
+        t0 = self._clock_now()
+        if self._stop.is_set() or not self._step_mu.acquire(timeout=self._confirm_wait_s()):
+            return False
+        try:
+            if self._stop.is_set():  # stop() began while this waited: no renewal after it
+                return False
+            self._guarded_step()
+        finally:
+            self._step_mu.release()
+        return self._holds(t0, within_s)
+
+    def _clock_now(self) -> float:
+        return time.monotonic()
+
+    def _confirm_wait_s(self) -> float:
+        return 5.0
+
+    def _holds(self, since: float, within_s: float) -> bool:
+        raise NotImplementedError
 
     def _join(self, timeout: float) -> bool:
         self._stop.set()
@@ -130,6 +166,9 @@ class FileLockElector(_Loop):
 
     def _wait_s(self) -> float:
         return self.retry_s
+
+    def _holds(self, since: float, within_s: float) -> bool:
+        return self._leader  # the kernel holds an flock until released: no expiry to race
 
     def _on_crash(self) -> None:
         self._release()
@@ -279,6 +318,20 @@ class LeaseElector(_Loop):
     def holder(self) -> str | None:
         return self.identity if self.is_leader() else self._holder
 
+    def _clock_now(self) -> float:
+        return self._clock()
+
+    def _confirm_wait_s(self) -> float:
+        return self.call_timeout_s
+
+    def _holds(self, since: float, within_s: float) -> bool:
+        """Renewed by this confirm (at or after ``since``), and the request, answered within
+        ``within_s``, done before the renew deadline: ``lease_duration_s - renew_deadline_s``
+        before any other guard can see the Lease expire."""
+        with self._mu:
+            t = self._renewed_at
+        return t is not None and t >= since and self._clock() + within_s < t + self.renew_deadline_s
+
     # -- the loop ------------------------------------------------------------------------------
     def _wait_s(self) -> float:
         if self._reread:
@@ -382,8 +435,11 @@ class LeaseElector(_Loop):
         except self._api_exception as err:
             if err.status == 409:
                 # someone else wrote the lease since we read it: we may no longer hold it
+                # (a lost race, not a failing election: last_error stays for real failures)
                 self.conflicts += 1
-                self.last_error = "409 conflict writing the lease"
+                self.last_error = None
+                with self._mu:
+                    self._holder = None  # unknown until the re-read
                 self._step_down("409 conflict on the lease (another guard wrote it)")
                 self._reread = True
                 return
@@ -396,6 +452,7 @@ class LeaseElector(_Loop):
         """Step down, then release the lease (holder cleared, duration 1 s) so a standby takes
         over at its next retry instead of waiting for the lease to expire."""
         was = self.is_leader()
+        self._stop.set()  # first: a confirm() from here on renews nothing
         self._step_down("stopping")
         done = self._join(self.call_timeout_s * 2 + 1)
         lease = self._lease

@@ -141,9 +141,11 @@ def test_active_mode_failure_is_counted_not_fatal():
     assert rec["desired"] > rec["current"]
 
 
-def k8s_server(fail_get: int | None = None):
+def k8s_server(fail_get: int | None = None, fail_patch: int | None = None, grace: int | None = None):
     """Speaks GET/PATCH of the Deployment and LeaderWorkerSet scale subresources (the objects
-    themselves are 404, as to a guard without ``get`` on them); ``fail_get``: every GET answers it."""
+    themselves are 404, as to a guard without ``get`` on them, unless ``grace``: then GET of the
+    Deployment answers it with that ``terminationGracePeriodSeconds``); ``fail_get`` /
+    ``fail_patch``: every GET / PATCH answers that status, with a ``Status`` body."""
     state = {("apps", "llm", "prefill-pool"): 2, ("lws", "llm", "decode-pool"): 1}
     calls: list[dict] = []
 
@@ -177,6 +179,12 @@ def k8s_server(fail_get: int | None = None):
             if fail_get is not None:
                 return self._reply(fail_get, {"kind": "Status", "code": fail_get, "reason": "InternalError"})
             key = self._key()
+            if grace is not None and self.path.split("?")[0] == "/apis/apps/v1/namespaces/llm/deployments/prefill-pool":
+                return self._reply(200, {"apiVersion": "apps/v1", "kind": "Deployment",
+                                         "metadata": {"name": "prefill-pool", "namespace": "llm"},
+                                         "spec": {"selector": {"matchLabels": {"app": "p"}}, "template": {"spec": {
+                                             "containers": [{"name": "vllm"}],
+                                             "terminationGracePeriodSeconds": grace}}}})
             if key not in state:
                 return self._reply(404, {"kind": "Status", "code": 404, "reason": "NotFound"})
             self._reply(200, self._scale(key))
@@ -185,6 +193,9 @@ def k8s_server(fail_get: int | None = None):
             key = self._key()
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
             calls.append({"path": self.path, "content_type": self.headers.get("Content-Type"), "body": body})
+            if fail_patch is not None:
+                return self._reply(fail_patch, {"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                                                "code": fail_patch, "message": f"refused with {fail_patch}"})
             if key not in state:
                 return self._reply(404, {"kind": "Status", "code": 404, "reason": "NotFound"})
             state[key] = int(body["spec"]["replicas"])
@@ -303,6 +314,9 @@ def test_kubernetes_actuator_does_not_patch_after_losing_the_leadership():
             self.asked += 1
             return self.asked == 1
 
+        def confirm(self, within_s: float) -> bool:  # asked just before the patch
+            return self.is_leader()
+
         def holder(self) -> str | None:
             return None
 
@@ -316,3 +330,137 @@ def test_kubernetes_actuator_does_not_patch_after_losing_the_leadership():
         with pytest.raises(StandbyError, match="lost the leadership"):
             gated.set_replicas("m", "prefill", 3, "k")
     assert not calls and state[("apps", "llm", "prefill-pool")] == 2
+
+
+def _active_evaluator(actuator, reg: CollectorRegistry, **cfg) -> AdvisorEvaluator:
+    conf = AdvisorConfig.model_validate({
+        "mode": "active", "model": "m", "cooldown_s": 0,
+        "actuation": {"kubernetes": {"prefill": {"name": "prefill-pool", "namespace": "llm"}}},
+        "pools": {"prefill": {"min_replicas": 1, "max_replicas": 100}},
+        "profile": {"prefill_tokens_per_s": 10_000, "decode_step_base_s": 0.01, "decode_step_per_request_s": 0.0002},
+        **cfg})
+    return AdvisorEvaluator(conf, model="m", metrics=ContractMetrics(reg, components=[Component.GUARD]),
+                            actuator=actuator)
+
+
+BUSY = {"running": 4, "waiting": 30, "computed": 60_000, "prefills": 6, "ttft": 8.0}
+DECODE = {"running": 10, "waiting": 0, "steps": 400}
+
+
+def _prefill(ev: AdvisorEvaluator) -> dict:
+    return [r for r in ev.history if r["pool"] == "prefill"][-1]
+
+
+@pytest.mark.parametrize("gated", [False, True])
+def test_an_order_another_writer_set_back_is_noticed_and_placed_again(tmp_path, gated):
+    """The guard patches prefill up; then something else sets ``spec.replicas`` back (an HPA or
+    KEDA on the same Deployment, an admission policy). The advisor counted the replicas it ordered
+    as starting for up to 30 minutes and held ('prefill_steady', current 4 while 1 was ordered):
+    the overload went on unanswered and nothing said so. Each tick now compares the outstanding
+    order with the target's size: the shortfall is logged, counted as an actuation error and
+    recorded as ``overridden``, and the advisor orders again. Also behind the leader gate."""
+    from sla_guard.leader import FileLockElector
+    from sla_guard.scale.actuators import LeaderGatedActuator
+
+    handler, state, calls = k8s_server()
+    key = ("apps", "llm", "prefill-pool")
+    state[key] = 1
+    reg = CollectorRegistry()
+    elector = FileLockElector(tmp_path / "lock", identity="guard-a")
+    with serve(handler) as (url, _):
+        act = _k8s_actuator(url)
+        if gated:
+            assert elector.confirm(0.0)  # one step takes the free lock: this guard leads
+            act = LeaderGatedActuator(act, elector)
+        ev = _active_evaluator(act, reg)
+        st, engines = _store(), [Engine("prefill", "p0"), Engine("decode", "d0")]
+        _run(engines, st, 1000, 1060, p0=BUSY, d0=DECODE)
+        ev.evaluate(st, 1060)
+        first = _prefill(ev)
+        assert first["direction"] == "up" and first["actuated"] is True
+        ordered = first["desired"]
+        assert state[key] == ordered > 1
+        state[key] = 1  # set back by another writer
+        _run(engines, st, 1065, 1075, p0=BUSY, d0=DECODE)
+        ev.evaluate(st, 1075)
+    elector.stop()
+    again = _prefill(ev)
+    assert again["overridden"].startswith(f"prefill: the target's size is 1, not the {ordered} this guard ordered")
+    assert again["current"] == 1 and again["direction"] == "up" and again["actuated"] is True
+    assert state[key] == again["desired"] and len(calls) == 2
+    assert reg.get_sample_value(c.GUARD_ACTUATION_ERRORS.series(),
+                                {"model": "m", "pool": "prefill", "actuator": "kubernetes"}) == 1
+
+
+@pytest.mark.parametrize(("code", "says"), [
+    (401, "rejected the guard's credentials"), (403, "RBAC: the guard's service account needs patch on "
+                                                     "deployments/scale 'prefill-pool' in namespace 'llm'"),
+    (404, "no such Deployment (advisor.actuation.kubernetes.prefill"), (409, "another writer"),
+    (429, "throttling"), (500, "the API server failed"), (503, "the API server failed")])
+def test_kubernetes_refusals_leave_the_decision_not_applied_with_one_line_saying_why(code, says):
+    """Every refusal of the patch is an ActuationError, the scale untouched, the decision recorded
+    as not applied (``/v1/decisions``) and counted (``slaguard_guard_actuation_errors_total``).
+    The reason was ``str(ApiException)``: four lines with every response header and no word on
+    what to do; it is one line with the status, the API server's message and the fix."""
+    handler, state, calls = k8s_server(fail_patch=code)
+    key = ("apps", "llm", "prefill-pool")
+    state[key] = 1
+    reg = CollectorRegistry()
+    with serve(handler) as (url, _):
+        ev = _active_evaluator(_k8s_actuator(url), reg)
+        st, engines = _store(), [Engine("prefill", "p0"), Engine("decode", "d0")]
+        _run(engines, st, 1000, 1060, p0=BUSY, d0=DECODE)
+        ev.evaluate(st, 1060)
+    rec = _prefill(ev)
+    assert rec["direction"] == "up" and state[key] == 1 and len(calls) == 1
+    why = rec["actuated"]
+    assert why.startswith(f"error: scaling Deployment/llm/prefill-pool to {rec['desired']} failed: HTTP {code} ")
+    assert "\n" not in why and f"refused with {code}" in why and says in why and "HTTPHeaderDict" not in why
+    assert ev.actuation_errors == 1
+    assert reg.get_sample_value(c.GUARD_ACTUATION_ERRORS.series(),
+                                {"model": "m", "pool": "prefill", "actuator": "kubernetes"}) == 1
+
+
+def test_scale_down_behind_the_leader_gate_still_goes_through_the_drain_check(tmp_path):
+    """Four idle prefill replicas, the longest request ~0.5 s (drain time x 1.5 + 60 s), pods
+    killed after 30 s. The evaluator hands the drain time to the actuator only if it has
+    ``drain_grace_s``, which the leader gate (two guards) lacked: behind it the Kubernetes
+    actuator never checked the grace period and scaled down. The gate passes it on now."""
+    from sla_guard.leader import FileLockElector
+    from sla_guard.scale.actuators import LeaderGatedActuator
+
+    handler, state, calls = k8s_server(grace=30)
+    key = ("apps", "llm", "prefill-pool")
+    state[key] = 4
+    elector = FileLockElector(tmp_path / "lock", identity="guard-a", retry_s=0.05)
+    idle = {"running": 0, "waiting": 0, "computed": 100, "prefills": 1}
+    with serve(handler) as (url, _):
+        try:
+            assert elector.confirm(0.0)  # one step takes the free lock: this guard leads
+            gated = LeaderGatedActuator(_k8s_actuator(url), elector)
+            ev = _active_evaluator(gated, CollectorRegistry(), stabilization_down_s=0, min_evidence_s=0,
+                                   no_reversal_s=0, recurrence_horizon_s=0, window_s=30)
+            st = _store()
+            engines = [Engine("prefill", f"p{i}") for i in range(4)] + [Engine("decode", "d0")]
+            _run(engines, st, 1000, 1060, d0=DECODE, **{f"p{i}": idle for i in range(4)})
+            ev.evaluate(st, 1060)
+        finally:
+            elector.stop()
+    rec = _prefill(ev)
+    assert rec["direction"] == "down" and rec["numbers"]["drain_grace_s"] > 60
+    assert rec["actuated"].startswith("error: refusing to scale Deployment/llm/prefill-pool down to 3: "
+                                      "terminationGracePeriodSeconds 30 s < drain time")
+    assert state[key] == 4 and not calls
+
+
+def test_kubernetes_actuation_with_every_model_is_refused_naming_the_field():
+    """``advisor.model`` defaults to '*': one advisor per model the engines report. The Kubernetes
+    targets are one object per pool, so with two models both advisors patched the same Deployment
+    (model 'big' ordered 4 prefill replicas, model 'small' then 2, each tick). Refused at load."""
+    from sla_guard.config import ConfigError, parse_config
+
+    active = {"mode": "active", "actuation": {"kubernetes": {"prefill": {"name": "glm-prefill"}}}}
+    with pytest.raises(ConfigError, match=r"advisor: .*model '\*' sizes every model .* set advisor\.model"):
+        parse_config({"advisor": active})
+    assert parse_config({"advisor": {**active, "model": "glm-5.2"}}).advisor.model == "glm-5.2"
+    parse_config({"advisor": {"mode": "active", "actuation": {"webhook": {"url": "http://127.0.0.1:9/scale"}}}})

@@ -40,8 +40,14 @@ from scale_support import Engine
 from sla_guard.compose import build_actuator
 from sla_guard.config import ConfigError, parse_config
 from sla_guard.leader import FileLockElector, LeaseElector
-from sla_guard.scale.actuators import LeaderGatedActuator, StandbyError, WebhookActuator
-from sla_guard.settings.advisor import AdvisorConfig, Webhook
+from sla_guard.scale.actuators import (
+    ActuationError,
+    KubernetesActuator,
+    LeaderGatedActuator,
+    StandbyError,
+    WebhookActuator,
+)
+from sla_guard.settings.advisor import AdvisorConfig, KubernetesTarget, Webhook
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -318,6 +324,9 @@ def test_standby_does_not_call_the_webhook_and_says_who_leads(tmp_path):
         def is_leader(self) -> bool:
             return self.leader
 
+        def confirm(self, within_s: float) -> bool:
+            return self.leader
+
         def holder(self) -> str:
             return "me" if self.leader else "other"
 
@@ -371,12 +380,15 @@ MICRO_TIME = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}(Z|[+-]\d\d:\d\d)
 
 class LeaseAPI:
     """FAKE Kubernetes API server (no real one can run here): the Lease endpoints of
-    coordination.k8s.io/v1 on loopback. GET/PUT ``.../namespaces/{ns}/leases/{name}``, POST
+    coordination.k8s.io/v1 on loopback. GET/PUT/DELETE ``.../namespaces/{ns}/leases/{name}``, POST
     ``.../namespaces/{ns}/leases``; every write bumps ``metadata.resourceVersion``; a PUT whose
     resourceVersion is not the current one and a POST of an existing Lease answer 409 with a
-    ``Status`` body, as the real server does. Test hooks: ``hang`` (client tags whose requests
-    hang, then fail without being applied) and ``intrude_on_put`` (before that client's next
-    PUT, another writer updates the Lease, so the PUT conflicts)."""
+    ``Status`` body, as the real server does. Also GET/PATCH of a Deployment's scale subresource
+    (``/apis/apps/v1/namespaces/{ns}/deployments/{name}/scale``), every PATCH logged in
+    ``patches`` as (client, replicas). Test hooks: ``hang`` (client tags whose requests hang,
+    then fail without being applied), ``forbid`` (client tags answered 403, as to a service
+    account without RBAC on leases) and ``intrude_on_put`` (before that client's next PUT,
+    another writer updates the Lease, so the PUT conflicts)."""
 
     PREFIX = "/apis/coordination.k8s.io/v1/namespaces/"
 
@@ -385,7 +397,10 @@ class LeaseAPI:
         self.rv = 100
         self.mu = threading.Lock()
         self.hang: set[str] = set()
+        self.forbid: set[str] = set()
         self.unhang = threading.Event()
+        self.scales: dict[tuple[str, str], int] = {}
+        self.patches: list[tuple[str, int]] = []
         self.intrude_on_put: str | None = None
         self.events: list[tuple[float, str, str, int, str]] = []  # (t, client, method, status, holder)
         api = self
@@ -418,12 +433,19 @@ class LeaseAPI:
             def _handle(self, method: str) -> None:
                 tag = self.headers.get("X-Client", "?")
                 body = None
-                if method in ("POST", "PUT"):
+                if int(self.headers.get("Content-Length") or 0):
                     body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 if tag in api.hang:
                     api.unhang.wait(60)
                     api.events.append((time.monotonic(), tag, method, 504, ""))
                     return self._status(504, "Timeout", "hung")
+                if tag in api.forbid:
+                    return self._status(403, "Forbidden", f'leases.coordination.k8s.io is forbidden: User "{tag}" '
+                                                          "cannot get resource \"leases\"")
+                scale = re.fullmatch(r"/apis/apps/v1/namespaces/([^/]+)/deployments/([^/]+)/scale",
+                                     self.path.split("?")[0])
+                if scale:
+                    return self._scale(method, tag, (scale[1], scale[2]), body)
                 route = self._route()
                 if route is None:
                     return self._status(404, "NotFound", "no such path")
@@ -434,8 +456,27 @@ class LeaseAPI:
                     api.events.append((time.monotonic(), tag, method, code, holder))
                 self._reply(code, obj)
 
+            def _scale(self, method: str, tag: str, key: tuple[str, str], body: dict | None) -> None:
+                with api.mu:
+                    if key not in api.scales:
+                        return self._status(404, "NotFound", f'deployments.apps "{key[1]}" not found')
+                    if method == "PATCH":
+                        assert body is not None
+                        api.scales[key] = int(body["spec"]["replicas"])
+                        api.patches.append((tag, api.scales[key]))
+                    n = api.scales[key]
+                self._reply(200, {"apiVersion": "autoscaling/v1", "kind": "Scale",
+                                  "metadata": {"name": key[1], "namespace": key[0]},
+                                  "spec": {"replicas": n}, "status": {"replicas": n}})
+
             def do_GET(self):
                 self._handle("GET")
+
+            def do_PATCH(self):
+                self._handle("PATCH")
+
+            def do_DELETE(self):
+                self._handle("DELETE")
 
             def do_POST(self):
                 self._handle("POST")
@@ -462,8 +503,8 @@ class LeaseAPI:
         return obj
 
     def apply(self, method: str, tag: str, ns: str, name: str | None, body: dict | None) -> tuple[int, dict]:
-        if method == "GET":
-            obj = self.leases.get((ns, name or ""))
+        if method in ("GET", "DELETE"):  # DELETE: as `kubectl delete lease`, to force a new election
+            obj = self.leases.pop((ns, name or ""), None) if method == "DELETE" else self.leases.get((ns, name or ""))
             return (200, obj) if obj else self._status_obj(404, "NotFound", f'leases "{name}" not found')
         assert body is not None
         for field in ("acquireTime", "renewTime"):  # MicroTime: RFC 3339 with six fractional digits
@@ -635,6 +676,102 @@ def test_lease_hung_api_server_makes_the_leader_step_down_before_the_lease_expir
             a.stop()
             b.stop()
     assert not watch.overlaps, watch.overlaps[:3]
+
+
+def _gated_kubernetes(url: str, identity: str, elector: LeaseElector) -> LeaderGatedActuator:
+    """A guard's actuator: the Kubernetes actuator (official client, this guard's X-Client tag)
+    behind the leader gate, patching Deployment llm/prefill-pool on the FAKE API server."""
+    from kubernetes import client
+
+    api_client = client.ApiClient(client.Configuration(host=url), header_name="X-Client", header_value=identity)
+    inner = KubernetesActuator({"prefill": KubernetesTarget(name="prefill-pool", namespace="llm")},
+                               api_client=api_client, timeout_s=2.0)
+    return LeaderGatedActuator(inner, elector)
+
+
+def test_two_guards_a_leader_whose_lease_was_taken_does_not_patch_before_its_next_renewal():
+    """Two guards, each a LeaseElector and a gated Kubernetes actuator, on one FAKE API server.
+    The Lease is deleted (``kubectl delete lease``, to force a new election): the standby creates
+    it at its next retry and leads, while the old leader, which renews only every ``renew_s``,
+    still reads itself as leader from memory. It patched its stale decision over the new
+    leader's (two guards actuating). The gate now renews the Lease just before the patch: the
+    old leader finds guard-b holding it, steps down and does not patch."""
+    from kubernetes import client
+
+    timing = {"lease_duration_s": 60, "renew_deadline_s": 45, "renew_s": 30, "retry_s": 0.2}
+    with lease_api() as (url, api):
+        api.scales[("llm", "prefill-pool")] = 2
+        a, b = lease_elector(url, "guard-a", **timing), lease_elector(url, "guard-b", **timing)
+        try:
+            a.start()
+            wait_for(a.is_leader, 10, "a leading")
+            b.start()
+            wait_for(lambda: b.holder() == "guard-a", 10, "b standing by")
+            on_a, on_b = _gated_kubernetes(url, "guard-a", a), _gated_kubernetes(url, "guard-b", b)
+            on_a.set_replicas("m", "prefill", 3, "k1")  # the leader patches
+            with pytest.raises(StandbyError, match=r"not the leader \(holder guard-a\)"):
+                on_b.set_replicas("m", "prefill", 5, "k2")
+            kubectl = client.CoordinationV1Api(client.ApiClient(client.Configuration(host=url),
+                                                                header_name="X-Client", header_value="kubectl"))
+            kubectl.delete_namespaced_lease("guard", "llm", _request_timeout=5)
+            wait_for(b.is_leader, 10, "b taking the Lease it recreated")
+            assert a.is_leader()  # a's memory: renewed well inside its 45 s deadline, next renewal in 30 s
+            on_b.set_replicas("m", "prefill", 6, "k3")
+            with pytest.raises(StandbyError, match=r"lost the leadership before patching prefill=4 \(holder guard-b\)"):
+                on_a.set_replicas("m", "prefill", 4, "k4")
+            assert not a.is_leader() and b.is_leader()
+        finally:
+            a.stop()
+            b.stop()
+    assert api.patches == [("guard-a", 3), ("guard-b", 6)]
+    assert api.scales[("llm", "prefill-pool")] == 6
+
+
+def test_lease_leader_confirms_by_renewing_and_only_for_a_request_that_ends_before_its_deadline():
+    """``confirm(within_s)`` renews the Lease then and there (one more write), and holds only if a
+    request answered within ``within_s`` ends before the renew deadline; a stopped elector
+    confirms nothing. The config refuses a renew deadline no request deadline fits in."""
+    timing = {"lease_duration_s": 8, "renew_deadline_s": 4, "renew_s": 2, "retry_s": 0.2}
+    with lease_api() as (url, api):
+        a = lease_elector(url, "guard-a", **timing)
+        try:
+            a.start()
+            wait_for(a.is_leader, 10, "a leading")
+            writes = len(api.writes("guard-a"))
+            assert a.confirm(1.0)
+            assert len(api.writes("guard-a")) > writes  # renewed for the request, not taken from memory
+            assert not a.confirm(4.0)  # a 4 s request could end past the 4 s renew deadline
+            api.hang.add("guard-a")  # a renewal that cannot complete confirms nothing
+            assert not a.confirm(0.5)
+        finally:
+            api.unhang.set()
+            a.stop()
+        assert not a.confirm(0.5)
+    with pytest.raises(ConfigError, match=r"renew_deadline_s \(4\.0\) must be above the kubernetes request deadline"):
+        parse_config({"advisor": {"mode": "active", "actuation": {
+            "kubernetes": {"prefill": {"name": "p"}},
+            "leader_election": {"mode": "kubernetes", "lease_duration_s": 8, "renew_deadline_s": 4, "renew_s": 2}}}})
+
+
+def test_lease_election_refused_by_rbac_is_an_actuation_error_not_a_quiet_standby():
+    """The API server answers 403 to every Lease request (the shipped Role grants leases in one
+    namespace, the Lease defaults to the guard's own): the guard never leads, and every decision
+    read 'standby: not the leader (holder unknown)', not counted as an error, with no guard
+    actuating. It is an ActuationError (counted) that names the HTTP 403."""
+    with lease_api() as (url, api):
+        api.forbid.add("guard-a")
+        a = lease_elector(url, "guard-a", lease_duration_s=6, renew_deadline_s=3, renew_s=1, retry_s=0.2)
+        try:
+            a.start()
+            wait_for(lambda: a.last_error, 10, "the election failing")
+            gated = _gated_kubernetes(url, "guard-a", a)
+            with pytest.raises(ActuationError) as err:
+                gated.set_replicas("m", "prefill", 3, "k")
+            assert not isinstance(err.value, StandbyError)
+            assert "leader election fails (reading the lease: HTTP 403 Forbidden)" in str(err.value)
+        finally:
+            a.stop()
+    assert not api.patches
 
 
 def test_lease_elector_built_from_config_and_kubeconfig(tmp_path):

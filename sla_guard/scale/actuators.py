@@ -9,18 +9,23 @@ A failure raises ``ActuationError``; the evaluator counts it and carries on.
 
 ``LeaderGatedActuator`` wraps either for high availability: two guards run side by side and only
 the elected leader (``sla_guard.leader``) reaches the inner actuator; the standby raises
-``StandbyError`` (an ``ActuationError`` saying who holds the leadership) instead.
+``StandbyError`` (an ``ActuationError`` saying who holds the leadership) instead. Just before
+each request (each webhook attempt, the scale patch) the leadership is confirmed with the
+elector (``Elector.confirm``: the Lease renewed then and there), not taken from memory.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import json
 import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 import httpx
 
+from sla_guard.defaults import KUBERNETES_CALL_TIMEOUT_S
 from sla_guard.outbound import call_within, post_json
 from sla_guard.settings.advisor import KubernetesTarget, Webhook
 
@@ -65,9 +70,9 @@ class WebhookActuator:
         self._sleep = sleep
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.attempts = 0
-        # set by LeaderGatedActuator: checked before every attempt, so a leader deposed during
-        # the backoff of a retry does not send it
-        self.may_send: Callable[[], bool] | None = None
+        # set by LeaderGatedActuator: called with the attempt's deadline before every attempt, so
+        # a leader deposed during the backoff of a retry does not send it
+        self.may_send: Callable[[float], bool] | None = None
 
     def set_replicas(self, model: str, pool: str, replicas: int, key: str,
                      extra: Mapping[str, object] | None = None) -> None:
@@ -77,7 +82,7 @@ class WebhookActuator:
         for attempt in range(self.cfg.retries + 1):
             if attempt:
                 self._sleep(self.cfg.backoff_s * 2 ** (attempt - 1))
-            if self.may_send is not None and not self.may_send():
+            if self.may_send is not None and not self.may_send(self.cfg.timeout_s):
                 raise StandbyError(f"standby: lost the leadership before attempt {attempt + 1} of {pool}={replicas}")
             self.attempts += 1
             try:  # the whole request within timeout_s: a trickling receiver cannot hold the tick
@@ -105,7 +110,7 @@ class KubernetesActuator:
     name = "kubernetes"
 
     def __init__(self, targets: Mapping[str, KubernetesTarget], api_client=None, kubeconfig: str | None = None,
-                 timeout_s: float = 5.0) -> None:
+                 timeout_s: float = KUBERNETES_CALL_TIMEOUT_S) -> None:
         from kubernetes import client, config  # optional extra: sla-guard[kubernetes]
 
         if api_client is None:
@@ -120,9 +125,9 @@ class KubernetesActuator:
             api_client = client.ApiClient(conf)
         self.targets = dict(targets)
         self.timeout_s = timeout_s  # each API call, whole (a hung API server must not hold the tick)
-        # set by LeaderGatedActuator: checked just before the patch, so a leader deposed while the
-        # reads before it were slow does not send it
-        self.may_send: Callable[[], bool] | None = None
+        # set by LeaderGatedActuator: called with the patch's deadline just before the patch, so a
+        # leader deposed while the reads before it were slow does not send it
+        self.may_send: Callable[[float], bool] | None = None
         self.apps = client.AppsV1Api(api_client)
         self.custom = client.CustomObjectsApi(api_client)
         # pool -> seconds a replica needs to drain (the advisor's drain_grace_s: the longest
@@ -187,7 +192,8 @@ class KubernetesActuator:
                              LWS_PLURAL, t.name)
             return int(obj.get("spec", {}).get("replicas", 0))
         except Exception as err:  # ApiException, connection errors: the caller counts and continues
-            raise ActuationError(f"reading scale of {t.kind}/{t.namespace}/{t.name} failed: {err}") from err
+            raise ActuationError(f"reading scale of {t.kind}/{t.namespace}/{t.name} failed: "
+                                 f"{api_reason(err, pool, t, 'get')}") from err
 
     def _call(self, fn: Callable[..., object], *args: object) -> Any:
         """One API call, whole within ``timeout_s`` (the client's own timeout bounds each read)."""
@@ -197,7 +203,7 @@ class KubernetesActuator:
         t = self._target(pool)
         current = self.get_replicas(pool)  # a pool whose size cannot be read is not acted on
         self.check_drain(pool, replicas, current)
-        if self.may_send is not None and not self.may_send():
+        if self.may_send is not None and not self.may_send(self.timeout_s):
             raise StandbyError(f"standby: lost the leadership before patching {pool}={replicas}")
         body = {"spec": {"replicas": int(replicas)}}
         try:
@@ -207,7 +213,30 @@ class KubernetesActuator:
                 self._call(self.custom.patch_namespaced_custom_object_scale, LWS_GROUP, LWS_VERSION, t.namespace,
                            LWS_PLURAL, t.name, body)
         except Exception as err:
-            raise ActuationError(f"scaling {t.kind}/{t.namespace}/{t.name} to {replicas} failed: {err}") from err
+            raise ActuationError(f"scaling {t.kind}/{t.namespace}/{t.name} to {replicas} failed: "
+                                 f"{api_reason(err, pool, t, 'patch')}") from err
+
+
+def api_reason(err: Exception, pool: str, t: KubernetesTarget, verb: str) -> str:
+    """One line for the log and the decision record: the status, the API server's own message,
+    and what to do about it. ``str(ApiException)`` was four lines with every response header."""
+    status = getattr(err, "status", None)
+    if not isinstance(status, int) or status == 0:  # timeouts, refused connections
+        return f"{type(err).__name__}: {err}"[:300]
+    message = ""
+    with contextlib.suppress(ValueError, AttributeError):  # a body that is no Status: the status alone
+        message = str(json.loads(getattr(err, "body", None) or "{}").get("message") or "")
+    resource = "deployments/scale" if t.kind == "Deployment" else "leaderworkersets/scale"
+    hint = {401: "the API server rejected the guard's credentials (service-account token or kubeconfig)",
+            403: f"RBAC: the guard's service account needs {verb} on {resource} {t.name!r} in namespace "
+                 f"{t.namespace!r} (deploy/k8s/rbac.yaml)",
+            404: f"no such {t.kind} (advisor.actuation.kubernetes.{pool}: kind, name, namespace"
+                 + (", and the LeaderWorkerSet CRD installed)" if t.kind == "LeaderWorkerSet" else ")"),
+            409: "the object changed while it was written (another writer); decided again next tick",
+            429: "the API server is throttling the guard (API Priority and Fairness); decided again next tick",
+            }.get(status, "the API server failed; decided again next tick" if status >= 500 else "")
+    parts = [f"HTTP {status} {getattr(err, 'reason', '') or ''}".strip(), message[:200], hint]
+    return "; ".join(p for p in parts if p)
 
 
 class LeaderGatedActuator:
@@ -215,7 +244,9 @@ class LeaderGatedActuator:
 
     Keeps the inner actuator's ``name`` so the actuation metrics keep their label. On a standby
     ``set_replicas`` raises ``StandbyError('standby: not the leader (holder X)')``: the evaluator
-    then neither counts the replicas as ordered nor pretends it actuated."""
+    then neither counts the replicas as ordered nor pretends it actuated. When the election itself
+    fails (the Lease unreadable: RBAC, a down API server) it raises a plain ``ActuationError``,
+    counted: then no guard may be actuating, which must not read as a quiet standby."""
 
     def __init__(self, inner: Actuator, elector: Elector) -> None:
         self.inner = inner
@@ -223,13 +254,36 @@ class LeaderGatedActuator:
         self.name = inner.name
         self.standby_skips = 0
         if hasattr(inner, "may_send"):
-            inner.may_send = elector.is_leader
+            inner.may_send = elector.confirm
+
+    @property
+    def drain_grace_s(self) -> dict[str, float]:
+        """The inner actuator's drain times, which the evaluator sets before a scale-down (an
+        ``AttributeError`` for a webhook, so ``hasattr`` says no). Without it the Kubernetes
+        actuator's drain check never ran behind the gate."""
+        return self.inner.drain_grace_s  # type: ignore[attr-defined]
+
+    @property
+    def get_replicas(self) -> Callable[[str], int]:
+        """The inner actuator's read of a pool's ordered size (Kubernetes: ``spec.replicas``);
+        an ``AttributeError`` for a webhook, which cannot read one."""
+        return self.inner.get_replicas  # type: ignore[attr-defined]
 
     def set_replicas(self, model: str, pool: str, replicas: int, key: str) -> None:
         if not self.elector.is_leader():
             self.standby_skips += 1
-            raise StandbyError(f"standby: not the leader (holder {self.elector.holder() or 'unknown'})")
-        self.inner.set_replicas(model, pool, replicas, key)
+            raise self._not_leader("standby: not the leader")
+        try:
+            self.inner.set_replicas(model, pool, replicas, key)
+        except StandbyError as err:  # the leadership was not confirmed just before the request
+            raise self._not_leader(str(err)) from None
+
+    def _not_leader(self, what: str) -> ActuationError:
+        failing = getattr(self.elector, "last_error", None)
+        if failing:
+            return ActuationError(f"not applied: the leader election fails ({failing}), so no guard may be "
+                                  f"actuating; {what}")
+        return StandbyError(f"{what} (holder {self.elector.holder() or 'unknown'})")
 
     def close(self) -> None:
         self.elector.stop()

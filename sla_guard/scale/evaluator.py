@@ -140,6 +140,7 @@ class AdvisorEvaluator:
         recs, all_restarts = [], []
         for key, label in self._models(view, now):
             adv = self._advisor_for(key)
+            overridden = self._check_orders(adv, label, now)
             decisions, restarts = adv.step(view, now, {}, found)
             all_restarts.extend(restarts)
             for pool, d in decisions.items():
@@ -167,6 +168,8 @@ class AdvisorEvaluator:
                           "desired": d.desired, "direction": d.direction, "action": d.action,
                           "reasons": d.reasons, "confidence": d.confidence, "numbers": d.numbers,
                           "actuated": actuated}
+                if pool in overridden:
+                    record["overridden"] = overridden[pool]
                 self.log.append(record)
                 self.history.append(record)
                 self._records.append(record)
@@ -178,6 +181,34 @@ class AdvisorEvaluator:
             self._inc(c.GUARD_SCALING_DECISIONS, r.model, r.pool or "unknown", "none", "leak_rolling_restart")
         with self._lock:
             self._recs, self._restarts, self.updated_at = recs, all_restarts, now
+
+    def _check_orders(self, adv: Advisor, model: str, now: float) -> dict[str, str]:
+        """Compare each pool's outstanding order with the size the target holds now (Kubernetes:
+        ``spec.replicas``). The advisor counts ordered replicas as starting until they serve, for
+        up to ``pending_timeout_s`` (30 min); an HPA or KEDA on the same target, an admission
+        policy or a person that set the size back left it holding, sure the capacity was coming.
+        A lower size replaces the order (counted as an actuation error, logged, and recorded as
+        ``overridden``); a size it cannot read leaves the order as it was."""
+        read = getattr(self.actuator, "get_replicas", None) if self.actuator is not None else None
+        out: dict[str, str] = {}
+        if read is None:
+            return out
+        for pool, (want, since) in list(adv.pending.items()):
+            try:
+                spec = int(read(pool))
+            except ActuationError as err:
+                log.warning("advisor: checking the order of %s=%d: %s", pool, want, err)
+                continue
+            if spec >= want:
+                continue
+            adv.pending[pool] = (spec, since)
+            out[pool] = (f"{pool}: the target's size is {spec}, not the {want} this guard ordered {now - since:.0f} s "
+                         f"ago: another writer set it back (an HPA or KEDA ScaledObject on the same target, an "
+                         f"admission policy, a person); counting {spec}")
+            log.warning("advisor: %s", out[pool])
+            self.actuation_errors += 1
+            self._inc(c.GUARD_ACTUATION_ERRORS, model, pool, self.actuator.name)  # type: ignore[union-attr]
+        return out
 
     # -- crash-safe state (sla_guard.state.Stateful) -------------------------------------------
     def state_dump(self, full: bool) -> dict:

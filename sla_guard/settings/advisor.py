@@ -104,6 +104,21 @@ class Actuation(Strict):
     kubeconfig: str | None = Field(default=None, description="path; in-cluster config when unset")
     leader_election: LeaderElection = Field(default_factory=LeaderElection)
 
+    @model_validator(mode="after")
+    def _request_fits_the_leadership(self) -> Actuation:
+        # the leader renews its Lease just before each request and sends it only if the
+        # request's whole deadline ends before the renew deadline: a shorter one never actuates
+        le = self.leader_election
+        if le.mode != "kubernetes":
+            return self
+        what, need = (("kubernetes", d.KUBERNETES_CALL_TIMEOUT_S) if self.kubernetes else
+                      ("webhook.timeout_s", self.webhook.timeout_s) if self.webhook else ("", 0.0))
+        if need and not need < le.renew_deadline_s:
+            raise ValueError(f"leader_election.renew_deadline_s ({le.renew_deadline_s}) must be above the "
+                             f"{what} request deadline ({need:g} s): a leader sends a request only when it "
+                             "ends before the renew deadline; raise it (and lease_duration_s)")
+        return self
+
 
 class AdvisorConfig(Strict):
     mode: Literal["advisory", "active"] = Field(default="advisory",
@@ -176,5 +191,11 @@ class AdvisorConfig(Strict):
         if self.mode == "active" and a.webhook is None and not a.kubernetes:
             raise ValueError("mode 'active' needs actuation.webhook or actuation.kubernetes "
                              "(or set mode: advisory)")
+        if self.mode == "active" and a.kubernetes and self.model == "*":
+            # each model the engines report got its own advisor, and all of them patched the one
+            # object per pool: two models' sizes took turns on the same Deployment
+            raise ValueError("model '*' sizes every model the engines report, but actuation.kubernetes names "
+                             "one object per pool: set advisor.model to the model those objects serve (one "
+                             "guard per model), or use actuation.webhook, which receives the model")
         return self
 
