@@ -8,11 +8,16 @@ the WAL pages are in the OS page cache), and only a power loss or kernel crash c
 commits since a checkpoint (the file stays consistent). ``FULL`` adds one fsync per tick, for
 hosts where that matters more than the fsync's cost.
 
-Schema (``PRAGMA user_version`` = 1):
+Schema (``PRAGMA user_version`` = 2):
 
-- ``kv(component, part, value, updated_at)``: each stateful component's snapshot, in parts, so a
-  tick rewrites only what changed (an SLO ledger's current bucket chunk, not 30 days of them);
-- ``log(id, stream, t, value)``: append-only records (the advisor's decisions), trimmed by age.
+- ``kv(component, part, value, updated_at, crc)``: each stateful component's snapshot, in parts, so
+  a tick rewrites only what changed (an SLO ledger's current bucket chunk, not 30 days of them);
+- ``log(id, stream, t, value, crc)``: append-only records (the advisor's decisions), trimmed by age.
+
+``crc`` is the CRC32 of the names and the stored value, checked at load: a damaged value that is
+still valid JSON (a flipped digit of an error-budget count) is skipped and counted as unreadable,
+never restored as a different number. A version-1 file (no ``crc``) is migrated when opened: the
+column is added and filled from the rows as they are, which then load as they did before.
 
 Components implement the ``Stateful`` protocol; the store never looks inside their parts. A
 damaged file (not a database, malformed, fails its integrity check) is moved aside
@@ -35,6 +40,7 @@ import socket
 import sqlite3
 import threading
 import time
+import zlib
 from collections import deque
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -42,14 +48,21 @@ from typing import Any, Protocol, runtime_checkable
 
 log = logging.getLogger("sla_guard.state")
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS kv (component TEXT NOT NULL, part TEXT NOT NULL, value TEXT NOT NULL,
-                               updated_at REAL NOT NULL, PRIMARY KEY (component, part)) WITHOUT ROWID;
+                               updated_at REAL NOT NULL, crc INTEGER,
+                               PRIMARY KEY (component, part)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS log (id INTEGER PRIMARY KEY AUTOINCREMENT, stream TEXT NOT NULL, t REAL NOT NULL,
-                                value TEXT NOT NULL);
+                                value TEXT NOT NULL, crc INTEGER);
 CREATE INDEX IF NOT EXISTS log_stream_t ON log (stream, t);
 """
+
+
+def _crc(*fields: bytes) -> int:
+    """CRC32 over a row's names and value, as stored (UTF-8): a single flipped bit anywhere in them
+    always changes it, so damage is reported instead of restored as a different value."""
+    return zlib.crc32(b"\0".join(fields))
 
 
 @runtime_checkable
@@ -83,7 +96,7 @@ def _is_corrupt(err: sqlite3.Error) -> bool:
         ("SQLITE_CORRUPT", "SQLITE_NOTADB"))
 
 
-_TABLES = {"kv": ["component", "part", "value", "updated_at"], "log": ["id", "stream", "t", "value"]}
+_TABLES = {"kv": ["component", "part", "value", "updated_at", "crc"], "log": ["id", "stream", "t", "value", "crc"]}
 
 
 def _foreign_table(conn: sqlite3.Connection) -> str | None:
@@ -95,7 +108,7 @@ def _foreign_table(conn: sqlite3.Connection) -> str | None:
         if name == "sqlite_sequence":
             continue
         cols = [r[0] for r in conn.execute("SELECT name FROM pragma_table_info(?)", (name,))]
-        if _TABLES.get(name) != cols:
+        if name not in _TABLES or cols not in (_TABLES[name], _TABLES[name][:-1]):  # v2, or v1 without crc
             return f"table {name}({', '.join(cols)})"
     return None
 
@@ -123,6 +136,7 @@ class StateStore:
         self.last_save_ms: float | None = None
         self.trimmed = 0
         self.unreadable = 0  # parts/records skipped at restore (damaged)
+        self._bad_records: set[int] = set()  # log rows already counted in unreadable
         self._conn: sqlite3.Connection | None = None
         self._lock_fd: int | None = None
         try:
@@ -184,16 +198,42 @@ class StateStore:
             if not ok or ok[0] != "ok":
                 raise _Corrupt(f"quick_check: {ok[0] if ok else 'no answer'}")
             version = conn.execute("PRAGMA user_version").fetchone()[0]
-            if version not in (0, SCHEMA_VERSION):
+            if version not in (0, 1, SCHEMA_VERSION):
                 raise StateUnavailable(f"state file {self.path} has schema version {version}, this guard reads "
                                        f"{SCHEMA_VERSION}: run the sla-guard that wrote it, or set state.path to "
                                        f"another file (moving this one away forgets the error budgets)")
             conn.executescript(_SCHEMA)
+            self._add_checksums(conn)
             conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
         except Exception:
             conn.close()
             raise
         return conn
+
+    @staticmethod
+    def _add_checksums(conn: sqlite3.Connection) -> None:
+        """Migrate a version-1 file: add ``crc`` and fill it from the rows as they are (one
+        transaction), so its parts load as before and every later write is checked."""
+        missing = [t for t in _TABLES
+                   if "crc" not in [r[0] for r in conn.execute("SELECT name FROM pragma_table_info(?)", (t,))]]
+        if not missing:
+            return
+        conn.create_function("guard_crc", -1, lambda *f: _crc(*f), deterministic=True)
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            if "kv" in missing:
+                conn.execute("ALTER TABLE kv ADD COLUMN crc INTEGER")
+                conn.execute("UPDATE kv SET crc = guard_crc(CAST(component AS BLOB), CAST(part AS BLOB), "
+                             "CAST(value AS BLOB))")
+            if "log" in missing:
+                conn.execute("ALTER TABLE log ADD COLUMN crc INTEGER")
+                conn.execute("UPDATE log SET crc = guard_crc(CAST(stream AS BLOB), CAST(value AS BLOB))")
+            conn.execute("COMMIT")
+        except BaseException:
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute("ROLLBACK")
+            raise
+        log.info("state: %s: added checksums to a version-1 file", ", ".join(missing))
 
     def _move_aside(self, why: str) -> None:
         """Keep the bad file for a post-mortem, never crash the guard over it."""
@@ -219,18 +259,20 @@ class StateStore:
 
     # -- reading ---------------------------------------------------------------------------------
     def load(self) -> dict[str, dict[str, Any]]:
-        """{component: {part: value}} as last committed. A part that cannot be read (not UTF-8,
-        not JSON: a damaged page the quick check does not see) is skipped, counted in
-        ``unreadable`` and named in ``problem`` (so ``/v1/status`` says what was lost). Columns
-        are read as bytes and decoded row by row: one bad byte made sqlite3's own decoding
+        """{component: {part: value}} as last committed. A part that cannot be read (checksum
+        mismatch, not UTF-8, not JSON: a damaged page the quick check does not see) is skipped,
+        counted in ``unreadable`` and named in ``problem`` (so ``/v1/status`` says what was lost).
+        Columns are read as bytes and decoded row by row: one bad byte made sqlite3's own decoding
         raise out of the whole query, and ``serve`` died with a traceback at every start."""
         out: dict[str, dict[str, Any]] = {}
         with self._lock:
-            rows = self._conn.execute("SELECT CAST(component AS BLOB), CAST(part AS BLOB), CAST(value AS BLOB) "
+            rows = self._conn.execute("SELECT CAST(component AS BLOB), CAST(part AS BLOB), CAST(value AS BLOB), crc "
                                       "FROM kv").fetchall()
         bad: list[str] = []
-        for comp, part, value in rows:
+        for comp, part, value, crc in rows:
             try:
+                if crc != _crc(comp, part, value):
+                    raise ValueError("checksum mismatch")
                 name = (comp.decode(), part.decode())
                 out.setdefault(name[0], {})[name[1]] = json.loads(value.decode())
             except ValueError:
@@ -241,19 +283,32 @@ class StateStore:
 
     def tail(self, stream: str, limit: int) -> list[dict]:
         """The newest ``limit`` records of ``stream``, oldest first (unreadable ones skipped and
-        counted, as in ``load``)."""
+        counted, as in ``load``). Read from the table itself, newest first, checking every row on
+        the way: one damaged entry of the ``(stream, t)`` index (the quick check does not compare
+        it with the table) hid every record sorted after it (62 of 180), and a record whose
+        stream name was damaged was left out by ``WHERE stream = ?``, neither of them reported."""
+        want = stream.encode()
+        out: list[dict] = []
+        bad = 0
         with self._lock:
-            rows = self._conn.execute("SELECT CAST(value AS BLOB) FROM log WHERE stream = ? ORDER BY id DESC LIMIT ?",
-                                      (stream, int(limit))).fetchall()
-        out, bad = [], 0
-        for (value,) in reversed(rows):
-            try:
-                out.append(json.loads(value.decode()))
-            except ValueError:
-                bad += 1
+            cur = self._conn.execute("SELECT id, CAST(stream AS BLOB), CAST(value AS BLOB), crc FROM log NOT INDEXED "
+                                     "ORDER BY id DESC")
+            for rid, name, value, crc in cur:
+                if len(out) >= limit:
+                    break
+                try:
+                    if crc != _crc(name, value):
+                        raise ValueError("checksum mismatch")
+                    if name == want:
+                        out.append(json.loads(value.decode()))
+                except ValueError:
+                    if rid not in self._bad_records:  # each damaged row once, whichever stream asks
+                        self._bad_records.add(rid)
+                        bad += 1
+            cur.close()
         if bad:
-            self._unreadable(f"{bad} unreadable record(s) of {stream} skipped", bad)
-        return out
+            self._unreadable(f"{bad} unreadable record(s) skipped reading {stream}", bad)
+        return out[::-1]
 
     def _unreadable(self, what: str, n: int) -> None:
         self.unreadable += n
@@ -273,11 +328,12 @@ class StateStore:
                 if value is None:
                     deletes.append((comp, part))
                 else:
-                    kv_rows.append((comp, part, json.dumps(value, separators=(",", ":")), now))
+                    text = json.dumps(value, separators=(",", ":"))
+                    kv_rows.append((comp, part, text, now, _crc(comp.encode(), part.encode(), text.encode())))
         for stream, recs in records.items():
             for r in recs:
-                log_rows.append((stream, float(r.get("t", now)), json.dumps(r, separators=(",", ":"),
-                                                                              default=float)))
+                text = json.dumps(r, separators=(",", ":"), default=float)
+                log_rows.append((stream, float(r.get("t", now)), text, _crc(stream.encode(), text.encode())))
         try:
             with self._lock:
                 if self._conn is None:  # a reset's reopen failed: try again each save
@@ -286,8 +342,9 @@ class StateStore:
                 c.execute("BEGIN IMMEDIATE")
                 try:
                     c.executemany("DELETE FROM kv WHERE component = ? AND part = ?", deletes)
-                    c.executemany("INSERT OR REPLACE INTO kv VALUES (?, ?, ?, ?)", kv_rows)
-                    c.executemany("INSERT INTO log (stream, t, value) VALUES (?, ?, ?)", log_rows)
+                    c.executemany("INSERT OR REPLACE INTO kv (component, part, value, updated_at, crc) "
+                                  "VALUES (?, ?, ?, ?, ?)", kv_rows)
+                    c.executemany("INSERT INTO log (stream, t, value, crc) VALUES (?, ?, ?, ?)", log_rows)
                     if self.saves % 64 == 0:
                         self._retain(c, now)
                     c.execute("COMMIT")
