@@ -7,6 +7,8 @@ deploy/k8s and resolved against the live response, so docs and code cannot drift
 
 from __future__ import annotations
 
+import asyncio
+import math
 import threading
 import time
 from collections.abc import Iterator
@@ -252,3 +254,166 @@ def test_decisions_limit_out_of_range_is_an_error_naming_it(served, limit, says)
     assert r.status_code == 422 and "query.limit" in r.json()["error"]["message"] and says in r.text, r.text
     ok = httpx.get(served.url + "/v1/decisions", headers=auth, params={"limit": "1"}, timeout=5).json()
     assert len(ok["decisions"]) == 1
+
+
+class KedaHpa:
+    """What KEDA and the HPA it creates do with one ScaledObject of deploy/k8s, poll by poll, as
+    their sources say: the metrics-api scaler (pkg/scalers/metrics_api_scaler.go,
+    ``getMetricValueFromURL``: a status other than 200 is an error; ``getValueFromJSONResponse``:
+    nothing numeric at ``valueLocation`` is an error), KEDA's fallback (pkg/fallback/fallback.go:
+    failures counted per metric, reset by a success; past ``failureThreshold`` the HPA is fed
+    ``replicas x target``, ``replicas`` per ``behavior``: static (the default) ``fallback.replicas``,
+    currentReplicas, currentReplicasIfHigher, currentReplicasIfLower), and the HPA's External
+    AverageValue rule (replica_calculator.go ``GetExternalPerPodMetricReplicas``: ceil(value /
+    target), unless within the 10% tolerance of the current count; a metric error changes nothing),
+    clamped to min/max. The scale-down window is 0 in the manifests, so each poll acts."""
+
+    def __init__(self, so: dict, replicas: int) -> None:
+        trig = so["spec"]["triggers"][0]
+        assert trig["type"] == "metrics-api" and trig["metricType"] == "AverageValue"
+        self.location = trig["metadata"]["valueLocation"]
+        self.target = float(trig["metadata"]["targetValue"])
+        self.min, self.max = so["spec"]["minReplicaCount"], so["spec"]["maxReplicaCount"]
+        self.fallback = so["spec"].get("fallback")
+        self.failures = 0
+        self.replicas = replicas
+
+    def poll(self, resp: httpx.Response) -> int:
+        value = None
+        if resp.status_code == 200:
+            try:
+                got = gjson_get(resp.json(), self.location)
+            except KeyError:
+                got = None
+            value = float(got) if isinstance(got, int | float) and not isinstance(got, bool) else None
+        if value is None:  # an error: counted, then the fallback past the threshold
+            if self.fallback is None:
+                return self.replicas
+            self.failures += 1
+            if self.failures <= self.fallback["failureThreshold"]:
+                return self.replicas
+            fb, cur = self.fallback["replicas"], self.replicas
+            value = self.target * {"static": fb, "currentReplicas": cur, "currentReplicasIfHigher": max(cur, fb),
+                                   "currentReplicasIfLower": min(cur, fb)}[self.fallback.get("behavior", "static")]
+        else:
+            self.failures = 0
+        if abs(1.0 - value / (self.target * self.replicas)) > 0.1:
+            self.replicas = math.ceil(value / self.target)
+        self.replicas = min(max(self.replicas, self.min), self.max)
+        return self.replicas
+
+
+def manifest_scaled_objects() -> dict[str, dict]:
+    docs = yaml.safe_load_all((Path(__file__).parent.parent / "deploy/k8s/keda-scaledobject.yaml").read_text())
+    return {d["metadata"]["name"]: d for d in docs if d and d.get("kind") == "ScaledObject"}
+
+
+def test_keda_from_the_manifest_never_scales_below_the_pool_on_an_unknown_answer(served):
+    """KEDA follows the advisor's number exactly (targetValue 1), and while the guard has no number
+    (stale, frozen, targets down: a 503, or the pool left out) KEDA must keep the pool. The
+    manifest's fallback had no ``behavior``, so KEDA's default ``static`` applied: after
+    failureThreshold failed polls it fed the HPA fallback.replicas, and a prefill pool the
+    advisor had grown to 4 was cut to 2 by an unknown answer. ``currentReplicasIfHigher`` keeps
+    the pool (and never goes below fallback.replicas)."""
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    keda = {name: KedaHpa(so, replicas=1) for name, so in manifest_scaled_objects().items()}
+    _evaluate_under_prefill_pressure(served)
+    with httpx.Client(base_url=served.url, timeout=5) as h:
+        url = "/v1/scale/keda"
+        doc = h.get(url, headers=auth).json()
+        for _ in range(3):
+            got = {name: k.poll(h.get(url, headers=auth)) for name, k in keda.items()}
+        pools = doc["pools"]
+        assert got == {"glm-prefill": pools["prefill"]["desired"], "glm-decode": pools["decode"]["desired"]}
+        assert got["glm-prefill"] == 4  # grown from 1 on the advisor's number, exactly
+        assert served.guard.expire_if_stale(1060 + served.guard.config.staleness_s + 1)
+        for k in keda.values():
+            for _ in range(k.fallback["failureThreshold"] + 3):
+                resp = h.get(url, headers=auth)
+                assert resp.status_code == 503
+                before = k.replicas
+                assert k.poll(resp) >= before, f"an unknown answer scaled {k.location} {before} -> {k.replicas}"
+        assert {name: k.replicas for name, k in keda.items()} == got
+
+
+def test_keda_follows_every_advised_count_of_the_manifests_range():
+    """ceil(desired / 1) is the advice exactly only where a one-replica step leaves the HPA's 10%
+    tolerance: up to 10 replicas (10 -> 9 is within it, so is 11 -> 12). The manifests' ranges
+    stay below; docs/scaling.md says what to do above."""
+    for so in manifest_scaled_objects().values():
+        lo, hi = so["spec"]["minReplicaCount"], so["spec"]["maxReplicaCount"]
+        assert hi <= 10
+        for cur in range(lo, hi + 1):
+            for want in range(lo, hi + 1):
+                k = KedaHpa(so, replicas=cur)
+                assert k.poll(httpx.Response(200, json={"pools": {"prefill": {"desired": want},
+                                                              "decode": {"desired": want}}})) == want
+    k = KedaHpa(manifest_scaled_objects()["glm-prefill"], replicas=10)
+    k.max = 16
+    assert k.poll(httpx.Response(200, json={"pools": {"prefill": {"desired": 9}}})) == 10  # the tolerance
+
+
+def test_a_pool_with_targets_down_gets_no_number_below_its_size():
+    """Four busy prefill replicas, three of whose scrapes start failing (HTTP 500: a network
+    policy, an overloaded metrics port) while they go on serving. The view then held one replica
+    and its load, and two minutes later the KEDA answer was prefill desired 2 ("scale", up from
+    the 1 replica seen): KEDA would have cut the 5 replicas it ran to 2 on a partial view. Now a
+    pool with targets down gets a number only at or above its real size (ready + down): the
+    pool is left out of the answer (KEDA holds), its per-pool endpoint answers 503 with why."""
+    from guard_support import Served as Page
+    from prometheus_client import generate_latest
+
+    from sla_guard.ingest.source import UP
+
+    engines = [Engine("prefill", f"p{i}") for i in range(4)] + [Engine("decode", "d0")]
+    pages = {e.name: Page(lambda e=e: generate_latest(e.registry).decode()) for e in engines}
+    targets = [{"url": pages[e.name].url, "model": MODEL, "pool": "decode" if e.name == "d0" else "prefill",
+                "name": e.name} for e in engines]
+    config = parse_config({"source": {"mode": "scrape", "interval_s": 5, "timeout_s": 2, "targets": targets},
+                           "advisor": {"model": MODEL, "profile": {"prefill_tokens_per_s": 10_000,
+                                                                   "decode_step_base_s": 0.01,
+                                                                   "decode_step_per_request_s": 0.0002}}})
+    root = compose(config, slo=False, detectors=False)
+    guard, scraper = root.guard, root.guard.source
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+
+    async def scrape(t: float) -> None:
+        for target in scraper.discovery.targets():
+            await scraper.scrape_target(target, t)
+
+    def run_for(t0: float, steps: int, down: set[str], h: httpx.Client) -> list[httpx.Response]:
+        answers = []
+        for i in range(steps):
+            t = t0 + 5 * i
+            for e in engines:
+                e.tick(**({"running": 10, "waiting": 0, "steps": 400} if e.name == "d0" else
+                          {"running": 2, "waiting": 0, "computed": 20_000, "prefills": 4, "ttft": 0.5}))
+                pages[e.name].mode = "error" if e.name in down else "ok"
+            asyncio.run(scrape(t))
+            if i % 3 == 2:
+                assert not guard.tick(t).errors
+                answers.append(h.get("/v1/scale/keda", headers=auth))
+        return answers
+
+    try:
+        with uvicorn_server(create_app(guard, token=TOKEN, extra_routers=root.routers)) as url, \
+                httpx.Client(base_url=url, timeout=5) as h:
+            before = run_for(1000, 80, set(), h)[-1].json()["pools"]["prefill"]
+            assert before["current"] == 4 and before["desired"] >= 4
+            answers = run_for(1400, 120, {"p1", "p2", "p3"}, h)
+            assert {k for k, v in scraper.store.instant(UP, {"pool": "prefill"}, 1995).items() if v == 0}
+            assert all(r.status_code == 200 for r in answers)
+            served = [r.json()["pools"].get("prefill") for r in answers]
+            assert all(p is None or p["desired"] >= 4 for p in served), served
+            assert served[-1] is None  # the one replica seen would not need 4
+            r = h.get("/v1/scale/keda/prefill", headers=auth)
+            assert r.status_code == 503, r.text
+            recs = h.get("/v1/recommendations", headers=auth).json()["models"][0]["recommendations"]
+            pre = next(x for x in recs if x["pool"] == "prefill")
+            assert pre["reasons"][0] == "hold_missing_data" and "3 of 4 targets of the pool down" in pre["reasons"][1]
+            assert isinstance(answers[-1].json()["pools"]["decode"]["desired"], int)  # decode is whole
+            back = run_for(2000, 30, set(), h)[-1].json()["pools"]
+            assert back["prefill"]["current"] == 4 and back["prefill"]["desired"] >= 4
+    finally:
+        for p in pages.values():
+            p.stop()

@@ -33,7 +33,7 @@ from sla_guard.scale.core import (
     tail_from_load,
     waited_on_backlog,
 )
-from sla_guard.scale.guardrails import Decision, PoolMemory, Rails, apply_budget, decide
+from sla_guard.scale.guardrails import Decision, PoolMemory, Rails, apply_budget, decide, without_data
 from sla_guard.scale.learn import (
     PrefillCapacity,
     StepModel,
@@ -219,6 +219,9 @@ class Advisor:
             sz = sizings[p]
             if not readings[p].engines and ready > 0:
                 sz = Sizing(None, ["hold_stale_data"], sz.numbers)
+            down = readings[p].down
+            if down and sz.desired is not None and sz.desired < ready + max(starting, len(down)):
+                sz = Sizing(None, ["hold_missing_data", _down_reason(down, ready)], sz.numbers)
             rails = self._rails(p)
             d = decide(p, now, ready, starting, sz, self.memory[p], rails)
             d.numbers["cold_samples_excluded"] = excluded[p]
@@ -232,6 +235,11 @@ class Advisor:
                     "decode": (sizings["decode"].numbers.get("tpot_tail_s", 0.0) / self.slo_tpot_s)}
         gpus = {p: cfg.limits(p).gpus_per_replica for p in POOLS}
         decs = apply_budget(decs, gpus, cfg.gpu_budget, pressure)
+        for p, d in decs.items():  # after the guardrails and the budget: the number served
+            (ready, starting), down = counts[p], readings[p].down
+            if down and not without_data(d.reasons) and d.desired < ready + max(starting, len(down)):
+                decs[p] = Decision(p, d.current, d.current, "none", ["hold_missing_data", _down_reason(down, ready)],
+                                   d.numbers, 0.0, "hold")
         self.last = decs
         return decs, restarts
 
@@ -541,6 +549,16 @@ class Advisor:
                                                            "decode_n_minus_1_would_not_fit")
                          and not x.startswith("n_minus_1_")]
             s.reasons.append("client_ttft_over_sla_decode_leg")
+
+
+def _down_reason(down: list[str], ready: int) -> str:
+    """Why a pool with targets down gets no number below its real size: the view shows only the
+    replicas still scraped, and their load. Sized on that, 3 of 4 prefill targets failing their
+    scrapes (a network policy, an overloaded metrics port) served desired 2 to KEDA while 5
+    replicas were busy: a scale-down on a partial view. A number at or above ready + down is
+    still served (the visible load alone already needs it)."""
+    return (f"{len(down)} of {ready + len(down)} targets of the pool down ({', '.join(down[:3])}): "
+            "the view shows only part of the pool, so no number below its real size")
 
 
 def to_recommendation(model: str, d: Decision) -> PoolRecommendation:

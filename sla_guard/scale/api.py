@@ -9,8 +9,9 @@
   advisor's number exactly. ``/v1/scale/keda/{pool}`` returns one pool flat
   (``valueLocation: desired``). Until the first decision the endpoints answer 503, so KEDA keeps
   the current size (or its configured fallback) instead of scaling on a made-up number; so does a
-  pool the advisor has no data for (its targets down or stale): the combined answer leaves it out
-  and the per-pool one is a 503. Its decision is a hold whose numbers (0 replicas seen once the
+  pool the advisor has no data for (its targets down or stale), or only part of (some targets
+  down, and a number below ready + down): the combined answer leaves it out and the per-pool one
+  is a 503. Its decision is a hold whose numbers (0 replicas seen once the
   targets are down) would otherwise scale the pool to its minimum. A guard whose ticks stopped
   completing (``staleness_s``) answers 503 for every pool (``AdvisorEvaluator.expire``).
 

@@ -21,6 +21,7 @@ import numpy as np
 from exporters import contract as c
 from exporters.contract import Kind, Metric
 from sla_guard import promql
+from sla_guard.ingest.source import UP
 from sla_guard.model import Labels, MetricsView, Series
 
 
@@ -139,6 +140,9 @@ class EngineSample:
 class PoolReading:
     pool: str
     engines: list[str] = field(default_factory=list)  # engines with a fresh sample
+    # targets of the pool whose last scrape failed (``up`` 0) and with no fresh sample: replicas
+    # that may be serving a load the view does not show
+    down: list[str] = field(default_factory=list)
     totals: dict[str, float | None] = field(default_factory=dict)
     per_engine: dict[str, EngineSample] = field(default_factory=dict)
     waiting_by_engine: dict[str, float] = field(default_factory=dict)  # requests waiting, per replica
@@ -279,6 +283,7 @@ class Reader:
         waiting = _finite(view.instant(sample_name(c.REQUESTS_WAITING), mt, now))
         kv = _finite(view.instant(sample_name(c.KV_CACHE_USAGE), mt, now))
         r.engines = sorted({replica_of(k) for k in running} | {replica_of(k) for k in waiting})
+        r.down = sorted({replica_of(k) for k, v in view.instant(UP, mt, now).items() if not v >= 1} - set(r.engines))
         t = r.totals
         t["running"] = sum(running.values()) if running else None
         t["waiting"] = sum(waiting.values()) if waiting else None
