@@ -309,8 +309,9 @@ GUARD_TARGET_UP = _m("guard_target_up", Ga, "1 if the last scrape of a target su
                      ("target", "model", "pool"), G)
 GUARD_SERIES = _m("guard_series", Ga, "Series held in the guard's store.", "1", (), G)
 GUARD_EVALUATOR_ERRORS = _m("guard_evaluator_errors", C,
-                            "Exceptions that escaped an evaluator (caught and logged; the tick goes on).", "1",
-                            ("evaluator",), G)
+                            "Exceptions that escaped an evaluator (caught and logged; the tick goes on), and "
+                            "leak checks of one process that raised (that process unknown, the others judged).",
+                            "1", ("evaluator",), G)
 GUARD_STORE_BYTES = _m("guard_store_bytes", Ga, "Bytes held by the embedded series store's arrays.", "By", (), G)
 GUARD_SLO_STATUS = _m("guard_slo_status", Ga,
                       "1 for the current status of an SLO (status=ok|at_risk|violated|unknown), else 0.",

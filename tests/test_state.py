@@ -247,6 +247,61 @@ def test_findings_book_round_trip_keeps_open_and_resolved(tmp_path):
     assert [r.key for r in decode_list(fresh.state_dump(False)["resolved"])] == ["tpot_drift/m/decode", "leak/a"]
 
 
+def _written(path, at: float) -> list[str]:
+    """The findings parts a save at ``at`` wrote into the file (kv.updated_at is the save's time)."""
+    with sqlite3.connect(path) as conn:
+        rows = conn.execute("SELECT part FROM kv WHERE component = 'findings' AND updated_at = ?", (at,)).fetchall()
+    conn.close()
+    return sorted(r[0] for r in rows)
+
+
+def test_a_save_writes_only_the_open_findings_that_changed_and_the_file_always_holds_them_all(tmp_path):
+    """Each tick's save re-encoded every open finding into one part (5,000 open: 118 ms a save,
+    every tick, though a leak finding changes once per 5-min bucket). One part per open finding
+    now, written when it opens or changes, deleted when it resolves. What a restart reads (the
+    last commit, also after a kill -9) is still every open finding: a failed save makes the next
+    one full, which also deletes the parts of findings resolved meanwhile, and a file of the
+    single-part format loads and is converted."""
+    from sla_guard.model import Finding
+
+    db = tmp_path / "state.db"
+    legacy = Finding(detector="leak", key="leak/old", severity="warning", summary="s", labels={}, details={},
+                     opened_at=T0, updated_at=T0)
+    st = StateStore(db)
+    assert st.save({"findings": {"open": [encode(legacy)]}}, now=T0)  # as a guard before this change saved
+    cfg = parse_config(ATT)
+    guard = Guard(cfg, _NullSource(), state=st)
+    book = FindingsBook()
+    guard.add_state("findings", book)
+    keys = [f"leak/e{i}/m/decode/0/core" for i in range(300)]
+    for k in keys:
+        book.raise_("leak", k, "warning", "grows", {"model": "m"}, {"z": 1.0}, T0)
+    assert guard.persist(T0 + 15)
+    assert "open" not in _written(db, T0 + 15) and len(_written(db, T0 + 15)) == 302  # 301 open + resolved
+    book.raise_("leak", keys[7], "warning", "grows", {"model": "m"}, {"z": 2.0}, T0 + 30)  # details moved
+    assert guard.persist(T0 + 30)
+    assert _written(db, T0 + 30) == [f"o/{keys[7]}"]
+    assert guard.persist(T0 + 45)
+    assert _written(db, T0 + 45) == []
+    book.resolve(keys[8], T0 + 60)
+    holder = sqlite3.connect(db, isolation_level=None, timeout=0)
+    holder.execute("BEGIN EXCLUSIVE")  # this save fails: the deletion of keys[8]'s part is lost
+    try:
+        assert not guard.persist(T0 + 60)
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    book.resolve(keys[9], T0 + 75)
+    assert guard.persist(T0 + 75)  # full: every open finding, and both deletions
+    st.close()
+    fresh = FindingsBook()
+    fresh.state_load(StateStore(db).load()["findings"], [])
+    want = sorted([k for k in keys if k not in (keys[8], keys[9])] + ["leak/old"])
+    assert sorted(f.key for f in fresh.open_findings()) == want
+    assert fresh.get(keys[7]).details["z"] == 2.0
+    assert [f.key for f in fresh.resolved_findings()] == [keys[8], keys[9]]
+
+
 def _rss_store(t0: float, n: int, step: float = 30.0, value: float = 2e9) -> SeriesStore:
     st = SeriesStore(slots=2000, lookback_s=120.0)
     labels = {"model": "m", "pool": "decode", "engine": "0", "process": "engine_core", "instance": "i0"}
@@ -288,6 +343,19 @@ def test_restored_leak_finding_of_a_process_that_never_returns_is_resolved():
         ev.evaluate(store, T0 + 100 + 30 * k)
     assert book.open_findings() == []
     assert book.get("leak/gone/m/decode/0/engine_core").details["resolution"] == "series_gone"
+
+
+def test_restored_hysteresis_clocks_of_processes_that_never_return_are_dropped():
+    """The leak detector's restored ``_ok_since`` clocks were dropped only when their process was
+    seen and then went: one whose process never came back stayed in memory and in every save
+    (and every later restart added its own). Gone by the rule restored findings follow: other
+    processes report for ``max_gap_s`` and it does not."""
+    ev = LeakEvaluator(FindingsBook(), LeakConfig())
+    ev.state_load({"ok_since": {f"leak/old{i}/m/decode/0/engine_core": T0 for i in range(1000)} | {KEY: T0}}, [])
+    store = _rss_store(T0 + 100, 80)  # KEY's process reports for 40 min
+    for k in range(80):
+        ev.evaluate(store, T0 + 100 + 30 * k)
+    assert set(ev.state_dump(False)["ok_since"]) <= {KEY}
 
 
 def test_drift_cusum_round_trip(tmp_path):

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import math
+import zlib
 from collections import defaultdict
 
 import numpy as np
@@ -24,6 +26,7 @@ from sla_guard.model import MetricsView
 from sla_guard.settings.detectors import DetectorsConfig, LeakConfig, RateConfig, TpotConfig
 
 HOUR = 3600.0
+log = logging.getLogger(__name__)
 
 
 def host_memory_bytes() -> float | None:
@@ -67,6 +70,8 @@ class LeakEvaluator:
         self._ok_since: dict[str, float] = {}
         self._gauged: dict[str, tuple[str, str, str, str]] = {}  # key -> its GUARD_LEAK_SLOPE labels
         self._data_since: float | None = None  # first tick that saw any RSS series
+        self.errors = 0  # process checks that raised (each process's verdict then unknown)
+        self.last_error: str | None = None
 
     def bind_metrics(self, metrics) -> None:
         self.metrics = metrics
@@ -98,29 +103,14 @@ class LeakEvaluator:
             if now - float(s.t[-1]) > self.params.max_gap_s and lab.get("instance", "") not in down:
                 continue  # gone (see _down_instances): its finding resolves below, not in lookback_s (12 h)
             seen.add(key)
-            bucket = int(s.t[-1] // self.params.bucket_s)
+            bucket = self._bucket(key, float(s.t[-1]))
             if self._last_bucket.get(key) == bucket and key in self.verdicts:
                 continue  # the floor only changes once per bucket
             self._last_bucket[key] = bucket
-            ident = {k: lab[k] for k in ("model", "pool", "engine", "instance") if k in lab}
-            load = None
-            runs = view.range(c.REQUESTS_RUNNING.name, ident, now - self.lookback_s, now)
-            if runs:
-                load = (runs[0].t, runs[0].v)
-            start = None
-            for labels in view.instant(c.PROCESS_INFO.name, {**ident, "process": lab.get("process", "")}, now):
-                with contextlib.suppress(ValueError):
-                    start = float(_lab(labels, "start_time"))
-            limit, source = self._limit()
-            v = leak.assess(s.t, s.v, self.params, limit_bytes=limit, load=load, start_time=start)
-            self.verdicts[key] = v
-            self._gauged[key] = (lab.get("model", ""), lab.get("pool", ""), lab.get("instance", ""),
-                                 lab.get("process", ""))
-            # a restart is evidence only when seen: a drop inside our data or a process start
-            # time after the finding opened, never merely "our data begins after it opened"
-            # (which is all a guard restarted from its state file has at first)
-            restarted = (v.segment_start or 0) > float(s.t[0]) or (start is not None and start > 0)
-            self._report(key, lab, v, limit, source, now, restarted)
+            try:
+                self._check(view, s, lab, key, now)
+            except Exception as err:  # one process's degenerate data must not stop the others' checks
+                self._failed(key, err)
         if seen and self._data_since is None:
             self._data_since = now
         for key in list(self.verdicts):
@@ -131,6 +121,47 @@ class LeakEvaluator:
                 self._ungauge(key)
                 self.book.resolve(key, now, {"resolution": "series_gone"})
         self._restored_gone(seen, now)
+
+    def _bucket(self, key: str, t: float) -> int:
+        """The check bucket of ``t`` for ``key``: its edges shifted by a stable hash of the key.
+        Edges aligned to the clock made every process due in the same tick (at 2,000 processes
+        seconds of CPU in one tick and none in the next 19); each is still checked once a bucket."""
+        phase = zlib.crc32(key.encode()) / 2**32 * self.params.bucket_s
+        return int((t - phase) // self.params.bucket_s)
+
+    def _check(self, view: MetricsView, s, lab: dict, key: str, now: float) -> None:
+        """Assess one process series and report its finding."""
+        ident = {k: lab[k] for k in ("model", "pool", "engine", "instance") if k in lab}
+        load = None
+        runs = view.range(c.REQUESTS_RUNNING.name, ident, now - self.lookback_s, now)
+        if runs:
+            load = (runs[0].t, runs[0].v)
+        start = None
+        for labels in view.instant(c.PROCESS_INFO.name, {**ident, "process": lab.get("process", "")}, now):
+            with contextlib.suppress(ValueError):
+                start = float(_lab(labels, "start_time"))
+        limit, source = self._limit()
+        v = leak.assess(s.t, s.v, self.params, limit_bytes=limit, load=load, start_time=start)
+        self.verdicts[key] = v
+        self._gauged[key] = (lab.get("model", ""), lab.get("pool", ""), lab.get("instance", ""),
+                             lab.get("process", ""))
+        # a restart is evidence only when seen: a drop inside our data or a process start
+        # time after the finding opened, never merely "our data begins after it opened"
+        # (which is all a guard restarted from its state file has at first)
+        restarted = (v.segment_start or 0) > float(s.t[0]) or (start is not None and start > 0)
+        self._report(key, lab, v, limit, source, now, restarted)
+
+    def _failed(self, key: str, err: Exception) -> None:
+        """A process whose check raised is unknown until its next bucket (its open finding stays
+        open: unknown never resolves one); counted in ``errors`` and in the guard's
+        ``guard_evaluator_errors{evaluator="leak"}``, logged once a bucket."""
+        self.errors += 1
+        self.last_error = f"{key}: {type(err).__name__}: {err}"
+        log.exception("leak check of %s failed", key)
+        if self.metrics is not None:
+            self.metrics[c.GUARD_EVALUATOR_ERRORS].labels(self.name).inc()
+        self.verdicts[key] = leak.LeakVerdict("unknown", "error")
+        self._ok_since.pop(key, None)
 
     @staticmethod
     def _down_instances(view: MetricsView, now: float) -> set[str]:
@@ -150,10 +181,14 @@ class LeakEvaluator:
 
     def _restored_gone(self, seen: set[str], now: float) -> None:
         """A finding reopened from the state file whose process never shows up again, while
-        others do, for longer than a data gap that already counts as a new segment: gone."""
-        restored = getattr(self.book, "restored", set())
-        if not restored or self._data_since is None or now - self._data_since < self.params.max_gap_s:
+        others do, for longer than a data gap that already counts as a new segment: gone. So
+        are the hysteresis clocks restored for such processes (kept, each stayed in memory and in
+        every save for good)."""
+        if self._data_since is None or now - self._data_since < self.params.max_gap_s:
             return
+        for key in [k for k in self._ok_since if k not in self.verdicts]:
+            del self._ok_since[key]
+        restored = getattr(self.book, "restored", set())
         for key in [k for k in restored if k.startswith("leak/")]:
             restored.discard(key)
             if key not in seen:
@@ -206,7 +241,8 @@ class LeakEvaluator:
     def snapshot(self) -> dict:
         return {"processes": {k: {"status": v.status, "reason": v.reason,
                                   "slope_mib_per_h": round(v.slope_mib_per_h, 3), "z": v.z, "eta_s": v.eta_s}
-                              for k, v in self.verdicts.items()}}
+                              for k, v in self.verdicts.items()},
+                "errors": self.errors, "last_error": self.last_error}
 
 
 # --- crash-safe state of the drift evaluators --------------------------------------------------
@@ -255,6 +291,26 @@ class _DriftState:
             if f is not None and f.open and tuple(k[:2]) not in down:
                 self.book.resolve(f.key, now, {"resolution": "series_gone"})
 
+    def _forget_gone(self, view: MetricsView, now: float, *counters: _Counters) -> None:
+        """Drop the last value of each counter series not read for ``resolve_s`` (when
+        ``_sweep_gone`` counts its group gone): kept, a pod replaced every hour left one entry per
+        counter for good. Not while its target is down (``up`` 0: unknown, not gone; its
+        increments carry on when it returns), nor when that is unknown this tick. Looked at every
+        tenth of ``resolve_s``, so an outage adds no ``up`` query to every tick."""
+        if now < self._forget_at:
+            return
+        self._forget_at = now + self.params.resolve_s / 10
+        gone = set().union(*(cnt.unseen(now - self.params.resolve_s) for cnt in counters))
+        if not gone:
+            return
+        failed = failed_queries(view)
+        down = LeakEvaluator._down_instances(view, now)
+        if failed_queries(view) != failed:
+            return
+        gone = {lab for lab in gone if _lab(lab, "instance") not in down}
+        for cnt in counters:
+            cnt.forget(gone)
+
     def claims(self, key: str) -> bool:
         """Whether this evaluator will judge (and so in time resolve) the open finding ``key``."""
         return self.cfg.enabled and any(cus.alarm is not None and self._key(k) == key
@@ -277,10 +333,11 @@ class _Counters:
 
     def __init__(self) -> None:
         self.last: dict = {}
+        self.seen_at: dict = {}  # series labels -> the last tick that read it (``forget``)
         self.resets: set[tuple] = set()  # groups with a counter reset (an engine restart) in the last step
         self.groups: set[tuple] = set()  # groups seen in an earlier step
 
-    def step(self, values: dict, by: tuple[str, ...]) -> dict[tuple, float]:
+    def step(self, values: dict, by: tuple[str, ...], now: float) -> dict[tuple, float]:
         out: dict[tuple, float] = defaultdict(float)
         self.resets = set()
         seen: set[tuple] = set()
@@ -291,6 +348,7 @@ class _Counters:
             seen.add(key)
             prev = self.last.get(labels)
             self.last[labels] = v
+            self.seen_at[labels] = now
             if prev is None:
                 # a new series in a group already seen is an engine (re)started under new labels (a
                 # replaced pod, a renamed target): its counters began at zero, its cache is cold
@@ -302,6 +360,15 @@ class _Counters:
             out[key] += v - prev if v >= prev else v
         self.groups |= seen
         return out
+
+    def unseen(self, since: float) -> set:
+        """Series not read since ``since``."""
+        return {lab for lab, t in self.seen_at.items() if t < since}
+
+    def forget(self, series: set) -> None:
+        for lab in series:
+            self.last.pop(lab, None)
+            self.seen_at.pop(lab, None)
 
 
 def rate_params(cfg: RateConfig, sides: str, family: int = 1) -> drift.RateDriftParams:
@@ -331,6 +398,7 @@ class RateDriftEvaluator(_DriftState):
         self._next: float | None = None
         self.cusums: dict[tuple, drift.RateCusum] = {}
         self._seen_at: dict[tuple, float] = {}  # group -> last tick its series were there (_sweep_gone)
+        self._forget_at = -math.inf  # next look for counter series gone (_forget_gone)
 
     def evaluate(self, view: MetricsView, now: float) -> None:
         if not self.cfg.enabled:
@@ -343,9 +411,10 @@ class RateDriftEvaluator(_DriftState):
             # read without the other moved its increments into the next interval, and an outage read
             # as every series gone); the counters' last values wait for the next answer, losing nothing
             return
-        dn = self._n.step(trials, self.by)
-        dx = self._x.step(successes, self.by)
+        dn = self._n.step(trials, self.by, now)
+        dx = self._x.step(successes, self.by, now)
         self._sweep_gone(view, {tuple(_lab(lab, b) for b in self.by) for lab in trials}, now)
+        self._forget_gone(view, now, self._n, self._x)
         for k, n in dn.items():
             acc = self._acc[k]
             acc[0] += n
@@ -404,6 +473,7 @@ class TpotDriftEvaluator(_DriftState):
         self._acc: dict[tuple, list[float]] = defaultdict(lambda: [0.0, 0.0])
         self.cusums: dict[tuple, drift.LatencyDrift] = {}
         self._seen_at: dict[tuple, float] = {}  # group -> last tick its series were there (_sweep_gone)
+        self._forget_at = -math.inf  # next look for counter series gone (_forget_gone)
         self._running: dict[tuple, list[float]] = defaultdict(lambda: [0.0, 0.0])  # (sum, ticks) this interval
 
     def evaluate(self, view: MetricsView, now: float) -> None:
@@ -415,9 +485,10 @@ class TpotDriftEvaluator(_DriftState):
         counts = view.instant(c.REQUEST_TPOT.series("_count"), {}, now)
         if failed_queries(view) != failed:  # unknown this tick, not absent (as in RateDriftEvaluator)
             return
-        ds = self._s.step(sums, by)
-        dn = self._n.step(counts, by)
+        ds = self._s.step(sums, by, now)
+        dn = self._n.step(counts, by, now)
         self._sweep_gone(view, {tuple(_lab(lab, b) for b in by) for lab in counts}, now)
+        self._forget_gone(view, now, self._s, self._n)
         for k, n in dn.items():
             self._acc[k][0] += ds.get(k, 0.0)
             self._acc[k][1] += n

@@ -31,6 +31,12 @@ class FindingsBook:
         self.version = 0  # bumps on every open / resolve / severity change
         self._dumped_version = -1
         self.restored: set[str] = set()  # keys reopened from the state file at start-up
+        # crash-safe state, one part per open finding (state_dump): what changed since the last dump
+        self._seq = 0  # bumps on every raise_
+        self._changed_at: dict[str, int] = {}  # open key -> _seq of its last raise_
+        self._dumped_seq = 0
+        self._filed: set[str] = set()  # keys whose part may be in the file
+        self._unfiling: set[str] = set()  # keys whose part the last dump deleted
 
     # --- writes ----------------------------------------------------------------------------
     def raise_(self, detector: str, key: str, severity: str, summary: str, labels: Mapping[str, str],
@@ -57,6 +63,8 @@ class FindingsBook:
                 f.severity, f.summary, f.updated_at = severity, summary, now
                 f.labels = dict(labels)
                 f.details = dict(details)
+            self._seq += 1
+            self._changed_at[key] = self._seq
             if regauge:
                 self._refresh_gauges()
             return f
@@ -67,6 +75,7 @@ class FindingsBook:
             f = self._open.pop(key, None)
             if f is None:
                 return None
+            self._changed_at.pop(key, None)
             f.resolved_at = now
             f.updated_at = now
             if details:
@@ -87,12 +96,27 @@ class FindingsBook:
 
     # --- crash-safe state (sla_guard.state.Stateful) ------------------------------------------
     def state_dump(self, full: bool) -> dict:
-        """Open findings every save (few, and their details move each tick); the bounded list
-        of resolved ones only when something opened or resolved since the last dump."""
+        """One part per open finding (``o/<key>``), written when it opened or changed and deleted
+        when it resolved: one part of all of them, re-encoded every save, cost 118 ms a save at
+        5,000 open. The bounded list of resolved ones only when something opened or resolved.
+
+        A dump that is not full follows a save that committed (the guard makes the one after a
+        failed save full), so the deletions of the dump before are in the file by then; a full one
+        deletes again every part not of an open finding, and the single ``open`` part that files
+        written before this layout hold (still read by ``state_load``)."""
         from sla_guard.state import encode
 
         with self._lock:
-            out: dict = {"open": [encode(f) for f in self._open.values()]}
+            if not full:
+                self._filed -= self._unfiling
+            write = list(self._open) if full else [k for k, n in self._changed_at.items() if n > self._dumped_seq]
+            out: dict = {f"o/{k}": encode(self._open[k]) for k in write}
+            self._unfiling = self._filed - self._open.keys()
+            out.update({f"o/{k}": None for k in self._unfiling})
+            if full:
+                out["open"] = None
+            self._filed.update(write)
+            self._dumped_seq = self._seq
             if full or self.version != self._dumped_version:
                 out["resolved"] = [encode(f) for f in self._resolved.values()]
                 self._dumped_version = self.version
@@ -104,9 +128,11 @@ class FindingsBook:
         from sla_guard.state import decode
 
         with self._lock:
-            for d in parts.get("open") or []:
+            saved = [*(parts.get("open") or []), *(v for k, v in parts.items() if k.startswith("o/") and v)]
+            for d in saved:
                 f = decode(d, {"Finding": Finding})
                 self._open[f.key] = f
+            self._filed |= {k[2:] for k in parts if k.startswith("o/")}
             for d in parts.get("resolved") or []:
                 f = decode(d, {"Finding": Finding})
                 if f.key not in self._open:
