@@ -190,3 +190,18 @@ def test_leak_after_a_release_is_still_found(seed):
     t, v = _shallow_warm_restart(seed, leak_mib_h=48.0, onset_h=13.0)
     alarms = _alarms(t, v, leak.LeakParams())
     assert alarms and 13 * HOUR < alarms[0] <= 13 * HOUR + 3 * HOUR, [a / HOUR for a in alarms]
+
+
+def test_a_process_start_long_before_the_data_gives_the_verdict_of_one_just_before_it():
+    """``start_time`` comes from a label: 0, a bogus 12345 or -Inf counted the floor's buckets from
+    there (~11 s of CPU a check for 0; -Inf raised, -1e12 MemoryError). A start more than the
+    start-up windows before the data is read as one just outside them, on the same bucket grid."""
+    t, v = _process_pair(3, leak_mib_h=100.0, onset_h=2.0, hours=5.0)
+    t0 = 1_800_000_000.0  # a multiple of the 300 s bucket, as 0 is
+    t, v = t[t < RESTART_H * HOUR] + t0, v[t < RESTART_H * HOUR]
+    near = leak.assess(t, v, start_time=t0 - 8 * HOUR)
+    assert near.status == "leak"  # the case is one with something to lose
+    for start in (0.0, t0 - 30 * 24 * HOUR):
+        far = leak.assess(t, v, start_time=start)
+        assert (far.status, far.slope_mib_per_h, far.window_s) == (near.status, near.slope_mib_per_h, near.window_s)
+    assert leak.assess(t, v, start_time=float("-inf")).status == leak.assess(t, v).status

@@ -873,6 +873,19 @@ def _finish(v: LeakVerdict, f: SegmentFloor, k: int, p: LeakParams, limit_bytes,
     return v
 
 
+def _bounded_start(start: float, first: float, p: LeakParams) -> float:
+    """A process start long before the data moved forward by whole buckets to just outside the
+    start-up windows (``long_warmup_s``), the furthest it is read. The floor's buckets are counted
+    from the start: a ``start_time`` of 0 or 12345 (not a Unix time) cost ~11 s of CPU a check, and
+    -1e12 raised MemoryError. The verdict is the same (every window begins after the start-up ones),
+    and the buckets keep their phase."""
+    horizon = max(p.long_warmup_s, p.warmup_s) + p.bucket_s
+    lag = first - start
+    if lag <= horizon:
+        return start
+    return first - horizon - math.fmod(lag - horizon, p.bucket_s)
+
+
 def _segments(t, v, p: LeakParams, start_time: float | None = None):
     t, v = _clean(t, v)
     segs = segments(t, v, p.restart_drop, p.max_gap_s, p.restart_below_floor_bytes, p.restart_floor_window_s)
@@ -880,8 +893,8 @@ def _segments(t, v, p: LeakParams, start_time: float | None = None):
     for i, seg in enumerate(segs):
         ts, vs = t[seg], v[seg]
         st = float(ts[0])
-        if i == 0 and start_time is not None and start_time <= st:
-            st = float(start_time)  # the process started before our data began
+        if i == 0 and start_time is not None and math.isfinite(start_time) and start_time <= st:
+            st = _bounded_start(float(start_time), st, p)  # the process started before our data began
         out.append((ts, vs, st))
     return out
 
