@@ -30,6 +30,10 @@ class RuleParams:
     runbook_base_url: str = field(default_factory=lambda: AlertmanagerSettings().runbook_base_url)
     guard_job: str = "sla-guard"
     slo_for: str = "2m"
+    # A pool whose SLI series all vanished (deployment deleted or relabelled, every scrape failing):
+    # flagged for this long after they were last seen, once gone for ``pool_absent_for``.
+    pool_absent_window: str = "1d"
+    pool_absent_for: str = "10m"
     # Speculative decoding: alert when the 1h acceptance falls this far below its own 1-day mean.
     acceptance_drop: float = 0.2
     acceptance_min_draft_tokens: int = 1000

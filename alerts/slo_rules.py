@@ -214,6 +214,28 @@ def data_stale_alert(slo: SLO, own: dict[str, str], matchers: list[str], p: Rule
         runbook="slaguarddatastale")
 
 
+def pool_absent_alert(sset: SLOSet, p: RuleParams) -> dict:
+    """A pool of the set that had SLI series within ``pool_absent_window`` and has none now. Every
+    SLA alert of the set reads ratios of those series: with all of a pool's engines gone (the
+    deployment deleted or relabelled, every scrape failing) they evaluate to nothing, no alert,
+    as if the pool met its SLA. Read from the set's own request-rate records (one series per
+    pool and objective, cheap over a day), the shortest window of each objective."""
+    sel = f"{{slo_set={string_literal(set_label(sset))}}}"
+    names = sorted({f"model_pool_slo:sli_requests:rate{_windows(slo)[0]}" for slo in sset.objectives})
+    seen = " or ".join(f"last_over_time({n}{sel}[{p.window(p.pool_absent_window)}])" for n in names)
+    now = " or ".join(f"{n}{sel}" for n in names)
+    expr = f"group by (model, pool) ({seen})\nunless on (model, pool) group by (model, pool) ({now})"
+    return p.alert(
+        "SlaGuardPoolAbsent", expr, "warning", for_=p.pool_absent_for, labels={"slo_set": set_label(sset)},
+        summary="{{ $labels.model }}/{{ $labels.pool }}: no SLI series; its SLOs cannot be judged",
+        description=(f"Prometheus had request series of {{{{ $labels.model }}}}/{{{{ $labels.pool }}}} (SLO set "
+                     f"{set_label(sset)}) within the last {p.pool_absent_window} and has none for "
+                     f"{p.pool_absent_for}: every engine of the pool is gone (deployment deleted or relabelled, "
+                     "every scrape failing). Its SLA alerts read nothing and cannot fire. Resolves when the "
+                     f"series return, or {p.pool_absent_window} after they vanished."),
+        runbook="slaguardpoolabsent")
+
+
 def engine_buckets(config: GuardConfig, slo: SLO) -> list[float]:
     """Bucket bounds the config declares the engines (and the proxy) were started with for the
     SLO's indicator: the guard accepts an attainment threshold there, so the rules must too."""
@@ -242,6 +264,7 @@ def slo_groups(config: GuardConfig, p: RuleParams) -> list[dict]:
             records += slo_recording_rules(slo, own, matchers, p, sset.pool)
             alerts += slo_alert_rules(slo, own, matchers, p)
             alerts.append(data_stale_alert(slo, own, matchers, p, sset.pool))
+        alerts.append(pool_absent_alert(sset, p))
         groups.append({"name": f"sla-guard-slo{suffix}", "rules": records + alerts})
     return groups
 
