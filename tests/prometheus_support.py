@@ -26,11 +26,18 @@ def _free_port() -> int:
 
 class PrometheusProcess:
     """``prometheus`` scraping ``targets`` (host:port) every ``interval_s`` (``extra``: more
-    top-level configuration, e.g. ``remote_read``); stop() kills it and removes its storage."""
+    top-level configuration, e.g. ``remote_read``; ``history``: OpenMetrics text with timestamps,
+    backfilled into its storage with ``promtool tsdb create-blocks-from openmetrics`` before it
+    starts: hours of a fleet's samples in seconds); stop() kills it and removes its storage."""
 
     def __init__(self, targets: list[str], interval_s: float = 1.0, job: str = "engines",
-                 metrics_path: str = "/metrics", extra: dict | None = None) -> None:
+                 metrics_path: str = "/metrics", extra: dict | None = None, history: str | None = None) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="sla-guard-prom-"))
+        if history is not None:
+            (self.dir / "history.om").write_text(history)
+            subprocess.run([shutil.which("promtool") or "promtool", "tsdb", "create-blocks-from", "openmetrics",
+                            str(self.dir / "history.om"), str(self.dir / "data")],
+                           check=True, capture_output=True, timeout=120)
         self.port = _free_port()
         cfg = {
             "global": {"scrape_interval": f"{int(interval_s * 1000)}ms",

@@ -50,6 +50,9 @@ def failed_queries(view: MetricsView) -> int:
 
 # --- leak ------------------------------------------------------------------------------------
 
+ENGINE_KEYS = ("model", "pool", "engine", "instance")  # one engine: its load belongs to its processes
+
+
 class LeakEvaluator:
     """RSS of every vLLM process (PROCESS_RSS) -> leak findings, one per process series."""
 
@@ -95,6 +98,7 @@ class LeakEvaluator:
             # Prometheus did not answer (503, timeout, too_large): every process read as gone and
             # each open leak finding was resolved "series_gone", to reopen at the next answer
             return
+        context = None  # every engine's load and every process's start, read once when needed
         for s in rss:
             lab = dict(s.labels)
             key = "leak/" + "/".join(lab.get(k, "") for k in ("instance", "model", "pool", "engine", "process"))
@@ -106,9 +110,13 @@ class LeakEvaluator:
             bucket = self._bucket(key, float(s.t[-1]))
             if self._last_bucket.get(key) == bucket and key in self.verdicts:
                 continue  # the floor only changes once per bucket
+            if context is None:
+                context = self._context(view, now)
+                if context is None:
+                    return  # not read: judged at the next tick, never without its load or start
             self._last_bucket[key] = bucket
             try:
-                self._check(view, s, lab, key, now)
+                self._check(s, lab, key, now, context)
             except Exception as err:  # one process's degenerate data must not stop the others' checks
                 self._failed(key, err)
         if seen and self._data_since is None:
@@ -129,17 +137,13 @@ class LeakEvaluator:
         phase = zlib.crc32(key.encode()) / 2**32 * self.params.bucket_s
         return int((t - phase) // self.params.bucket_s)
 
-    def _check(self, view: MetricsView, s, lab: dict, key: str, now: float) -> None:
-        """Assess one process series and report its finding."""
-        ident = {k: lab[k] for k in ("model", "pool", "engine", "instance") if k in lab}
-        load = None
-        runs = view.range(c.REQUESTS_RUNNING.name, ident, now - self.lookback_s, now)
-        if runs:
-            load = (runs[0].t, runs[0].v)
-        start = None
-        for labels in view.instant(c.PROCESS_INFO.name, {**ident, "process": lab.get("process", "")}, now):
-            with contextlib.suppress(ValueError):
-                start = float(_lab(labels, "start_time"))
+    def _check(self, s, lab: dict, key: str, now: float, context: tuple[dict, dict]) -> None:
+        """Assess one process series (with its engine's load and its start time from
+        ``_context``) and report its finding."""
+        runs, starts = context
+        engine = tuple(lab.get(k, "") for k in ENGINE_KEYS)
+        load = runs.get(engine)
+        start = starts.get((*engine, lab.get("process", "")))
         limit, source = self._limit()
         v = leak.assess(s.t, s.v, self.params, limit_bytes=limit, load=load, start_time=start)
         self.verdicts[key] = v
@@ -162,6 +166,22 @@ class LeakEvaluator:
             self.metrics[c.GUARD_EVALUATOR_ERRORS].labels(self.name).inc()
         self.verdicts[key] = leak.LeakVerdict("unknown", "error")
         self._ok_since.pop(key, None)
+
+    def _context(self, view: MetricsView, now: float) -> tuple[dict, dict] | None:
+        """Running requests (``lookback_s``) of every engine and the start time of every
+        process, each read once for all processes; None when a read failed. One query per
+        process made two round trips per process whenever the floors moved (every 5 min): at a
+        fleet's thousand processes the tick ran out of its budget, and a process whose query
+        failed was judged without its load or start time."""
+        failed = failed_queries(view)
+        runs: dict[tuple[str, ...], tuple[np.ndarray, np.ndarray]] = {}
+        for s in view.range(c.REQUESTS_RUNNING.name, {}, now - self.lookback_s, now):
+            runs.setdefault(tuple(s.label(k) for k in ENGINE_KEYS), (s.t, s.v))
+        starts: dict[tuple[str, ...], float] = {}
+        for labels in view.instant(c.PROCESS_INFO.name, {}, now):
+            with contextlib.suppress(ValueError):
+                starts[tuple(_lab(labels, k) for k in (*ENGINE_KEYS, "process"))] = float(_lab(labels, "start_time"))
+        return None if failed_queries(view) != failed else (runs, starts)
 
     @staticmethod
     def _down_instances(view: MetricsView, now: float) -> set[str]:

@@ -18,7 +18,9 @@ import logging
 import math
 import os
 import time
+from collections import OrderedDict
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 import httpx
 import numpy as np
@@ -50,6 +52,49 @@ def duration(seconds: float) -> str:
 
 # the most distinct queries remembered for the next tick's prefetch (a tick makes ~75)
 MAX_PREFETCH = 2000
+# ``range`` over a longer window than this reads incrementally: each call re-reads only the last
+# RANGE_REREAD_S (samples that reach the server late land there) and keeps the rest
+RANGE_REREAD_S = 300.0
+RANGE_CACHE_MAX = 4096  # selectors whose samples ``range`` keeps (least recently read dropped)
+# a matrix sample ``[1712345678.123,"8123456789"],`` is ~31 bytes: a read is split into pieces of
+# at most a quarter of ``max_body_bytes`` at this size per sample
+RANGE_BYTES_PER_SAMPLE = 48
+# labels that name one process whatever job or instance exported it (``check_duplicates``)
+DUPLICATE_IDENTITY = ("model", "pool", "engine", "role", "process", "process_pid", "start_time")
+
+
+@dataclass(slots=True)
+class _RangeCache:
+    """Samples of one selector already read, in the server's time: complete over [since, through]."""
+
+    since: float
+    through: float
+    series: dict[Labels, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
+
+    def samples(self) -> int:
+        return sum(len(t) for t, _ in self.series.values())
+
+    def merge(self, got: list[tuple[Labels, np.ndarray, np.ndarray]], lo: float, hi: float, with_lo: bool) -> None:
+        """Replace what was held over [lo, hi] (or (lo, hi]) by the samples just read for it."""
+        for labels, (t, v) in list(self.series.items()):
+            keep = t < lo if with_lo else t <= lo
+            if not keep.all():
+                self.series[labels] = (t[keep], v[keep])
+        for labels, t, v in got:
+            inside = ((t >= lo) if with_lo else (t > lo)) & (t <= hi)
+            old_t, old_v = self.series.get(labels, (np.empty(0), np.empty(0)))
+            self.series[labels] = (np.concatenate([old_t, t[inside]]), np.concatenate([old_v, v[inside]]))
+        self.through = hi
+
+    def trim(self, since: float) -> None:
+        """Forget samples before ``since`` (and series left without any)."""
+        for labels, (t, v) in list(self.series.items()):
+            keep = t >= since
+            if not keep.any():
+                del self.series[labels]
+            elif not keep.all():
+                self.series[labels] = (t[keep], v[keep])
+        self.since = max(self.since, since)
 
 
 class PrometheusError(Exception):
@@ -73,6 +118,18 @@ def _labels(item: dict) -> Labels | None:
     if not isinstance(metric, dict) or not all(isinstance(v, str) for v in metric.values()):
         return None
     return tuple(sorted((k, v) for k, v in metric.items() if k != "__name__"))
+
+
+def _matrix(data: dict | None) -> list[tuple[Labels, np.ndarray, np.ndarray]]:
+    """The series of a matrix answer as (labels, times, values); items of the wrong shape are left out."""
+    out = []
+    for item in _result(data, "matrix"):
+        labels, vals = _labels(item), item.get("values")
+        points = [q for q in map(_point, vals) if q is not None] if isinstance(vals, list) else []
+        if labels is None or not points:
+            continue
+        out.append((labels, np.array([q[0] for q in points]), np.array([q[1] for q in points])))
+    return out
 
 
 def _point(p: object) -> tuple[float, float] | None:
@@ -140,9 +197,17 @@ class PrometheusView:
         self.failed_queries = 0
         # Prometheus's clock minus the guard's (``sync_clock``): queries are sent at ``at`` plus it
         self.clock_offset_s = 0.0
+        # ``range`` over long windows: what was read, per selector (``_RangeCache``)
+        self._ranges: OrderedDict[str, _RangeCache] = OrderedDict()
 
     def bind_metrics(self, metrics: ContractMetrics) -> None:
         self._metrics = metrics
+
+    def count_error(self, kind: str) -> None:
+        """Count a problem found in answers (not a failed query) where failed queries are counted."""
+        self.errors[kind] = self.errors.get(kind, 0) + 1
+        if self._metrics is not None:
+            self._metrics[c.GUARD_SCRAPE_ERRORS].labels("prometheus", kind).inc()
 
     # -- transport -----------------------------------------------------------------------------
     def set_deadline(self, deadline: float | None) -> None:
@@ -209,11 +274,12 @@ class PrometheusView:
         self._cache = {(q, at): a for q, a in zip(queries, answers, strict=True)}
         return len(queries)
 
-    def query(self, promql: str, at: float, *, deadline: float | None = None) -> dict | None:
+    def query(self, promql: str, at: float, *, deadline: float | None = None, prefetch: bool = True) -> dict | None:
         """``/api/v1/query`` at time ``at``; the ``data`` object, or None after counting why.
         ``deadline`` (``time.monotonic``) overrides the tick's. Served from the prefetched
-        answers when this tick's prefetch already ran it."""
-        if len(self._used) < MAX_PREFETCH:
+        answers when this tick's prefetch already ran it; ``prefetch=False``: a one-off query
+        the next tick will not ask again, so not sent ahead for it."""
+        if prefetch and len(self._used) < MAX_PREFETCH:
             self._used[promql] = None
         key = (promql, at)
         data = self._cache.pop(key) if key in self._cache else self._query_now(promql, at, deadline)
@@ -287,17 +353,70 @@ class PrometheusView:
         return self._vector(f"sum by ({','.join(by)}) (rate({sel}[{duration(window_s)}]))", at)
 
     def range(self, metric: str, matchers: Mapping[str, str], start: float, end: float) -> list[Series]:
-        """Raw samples: the range selector ``metric{matchers}[end-start]`` evaluated at ``end``."""
-        data = self.query(f"{selector(metric, matchers, self.extra)}[{duration(end - start)}]", end)
-        out = []
-        for item in _result(data, "matrix"):
-            labels, vals = _labels(item), item.get("values")
-            points = [q for q in map(_point, vals) if q is not None] if isinstance(vals, list) else []
-            if labels is None or not points:
-                continue
-            out.append(Series(labels, np.array([q[0] for q in points]) - self.clock_offset_s,
-                              np.array([q[1] for q in points])))
-        return out
+        """Raw samples: the range selector ``metric{matchers}[end-start]`` evaluated at ``end``.
+
+        A window longer than ``RANGE_REREAD_S`` is read incrementally: the leak detector reads
+        12 h of every process's RSS each tick, ~76 KB per process at a 15 s scrape interval,
+        and at a thousand processes the answer passed ``max_body_bytes`` at every tick (leak
+        detection never ran) or took seconds of each tick's budget to read. The samples read
+        are kept per selector; each call reads only the last ``RANGE_REREAD_S`` again, and a
+        first (or resumed) read goes in pieces of at most a quarter of ``max_body_bytes``, each
+        kept as it arrives, so a read cut short by the tick's deadline goes on at the next call.
+        Any failed piece makes this call no data (counted in ``failed_queries``)."""
+        sel = selector(metric, matchers, self.extra)
+        off = self.clock_offset_s
+        if end - start <= RANGE_REREAD_S:  # a short window: one read, nothing kept
+            got = _matrix(self.query(f"{sel}[{duration(end - start)}]", end))
+            return [Series(labels, t - off, v) for labels, t, v in got]
+        s_start, s_end = start + off, end + off  # the server's time, in which samples are kept
+        cache = self._ranges.pop(sel, None)
+        fresh = cache is None or cache.since > s_start or not s_start <= cache.through <= s_end
+        if fresh:  # nothing usable kept (a first read, a longer window, a gap past the window)
+            cache = _RangeCache(s_start, s_start)
+        self._ranges[sel] = cache
+        while len(self._ranges) > RANGE_CACHE_MAX:
+            self._ranges.popitem(last=False)
+        if not fresh and s_end - cache.through <= RANGE_REREAD_S / 2:
+            # the steady read (ticks shortly apart): the same text every tick, so the next tick
+            # sends it ahead with its other queries, and it overlaps what was read by half of it
+            data = self.query(f"{sel}[{duration(RANGE_REREAD_S)}]", end)
+            if data is None:
+                return []
+            # (lo, hi]: a range selector is left-open since Prometheus 3, so a sample exactly at lo
+            # stays as kept
+            cache.merge(_matrix(data), s_end - RANGE_REREAD_S, s_end, with_lo=False)
+        elif cache.through < s_end:
+            lo = s_start if fresh else max(s_start, cache.through - RANGE_REREAD_S)
+            if not self._read_pieces(sel, cache, lo, s_end, off):
+                return []
+        cache.trim(s_start)
+        return [Series(labels, t - off, v) for labels, (t, v) in cache.series.items()]
+
+    def _read_pieces(self, sel: str, cache: _RangeCache, lo: float, hi: float, off: float) -> bool:
+        """Read [lo, hi] (the server's time) of ``sel`` into ``cache`` in pieces whose answers stay
+        well within ``max_body_bytes``, oldest first; False when a piece (or the count) failed."""
+        span = hi - lo
+        per_s = cache.samples() / (cache.through - cache.since) if cache.through > cache.since else None
+        if per_s is None:  # nothing read yet: ask how many samples there are (a one-number answer)
+            data = self.query(f"sum(count_over_time({sel}[{duration(span)}]))", hi - off, prefetch=False)
+            if data is None:
+                return False
+            counted = [p for item in _result(data, "vector") if (p := _point(item.get("value"))) is not None]
+            per_s = counted[0][1] / span if counted and math.isfinite(counted[0][1]) else 0.0
+        piece_bytes = self.max_body_bytes / 4
+        pieces = max(1, math.ceil(per_s * span * RANGE_BYTES_PER_SAMPLE / piece_bytes))
+        step = span / pieces
+        a = lo
+        for i in range(pieces):
+            # bounds on whole milliseconds, as the server's timestamps and the query's ``time``
+            b = hi if i == pieces - 1 else round(lo + (i + 1) * step, 3)
+            data = self.query(f"{sel}[{duration(b - a)}]", b - off, prefetch=False)
+            if data is None:
+                return False
+            # (a, b], as above; from the window's start on a first read (closed before Prometheus 3)
+            cache.merge(_matrix(data), a, b, with_lo=i == 0 and lo <= cache.since)
+            a = b
+        return True
 
     def sync_clock(self, now: float, read_at: float | None = None, deadline: float | None = None) -> float | None:
         """Measure Prometheus's clock against the guard's (``now``: the guard's clock, read at
@@ -370,6 +489,7 @@ class PrometheusSourceImpl:
                                    max_body_bytes=cfg.max_body_bytes, accept_partial=cfg.accept_partial)
         self._checked = False
         self.stale_after_s = stale_after_s
+        self.duplicates: list[str] = []  # processes Prometheus holds more than once (``check_duplicates``)
 
     def bind_metrics(self, metrics: ContractMetrics) -> None:
         self.view.bind_metrics(metrics)
@@ -388,7 +508,40 @@ class PrometheusSourceImpl:
         deadline = read_at + self.cfg.timeout_s
         if await asyncio.to_thread(self.view.query, "vector(1)", now, deadline=deadline) is not None:
             await asyncio.to_thread(self.view.sync_clock, now, read_at, deadline)
+            await asyncio.to_thread(self.check_duplicates, now, deadline)
         self._checked = True
+
+    def check_duplicates(self, now: float, deadline: float | None = None) -> list[str]:
+        """Processes Prometheus holds more than once: the same process (model, pool, engine,
+        process, PID and start time) exported under several ``job``/``instance`` pairs (two scrape
+        jobs of one target, a ServiceMonitor beside a static job). Every ``sum`` then counts their
+        requests twice, in the guard as in PromQL itself: means, ratios and quantiles are unchanged,
+        request counts (``min_requests``) and rates (the advisor's demand) double. They are not
+        deduplicated (the guard keeps saying what the dashboards and rules on the same server say):
+        a change of the set is logged with the copies and the fix, and each check that finds any
+        counts ``guard_scrape_errors{target="prometheus",kind="duplicate"}``. Returns them."""
+        ident = ", ".join(DUPLICATE_IDENTITY)
+        sel = selector(c.PROCESS_INFO.name, {}, self.view.extra)
+        data = self.view.query(f"{sel} and on ({ident}) (count by ({ident}) ({sel}) > 1)", now, deadline=deadline,
+                               prefetch=False)
+        if data is None:  # not answered: what was found stands
+            return self.duplicates
+        copies: dict[tuple[str, ...], list[str]] = {}
+        for item in _result(data, "vector"):
+            lab = dict(_labels(item) or ())
+            where = " ".join(f"{k}={lab[k]}" for k in ("job", "instance") if k in lab) or "?"
+            copies.setdefault(tuple(lab.get(k, "") for k in DUPLICATE_IDENTITY), []).append(where)
+        found = sorted(f"{k[0]}/{k[1]} engine {k[2]} process {k[4]} as {' and '.join(sorted(w))}"
+                       for k, w in copies.items())
+        if found:
+            self.view.count_error("duplicate")
+        if found != self.duplicates and found:
+            log.warning("Prometheus holds %d process(es) more than once (e.g. %s): every sum counts their requests "
+                        "once per copy, so request counts (min_requests) and rates (the advisor's demand) are "
+                        "multiplied; scrape each engine once, or keep one copy with source.selector, e.g. "
+                        "'job=\"<one of them>\"'", len(found), found[0])
+        self.duplicates = found
+        return found
 
     def targets(self) -> list[TargetState]:
         v = self.view
