@@ -15,9 +15,9 @@ MODEL = "m"
 class Engine:
     """One engine's registry and recorder, plus the counters it has reached."""
 
-    def __init__(self, pool: str, name: str, instance: str | None = None) -> None:
+    def __init__(self, pool: str, name: str, instance: str | None = None, model: str = MODEL) -> None:
         self.registry = CollectorRegistry()
-        self.rec = EngineRecorder(ContractMetrics(self.registry, components=[Component.ENGINE]), MODEL, pool, name)
+        self.rec = EngineRecorder(ContractMetrics(self.registry, components=[Component.ENGINE]), model, pool, name)
         self.name = name
         self.instance = instance  # scrape target (one vLLM server; several DP engines share it)
 

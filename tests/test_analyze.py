@@ -123,12 +123,35 @@ def test_analyze_reads_epoch_milliseconds_as_exports_write_them(tmp_path):
     assert sec["timestamp_unit"] == "s" and milli["timestamp_unit"] == "ms"
     assert milli["detected"] is True and milli["detected_at"] == pytest.approx(sec["detected_at"], abs=1.0)
     assert 0 < milli["detected_at"] - (1.8e9 + c.onset) <= 2.5 * 3600
-    # counted from 0 in ms, the size says nothing: the option says it
+    # counted from 0 in ms, the size says nothing: read as seconds the samples were 8 h apart and the
+    # answer a silent "unknown" with exit 0; the spacing is refused, the option named
     rel = [rows[0]] + [f"{(float(r.split(',', 1)[0]) - 1.8e9) * 1000:.0f},{r.split(',', 1)[1]}" for r in rows[1:]]
     (tmp_path / "rel.csv").write_text("\n".join(rel) + "\n")
-    assert json.loads(_run("leak", tmp_path / "rel.csv").stdout)["status_at_end"] == "unknown"
+    r = _run("leak", tmp_path / "rel.csv")
+    assert r.returncode == 2 and r.stdout == "" and "8.33 h apart" in r.stderr, r.stderr
+    assert "--timestamp-unit ms" in r.stderr and "--timestamp-unit s" in r.stderr
     out = json.loads(_run("leak", tmp_path / "rel.csv", "--timestamp-unit", "ms").stdout)
     assert out["detected"] is True and out["detected_at"] == pytest.approx(sec["detected_at"] - 1.8e9, abs=1.0)
+
+
+def test_analyze_refuses_milliseconds_from_0_it_would_read_as_seconds(tmp_path):
+    """6 h of acceptance counters 10 s apart, a 0.2 drop at hour 2, the clock in ms from 0: read as
+    seconds (exit 0) the series was 6,000 h long and the verdict an upward drift with 6 alarms.
+    Refused with the option; with it, and with the same clock in seconds, the drop is found."""
+    c = sy.rate_case("step", 5, change=-0.20, baseline=0.6, days=0.25, onset_h=2.0)
+    for name, scale in (("ms.csv", 1000), ("s.csv", 1)):
+        (tmp_path / name).write_text("timestamp,draft_tokens,accepted_tokens\n" + "".join(
+            f"{(t - c.t[0]) * scale:.0f},{n:.0f},{x:.0f}\n" for t, n, x in zip(c.t, c.drafts, c.accepted, strict=True)))
+    r = _run("drift", tmp_path / "ms.csv")
+    assert r.returncode == 2 and r.stdout == "" and "2.78 h apart" in r.stderr and "5,997.2 h long" in r.stderr
+    assert "--timestamp-unit ms" in r.stderr
+    for args in (("ms.csv", "--timestamp-unit", "ms"), ("s.csv",)):
+        out = json.loads(_run("drift", tmp_path / args[0], *args[1:]).stdout)
+        assert out["detected"] is True and out["direction"] == "down" and out["alarms"] == 1
+        assert 0 < out["detected_at"] - (c.onset - c.t[0]) <= 600
+    # sparse samples really in seconds: the option takes them as they are
+    r = _run("drift", tmp_path / "ms.csv", "--timestamp-unit", "s")
+    assert r.returncode == 0 and json.loads(r.stdout)["timestamp_unit"] == "s"
 
 
 def test_analyze_leaves_out_rows_with_an_empty_cell_and_says_how_many(tmp_path):
@@ -326,6 +349,37 @@ def test_analyze_reads_a_byte_order_mark_and_gzip(tmp_path):
         r = _run("leak", tmp_path / f)
         assert r.returncode == 0, r.stderr
         assert json.loads(r.stdout) == plain and plain["detected"] is True
+
+
+def test_analyze_reads_a_gzip_export_row_by_row_as_the_plain_file(tmp_path):
+    """The columns are gathered row by row into doubles (lists of Python floats took 6x the file):
+    a gzip export with holes, a blank optional cell and rows newest first gives the plain file's
+    answer, and a gzip file cut short is refused, not read as the rows before the cut."""
+    _leak_csv(tmp_path / "s.csv", 48.0, seed=3)
+    lines = (tmp_path / "s.csv").read_text().splitlines()
+    rows = [r + ("," if i % 7 else ",200") for i, r in enumerate(lines[1:])]  # running_requests, mostly blank
+    rows = [r if i % 50 else r.split(",")[0] + ",," + r.split(",", 2)[2] for i, r in enumerate(rows)]  # holes
+    text = lines[0] + ",running_requests\n" + "\n".join(rows) + "\n"
+    (tmp_path / "plain.csv").write_text(text)
+    desc = lines[0] + ",running_requests\n" + "\n".join(rows[::-1]) + "\n"
+    (tmp_path / "desc.csv.gz").write_bytes(gzip.compress(desc.encode()))
+    plain = json.loads(_run("leak", tmp_path / "plain.csv").stdout)
+    r = _run("leak", tmp_path / "desc.csv.gz")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout) == plain and plain["detected"] is True and plain["rows_skipped"] > 0
+    (tmp_path / "cut.csv.gz").write_bytes(gzip.compress(desc.encode())[:-2000])
+    r = _run("leak", tmp_path / "cut.csv.gz")
+    assert r.returncode == 2 and "is not a readable CSV" in r.stderr and r.stdout == ""
+
+
+def test_analyze_into_a_reader_that_closes_early_ends_quietly(tmp_path):
+    """`sla-guard analyze ... | head -c 0`: the JSON line met a closed pipe and Python printed a
+    BrokenPipeError traceback; now nothing on stderr and exit 141, as a tool SIGPIPE ended."""
+    from test_check_cli import run_into_closed_reader
+
+    _leak_csv(tmp_path / "s.csv", 48.0, seed=3)
+    r = run_into_closed_reader([*CLI, "leak", str(tmp_path / "s.csv")])
+    assert r.returncode == 141 and r.stderr == "", r.stderr
 
 
 def test_analyze_leak_refuses_a_limit_in_gib(tmp_path):

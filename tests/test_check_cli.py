@@ -3,6 +3,7 @@ HTTP: the table's numbers come from what the engines recorded; exit codes 0 / 1 
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -215,3 +216,36 @@ def test_check_prometheus_error_text_cannot_forge_log_lines_or_flood(tmp_path):
     assert "\x1b" not in r.stderr + r.stdout
     n = r.stderr.count("HTTP 400")
     assert len(r.stderr) < 1000 * n, f"{len(r.stderr)} bytes of stderr for {n} failed queries"
+
+
+def run_into_closed_reader(cmd: list[str]) -> subprocess.CompletedProcess:
+    """``cmd | head -c 0``, ordered: the reader (a real ``head``) has exited, closing the pipe, before
+    ``cmd`` writes its first byte, so every write of ``cmd`` meets a pipe nobody reads."""
+    r, w = os.pipe()
+    try:
+        subprocess.run(["head", "-c", "0"], stdin=r, timeout=10, check=True)
+        os.close(r)
+        r = -1
+        return subprocess.run(cmd, stdout=w, stderr=subprocess.PIPE, text=True, timeout=60, cwd=ROOT)
+    finally:
+        os.close(w)
+        if r >= 0:
+            os.close(r)
+
+
+@pytest.mark.parametrize("extra", [(), ("--json",), ("validate-config",)])
+def test_a_reader_that_closes_early_ends_the_command_quietly(tmp_path, extra):
+    """`sla-guard check ... | head -1`: the table met a closed pipe and Python printed a
+    BrokenPipeError traceback. It now stops as a tool SIGPIPE ended does: nothing on stderr, exit 141."""
+    e = Engine()
+    for _ in range(6):
+        e.request(0.2, 0.01)
+    s = Served(e.exposition)
+    f = tmp_path / "guard.yaml"
+    f.write_text(yaml.safe_dump(_cfg([(s, "decode")])))
+    cmd = ["validate-config", str(f)] if extra == ("validate-config",) else ["check", "--config", str(f), *extra]
+    try:
+        r = run_into_closed_reader([sys.executable, "-m", "sla_guard.cli", *cmd])
+    finally:
+        s.stop()
+    assert r.returncode == 141 and r.stderr == "", r.stderr

@@ -56,6 +56,15 @@ def test_demo_refuses_a_span_it_cannot_hold(capsys, tmp_path):
     assert "simulated hours" in err and "--speed" in err and not (tmp_path / "demo").exists()
 
 
+def test_demo_refuses_a_surge_it_cannot_keep_up_with(capsys, tmp_path):
+    """The surge's copies of every request are submitted up front: --surge 1e300 grew by 1.4 GB in
+    20 s and never ended, 100 ran a 2 s demo for 33 s. Over 10 it is refused, replay named."""
+    assert main(["demo", "--surge", "11", "--duration", "1", "--no-http", "--quiet",
+                 "--out", str(tmp_path / "demo")]) == 2
+    err = capsys.readouterr().err
+    assert "--surge 11 is over 10" in err and "replay" in err and not (tmp_path / "demo").exists()
+
+
 @pytest.mark.parametrize("kind", ["a file", "under a file"])
 def test_demo_refuses_an_unusable_out_before_running(capsys, tmp_path, kind):
     """An --out that is a file (or lies under one) was a traceback at the very end, after the whole

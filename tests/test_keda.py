@@ -417,3 +417,40 @@ def test_a_pool_with_targets_down_gets_no_number_below_its_size():
     finally:
         for p in pages.values():
             p.stop()
+
+
+def test_a_mistyped_model_on_a_wildcard_advisor_is_a_404_naming_the_known_ones():
+    """``advisor.model: '*'`` with models a and b: ``?model=typo`` answered 503 "no recommendation
+    yet", which KEDA, HPA and whoever is paged read as an outage, and /v1/recommendations and
+    /v1/decisions answered it (and ``?model=a``) with every model's advice. A model never seen is now
+    a 404 naming the known ones; a known model whose targets went down is still a 503."""
+    config = parse_config({"advisor": {"model": "*", "profile": {
+        "prefill_tokens_per_s": 10_000, "decode_step_base_s": 0.01, "decode_step_per_request_s": 0.0002}}})
+    store = _store()
+    root = compose(config, source=StoreSource(store), slo=False, detectors=False)
+    app = create_app(root.guard, token=TOKEN, extra_routers=root.routers)
+    busy = {"running": 4, "waiting": 30, "computed": 60_000, "prefills": 6, "ttft": 8.0}
+    dec = {"running": 10, "waiting": 0, "steps": 400}
+    engines = {m: [Engine("prefill", f"{m}-p0", model=m), Engine("decode", f"{m}-d0", model=m)] for m in "ab"}
+    with uvicorn_server(app) as url, httpx.Client(base_url=url, timeout=5,
+                                                  headers={"Authorization": f"Bearer {TOKEN}"}) as h:
+        # before the first evaluation nothing is known: 503 (a was a 404 "known: ['default']")
+        assert [h.get("/v1/scale/keda", params={"model": m}).status_code for m in ("a", "typo")] == [503, 503]
+        _run([*engines["a"], *engines["b"]], store, 1000, 1060, **{f"{m}-p0": busy for m in "ab"},
+             **{f"{m}-d0": dec for m in "ab"})
+        assert not root.guard.tick(1060).errors
+        for path in ("/v1/scale/keda", "/v1/scale/keda/prefill", "/v1/recommendations", "/v1/decisions"):
+            r = h.get(path, params={"model": "typo"})
+            assert r.status_code == 404 and "unknown model 'typo'; known: ['a', 'b']" in r.text, (path, r.text)
+        assert h.get("/v1/scale/keda/prefill", params={"model": "a"}).json()["desired"] > 1
+        recs = h.get("/v1/recommendations", params={"model": "a"}).json()["models"]
+        assert [r["model"] for r in recs] == ["a"] and {r["model"] for r in recs[0]["recommendations"]} == {"a"}
+        decisions = h.get("/v1/decisions", params={"model": "b"}).json()
+        assert decisions["model"] == "b" and {d["model"] for d in decisions["decisions"]} == {"b"}
+        # a's engines gone, b's still reporting: a is known, without data (an outage, not a typo)
+        _run(engines["b"], store, 1065, 1060 + 900, **{"b-p0": busy, "b-d0": dec})
+        assert not root.guard.tick(1060 + 900).errors
+        r = h.get("/v1/scale/keda/prefill", params={"model": "a"})
+        assert r.status_code == 503 and "no recommendation for model 'a'" in r.text, r.text
+        assert h.get("/v1/scale/keda/prefill", params={"model": "b"}).status_code == 200
+        assert h.get("/v1/scale/keda", params={"model": "typo"}).status_code == 404

@@ -150,6 +150,13 @@ def test_replay_bad_trace_rows_are_named_not_a_traceback(capsys, tmp_path, name,
     ('{"kind": "leak", "replica": "d0", "mib_per_hour": "lots"}', "field 'mib_per_hour' must be a finite number"),
     ('{"kind": "leak", "replica": "d0", "mib_per_hour": NaN}', "field 'mib_per_hour' must be a finite number"),
     ('{"kind": "crash", "replica": 0, "at_s": 30}', "field 'replica' must be a string"),
+    # matched no replica or process: the replay ran without them
+    ('{"kind": "leak", "replica": "decode-0"}', "replica 'decode-0' is no replica of the deployment"),
+    ('{"kind": "crash", "replica": "D0", "at_s": 5}', "name one as p0, p1, d0, d1"),
+    ('{"kind": "acceptance_drift", "replica": "p0", "start_s": 0, "end_s": 9}', "'p0' is no decode replica"),
+    ('{"kind": "leak", "replica": "d0", "role": "enginecore"}', "role 'enginecore' is no process of profile"),
+    # each request copied that often up front: 1e300 ran until memory ran out
+    ('{"kind": "load_spike", "start_s": 0, "end_s": 9, "factor": 1001}', "factor 1001 is over 1000"),
 ])
 def test_replay_refuses_a_fault_it_would_not_inject(capsys, tmp_path, fault, needle):
     (tmp_path / "t.jsonl").write_text(_trace_rows(5))

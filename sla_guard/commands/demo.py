@@ -14,6 +14,9 @@ from pathlib import Path
 from sla_guard.commands import number
 
 MAX_SIMULATED_S = 24 * 3600.0
+# the surge's extra copies of every request are submitted up front: --surge 1e300 grew by 1.4 GB in
+# 20 s and never ended, and 100 ran a 2 s demo for 33 s
+MAX_SURGE = 10.0
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -35,7 +38,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help="RSS leak injected into the decode EngineCores (default 200; the leak in 'From Day 0 "
                         "to Production SLAs' (DaoCloud) was ~48)")
     p.add_argument("--surge", type=number(1, above=False), default=2.0,
-                   help="arrival-rate factor of the load surge over the second sixth of the run (default 2; 1 = none)")
+                   help="arrival-rate factor of the load surge over the second sixth of the run "
+                        "(default 2; 1 = none; at most 10)")
     p.add_argument("--drift-to", type=number(0, above=False), default=0.4,
                    help="acceptance falls to this fraction of its profile value (default 0.4)")
     p.add_argument("--scrape-interval", type=number(0), default=30.0, help="simulated seconds between scrapes")
@@ -84,6 +88,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"sla-guard demo: --duration x --speed is {sim_s / 3600:.3g} simulated hours, over the demo's "
               f"{MAX_SIMULATED_S / 3600:g}; lower --speed or --duration (sla-guard replay runs longer traces)",
               file=sys.stderr)
+        return 2
+    if args.surge > MAX_SURGE:
+        print(f"sla-guard demo: --surge {args.surge:g} is over {MAX_SURGE:g}, the most the paced demo keeps up with; "
+              f"sla-guard replay --fault '{{\"kind\": \"load_spike\", ...}}' runs larger surges", file=sys.stderr)
         return 2
     trace_path = args.trace or default_trace()
     try:

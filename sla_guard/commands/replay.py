@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import time
 from dataclasses import asdict
@@ -61,6 +62,32 @@ def _fault(text: str) -> dict:
     return obj
 
 
+MAX_SPIKE = 1000.0  # a load_spike's factor: that many copies of each request in its window
+
+
+def _fault_target(faults, profile) -> str | None:
+    """Why a fault would inject nothing (None: it would). The deployment names its replicas p0, p1, ...
+    and d0, d1, ... (``Deployment._add``; more as it scales up), and a leak grows one of the profile's
+    processes: a leak on "decode-0" or role "enginecore", or a crash of "D0", matched nothing and the
+    replay ran without it. A load spike's copies are submitted up front: a factor of 1e300 never ended."""
+    from sla_guard.sim.faults import KINDS, AcceptanceDrift, Leak, LoadSpike
+
+    kinds = {cls: name for name, cls in KINDS.items()}
+    roles = sorted({pm.role for pm in profile.processes})
+    for f in faults.faults:
+        replica = getattr(f, "replica", None)
+        decode = isinstance(f, AcceptanceDrift)  # acceptance is a decode replica's
+        if replica is not None and not re.fullmatch(r"d\d+" if decode else r"[pd]\d+", replica):
+            return (f"--fault {kinds[type(f)]}: replica {replica!r} is no {'decode ' if decode else ''}replica of "
+                    f"the deployment; name one as {'d0, d1' if decode else 'p0, p1, d0, d1'}, ...")
+        if isinstance(f, LoadSpike) and f.factor > MAX_SPIKE:  # copies of each request, submitted up front
+            return (f"--fault load_spike: factor {f.factor:g} is over {MAX_SPIKE:g} (each request is copied that "
+                    f"often, up front)")
+        if isinstance(f, Leak) and f.role not in roles:
+            return f"--fault leak: role {f.role!r} is no process of profile {profile.name!r}; use one of {roles}"
+    return None
+
+
 def run(args: argparse.Namespace) -> int:
     from sla_guard.sim.faults import FaultSchedule
     from sla_guard.sim.profile import ProfileError, load_profile
@@ -73,6 +100,9 @@ def run(args: argparse.Namespace) -> int:
         faults = FaultSchedule(_fault(f) for f in args.fault)
     except (ProfileError, TraceError, ValueError) as err:
         print(f"sla-guard replay: {err}", file=sys.stderr)
+        return 2
+    if (problem := _fault_target(faults, profile)) is not None:
+        print(f"sla-guard replay: {problem}", file=sys.stderr)
         return 2
     if args.min_replicas > args.max_replicas:
         print(f"sla-guard replay: --min-replicas {args.min_replicas} is over --max-replicas {args.max_replicas}",

@@ -13,7 +13,8 @@
   down, and a number below ready + down): the combined answer leaves it out and the per-pool one
   is a 503. Its decision is a hold whose numbers (0 replicas seen once the
   targets are down) would otherwise scale the pool to its minimum. A guard whose ticks stopped
-  completing (``staleness_s``) answers 503 for every pool (``AdvisorEvaluator.expire``).
+  completing (``staleness_s``) answers 503 for every pool (``AdvisorEvaluator.expire``). With
+  ``advisor.model: '*'`` a ``?model=`` it has not seen (a typo) is a 404 naming the known models.
 
 Both sit under ``/v1``, behind the API's bearer auth (``sla_guard.api.create_app`` mounts them).
 """
@@ -40,10 +41,14 @@ def advisor_router(evaluators: Sequence[AdvisorEvaluator] | AdvisorEvaluator) ->
                 return evs[0]
             raise HTTPException(400, detail=f"several models; pass ?model= one of {[e.model for e in evs]}")
         for e in evs:
-            if e.model == model:
+            if e.model == model and not e.wildcard:
                 return e
-        for e in evs:  # an advisor for every model ('*') advises this one too
-            if e.model == "*":
+        for e in evs:  # an advisor for every model ('*') advises this one too, if it has seen it
+            if e.wildcard:
+                known = e.known_models()
+                # a typo answered 503 "no recommendation yet", which KEDA and people read as an outage
+                if known and e.recommendations()[2] is not None and model not in known:
+                    raise HTTPException(404, detail=f"unknown model {model!r}; known: {known}")
                 return e
         raise HTTPException(404, detail=f"unknown model {model!r}; known: {[e.model for e in evs]}")
 
@@ -53,7 +58,10 @@ def advisor_router(evaluators: Sequence[AdvisorEvaluator] | AdvisorEvaluator) ->
         out = []
         for e in chosen:
             snap = e.snapshot()
-            out.append({"model": e.model, **snap})
+            if model is not None and e.wildcard:  # this model's advice, not every model's
+                snap = {**snap, **{k: [r for r in snap[k] if r["model"] == model]
+                                   for k in ("recommendations", "restarts")}}
+            out.append({"model": model or e.model, **snap})
         return {"models": out}
 
     def _pools(e: AdvisorEvaluator, model: str | None) -> dict:
@@ -65,7 +73,8 @@ def advisor_router(evaluators: Sequence[AdvisorEvaluator] | AdvisorEvaluator) ->
         if model is not None:
             recs = [r for r in recs if r.model == model]
             if not recs:
-                raise HTTPException(503, detail=f"no recommendation for model {model!r} yet")
+                raise HTTPException(503, detail=f"no recommendation for model {model!r} now (its targets down "
+                                               f"or stale)")
         models = sorted({r.model for r in recs})
         if len(models) > 1:
             raise HTTPException(400, detail=f"several models; pass ?model= one of {models}")
@@ -98,6 +107,9 @@ def advisor_router(evaluators: Sequence[AdvisorEvaluator] | AdvisorEvaluator) ->
         # out of range is a 422 naming query.limit: clamped, limit=-5 answered one decision and
         # limit=1000 256, both without a word
         e = pick(model)
-        return {"model": e.model, "decisions": list(e.history)[-limit:]}
+        history = list(e.history)
+        if model is not None and e.wildcard:
+            history = [d for d in history if d.get("model") == model]
+        return {"model": model or e.model, "decisions": history[-limit:]}
 
     return router

@@ -97,6 +97,16 @@ class AdvisorEvaluator:
         key = self.model if self.model in self.advisors else next(iter(self.advisors), self._fixed)
         return self._advisor_for(key)
 
+    @property
+    def wildcard(self) -> bool:
+        """``advisor.model: '*'``: one advisor per model the engines report."""
+        return self._label_from_data
+
+    def known_models(self) -> list[str]:
+        """The models a wildcard advisor advises or saw within ``forget_after_s``: a ``?model=`` that
+        is none of them is a typo (404), where a known model without data this tick is a 503."""
+        return sorted((set(self.advisors) | set(self._seen)) - {"*"})
+
     def _advisor_for(self, model: str) -> Advisor:
         adv = self.advisors.get(model)
         if adv is None:
