@@ -255,7 +255,16 @@ def parse_targets(data: object, where: str = "<targets>") -> list[Target]:
                 labels = dict(labels)
                 path = labels.pop("__metrics_path__", "/metrics")
                 scheme = labels.pop("__scheme__", "http")
-                for hostport in hosts:
+                if not isinstance(path, str) or not path.startswith("/"):
+                    raise DiscoveryError(f"{where}[{i}].labels.__metrics_path__: expected a path starting with '/' "
+                                         f"(e.g. /metrics), got {path!r}")
+                for j, hostport in enumerate(hosts):
+                    # 'http://h:8000' or 'h:8000/metrics' became http://http://h:8000/metrics (host "http")
+                    # or .../metrics/metrics and failed every scrape; Prometheus refuses them too
+                    if not hostport or "/" in hostport or any(ch.isspace() for ch in hostport):
+                        raise DiscoveryError(f"{where}[{i}].targets[{j}]: expected \"host:port\" without scheme or "
+                                             f"path (e.g. \"decode-0:8000\"; labels __scheme__ and __metrics_path__ "
+                                             f"set those), got {hostport!r}")
                     out.append(Target(url=f"{scheme}://{hostport}{path}", model=labels.get("model", "default"),
                                       pool=labels.get("pool", "mixed"), name=labels.get("name")))
             else:

@@ -122,13 +122,15 @@ class _Layout:
     rows: np.ndarray
     pos: np.ndarray
     drops: dict[str, int]
+    limited: dict[str, str]
 
     @classmethod
-    def of(cls, hashes: np.ndarray, runs: list[tuple[int, list[int], list[int]]], drops: dict[str, int]) -> _Layout:
+    def of(cls, hashes: np.ndarray, runs: list[tuple[int, list[int], list[int]]], drops: dict[str, int],
+           limited: dict[str, str]) -> _Layout:
         return cls(hashes, np.array([f for f, _, _ in runs], np.int32),
                    np.cumsum([len(r) for _, r, _ in runs]).astype(np.int32),
                    np.concatenate([np.asarray(r, np.int32) for _, r, _ in runs]),
-                   np.concatenate([np.asarray(p, np.int32) for _, _, p in runs]), drops)
+                   np.concatenate([np.asarray(p, np.int32) for _, _, p in runs]), drops, limited)
 
 
 @dataclass(slots=True)
@@ -138,10 +140,15 @@ class IngestResult:
 
     samples: int = 0
     errors: collections.Counter = field(default_factory=collections.Counter)
+    # names of the series a limit refused -> the limit's kind: the scraper fails a scrape that
+    # lost series the SLOs read, rather than judge a pool without them
+    limited: dict[str, str] = field(default_factory=dict)
 
     def add(self, other: IngestResult) -> None:
         self.samples += other.samples
         self.errors.update(other.errors)
+        for name, kind in other.limited.items():
+            self.limited.setdefault(name, kind)
 
 
 class _Family:
@@ -230,6 +237,8 @@ class SeriesStore:
         self._gstale = np.zeros((cap, self.slots), dtype=bool)
         self._gcount = np.zeros(cap, dtype=np.int64)
         self._glast = np.full(cap, -np.inf)
+        self._gkeep = np.full(cap, np.inf)  # retired groups: freed keep_s after their last sample
+        self._gfree: list[int] = []  # ids of retired groups with no series left, for reuse
         self._grows: list[dict[str, list[int]]] = []
         # per group scrape cache: hash(series text) -> family id << 32 | row. Hash keys and packed
         # ints keep it ~120 bytes per series (strings and tuples would be ~280); a 64-bit hash
@@ -370,6 +379,7 @@ class SeriesStore:
                 fam.last_k[rows] = k
         res.samples += len(lay.rows)
         res.errors.update(lay.drops)
+        res.limited.update(lay.limited)
         self.dropped.update(lay.drops)
         self._after_write(t)
 
@@ -414,7 +424,7 @@ class SeriesStore:
         # drops that the text alone decides recur identically; any other (NaN, series limit) may not
         replayable = not volatile and all(k in ("duplicate", "label_limit") for k in res.errors)
         self._glayout[gid] = _Layout.of(hashes, [(fam.fid, rows, pos) for fam, rows, _, pos in writes.values()],
-                                        dict(res.errors)) if replayable and writes else None
+                                        dict(res.errors), dict(res.limited)) if replayable and writes else None
 
     def _begin_scrape(self, gkey: tuple, t: float, res: IngestResult, *, blank: bool = True
                       ) -> tuple[int, int | None]:
@@ -476,10 +486,13 @@ class SeriesStore:
                     self._coarse.ingest_samples(fwd, t, extra, group=repr(gkey), honor_labels=honor_labels)
         return res
 
-    def append(self, name: str, labels: Mapping[str, str], t: float, v: float, *, group: str | None = None) -> bool:
+    def append(self, name: str, labels: Mapping[str, str], t: float, v: float, *, group: str | None = None,
+               limited: bool = True) -> bool:
         """Store one sample. Samples of one group at the same ``t`` share a slot; a group's
         time must not go backwards (out-of-order samples are dropped and counted). The group
         defaults to the sample's (instance, model, pool, engine) labels, i.e. one engine.
+        ``limited=False`` (the scraper's ``up``, one per target): a full store still takes it, so a
+        target whose series no longer fit is seen, down, rather than missing from its pool.
         Returns False if the sample was dropped."""
         gkey = (group,) if group is not None else tuple((k, labels[k]) for k in _GROUP_LABELS if k in labels)
         t = round(float(t), 3)
@@ -493,7 +506,7 @@ class SeriesStore:
             loc = self._index.get(key)
             if loc is None:
                 res = IngestResult()
-                loc = self._new_series(key, gid, res)
+                loc = self._new_series(key, gid, res, limited=limited)
                 self.dropped.update(res.errors)
                 if loc is None:
                     return False
@@ -517,8 +530,11 @@ class SeriesStore:
 
     def mark_stale(self, group_key: Mapping[str, str] | str, t: float) -> None:
         """Prometheus's staleness marker: the target could not be scraped at ``t``, so none of
-        its series has a current value from then on (``instant`` returns nothing for them)."""
+        its series has a current value from then on (``instant`` returns nothing for them). At
+        the time of the group's last scrape it withdraws that scrape (the scraper judged it
+        failed after storing part of it): its samples are removed, not left current."""
         gkey = (group_key,) if isinstance(group_key, str) else tuple(sorted(group_key.items()))
+        t = round(float(t), 3)
         with self._lock:
             gid = self._gid.get(gkey)
             if gid is None or self._gcount[gid] == 0:
@@ -526,7 +542,28 @@ class SeriesStore:
             cur = (self._gcount[gid] - 1) % self.slots
             if self._gstale[gid, cur]:
                 return  # one marker per outage, like Prometheus
-            self._open_slot(gid, round(float(t), 3), stale=True)
+            if t == self._glast[gid]:
+                for name, rows in self._grows[gid].items():
+                    if rows:
+                        self._families[name].values[rows, cur] = np.nan
+                self._gstale[gid, cur] = True
+                return
+            self._open_slot(gid, t, stale=True)
+
+    def retire(self, group: str, t: float, keep_s: float) -> None:
+        """The group's producer is gone (a target removed from discovery): a staleness marker at
+        ``t``, as Prometheus writes for a removed target, and its series freed once its last
+        sample is ``keep_s`` old, when no window reads them any more. Left to the ring and
+        retention (26 h), every pod replaced under a new name held its series that long and a
+        churning deployment filled ``max_series``. A group that is written again stays."""
+        with self._lock:
+            gid = self._gid.get((group,))
+            if gid is None:
+                return
+            self.mark_stale(group, t)
+            self._gkeep[gid] = float(keep_s)
+        if self._coarse is not None:
+            self._coarse.retire(repr((group,)), t, keep_s)
 
     def _coarse_due(self, gid: int, t: float) -> bool:
         """True if samples of this group at ``t`` go to the coarse tier: the first scrape in
@@ -542,6 +579,16 @@ class SeriesStore:
         gid = self._gid.get(gkey)
         if gid is not None:
             return gid
+        if self._gfree:  # a retired group's id: its arrays back to new
+            gid = self._gfree.pop()
+            self._gid[gkey] = gid
+            self._gkeys[gid] = gkey
+            self._gtimes[gid] = np.nan
+            self._gstale[gid] = False
+            self._gcount[gid], self._glast[gid], self._gkeep[gid] = 0, -np.inf, np.inf
+            self._grows[gid], self._gtext[gid], self._glayout[gid], self._gextra[gid] = {}, _TextIndex(), None, ()
+            self._gcoarse.pop(gid, None)
+            return gid
         gid = len(self._gkeys)
         if gid >= len(self._gcount):
             cap = len(self._gcount) * 2
@@ -552,6 +599,7 @@ class SeriesStore:
             self._gtimes, self._gstale = gt, gs
             self._gcount = np.concatenate([self._gcount, np.zeros(cap - gid, dtype=np.int64)])
             self._glast = np.concatenate([self._glast, np.full(cap - gid, -np.inf)])
+            self._gkeep = np.concatenate([self._gkeep, np.full(cap - gid, np.inf)])
         self._gid[gkey] = gid
         self._gkeys.append(gkey)
         self._grows.append({})
@@ -576,6 +624,8 @@ class SeriesStore:
         slot = k % self.slots
         self._gtimes[gid, slot] = t
         self._gstale[gid, slot] = stale
+        if not stale:
+            self._gkeep[gid] = np.inf  # back in discovery: no longer retired
         self._gcount[gid] = k + 1
         self._glast[gid] = t
         if not blank:
@@ -586,16 +636,19 @@ class SeriesStore:
         return slot
 
     def _new_series(self, key: tuple[str, Labels], gid: int, res: IngestResult,
-                    text_hash: int | None = None) -> tuple[_Family, int] | None:
+                    text_hash: int | None = None, *, limited: bool = True) -> tuple[_Family, int] | None:
         """A new row. Series from a scrape (``text_hash`` given) are found through their group's scrape
         cache only; others through ``_index``. Keeping one map per series (not both) matters at
-        hundreds of thousands of series."""
+        hundreds of thousands of series. ``limited=False``: counted, never refused by the series
+        limits (see ``append``)."""
         name, labels = key
         if len(labels) > self.max_labels or any(len(v) > self.max_label_value_len for _, v in labels):
             res.errors["label_limit"] += 1
+            res.limited.setdefault(name, "label_limit")
             return None
-        if self._series >= self.max_series or self._gseries[gid] >= self.max_series_per_group:
+        if limited and (self._series >= self.max_series or self._gseries[gid] >= self.max_series_per_group):
             res.errors["series_limit"] += 1
+            res.limited.setdefault(name, "series_limit")
             return None
         fam = self._families.get(name)
         if fam is None:
@@ -642,8 +695,9 @@ class SeriesStore:
             self.collect_garbage()
 
     def collect_garbage(self) -> int:
-        """Free series with no sample left in their ring or none within retention; returns how
-        many were freed. Runs by itself every few hundred writes; the guard also calls it."""
+        """Free series with no sample left in their ring or none within retention, and those of a
+        group retired ``keep_s`` ago (both tiers); returns how many were freed. Runs by itself
+        every few hundred writes; the guard also calls it."""
         freed = 0
         with self._lock:
             self._writes_since_gc = 0
@@ -657,7 +711,8 @@ class SeriesStore:
                 if not live.any():
                     continue
                 gg = np.where(live, g, 0)
-                gone = live & ((gcount[gg] - fam.last_k[:n] >= self.slots) | (glast[gg] < horizon))
+                gone = live & ((gcount[gg] - fam.last_k[:n] >= self.slots) | (glast[gg] < horizon)
+                               | (glast[gg] + self._gkeep[gg] < self._newest))
                 # a row whose last write is older than retention
                 tslot = fam.last_k[:n] % self.slots
                 tlast = self._gtimes[gg, tslot]
@@ -665,8 +720,16 @@ class SeriesStore:
                 for row in np.flatnonzero(gone):
                     self._free(fam, int(row))
                     freed += 1
+            for gid in np.flatnonzero(np.isfinite(self._gkeep[:len(self._gkeys)])).tolist():
+                if self._gseries[gid] == 0:  # a retired group with nothing left: its id is reused
+                    del self._gid[self._gkeys[gid]]
+                    self._gkeys[gid] = ()
+                    self._gkeep[gid] = np.inf
+                    self._gfree.append(gid)
             if len(self._words) > self._vocab_limit:
                 self._compact_vocab()
+        if self._coarse is not None:
+            freed += self._coarse.collect_garbage()
         return freed
 
     def _compact_vocab(self) -> None:

@@ -130,7 +130,14 @@ def test_targets_file_formats_and_errors():
     ("- targets: '127.0.0.1:1'\n", r"\[0\]\.targets: expected a list of \"host:port\" strings"),
     ("- targets: ['127.0.0.1:1']\n  ? [x]\n  : 1\n", "found unhashable key"),
     ("- url: http://127.0.0.1:1/metrics\n  model: caf\xe9\n", "is not UTF-8 text"),
-], ids=["labels-list", "targets-string", "list-as-key", "latin-1"])
+    # file_sd addresses with a scheme or a path became http://http://h:1/metrics (host "http") or
+    # .../metrics/metrics: accepted, and every scrape of them failed
+    ("- targets: ['http://127.0.0.1:1']\n", r"\[0\]\.targets\[0\]: expected \"host:port\" without scheme"),
+    ("- targets: ['127.0.0.1:1', '127.0.0.1:1/metrics']\n", r"\[0\]\.targets\[1\]: expected \"host:port\""),
+    ("- targets: ['127.0.0.1:1']\n  labels: {__metrics_path__: metrics}\n",
+     r"\[0\]\.labels\.__metrics_path__: expected a path starting with '/'"),
+], ids=["labels-list", "targets-string", "list-as-key", "latin-1", "file-sd-scheme", "file-sd-path",
+        "file-sd-relative-path"])
 def test_a_wrong_targets_file_keeps_the_last_good_list_and_names_the_problem(tmp_path, text, says):
     """A file_sd group whose ``labels`` is a list, a ``targets`` that is one string, a YAML key
     that is a list, a Latin-1 file: each raised out of the discovery (ValueError, TypeError,
@@ -180,6 +187,32 @@ def test_a_targets_file_replaced_by_one_with_the_same_mtime_is_read(tmp_path):
         loop.close()
         s0.stop()
         s1.stop()
+
+
+def test_one_url_listed_under_two_names_is_scraped_once(tmp_path):
+    """The same engine listed twice (two names, or the second in another pool) was scraped twice:
+    its requests counted twice in the pool (96 for 48 sent), meeting ``min_requests`` on half the
+    evidence, or once in each of two pools. The first definition is scraped, the other logged."""
+    e = Engine(model="m")
+    srv = Served(e.exposition)
+    f = tmp_path / "targets.yaml"
+    f.write_text(f"- {{url: '{srv.url}', model: m, pool: decode, name: a}}\n"
+                 f"- {{url: '{srv.url}', model: m, pool: decode, name: b}}\n"
+                 f"- targets: ['127.0.0.1:{srv.port}']\n  labels: {{model: m, pool: prefill}}\n")
+    store = SeriesStore()
+    scr = Scraper(ScrapeSource(targets_file=f, timeout_s=2), store)
+    loop = asyncio.new_event_loop()
+    try:
+        for _ in range(3):
+            e.request(0.2, 0.01)
+            loop.run_until_complete(scr.collect())
+        assert [t.name for t in scr.targets()] == ["a"] and srv.hits == 3
+        counts = store.instant(c.REQUEST_TTFT.series("_count"), {}, store.newest)
+        assert sum(counts.values()) == 3 and {dict(k)["pool"] for k in counts} == {"decode"}
+    finally:
+        loop.run_until_complete(scr.aclose())
+        loop.close()
+        srv.stop()
 
 
 class _Gzip(http.server.BaseHTTPRequestHandler):

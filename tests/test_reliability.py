@@ -9,14 +9,17 @@ import os
 
 import httpx
 import pytest
-from guard_support import Engine, Served, UvicornThread, free_port
+from guard_support import T0, Engine, Served, UvicornThread, free_port
 from prometheus_client import generate_latest
 
 from exporters import contract as c
 from sla_guard.compose import compose
 from sla_guard.config import parse_config
+from sla_guard.ingest import build_store
 from sla_guard.ingest.prometheus import PrometheusSourceImpl
+from sla_guard.ingest.scrape import Scraper
 from sla_guard.model import Status
+from sla_guard.slo import SLOEvaluator
 
 WINDOW = "3s"
 
@@ -188,7 +191,105 @@ def test_label_cardinality_bomb_is_bounded(rig):
     assert rig.errors("e1")["series_limit"] > 0
     assert st.series_count() < 2_000 + 1_000
     assert rig.pool(0).status is Status.OK  # the well-behaved target is unaffected
+    assert rig.guard.source._state["e1"].up  # only a family no SLO reads was refused: still judged
     assert rig.guard.last_tick.errors == {}
+
+
+def test_a_target_whose_slo_series_do_not_fit_the_store_is_down_not_left_out(tmp_path):
+    """A full store (max_series: many engines, label churn elsewhere) refused the series of an
+    engine added later from where it filled, its ``up`` too: the target read up in /v1/targets,
+    its TTFT _count was stored without its _sum, and the pool's mean (0.2 s and 9 s engines) read
+    ~0.1 s, "ok". A page whose limits refused series an SLO reads now fails the scrape (as
+    Prometheus's sample_limit does) and ``up`` always fits: the pool is unknown, the target says
+    why."""
+    import time
+
+    fast, slow = Engine(model="m", engine="0"), Engine(model="m", engine="1")
+    servers = [Served(fast.exposition), Served(slow.exposition)]
+    f = tmp_path / "targets.yaml"
+    f.write_text(f"- {{url: '{servers[0].url}', model: m, pool: decode, name: e0}}\n")
+    guard = compose(_cfg([], targets=[], targets_file=str(f)), detectors=False, advisor=False).guard
+    slo, store = guard.evaluator("slo"), guard.source.store
+    loop = asyncio.new_event_loop()
+
+    def step():
+        for _ in range(4):
+            fast.request(0.2, 0.01)
+            slow.request(9.0, 0.01)
+        loop.run_until_complete(guard.collect())
+        time.sleep(0.25)
+        guard.tick()
+
+    try:
+        for _ in range(4):
+            step()
+        # room for e1's page up to its TTFT _count: its _sum and its up do not fit
+        page = [x for x in slow.exposition().splitlines() if x and x[0] != "#" and "_created" not in x]
+        store.max_series = store.series_count() + 1 + next(
+            i for i, x in enumerate(page) if x.startswith(c.REQUEST_TTFT.series("_count")))
+        f.write_text(f"- {{url: '{servers[0].url}', model: m, pool: decode, name: e0}}\n"
+                     f"- {{url: '{servers[1].url}', model: m, pool: decode, name: e1}}\n")
+        for _ in range(6):
+            step()
+        e1 = guard.source._state["e1"]
+        pool = slo.pools[("m", "decode")]
+        assert pool.status is Status.UNKNOWN and pool.reason == "1 of 2 targets down", (pool.status, pool.reason)
+        assert slo.overall() is Status.UNKNOWN
+        assert not e1.up and e1.errors["series_limit"] >= 1
+        assert "retention.max_series" in e1.last_error and "slaguard_request_t" in e1.last_error
+    finally:
+        loop.run_until_complete(guard.source.aclose())
+        loop.close()
+        for s in servers:
+            s.stop()
+
+
+def test_series_of_removed_targets_go_stale_and_are_freed(tmp_path):
+    """A pod replaced under a new name (file_sd names targets by address) left its series in the
+    store for the whole retention (26 h) and its ``up`` current: a churning deployment filled
+    ``max_series``, the new pod's series were refused and its pool read "ok" on the other engine
+    while the new pod served 9 s TTFTs. A removed target's series go stale at once and are freed
+    once no window reads them (``slots`` x ``interval_s``, here 2 s)."""
+    fast, slow = Engine(model="m", engine="0"), Engine(model="m", engine="1")
+    servers = [Served(fast.exposition), Served(slow.exposition)]
+    f = tmp_path / "targets.yaml"
+    cfg = parse_config({"source": {"mode": "scrape", "targets_file": str(f), "interval_s": 0.25, "timeout_s": 0.25},
+                        "staleness_s": 1, "retention": {"slots": 8},
+                        "slos": [{"objectives": [{"name": "ttft_mean", "indicator": "ttft", "objective": "mean",
+                                                  "threshold_s": 2.5, "window": "2s", "min_requests": 3}]}]})
+    store = build_store(cfg)
+    now = [T0]
+    scraper = Scraper(cfg.source, store, clock=lambda: now[0])
+    ev = SLOEvaluator(cfg)
+    loop = asyncio.new_event_loop()
+    counts, statuses = [], []
+    try:
+        for gen in range(12):  # the slow engine's pod replaced every second, under a new name
+            f.write_text(f"- {{url: '{servers[0].url}', model: m, pool: decode, name: stable}}\n"
+                         f"- {{url: '{servers[1].url}', model: m, pool: decode, name: pod-{gen}}}\n")
+            os.utime(f, (T0 + gen, T0 + gen))
+            for _ in range(4):
+                for _ in range(4):
+                    fast.request(0.2, 0.01)
+                    slow.request(9.0, 0.01)
+                now[0] += 0.25
+                loop.run_until_complete(scraper.collect())
+                if gen == 0:
+                    store.max_series = 6 * store.series_count() // 2  # room for six targets
+            if gen:
+                assert {dict(k)["instance"] for k in store.instant("up", {}, now[0])} == {"stable", f"pod-{gen}"}
+            ev.evaluate(store, now[0])
+            store.collect_garbage()
+            counts.append(store.series_count())
+            statuses.append(ev.pools[("m", "decode")].status)
+        assert all(s is Status.VIOLATED for s in statuses[1:]), statuses
+        assert store.dropped["series_limit"] == 0 and max(counts[4:]) <= 5 * counts[0] // 2, counts
+        assert not store.instant(c.REQUEST_TTFT.series("_count"), {"instance": "pod-0"}, now[0])
+    finally:
+        loop.run_until_complete(scraper.aclose())
+        loop.close()
+        for s in servers:
+            s.stop()
 
 
 def test_prometheus_unreachable_or_failing_is_unknown_and_counted():

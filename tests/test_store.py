@@ -70,6 +70,42 @@ def test_ingest_text_instant_and_staleness_marker():
     assert st.instant("g", {}, 500) == {}
 
 
+def test_a_scrape_marked_stale_at_its_own_time_is_withdrawn():
+    """The scraper fails a scrape after storing part of it (its limits refused series the SLOs
+    read); a staleness marker at that scrape's own time did nothing, so the partial page stayed
+    current next to up=0. Now it withdraws the scrape: no current value, no sample in windows."""
+    st = SeriesStore(slots=8, lookback_s=60)
+    st.ingest_text("x_total 5\n", 100.0, {"instance": "t1"}, group="t1")
+    st.ingest_text("x_total 9\n", 105.0, {"instance": "t1"}, group="t1")
+    st.mark_stale("t1", 105.0)
+    assert st.instant("x_total", {}, 106.0) == {}
+    assert [list(s.v) for s in st.range("x_total", {}, 0.0, 106.0)] == [[5.0]]
+
+
+def test_retired_groups_are_freed_and_their_ids_reused():
+    """Targets removed from discovery (a pod replaced under a new name) kept their series for the
+    whole retention and their group's arrays for good: churn filled max_series and grew memory."""
+    st = SeriesStore(slots=8, retention_s=3600, coarse_names={"y"}, coarse_step_s=1.0, coarse_slots=100)
+    sizes = []
+    for i in range(200):
+        t = float(i)
+        st.ingest_text("x_total 1\n", t, {"instance": "keep"}, group="keep")
+        st.ingest_text("x_total 1\ny 2\n", t, {"instance": f"pod-{i}"}, group=f"pod-{i}")
+        if i:
+            st.retire(f"pod-{i - 1}", t, keep_s=2.0)
+        assert st.instant("y", {}, t) == {(("instance", f"pod-{i}"),): 2.0}  # the retired ones are stale
+        st.collect_garbage()
+        sizes.append(st.nbytes())
+    assert st.series_count() <= 1 + 2 * 4  # 'keep' and the pods retired less than 2 s ago
+    assert sizes[-1] == sizes[20]
+    # a retired target back in discovery is written again and stays, down for a while or not
+    st.retire("keep", 200.0, keep_s=2.0)
+    st.ingest_text("x_total 1\n", 201.0, {"instance": "keep"}, group="keep")
+    st.ingest_text("z 1\n", 210.0, {"instance": "other"}, group="other")
+    st.collect_garbage()
+    assert [s.t[-1] for s in st.range("x_total", {"instance": "keep"}, 190.0, 210.0)] == [201.0]
+
+
 def test_label_values_win_over_target_labels():
     st = SeriesStore(slots=8)
     st.ingest_text('y{pool="prefill"} 1\n', 1.0, {"pool": "mixed", "instance": "a"})

@@ -30,13 +30,28 @@ class TargetDiscovery:
         self._from_file: list[Target] = []
         self.errors = 0
         self.last_error: str | None = None
+        self._warned: set[tuple[str, str]] = set()  # (url, name) of duplicates already logged
 
     def targets(self) -> list[Target]:
         if self.path is not None:
             self._refresh()
         seen: dict[str, Target] = {}
+        first_of: dict[tuple[str, str | None], str] = {}  # (url, adapter) -> name of its first definition
         for t in [*self.static, *self._from_file]:
-            seen.setdefault(t.name or t.url, t)  # first definition of a name wins
+            key = t.name or t.url
+            if key in seen:
+                continue  # first definition of a name wins
+            # one engine under two names was scraped twice: its requests counted twice in its pool
+            # (or once in each of two pools), passing min_requests on half the evidence. A router's
+            # page read with and without an adapter stores different series: both are kept.
+            if (first := first_of.setdefault((t.url, t.adapter), key)) != key:
+                if (t.url, key) not in self._warned:
+                    self._warned.add((t.url, key))
+                    url = redact_url(t.url)
+                    shown = first if first != t.url else url
+                    log.warning("target %s has the URL of target %s (%s): scraped once", t.name or url, shown, url)
+                continue
+            seen[key] = t
         # an unnamed target is shown as its redacted URL; URLs that differ only in credentials or
         # query values would share that name (and a store group): number the later ones
         out, shown = [], set()

@@ -9,9 +9,12 @@ stamped with its start time, as Prometheus does. A failed scrape (refused, timeo
 too large, unparsable) writes ``up=0`` and a staleness marker for the target, counts
 ``guard_scrape_errors{target,kind}``, and the next round simply tries again: recovery needs
 nothing. Per-sample problems (NaN, duplicates, series or label limits) are counted with their
-kind while the rest of the page is stored. A target with ``adapter:`` (a P/D router's own page:
-Dynamo, llm-d, production-stack) is translated onto the contract's client scope
-(``exporters.routers``) before it is stored; other targets keep the fast text path.
+kind while the rest of the page is stored, unless a limit refused a series of the SLOs' latency
+histograms: that scrape failed (``series_limit`` / ``label_limit``). A target removed from
+discovery goes stale and its series are freed once no window reads them. A target with
+``adapter:`` (a P/D router's own page: Dynamo, llm-d, production-stack) is translated onto the
+contract's client scope (``exporters.routers``) before it is stored; other targets keep the fast
+text path.
 """
 
 from __future__ import annotations
@@ -48,6 +51,10 @@ class ScrapeFailed(Exception):
 
 
 _INDICATOR_COUNTS = frozenset({c.CLIENT_TTFT.series("_count"), c.CLIENT_TPOT.series("_count")})
+# the series the SLOs are computed from: a page whose limits refused one of these is a failed
+# scrape (as Prometheus fails one over its sample_limit), not a pool judged without them
+_JUDGED = frozenset(c.latency_metric(ind, scope).series(part) for ind in ("ttft", "tpot")
+                    for scope in (None, c.Pool.CLIENT) for part in ("_bucket", "_count", "_sum"))
 
 
 def _router_models(mapped: list[tuple[str, dict[str, str], float]], fallback: str) -> frozenset[str]:
@@ -89,9 +96,14 @@ class Scraper:
     async def collect(self, now: float | None = None) -> None:
         targets = self.discovery.targets()
         names = {self._name(t) for t in targets}
+        # a removed target's series go stale now and are freed once no window reads them
+        keep = min(self.store.retention_s, self.store.slots * self.cfg.interval_s)
         for gone in set(self._state) - names:  # removed from discovery: forget it
             st = self._state.pop(gone)
             self._router_models.pop(gone, None)
+            t_gone = self.clock() if now is None else now
+            self.store.retire(gone, t_gone, keep)
+            self.store.retire(gone + "#up", t_gone, keep)
             if self._metrics is not None:
                 with contextlib.suppress(KeyError):
                     self._metrics[c.GUARD_TARGET_UP].remove(st.name, st.model, st.pool)
@@ -145,6 +157,12 @@ class Scraper:
                 res = self._ingest_router(text, ts, name, target)
             if res.errors.get("parse"):
                 raise ScrapeFailed("parse", "malformed exposition")
+            if judged := sorted(n for n in res.limited if n in _JUDGED):
+                kind = res.limited[judged[0]]
+                fix = ("raise retention.max_series / max_series_per_target, or stop the label churn it counts"
+                       if kind == "series_limit" else "shorten label values (2048 characters at most) or drop labels")
+                raise ScrapeFailed(kind, f"{kind.replace('_', ' ')} reached: series of {', '.join(judged[:3])} "
+                                         f"not stored, so its pool cannot be judged; {fix}")
         except Exception as raised:
             # anything else the page made the parser or store raise is a failed scrape too, not a
             # target left up with its last data and no error (a bare ValueError once did that)
@@ -225,7 +243,7 @@ class Scraper:
         models = self._router_models.get(name) if target.adapter is not None else None
         for model in sorted(models or (target.model,)):
             self.store.append(UP, {"instance": name, "model": model, "pool": target.pool}, ts, value,
-                              group=name + "#up")
+                              group=name + "#up", limited=False)
         if self._metrics is not None:
             self._metrics[c.GUARD_TARGET_UP].labels(name, target.model, target.pool).set(value)
 
