@@ -251,7 +251,7 @@ def slo_groups(config: GuardConfig, p: RuleParams) -> list[dict]:
         matchers = set_matchers(config.slos, i)
         suffix = "" if (sset.model, sset.pool) == ("*", "*") else f"-{sset.model}-{sset.pool}".replace("*", "all")
         records, alerts = [], []
-        for slo in sset.objectives:
+        for slo in sset.objectives_for(sset.pool):  # the guard's objectives (default SLAs: prefill TTFT only)
             metric = c.latency_metric(slo.indicator.value, sset.pool)
             if slo.objective is Objective.ATTAINMENT and not q.has_bucket(metric, slo.threshold_s,
                                                                           engine_buckets(config, slo)):

@@ -13,10 +13,15 @@ from sla_guard.commands import analyze, check, demo, generate, replay, serve, va
 
 # Order is the order of `sla-guard --help`.
 COMMANDS: tuple[ModuleType, ...] = (demo, serve, check, validate_config, replay, analyze, generate)
+# What `sla-guard --help` opens with (the module docstring above is for developers)
+DESCRIPTION = (
+    "Observability and SLA guard for prefill/decode-disaggregated vLLM deployments: per-pool SLOs, "
+    "leak and drift detection, P/D replica advice."
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="sla-guard", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="sla-guard", description=DESCRIPTION)
     sub = parser.add_subparsers(dest="command", required=True)
     for module in COMMANDS:
         p = module.add_parser(sub)

@@ -185,6 +185,14 @@ class SLOSet(Strict):
             raise ValueError("no objectives: list at least one, or leave 'objectives' out for the default SLAs")
         return v
 
+    def objectives_for(self, pool: str) -> list[SLO]:
+        """This set's objectives for ``pool``. The default SLAs (``objectives`` left out) give a
+        prefill pool the TTFT ones only, as ``default_slo_sets`` does: its engines emit one token
+        per request, so TPOT objectives there would wait for requests and keep the pool unknown."""
+        if pool == "prefill" and "objectives" not in self.model_fields_set:
+            return [o for o in self.objectives if o.indicator is Indicator.TTFT]
+        return list(self.objectives)
+
 
 def default_slo_sets() -> list[SLOSet]:
     """The default SLAs on every pool, except that a prefill pool -- whose engines emit one
@@ -520,7 +528,7 @@ class GuardConfig(Strict):
             score = (s.model != "*") * 2 + (s.pool != "*")
             if best is None or score > best[0]:
                 best = (score, s)
-        return list(best[1].objectives) if best else []
+        return best[1].objectives_for(pool) if best else []
 
 
 def format_validation_error(err: ValidationError, where: str, prefix: str = "") -> str:

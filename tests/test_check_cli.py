@@ -103,6 +103,38 @@ def test_check_unknown_exits_2(tmp_path):
         s.stop()
 
 
+def test_a_named_set_with_the_default_slas_judges_a_prefill_pool_on_ttft(tmp_path):
+    """``slos: [{model: m}]`` (objectives left out: the default SLAs) gave a prefill pool the TPOT
+    objectives too; its engines emit one token per request, so they stayed unknown and every check
+    of a P/D deployment exited 2. The defaults give prefill the TTFT objectives only, as without
+    ``slos:`` (docs/guard.md)."""
+    e = Engine(pool="prefill")
+    for _ in range(25):
+        e.request(0.2, 0.0, tokens=1)
+    s = Served(e.exposition)
+    try:
+        r = _check(
+            {"source": {"targets": [{"url": s.url, "model": "m", "pool": "prefill"}]}, "slos": [{"model": "m"}]},
+            tmp_path,
+        )
+    finally:
+        s.stop()
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert sorted(slo for _pool, slo in _rows(r.stdout)) == ["ttft_attainment", "ttft_mean", "ttft_p90"]
+
+
+def test_top_level_help_says_what_the_tool_does():
+    """``sla-guard --help`` opened with the module's note for developers, cut mid-sentence
+    ("Each subcommand lives in ``sla_guard/commands/<name>.py`` with")."""
+    r = subprocess.run(
+        [sys.executable, "-m", "sla_guard.cli", "--help"], capture_output=True, text=True, timeout=60, cwd=ROOT
+    )
+    assert r.returncode == 0
+    description = r.stdout.split("\n\n")[1]
+    assert "sla_guard/" not in description and description.rstrip().endswith("."), description
+    assert "SLA" in description
+
+
 @pytest.mark.parametrize("content, fragment", [
     ("source: {mode: scrape, interval_s: -1}\n", "source.scrape.interval_s"),
     ("slos: [{objectives: [{name: x, indicator: ttft, objective: percentile, threshold_s: 1}]}]\n", "percentile"),

@@ -56,6 +56,32 @@ def test_detector_and_advisor_sections_are_validated_at_load():
     assert "advisor.mode" in msg and "'actve'" in msg
 
 
+def test_default_slas_of_a_set_give_a_prefill_pool_ttft_only():
+    """A set that leaves ``objectives`` out gets the default SLAs, and for a prefill pool those are
+    the TTFT ones (one token per request: TPOT objectives would wait forever); objectives the
+    set lists are kept as written."""
+    cfg = parse_config({"slos": [{"model": "m"}, {"model": "n", "pool": "prefill"}]})
+    ttft_only = ["ttft_mean", "ttft_p90", "ttft_attainment"]
+    assert [o.name for o in cfg.slos_for("m", "prefill")] == ttft_only
+    assert [o.name for o in cfg.slos_for("n", "prefill")] == ttft_only
+    assert len(cfg.slos_for("m", "decode")) == 5
+    tpot_mean = {"name": "tpot_mean", "indicator": "tpot", "objective": "mean", "threshold_s": 0.02}
+    listed = parse_config({"slos": [{"objectives": [tpot_mean]}]})
+    assert [o.name for o in listed.slos_for("m", "prefill")] == ["tpot_mean"]
+
+
+def test_a_partial_prefix_hit_section_keeps_the_prefix_defaults():
+    """``prefix_hit: {arl0_days: 60}`` (fewer false alarms) replaced the section with the acceptance
+    detector's defaults: no hold after a restart, tolerance 0.02, no load hold (the tuning that took
+    false alarms from one per 0.6 d to weeks, docs/detectors.md); keys left out keep prefix_hit's own."""
+    default = parse_config(None).detectors.prefix_hit
+    given = parse_config({"detectors": {"prefix_hit": {"arl0_days": 60}}}).detectors.prefix_hit
+    assert given.arl0_days == 60
+    assert given.model_dump(exclude={"arl0_days"}) == default.model_dump(exclude={"arl0_days"})
+    assert default.reset_hold_s == 3600 and default.tolerance == 0.03 and default.load_hold_ratio == 1.6
+    assert parse_config({"detectors": {"prefix_hit": {"tolerance": 0.05}}}).detectors.prefix_hit.tolerance == 0.05
+
+
 def test_most_specific_slo_set_wins():
     cfg = parse_config({"slos": [
         {"model": "*", "pool": "*"},
@@ -63,7 +89,7 @@ def test_most_specific_slo_set_wins():
             {"name": "tpot_mean", "indicator": "tpot", "objective": "mean", "threshold_s": 0.03}]},
     ]})
     assert [s.threshold_s for s in cfg.slos_for("m", "decode")] == [0.03]
-    assert len(cfg.slos_for("m", "prefill")) == 5
+    assert len(cfg.slos_for("m", "mixed")) == 5
 
 
 @pytest.mark.parametrize(("text", "rc", "needle"), [

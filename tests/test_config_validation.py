@@ -473,6 +473,33 @@ def test_every_shipped_config_validates(monkeypatch):
         assert load_config(f).slos, f
 
 
+def _doc_config_snippets() -> list[tuple[str, str]]:
+    """Every ```yaml block of README.md and docs/*.md that is a mapping with a guard config section
+    among its keys (other YAML there, such as recording rules, is left out; a misspelt section next
+    to a real one is kept, and refused), as (file:line, text)."""
+    out = []
+    for f in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        text = f.read_text(encoding="utf-8")
+        for m in re.finditer(r"^```ya?ml\n(.*?)^```", text, re.S | re.M):
+            data = load_yaml(m.group(1))
+            if isinstance(data, dict) and set(data) & TOP_FIELDS:
+                out.append((f"{f.relative_to(ROOT)}:{text.count(chr(10), 0, m.start()) + 1}", m.group(1)))
+    return out
+
+
+def test_every_config_snippet_in_the_docs_validates():
+    """A user copies a block from the docs into guard.yaml: it must be a valid config (the fields,
+    their types and their combinations; deployment checks need the user's own hosts and paths).
+    The scaling page's leader-election block had a `{...}` placeholder and lacked advisor.model."""
+    snippets = _doc_config_snippets()
+    assert len(snippets) >= 7, snippets
+    for where, text in snippets:
+        try:
+            parse_config(load_yaml(text), where)
+        except ConfigError as err:
+            pytest.fail(str(err))
+
+
 # --- the real CLI ------------------------------------------------------------------------------
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
