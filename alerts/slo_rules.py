@@ -214,14 +214,18 @@ def data_stale_alert(slo: SLO, own: dict[str, str], matchers: list[str], p: Rule
         runbook="slaguarddatastale")
 
 
-def pool_absent_alert(sset: SLOSet, p: RuleParams) -> dict:
+def pool_absent_alert(sset: SLOSet, p: RuleParams) -> dict | None:
     """A pool of the set that had SLI series within ``pool_absent_window`` and has none now. Every
     SLA alert of the set reads ratios of those series: with all of a pool's engines gone (the
     deployment deleted or relabelled, every scrape failing) they evaluate to nothing, no alert,
     as if the pool met its SLA. Read from the set's own request-rate records (one series per
-    pool and objective, cheap over a day), the shortest window of each objective."""
+    pool and objective, cheap over a day), the shortest window of each objective; None when no
+    objective records one (an attainment period too short for any burn window)."""
     sel = f"{{slo_set={string_literal(set_label(sset))}}}"
-    names = sorted({f"model_pool_slo:sli_requests:rate{_windows(slo)[0]}" for slo in sset.objectives})
+    names = sorted({f"model_pool_slo:sli_requests:rate{w[0]}" for slo in sset.objectives_for(sset.pool)
+                    if (w := _windows(slo))})
+    if not names:
+        return None
     seen = " or ".join(f"last_over_time({n}{sel}[{p.window(p.pool_absent_window)}])" for n in names)
     now = " or ".join(f"{n}{sel}" for n in names)
     expr = f"group by (model, pool) ({seen})\nunless on (model, pool) group by (model, pool) ({now})"
@@ -264,7 +268,8 @@ def slo_groups(config: GuardConfig, p: RuleParams) -> list[dict]:
             records += slo_recording_rules(slo, own, matchers, p, sset.pool)
             alerts += slo_alert_rules(slo, own, matchers, p)
             alerts.append(data_stale_alert(slo, own, matchers, p, sset.pool))
-        alerts.append(pool_absent_alert(sset, p))
+        if absent := pool_absent_alert(sset, p):
+            alerts.append(absent)
         groups.append({"name": f"sla-guard-slo{suffix}", "rules": records + alerts})
     return groups
 
