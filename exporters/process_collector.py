@@ -124,8 +124,13 @@ def census_rows(data: dict, labels: tuple[str, ...]):
 
 
 def _alive(snap: Snapshot) -> bool:
+    """The snapshot's process still runs: same PID and start time (not a reused PID), not a zombie
+    (exited, not yet reaped: its last snapshot read as a live process until it went stale)."""
     try:
-        return abs(psutil.Process(snap.pid).create_time() - snap.start_time) < 1.0
+        proc = psutil.Process(snap.pid)
+        with proc.oneshot():
+            same = abs(proc.create_time() - snap.start_time) < 1.0
+            return same and proc.status() != psutil.STATUS_ZOMBIE
     except (psutil.Error, OSError):
         return False
 
@@ -159,11 +164,14 @@ def snapshot_rows(snaps: Iterable[Snapshot], model: str, pool: str, dp_size: int
     snaps = list(snaps)
     by_pid = {s.pid: s for s in snaps}
     keyed = [(s, (model, pool, engine_label(s, by_pid, dp_size), s.role, s.process)) for s in snaps]
-    seen: dict[tuple, int] = {}
-    for _, labels in keyed:
-        seen[labels] = seen.get(labels, 0) + 1
+    oldest: dict[tuple, int] = {}
+    for s, labels in sorted(keyed, key=lambda k: (k[0].start_time, k[0].pid)):
+        oldest.setdefault(labels, s.pid)
     for s, labels in keyed:
-        if seen[labels] > 1:  # same title twice (untitled helpers, early workers): keep series apart
+        # same title twice (a helper forked from EngineCore or a worker inherits its title, early
+        # workers): the oldest keeps the name, the others get a PID suffix. Suffixing all of them
+        # renamed EngineCore's own series for as long as a helper lived (its history cut in two)
+        if oldest[labels] != s.pid:
             labels = (*labels[:4], f"{s.process}_pid{s.pid}")
         yield c.PROCESS_RSS, labels, float(s.rss)
         for kind, v in s.memory.items():

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import math
 import signal
@@ -277,6 +278,10 @@ class SidecarCollector(Collector):
         self.max_body_bytes = max_body_bytes
         self.errors: dict[str, int] = {}
         self._lock = threading.Lock()  # guards ``errors`` only
+        self._root_start: float | None = None  # --pid's start time: a reused PID is not vLLM
+        if pid is not None:
+            with contextlib.suppress(psutil.Error):
+                self._root_start = psutil.Process(pid).create_time()
 
     def _error(self, kind: str, exc: BaseException | str, n: int = 1) -> None:
         with self._lock:
@@ -314,7 +319,20 @@ class SidecarCollector(Collector):
             errors.add_metric([self.model, self.pool, kind], float(n))
         yield errors
 
+    def _root_is_vllm(self) -> None:
+        """Raise unless ``--pid`` is still the process it was at start (PID and start time): once vLLM
+        exited, its PID can go to an unrelated process, which was exported as vLLM's API server
+        (a fake RSS drop read as a restart, then a stranger's memory followed as vLLM's)."""
+        start = psutil.Process(self.pid).create_time()
+        if self._root_start is None:
+            self._root_start = start
+        elif abs(start - self._root_start) >= 1.0:
+            raise psutil.NoSuchProcess(
+                self.pid, msg=f"--pid {self.pid} exited; its PID now belongs to another process: pass vLLM's new PID"
+            )
+
     def _processes(self, dp_size: int) -> Iterable[Metric]:
+        self._root_is_vllm()
         snaps = []
         for pid in process_tree(self.pid):
             try:

@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporters import contract as c
-from exporters.process_collector import MultiprocessMirror, SnapshotCollector, read_snapshots
+from exporters.process_collector import MultiprocessMirror, SnapshotCollector, read_snapshots, snapshot_rows
 from exporters.process_sampler import (
     FreezeCount,
     ProcessSampler,
@@ -135,6 +135,49 @@ def test_sampler_survives_fork_and_collector_matches_psutil(sampled_pair):
     frozen = {s.value for s in families[c.PROCESS_GC_FROZEN.name].samples}
     assert frozen, "gc freeze count must be exported"
     assert families[c.PROCESS_GC_COLLECTIONS.name].type == "counter"
+
+
+def test_forked_helper_does_not_rename_its_parents_series(sampled_pair):
+    """A helper forked from EngineCore or a worker (vLLM's cuda_get_device_properties forks one, so does
+    any fork pool) inherits its title and its sampler. Both processes got a PID suffix, so the parent's
+    own series was renamed for as long as the helper lived (the leak detector read its series as gone
+    and started a new one without history). The oldest keeps the name; the helper gets the suffix."""
+    run_dir, parent, child = sampled_pair
+    snaps = _wait_snapshots(run_dir, {parent, child})
+    names = {labels[5]: labels[4] for m, labels, _ in snapshot_rows(snaps, "m", "decode", 1) if m is c.PROCESS_INFO}
+    assert names == {str(parent): "main", str(child): f"main_pid{child}"}, names
+
+
+ZOMBIE = r"""
+import os, sys, time
+pid = os.fork()
+if pid == 0:  # exits when the test closes stdin; the parent never reaps it
+    sys.stdin.buffer.read()
+    os._exit(0)
+print(pid, flush=True)
+time.sleep(60)
+"""
+
+
+def test_zombie_process_snapshot_is_dropped(tmp_path):
+    """A process that exited but was not reaped yet (a worker the OOM killer ended, before its parent
+    waits for it) still has its PID and start time: its last snapshot was exported as a live process
+    until it went stale. A zombie is dead: its file is removed."""
+    root = subprocess.Popen([sys.executable, "-c", ZOMBIE], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        child = int(root.stdout.readline())
+        write_snapshot(tmp_path, take_snapshot(child))
+        assert [s.pid for s in read_snapshots(tmp_path, 30)] == [child]
+        root.stdin.close()
+        deadline = time.monotonic() + 10
+        while psutil.Process(child).status() != psutil.STATUS_ZOMBIE and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert psutil.Process(child).status() == psutil.STATUS_ZOMBIE
+        assert read_snapshots(tmp_path, 30) == []
+        assert not list(tmp_path.glob("proc-*.json"))
+    finally:
+        root.kill()
+        root.wait(10)
 
 
 def test_dead_process_snapshots_are_dropped(tmp_path):
@@ -279,3 +322,62 @@ print(json.dumps({"rss": snap.rss, "fds": snap.fds, "rss_row": c.PROCESS_RSS.nam
     finally:
         other.kill()
         other.wait(10)
+
+
+def _can_pick_pids() -> bool:
+    """root with unshare(1) and a writable ns_last_pid in a new PID namespace (PID reuse on demand)."""
+    if os.geteuid() != 0 or not shutil.which("unshare"):
+        return False
+    probe = "echo 100 > /proc/sys/kernel/ns_last_pid && sh -c 'echo $$'"
+    try:
+        out = subprocess.run(
+            ["unshare", "-p", "-f", "--mount-proc", "sh", "-c", probe], capture_output=True, text=True, timeout=30
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return out.returncode == 0 and out.stdout.strip() == "101"
+
+
+SIDECAR_PID_REUSE = """
+import json, subprocess, sys, time
+from pathlib import Path
+from exporters import contract as c
+from exporters.sidecar import SidecarCollector
+import psutil
+vllm = subprocess.Popen([sys.executable, "-c", "b = bytearray(64 * 2**20); print(1, flush=True); "
+                         "import time; time.sleep(60)"], stdout=subprocess.PIPE)
+vllm.stdout.readline()  # its 64 MiB are resident
+while time.time() - psutil.Process(vllm.pid).create_time() < 1.5:  # PIDs are told apart by start times 1 s apart
+    time.sleep(0.05)
+col = SidecarCollector("http://127.0.0.1:9/metrics", "m", "decode", vllm.pid, timeout_s=0.2)
+def rss():
+    return [s.value for f in col.collect() if f.name == c.PROCESS_RSS.name for s in f.samples]
+before = rss()
+vllm.kill()
+vllm.wait()
+Path("/proc/sys/kernel/ns_last_pid").write_text(str(vllm.pid - 1))
+other = subprocess.Popen(["sleep", "30"])
+after = rss()
+other.kill()
+print(json.dumps({"reused": other.pid == vllm.pid, "before": before, "after": after,
+                  "process_errors": col.errors.get("process", 0)}))
+"""
+
+
+@pytest.mark.skipif(not _can_pick_pids(), reason="needs root, unshare(1) and a PID namespace")
+def test_sidecar_does_not_follow_a_reused_pid():
+    """vLLM exited and its PID went to an unrelated process (here made to happen at once in a private
+    PID namespace): the sidecar sampled the stranger as vLLM's API server (a 64 MiB process read
+    as 1 MiB: a fake restart, then someone else's memory followed). Now its series are absent and
+    counted as kind="process"."""
+    out = subprocess.run(
+        ["unshare", "-p", "-f", "--mount-proc", sys.executable, "-c", SIDECAR_PID_REUSE],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=Path(__file__).resolve().parent.parent,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    got = json.loads(out.stdout)
+    assert got["reused"] and len(got["before"]) == 1 and got["before"][0] > 64 * 2**20, got
+    assert got["after"] == [] and got["process_errors"] >= 1, got
