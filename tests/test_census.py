@@ -12,6 +12,7 @@ import sys
 import textwrap
 import threading
 import time
+import weakref
 from collections import OrderedDict, deque
 from pathlib import Path
 
@@ -178,6 +179,87 @@ def test_bounds_objects_depth_and_path_length():
     big = [[i] * 10 for i in range(1000)]
     w = walk([("big", big)], cs.Limits(max_objects=50, max_children=100))
     assert w.objects == 50 and w.truncated
+
+
+def test_the_walk_queues_no_more_than_it_can_expand():
+    """Breadth first, what is queued beyond ``max_objects`` is never expanded. Queuing it anyway
+    made a wide graph hold its whole frontier at once (here 65 536 objects for a walk of 1 000;
+    a 2M-object process: 240 MiB and a 100 ms GIL stall), whatever ``max_objects`` said."""
+
+    class Node:
+        def __init__(self) -> None:
+            self.tags = [1, 2]
+
+    wide = [[Node() for _ in range(256)] for _ in range(256)]
+    limits = cs.Limits(max_objects=1000)
+    w = walk([("wide", wide)], limits)
+    assert w.objects == limits.max_objects and w.truncated
+    assert w.max_queued <= limits.max_objects
+    assert cs.walk_stats(w)["max_queued"] == w.max_queued
+    n = 1 + 2 + 2 * 256 * 2  # wide[:2]: the outer list, 2 lists, 512 nodes and their tags lists
+    whole = walk([("wide", wide[:2])], cs.Limits(max_objects=n))  # exactly enough: not truncated
+    assert not whole.truncated and whole.objects == n
+    short = walk([("wide", wide[:2])], cs.Limits(max_objects=n - 1))
+    assert short.truncated and short.objects == n - 1
+
+
+def test_a_metaclass_neither_runs_nor_stops_the_walk():
+    """``t.__mro__``, ``t.__dictoffset__``, ``vars(t)``, ``t.__name__`` go through the metaclass:
+    one class whose metaclass raises there made every walk of the process fail (nothing named)."""
+    ran: list[str] = []
+
+    class Meta(type):
+        def __getattribute__(cls, name):
+            ran.append(name)
+            if name in ("__mro__", "__dictoffset__", "__dict__", "__name__"):
+                raise RuntimeError(f"lazy proxy class: {name}")
+            return super().__getattribute__(name)
+
+    class Proxy(metaclass=Meta):
+        def __init__(self) -> None:
+            self.cache = list(range(12))
+
+        def serve(self, serving: threading.Event, stop: threading.Event) -> None:
+            serving.set()
+            stop.wait(30)
+
+    class Holder:
+        def __init__(self) -> None:
+            self.proxy = Proxy()
+            self.growing = list(range(50))
+
+    holder = Holder()
+    serving, stop = threading.Event(), threading.Event()
+    t = threading.Thread(target=holder.proxy.serve, args=(serving, stop), daemon=True)
+    t.start()
+    try:
+        assert serving.wait(30)
+        ran.clear()
+        w = walk([("holder", holder)])
+        roots = dict(cs.frame_roots(threading.get_ident()))
+    finally:
+        stop.set()
+        t.join()
+    assert {p: r[0] for p, r in w.containers.items()} == {"holder.growing": 50, "holder.proxy.cache": 12}
+    assert roots.get("Proxy") is holder.proxy
+    assert ran == []
+
+
+def test_a_walk_keeps_no_class_alive():
+    """Classes made per request (pydantic ``create_model``, a namedtuple factory) die with their
+    instances; the walk's type cache used to keep every class it had seen (up to 50 000, with
+    their class attributes) for the life of the process."""
+    requests = {}
+    classes = []
+    for i in range(20):
+        cls = type(f"Schema{i}", (), {"schema": bytes(1000)})
+        classes.append(weakref.ref(cls))
+        requests[f"r{i}"] = cls()
+    del cls
+    walk([("requests", requests)])
+    requests.clear()
+    gc.collect()
+    assert [r for r in classes if r() is not None] == []
 
 
 def test_slices_are_bounded_and_the_budget_holds():
