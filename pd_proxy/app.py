@@ -348,17 +348,69 @@ class Proxy:
     async def _whole(self, pool: EnginePool, leg: str, path: str, body: dict[str, Any], up: dict[str, bytes],
                      timeout_s: float) -> httpx.Response:
         """One upstream call read to its end, under the leg's total deadline."""
-        lease = pool.acquire()
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        resp, lease = await self._call(pool, leg, path, body, up, deadline, timeout_s)
         try:
-            async with asyncio.timeout(timeout_s):
-                return await self.client.post(lease.url + path, json=body, headers=up)
+            async with asyncio.timeout_at(deadline):
+                await resp.aread()
+            return resp
         except TimeoutError:
             raise self._leg_error(504, "upstream_timeout", f"{leg} leg passed its {timeout_s:g} s deadline",
                                   leg, lease.url) from None
         except httpx.HTTPError as e:
+            pool.failed(lease.url, f"{type(e).__name__} in its answer")
             raise self._leg_error(502, "upstream_unreachable", f"{leg} engine unreachable: {type(e).__name__}: {e}",
                                   leg, lease.url) from None
         finally:
+            with anyio.CancelScope(shield=True):
+                await resp.aclose()
+            lease.release()
+
+    async def _call(self, pool: EnginePool, leg: str, path: str, body: dict[str, Any], up: dict[str, bytes],
+                    deadline: float, timeout_s: float) -> tuple[httpx.Response, Lease]:
+        """An upstream call opened (status and headers; a non-200 answer read whole) under ``deadline``, and the
+        lease of the engine that answered. An engine that refused the connection or answered 503 (vLLM's admission
+        control) never started the request, so the call moves to another engine of the pool, within the same
+        deadline: the client has seen nothing yet, and the time lost stays in its TTFT. A call that broke or
+        timed out is not repeated (the engine may have started it); the engine is left out for the next ones."""
+        loop = asyncio.get_running_loop()
+        tried: list[str] = []
+        while True:
+            lease = pool.acquire(tried)
+            tried.append(lease.url)
+            resp = None
+            try:
+                req = self.client.build_request("POST", lease.url + path, json=body, headers=up)
+                async with asyncio.timeout_at(deadline):
+                    resp = await self.client.send(req, stream=True)
+                    if resp.status_code != 200:
+                        await resp.aread()
+            except BaseException as e:
+                with anyio.CancelScope(shield=True):
+                    if resp is not None:
+                        await resp.aclose()
+                lease.release()
+                if isinstance(e, TimeoutError):
+                    if resp is None:  # not even a status line: the engine is stuck (sleeping, paused, hung)
+                        pool.failed(lease.url, f"no answer within the {leg} leg's {timeout_s:g} s deadline")
+                    raise self._leg_error(504, "upstream_timeout", f"{leg} leg passed its {timeout_s:g} s deadline",
+                                          leg, lease.url) from None
+                if isinstance(e, httpx.HTTPError):
+                    pool.failed(lease.url, f"{type(e).__name__}: {e}")
+                    if isinstance(e, httpx.ConnectError) and pool.another(tried) and loop.time() < deadline:
+                        continue
+                    raise self._leg_error(502, "upstream_unreachable",
+                                          f"{leg} engine unreachable: {type(e).__name__}: {e}", leg,
+                                          lease.url) from None
+                raise
+            if resp.status_code != 503:
+                pool.answered(lease.url)
+                return resp, lease
+            pool.failed(lease.url, "answered 503")
+            if not (pool.another(tried) and loop.time() < deadline):
+                return resp, lease  # the client gets the engine's 503
+            with anyio.CancelScope(shield=True):
+                await resp.aclose()
             lease.release()
 
     @staticmethod
@@ -370,38 +422,22 @@ class Proxy:
                            stats: RequestStats, want_usage: bool, prefill_leg_s: float) -> Response:
         timeout_s = self.config.decode_timeout_s
         deadline = asyncio.get_running_loop().time() + timeout_s
-        lease = self.decode.acquire()
-        resp = None
-        try:
-            req = self.client.build_request("POST", lease.url + path, json=dec, headers=up)
-            sent = time.perf_counter()
-            async with asyncio.timeout_at(deadline):
-                resp = await self.client.send(req, stream=True)
-                if resp.status_code != 200:
-                    await resp.aread()
-            if resp.status_code != 200:
-                raise LegFailed.engine_answer(resp, "decode")
-            stream = DecodeStream(resp, lease, stats, deadline, want_usage, sent, prefill_leg_s)
-            media = resp.headers.get("content-type") or "text/event-stream"
-            return RelayResponse(stream, headers, media)
-        except BaseException as e:
+        sent = time.perf_counter()  # decode_first_leg spans every engine tried
+        resp, lease = await self._call(self.decode, "decode", path, dec, up, deadline, timeout_s)
+        if resp.status_code != 200:
             with anyio.CancelScope(shield=True):
-                if resp is not None:
-                    await resp.aclose()
+                await resp.aclose()
             lease.release()
-            if isinstance(e, TimeoutError):
-                raise self._leg_error(504, "upstream_timeout", f"decode leg passed its {timeout_s:g} s deadline",
-                                      "decode", lease.url) from None
-            if isinstance(e, httpx.HTTPError):
-                raise self._leg_error(502, "upstream_unreachable",
-                                      f"decode engine unreachable: {type(e).__name__}: {e}", "decode",
-                                      lease.url) from None
-            raise
+            raise LegFailed.engine_answer(resp, "decode")
+        stream = DecodeStream(resp, lease, stats, deadline, want_usage, sent, prefill_leg_s)
+        media = resp.headers.get("content-type") or "text/event-stream"
+        return RelayResponse(stream, headers, media)
 
     # -- the rest ----------------------------------------------------------------------------------
     def health(self) -> dict[str, Any]:
         return {"status": "ok", "router": self.config.router, "policy": self.config.policy,
-                "in_flight": {"prefill": _shown(self.prefill.in_flight()), "decode": _shown(self.decode.in_flight())}}
+                "in_flight": {"prefill": _shown(self.prefill.in_flight()), "decode": _shown(self.decode.in_flight())},
+                "left_out": {"prefill": _shown(self.prefill.ejected()), "decode": _shown(self.decode.ejected())}}
 
     async def aclose(self) -> None:
         await self.client.aclose()
@@ -434,8 +470,8 @@ async def _client_gone(request: Request) -> None:
         pass
 
 
-def _shown(in_flight: dict[str, int]) -> dict[str, int]:
-    return {display_url(u): n for u, n in in_flight.items()}
+def _shown(per_engine: dict[str, T]) -> dict[str, T]:
+    return {display_url(u): n for u, n in per_engine.items()}
 
 
 class ArrivalStamp:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 
 import uvicorn
 
@@ -61,6 +62,9 @@ def main(argv: list[str] | None = None) -> int:
         parser().error(str(e))
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     host, port = args.listen
+    # SIGTERM: stop accepting and let every request in flight finish, which takes at most its two deadlines
+    # (30 s cut decode streams that had --decode-timeout to run: the client saw the connection drop mid-answer)
+    drain_s = math.ceil(config.prefill_timeout_s + config.decode_timeout_s)
     uvicorn.run(build_app(config), host=host, port=port, log_level=args.log_level,
-                timeout_graceful_shutdown=30)
+                timeout_graceful_shutdown=drain_s)
     return 0

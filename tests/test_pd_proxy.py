@@ -12,9 +12,11 @@ Real CPU vLLM drives the proxy in tests/test_vllm_hooks.py (the P/D pair) and te
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -28,7 +30,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporters import contract as c
-from pd_proxy import ProxyConfig, ProxyThread, legs
+from pd_proxy import ProxyConfig, ProxyThread, balance, legs
 from pd_proxy.balance import EnginePool
 from pd_proxy.metrics import ClientMetrics
 
@@ -47,7 +49,7 @@ class Engine:
     (vLLM's ``--enable-force-include-usage``), ``abort_after`` tokens (vLLM's ending of a request its
     engine aborted). Records every request and whether the proxy hung up mid-stream."""
 
-    def __init__(self, role: str, name: str = "") -> None:
+    def __init__(self, role: str, name: str = "", port: int = 0) -> None:
         self.role, self.name = role, name or role
         self.requests: list[dict] = []
         self.headers: list[dict[str, str]] = []
@@ -84,7 +86,10 @@ class Engine:
             def log_message(self, *args):
                 pass
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        class Server(ThreadingHTTPServer):
+            request_queue_size = 1024  # http.server's 5 reset connections of a burst; uvicorn's (vLLM's) is 2048
+
+        self.httpd = Server(("127.0.0.1", port), Handler)
         self.httpd.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.httpd.server_port}"
         threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
@@ -178,8 +183,8 @@ class Engine:
 def engines():
     made: list[Engine] = []
 
-    def make(role: str, name: str = "") -> Engine:
-        made.append(Engine(role, name))
+    def make(role: str, name: str = "", port: int = 0) -> Engine:
+        made.append(Engine(role, name, port))
         return made[-1]
 
     yield make
@@ -603,6 +608,181 @@ def test_least_loaded_sends_around_a_busy_decode_engine(engines, proxies):
     assert box[0][0].status_code == 200
 
 
+# --- engines that are down, stuck or refusing load -------------------------------------------------
+
+VLLM_503 = (json.dumps({"error": {"message": "The engine is currently busy and cannot accept new requests. Please "
+                                              "try again later or on a different instance.",
+                                   "type": "Service Unavailable", "param": None, "code": 503}}).encode(),
+            "application/json")  # vLLM 0.32's QueueOverflowError (--max-num-queued-reqs), raised before admission
+
+
+class HungEngine:
+    """Accepts connections and never answers (an engine stuck, or paused / asleep with requests queued)."""
+
+    def __init__(self) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0), backlog=64)
+        self.accepted: list[socket.socket] = []
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                self.accepted.append(self.sock.accept()[0])
+            except OSError:
+                return
+
+    def close(self) -> None:
+        self.sock.close()
+        for conn in self.accepted:
+            conn.close()
+
+
+def test_engine_pool_leaves_a_failed_engine_out_and_takes_it_back():
+    now = [0.0]
+    pool = EnginePool(["u1", "u2"], "round-robin", clock=lambda: now[0])
+    pool.failed("u1", "refused")
+    pool.failed("u1", "refused")  # another call of the same outage: counted once
+    assert pool.ejected() == {"u1": 1.0}
+    leases = [pool.acquire() for _ in range(3)]
+    assert [x.url for x in leases] == ["u2", "u2", "u2"] and not pool.another(["u2"])
+    for x in leases:
+        x.release()
+    now[0] = 1.0  # its time out is over: one request at a time tries it again
+    probe = pool.acquire()
+    assert pool.ejected() == {} and probe.url == "u1"
+    assert [pool.acquire().url for _ in range(3)] == ["u2", "u2", "u2"]  # a hung engine holds one request, not 1/2
+    probe.release()  # the client left: no verdict, the next request tries it
+    assert pool.acquire().url == "u1"
+    pool.failed("u1", "refused again")  # failed again: out twice as long
+    assert pool.ejected() == {"u1": 2.0}
+    pool.answered("u1")  # any answer but 503: back at once, and the next failure starts over
+    assert pool.ejected() == {}
+    for _ in range(10):
+        now[0] += 100
+        pool.failed("u1", "down")
+    assert pool.ejected() == {"u1": balance.EJECT_MAX_S}
+    pool.failed("u2", "down")  # the whole pool out: an engine is still chosen, its own error goes to the client
+    assert pool.acquire().url in ("u1", "u2") and not pool.another([])
+    assert pool.acquire(tried=["u1"]).url == "u2"
+
+
+def test_an_engine_refusing_connections_is_left_out_and_its_requests_served_by_another(engines, proxies, monkeypatch):
+    """One engine of each pool down (connection refused, as while vLLM loads): half the requests were 502s,
+    for as long as it stayed down. Now the call moves to another engine and the dead one is left out."""
+    for name in ("EJECT_S", "EJECT_MAX_S"):  # still out when the test looks, however slow the machine
+        monkeypatch.setattr(balance, name, 60.0)
+    p, d = engines("prefill"), engines("decode")
+    dead_p, dead_d = f"http://127.0.0.1:{closed_port()}", f"http://127.0.0.1:{closed_port()}"
+    px = proxies([dead_p, p], [dead_d, d])
+    for i in range(10):
+        body = {"model": "m", "prompt": "x", "stream": i % 2 == 0}
+        r = httpx.post(px.url + "/v1/completions", json=body, timeout=10)
+        assert r.status_code == 200, r.text
+    assert len(p.requests) == len(d.requests) == 10
+    kv = json.loads(json.dumps(d.requests[0]["kv_transfer_params"]))
+    assert kv == {"do_remote_prefill": True, "do_remote_decode": False, "remote_engine_id": "prefill",
+                  "remote_block_ids": [1, 2], "remote_host": "10.0.0.1", "remote_port": 5600}  # as prefill answered
+    left_out = px.proxy.health()["left_out"]
+    assert set(left_out["prefill"]) == {dead_p} and set(left_out["decode"]) == {dead_d}
+    s = scrape(px.url)
+    assert value(s, c.CLIENT_REQUESTS.exposed, outcome="ok") == 10 and value(s, c.CLIENT_REQUESTS.exposed) == 10
+
+
+def test_an_engine_answering_503_is_tried_no_more_and_the_time_lost_stays_in_the_ttft(engines, proxies):
+    """vLLM's admission control answers 503 "try again on a different instance" before it starts the request:
+    the client got that 503 while another engine was idle. Now the leg moves on (prefill and decode alike, the
+    client has seen nothing yet), and the time the 503 cost is in the client's TTFT and the leg's stage."""
+    busy_p, p = engines("prefill", "busy-p"), engines("prefill")
+    busy_d, d = engines("decode", "busy-d"), engines("decode")
+    for e in (busy_p, busy_d):
+        e.status, e.error, e.delay_s = 503, VLLM_503, 0.3
+    px = proxies([busy_p, p], [busy_d, d])
+    r, events, _ = stream(px.url + "/v1/completions", {"model": "m", "prompt": "x", "stream": True})
+    assert r.status_code == 200 and events[-1][1] == "[DONE]"
+    assert [len(e.requests) for e in (busy_p, p, busy_d, d)] == [1, 1, 1, 1]
+    assert d.requests[0]["kv_transfer_params"]["remote_engine_id"] == "prefill"
+    s = scrape(px.url)
+    stage = c.CLIENT_STAGE.name + "_sum"
+    assert value(s, stage, stage="prefill_leg") >= 0.3 and value(s, stage, stage="decode_first_leg") >= 0.3
+    assert value(s, c.CLIENT_TTFT.name + "_sum") >= 0.6 and value(s, c.CLIENT_REQUESTS.exposed, outcome="ok") == 1
+    # every engine refusing: the client gets the last one's 503 as it came, an error of the service
+    other = engines("prefill", "busy-p2")
+    other.status, other.error = 503, VLLM_503
+    px = proxies([busy_p, other], [d])
+    r = httpx.post(px.url + "/v1/completions", json={"model": "m", "prompt": "x"}, timeout=10)
+    assert r.status_code == 503 and r.content == VLLM_503[0] and len(other.requests) == 1
+    assert value(scrape(px.url), c.CLIENT_REQUESTS.exposed, outcome="error") == 1
+
+
+def test_an_engine_that_never_answers_is_left_out_after_one_deadline(engines, proxies, monkeypatch):
+    """A prefill engine that accepts and never answers: every other request waited the whole prefill
+    deadline for a 504. Now one request does (its deadline is spent, no time is left to move it) and the
+    next ones go to the engine that answers."""
+    for name in ("EJECT_S", "EJECT_MAX_S"):
+        monkeypatch.setattr(balance, name, 60.0)
+    hung, p, d = HungEngine(), engines("prefill"), engines("decode")
+    try:
+        px = proxies([hung.url, p], [d], prefill_timeout_s=0.5)
+        codes = [httpx.post(px.url + "/v1/completions", json={"model": "m", "prompt": "x"}, timeout=10).status_code
+                 for _ in range(6)]
+        assert codes == [504, 200, 200, 200, 200, 200] and len(hung.accepted) == 1
+        assert set(px.proxy.health()["left_out"]["prefill"]) == {hung.url}
+    finally:
+        hung.close()
+
+
+def test_an_engine_left_out_comes_back_once_it_answers(engines, proxies):
+    port = closed_port()
+    p, d = engines("prefill"), engines("decode")
+    px = proxies([f"http://127.0.0.1:{port}", p], [d])
+    assert httpx.post(px.url + "/v1/completions", json={"model": "m", "prompt": "x"}, timeout=10).status_code == 200
+    assert list(px.proxy.health()["left_out"]["prefill"]) == [f"http://127.0.0.1:{port}"]
+    back = engines("prefill", "back", port=port)  # the engine has restarted
+    deadline = time.monotonic() + 10 * balance.EJECT_S
+    while not back.requests:
+        assert time.monotonic() < deadline, "the engine that came back got no request"
+        assert httpx.post(px.url + "/v1/completions", json={"model": "m", "prompt": "x"}, timeout=10).status_code == 200
+        time.sleep(0.05)
+    assert px.proxy.health()["left_out"]["prefill"] == {}
+
+
+def test_many_concurrent_requests_with_clients_leaving_return_every_in_flight_count_to_zero(engines, proxies):
+    """200 requests at once over asyncio, streamed and not, one in five clients leaving part-way, a dead
+    engine in each pool: each that stayed is served, and no lease is kept (an engine avoided or preferred
+    for ever)."""
+    p1, p2, d1, d2 = engines("prefill"), engines("prefill"), engines("decode"), engines("decode")
+    for d in (d1, d2):
+        d.tokens, d.itl_s = 10, 0.01
+    dead = f"http://127.0.0.1:{closed_port()}"
+    px = proxies([p1, dead, p2], [d1, dead, d2], policy="least-loaded")
+
+    async def one(client: httpx.AsyncClient, i: int) -> int | None:
+        body = {"model": "m", "prompt": "x", "stream": i % 2 == 0}
+        try:
+            async with asyncio.timeout(0.05 if i % 5 == 0 else 60):
+                async with client.stream("POST", px.url + "/v1/completions", json=body) as r:
+                    async for _ in r.aiter_raw():
+                        pass
+                    return r.status_code
+        except TimeoutError:
+            return None
+
+    async def run() -> list[int | None]:
+        async with httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=None)) as client:
+            return await asyncio.gather(*(one(client, i) for i in range(200)))
+
+    codes = asyncio.run(run())
+    assert all(code == 200 for i, code in enumerate(codes) if i % 5), codes
+    deadline = time.monotonic() + 10
+    while True:
+        h, s = px.proxy.health()["in_flight"], scrape(px.url)
+        if not any(h["prefill"].values()) and not any(h["decode"].values()) and not value(s, c.CLIENT_IN_FLIGHT.name):
+            break
+        assert time.monotonic() < deadline, (h, value(s, c.CLIENT_IN_FLIGHT.name))
+        time.sleep(0.05)
+
+
 def test_a_failing_metric_is_logged_and_the_request_still_succeeds(engines, proxies, caplog):
     p, d = engines("prefill"), engines("decode")
     px = proxies([p], [d])
@@ -686,6 +866,52 @@ def test_console_script_serves_health_and_metrics():
         proc.wait(10)
     bad = subprocess.run([str(script), "--prefill", "nope", "--decode", "http://d"], capture_output=True, text=True)
     assert bad.returncode == 2 and "engine URL" in bad.stderr
+
+
+@pytest.mark.slow
+def test_sigterm_lets_a_stream_in_flight_finish_past_30_s(engines):
+    """On SIGTERM the proxy stops accepting and lets the requests in flight finish. It gave them 30 s while a
+    decode stream may run --decode-timeout (600 s): a rolling restart cut longer answers mid-way (the client
+    saw the connection drop, no error event, and the request counted as the client leaving)."""
+    p, d = engines("prefill"), engines("decode")
+    d.tokens, d.itl_s = 70, 0.5  # 35 s of answer
+    port = closed_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = subprocess.Popen([sys.executable, "-m", "pd_proxy", "--prefill", p.url, "--decode", d.url,
+                             "--listen", f"127.0.0.1:{port}", "--log-level", "warning"],
+                            cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                httpx.get(url + "/health", timeout=1)
+                break
+            except httpx.TransportError:
+                assert proc.poll() is None and time.monotonic() < deadline
+                time.sleep(0.1)
+        events: list[str] = []
+        with httpx.stream("POST", url + "/v1/completions", json={"model": "m", "prompt": "x", "stream": True},
+                          timeout=120) as r:
+            for line in r.iter_lines():
+                if not line.startswith("data:"):
+                    continue
+                events.append(line[5:].strip())
+                if len(events) == 1:
+                    proc.send_signal(signal.SIGTERM)
+                    deadline = time.monotonic() + 10
+                    while True:  # no new requests once it drains
+                        try:
+                            httpx.get(url + "/health", timeout=1)
+                        except httpx.ConnectError:
+                            break
+                        assert time.monotonic() < deadline
+                        time.sleep(0.1)
+        assert events[-1] == "[DONE]" and len(events) == 71
+        assert proc.wait(30) in (0, -signal.SIGTERM)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 # --- real CPU vLLM --------------------------------------------------------------------------------
