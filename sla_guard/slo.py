@@ -418,10 +418,13 @@ class SLOEvaluator:
     def overall(self) -> Status:
         """violated if any objective is violated, else unknown if any is unknown, else
         at_risk / ok (also unknown when there is nothing to judge, or when pools beyond
-        ``max_pools`` went unjudged: one of them may be violated)."""
-        if not self.pools:
+        ``max_pools`` went unjudged: one of them may be violated). A pool no SLO set gives an
+        objective (the prefill pool of sets written for the client and decode only) is shown,
+        unknown with its reason, but has no say: it made the verdict unknown for ever, never ok."""
+        judged = [p.status for p in self.pools.values() if p.slos]
+        if not judged:
             return Status.UNKNOWN
-        status = worst(p.status for p in self.pools.values())
+        status = worst(judged)
         if self.pools_over_limit and status is not Status.VIOLATED:
             return Status.UNKNOWN
         return status

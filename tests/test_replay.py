@@ -171,3 +171,13 @@ def test_replay_refuses_an_out_it_cannot_write_before_replaying(capsys, tmp_path
     assert main(["replay", "--trace", str(tmp_path / "t.jsonl"), "--out", str(tmp_path / "out"), "--no-metrics"]) == 2
     captured = capsys.readouterr()
     assert "--out" in captured.err and "cannot make this directory" in captured.err and captured.out == ""
+
+
+def test_replay_guard_can_say_ok(capsys):
+    """Every objective met must read ok: the simulated guard judges TTFT at the client and TPOT on
+    decode, leaving the prefill pool without objectives. That pool was unknown, and so was the
+    overall verdict on every tick of every run (all objectives ok, 40 ticks of 40 unknown): a pool
+    without objectives now has no say in the verdict (``SLOEvaluator.overall``)."""
+    line = _replay(capsys, "--trace", str(BUNDLED_MOONCAKE), "--duration", "600", "--drain-s", "0",
+                   "--slo-ttft", "40", "--slo-tpot", "0.1")
+    assert line["guard_status"] == "ok" and line["guard_ticks"]["ok"] > 30, line  # the first: no data yet
