@@ -36,12 +36,12 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--leak-mib-per-hour", type=number(0, above=False), default=200.0,
                    help="RSS leak injected into the decode EngineCores (default 200; the leak in 'From Day 0 "
-                        "to Production SLAs' (DaoCloud) was ~48)")
+                        "to Production SLAs' (DaoCloud) was ~48; 0 = none)")
     p.add_argument("--surge", type=number(1, above=False), default=2.0,
                    help="arrival-rate factor of the load surge over the second sixth of the run "
                         "(default 2; 1 = none; at most 10)")
     p.add_argument("--drift-to", type=number(0, above=False), default=0.4,
-                   help="acceptance falls to this fraction of its profile value (default 0.4)")
+                   help="acceptance falls to this fraction of its profile value (default 0.4; 1 = none)")
     p.add_argument("--scrape-interval", type=number(0), default=30.0, help="simulated seconds between scrapes")
     p.add_argument("--no-http", action="store_true", help="scrape in-process instead of over loopback HTTP")
     p.add_argument("--quiet", action="store_true", help="no live status lines")
@@ -60,14 +60,16 @@ def demo_faults(sim_s: float, leak_mib_h: float, drift_to: float, surge: float =
     EngineCore of both decode replicas of the 2P2D start (a leak is in the code every replica
     runs; and the advisor may give either one back before the onset: it drains the less loaded),
     a load surge over the second sixth (``surge`` x the arrivals), an acceptance drift over the
-    middle third on every decode replica."""
+    middle third on every decode replica. A fault that would inject nothing (a 0 MiB/h leak, a drift
+    to 1x) is left out: the report listed it as injected, and a run without faults told a story."""
     out = [{"kind": "leak", "replica": name, "role": "engine_core", "mib_per_hour": leak_mib_h,
-            "start_s": round(0.05 * sim_s, 1)} for name in ("d0", "d1")]
+            "start_s": round(0.05 * sim_s, 1)} for name in ("d0", "d1") if leak_mib_h > 0]
     if surge > 1.0:
         out.append({"kind": "load_spike", "start_s": round(sim_s / 6, 1), "end_s": round(sim_s / 3, 1),
                     "factor": surge})
-    out.append({"kind": "acceptance_drift", "start_s": round(sim_s / 3, 1), "end_s": round(2 * sim_s / 3, 1),
-                "to_factor": drift_to})
+    if drift_to != 1.0:
+        out.append({"kind": "acceptance_drift", "start_s": round(sim_s / 3, 1), "end_s": round(2 * sim_s / 3, 1),
+                    "to_factor": drift_to})
     return out
 
 
@@ -164,15 +166,19 @@ def run(args: argparse.Namespace) -> int:
     summary = dep.summary()
     slo = guard.evaluator("slo")
     findings = [{"detector": f.detector, "severity": f.severity, "summary": f.summary,
-                 "opened_min": round((f.opened_at - dep.epoch) / 60, 1), "open": f.open}
-                for f in (book.all() if book is not None else [])]
+                 "opened_min": round((f.opened_at - dep.epoch) / 60, 1), "open": f.open,
+                 "engine": f.labels.get("engine") or f.labels.get("instance") or "",
+                 "resolved_min": None if f.open else round((f.resolved_at - dep.epoch) / 60, 1),
+                 "resolution": str(f.details.get("resolution") or "")}
+                for f in sorted(book.all() if book is not None else [], key=lambda f: f.opened_at)]
     report = write_report(args.out, dep=dep, summary=summary, history=loop.history, store=store,
                           guard_status=slo.snapshot() if slo is not None else None, findings=findings,
                           faults=faults, actions=loop.actions,
                           decisions=getattr(policy, "decisions", None),
                           recommended=getattr(policy, "recommended", None),
                           meta={"topology": "2P2D", "trace": Path(trace_path).name, "speed": args.speed,
-                                "wall_s": wall, "http": live is not None, "policy": args.policy})
+                                "wall_s": wall, "http": live is not None, "policy": args.policy,
+                                "eval_interval_s": args.scrape_interval})
     if (no_plots := plots_unavailable()) is not None:
         print(f"sla-guard demo: {no_plots}", file=sys.stderr)
     print(f"guard verdict: {slo.overall().value if slo is not None else 'n/a'}; SLO attainment "

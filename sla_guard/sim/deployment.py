@@ -139,6 +139,7 @@ class Replica:
         self.alive_since = 0.0
         self.gpu_seconds = 0.0
         self.started_at = 0.0
+        self.stopped_at: float | None = None  # when scaled away or retired (the report's fault story)
         self.sampler: ProcessSampler | None = None
         self.generation = 0  # bumps on crash, invalidates scheduled step events
         self.stale_marked = True  # scrape bookkeeping (harness.scrape_into)
@@ -819,6 +820,7 @@ class Deployment:
     def _stop(self, r: Replica, now: float) -> None:
         r.close_gpu_time(now)
         r.state = STOPPED
+        r.stopped_at = now
         r.generation += 1
         r.metrics = None
         self._notify()
@@ -884,7 +886,9 @@ class Deployment:
     def summary(self) -> Summary:
         import numpy as np
 
-        n = len(self.requests)
+        # arrivals are submitted up front: a summary taken mid-run (an interrupted demo) counts the
+        # requests sent so far, not later ones as unfinished misses
+        n = sum(1 for r in self.requests if r.arrival <= self.now)
         fin = self.done
         out = self.to_client_s
         ttft = np.array([r.first_token + out - r.arrival for r in fin], dtype=float)

@@ -504,6 +504,14 @@ class GuardPolicy:
             if replica and replica not in self.restarted:
                 self.restarted.add(replica)
                 self._pending_restarts.append(replica)
+                st = obs.pools.get(r.pool)
+                cur = st.current if st is not None else 0
+                # logged as a decision too: a restart is an action, and its reason belongs in the story
+                self.decisions.append({"t": now - self._t0, "pool": r.pool, "current": cur, "desired": cur,
+                                       "direction": "restart", "replica": replica, "reasons": list(r.reasons),
+                                       "confidence": round(r.confidence, 2),
+                                       "numbers": {k: r.numbers[k] for k in ("slope_mib_per_h", "eta_s")
+                                                   if k in r.numbers}})
         return {p: d.desired for p, d in decs.items() if d.direction != "none"}
 
     def restarts(self) -> list[str]:
