@@ -61,8 +61,10 @@ def build(config: GuardConfig) -> dict:
              [q(pq.series(c.CENSUS_WALK_SECONDS, matchers=s), LEGEND + " walk"),
               q(pq.series(c.CENSUS_WALK_MAX_SLICE, matchers=s), LEGEND + " max slice")], "s", w=6)
         p.ts("Census objects visited", "Objects the last census walk expanded (frames walks: the engine's "
-             "objects; every 6th walk: module globals too).",
-             [q(pq.series(c.CENSUS_OBJECTS, matchers=s), LEGEND)], w=6)
+             "objects; every 6th walk: module globals too), and census walks that failed in the last hour "
+             "(caught; the first is logged by the process).",
+             [q(pq.series(c.CENSUS_OBJECTS, matchers=s), LEGEND),
+              q(pq.increase(c.CENSUS_ERRORS, "1h", matchers=s), LEGEND + " failed walks")], w=6)
 
     return dashboard(UID, "sla-guard / Host memory", "Host memory of vLLM processes; leak findings annotated.",
                      panels, annotations=[leak])

@@ -40,7 +40,9 @@ The guard writes it while a leak finding is open (sla_guard/detect/census.py); a
 **Output.** After each walk the thread writes ``census-<pid>.json`` atomically into the run
 directory; the API server's snapshot collector exports the top growers as contract metrics
 (``slaguard_census_*``, exporters/process_collector.py) and ``sla-guard analyze leak --census
-FILE`` reads the same file. Never raises into vLLM: a failing walk is logged once and skipped.
+FILE`` reads the same file. Never raises into vLLM: a failing walk is logged once, skipped, and
+counted in the file's ``errors`` (``slaguard_census_errors_total``); the file is written after a
+failure too, so a census whose every walk fails is visible, not absent.
 """
 
 from __future__ import annotations
@@ -717,6 +719,7 @@ class CensusThread(BackgroundLoop):
                 largest.update(heapq.nlargest(10, walk.containers.items(), key=lambda kv: kv[1][0]))
         return {
             "pid": self.pid, "ts": w.finished if w else time.time(), "walks": self.tracker.walks,
+            "errors": self.errors,
             "walk": walk_stats(w), "full_walk": walk_stats(self.last_full),
             "settings": {"interval_s": self.interval_s, "fast_interval_s": self.fast_interval_s,
                          "slice_s": self.slice_s, "budget": self.budget, "max_objects": self.limits.max_objects,
@@ -764,6 +767,8 @@ class CensusThread(BackgroundLoop):
                 self.errors += 1
                 if self.errors == 1:
                     log.warning("sla-guard census failed in pid %d", self.pid, exc_info=True)
+                with contextlib.suppress(Exception):  # the count reaches the exporter even if no walk ends
+                    self.write()
                 continue
             self._stop.wait(min(POLL_S, max(last + interval - now, 0.05)))
 

@@ -292,6 +292,8 @@ CENSUS_WALK_SECONDS = _m("census_walk_seconds", Ga, "GIL time the last census wa
 CENSUS_WALK_MAX_SLICE = _m("census_walk_max_slice_seconds", Ga,
                            "Longest single GIL slice of the last census walk.", "s", PL, P)
 CENSUS_OBJECTS = _m("census_objects_visited", Ga, "Objects the last census walk expanded.", "1", PL, P)
+CENSUS_ERRORS = _m("census_errors", C, "Census walks of the process that raised (caught and skipped; the first "
+                   "is logged).", "1", PL, P)
 del PO
 
 # --- engine identity and hook health ---------------------------------------------------------

@@ -106,6 +106,9 @@ def census_rows(data: dict, labels: tuple[str, ...]):
         v = walk.get(key)
         if isinstance(v, int | float):
             yield m, labels, float(v)
+    errors = data.get("errors")
+    if isinstance(errors, int | float) and not isinstance(errors, bool):
+        yield c.CENSUS_ERRORS, labels, float(errors)
     share = data.get("explained_ratio")
     if isinstance(share, int | float):
         yield c.CENSUS_RSS_EXPLAINED, labels, float(share)

@@ -320,6 +320,9 @@ class Guard:
             out["last_tick"] = {"at": lt.at, "duration_s": lt.duration_s, "errors": lt.errors}
         if self.state is not None:
             out["state"] = self.state_status()
+        discovery = getattr(self.source, "discovery", None)
+        if discovery is not None and (disc := discovery.status()) is not None:
+            out["discovery"] = disc  # a broken targets file: the last good list is scraped
         out["verdict_age_s"] = self.verdict_age()
         out["stale"] = self.stale()
         for ev in self.evaluators:

@@ -198,3 +198,35 @@ def test_a_token_env_holding_two_lines_is_refused(monkeypatch):
     cfg = parse_config({"api": {"token_env": "SLA_GUARD_TEST_API_TOKEN"}})
     with pytest.raises(ConfigError, match=r"api.token_env: \$SLA_GUARD_TEST_API_TOKEN holds more than one line"):
         cfg.api.token()
+
+
+def test_a_broken_targets_file_shows_in_status_and_metrics(tmp_path):
+    """A targets file that cannot be parsed kept the last good list and counted
+    ``TargetDiscovery.errors``, but the count and the reason were only logged: ``/v1/status`` and
+    ``/metrics`` looked healthy while the guard scraped a stale list. Both carry it now."""
+    import asyncio
+
+    from sla_guard.config import ScrapeSource
+    from sla_guard.ingest.scrape import Scraper
+    from sla_guard.store import SeriesStore
+
+    f = tmp_path / "targets.yaml"
+    f.write_text("- targets: '127.0.0.1:1'\n")  # a string, not a list
+    scr = Scraper(ScrapeSource(targets_file=f, timeout_s=2), SeriesStore())
+    guard = Guard(parse_config({}), scr, [])
+    scr.bind_metrics(guard.metrics)
+    loop = asyncio.new_event_loop()
+    srv = UvicornThread(create_app(guard, token=TOKEN))
+    try:
+        loop.run_until_complete(scr.collect())
+        loop.run_until_complete(scr.collect())  # still broken: read again, counted again
+        status = httpx.get(f"{srv.url}/v1/status", headers=_auth()).json()
+        disc = status["discovery"]
+        assert disc["targets_file"] == str(f) and disc["errors"] == 2 and disc["targets"] == 0
+        assert "expected a list" in disc["last_error"]
+        text = httpx.get(f"{srv.url}/metrics").text
+        assert 'slaguard_guard_scrape_errors_total{kind="discovery",target="targets_file"} 2.0' in text
+    finally:
+        srv.stop()
+        loop.run_until_complete(scr.aclose())
+        loop.close()

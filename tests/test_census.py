@@ -404,6 +404,36 @@ def test_census_files_become_contract_metrics(tmp_path):
     assert [lab[-1] for m, lab, _ in census_rows(garbled, ("a",) * 5) if m is c.CENSUS_CONTAINER_LENGTH] == ["b"]
 
 
+
+def test_failing_walks_are_counted_in_the_census_file_and_its_metric(tmp_path):
+    """A walk that raised was caught and counted in ``CensusThread.errors``, but the count went
+    nowhere and, no walk having completed, no census file was written: the exporter showed no
+    census series at all, indistinguishable from a census not asked for. The file is written
+    with ``errors`` after a failure and exported as ``slaguard_census_errors_total``."""
+
+    class Failing(cs.CensusThread):
+        def start_walk(self, full: bool, write: bool = True):
+            raise RuntimeError("walk broke")  # as a bug in the walk would
+
+    snap = take_snapshot()
+    write_snapshot(tmp_path, snap)
+    thread = Failing(tmp_path, interval_s=5, start_delay_s=0, env={}).start()
+    path = tmp_path / f"census-{thread.pid}.json"
+    try:
+        for _ in range(600):  # until the thread has run once, however slow the machine
+            if path.exists():
+                break
+            time.sleep(0.05)
+    finally:
+        thread.stop()
+    data = json.loads(path.read_text())
+    assert data["errors"] == thread.errors >= 1 and data["walks"] == 0 and data["walk"] is None
+    rows = [(m, v) for m, _, v in snapshot_rows([snap], "m", "decode", 1, read_census(tmp_path, [snap.pid]))
+            if m.name.startswith("slaguard_census")]
+    assert rows == [(c.CENSUS_ERRORS, float(data["errors"]))]
+    assert c.CENSUS_ERRORS.kind is c.Kind.COUNTER
+
+
 def _store_with_census(now: float) -> SeriesStore:
     store = SeriesStore()
     labels = {"instance": "d0", "model": "m", "pool": "decode", "engine": "0", "role": "engine_core",

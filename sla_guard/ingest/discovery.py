@@ -4,7 +4,9 @@ changes (so an operator or a deployment controller adds and removes engines with
 The file is YAML or JSON, either a list of targets like the config's
 (``[{url, model, pool, name}]``) or Prometheus ``file_sd`` groups
 (``[{targets: ["host:port"], labels: {model, pool}}]``). A file that cannot be read or is
-invalid keeps the last good list and counts an error; it never stops the guard.
+invalid keeps the last good list and counts an error (each round it stays so); it never stops the
+guard. ``status()`` shows the count and the reason in ``/v1/status``, and the scraper counts them in
+``guard_scrape_errors{target="targets_file",kind="discovery"}``.
 """
 
 from __future__ import annotations
@@ -64,6 +66,14 @@ class TargetDiscovery:
             shown.add(t.name or redact_url(t.url))
             out.append(t)
         return out
+
+    def status(self) -> dict | None:
+        """The targets file's health for ``/v1/status``: otherwise a broken file, which keeps the
+        last good list, was visible only in the log. None without a targets file."""
+        if self.path is None:
+            return None
+        return {"targets_file": str(self.path), "targets": len(self._from_file), "errors": self.errors,
+                "last_error": self.last_error}
 
     def _refresh(self) -> None:
         try:

@@ -88,6 +88,7 @@ class Scraper:
         # adapter targets: the models the router's page carried at its last good scrape
         self._router_models: dict[str, frozenset[str]] = {}
         self.rounds = 0
+        self._discovery_counted = 0  # discovery.errors already added to guard_scrape_errors
 
     def bind_metrics(self, metrics: ContractMetrics) -> None:
         self._metrics = metrics
@@ -95,6 +96,10 @@ class Scraper:
     # -- Source --------------------------------------------------------------------------------
     async def collect(self, now: float | None = None) -> None:
         targets = self.discovery.targets()
+        if self._metrics is not None and (n := self.discovery.errors - self._discovery_counted):
+            # a broken targets file keeps the old list: without this only the log said so
+            self._metrics[c.GUARD_SCRAPE_ERRORS].labels("targets_file", "discovery").inc(n)
+            self._discovery_counted += n
         names = {self._name(t) for t in targets}
         # a removed target's series go stale now and are freed once no window reads them
         keep = min(self.store.retention_s, self.store.slots * self.cfg.interval_s)
