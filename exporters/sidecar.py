@@ -48,6 +48,7 @@ from exporters import contract as c
 from exporters.page_read import ACCEPT_ENCODING, PageNotText, PageTooLarge, read_page, run_bounded
 from exporters.process_collector import families, snapshot_rows
 from exporters.process_sampler import take_snapshot
+from exporters.redact import install_log_redaction
 
 log = logging.getLogger("sla_guard.sidecar")
 
@@ -382,6 +383,7 @@ def build_registry(a: argparse.Namespace) -> CollectorRegistry:
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    install_log_redaction(logging.INFO)  # --metrics-url may carry user:password@ or ?token=
     a = parse_args(argv)
     try:
         server, _thread = start_http_server(a.port, addr=a.host, registry=build_registry(a))

@@ -15,6 +15,7 @@ import math
 
 import uvicorn
 
+from exporters.redact import install_log_redaction
 from pd_proxy.app import build_app
 from pd_proxy.config import POLICIES, ProxyConfig
 
@@ -61,6 +62,8 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         parser().error(str(e))
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # engine URLs may carry user:password@ or ?key=: httpx logs each request's URL whole
+    install_log_redaction(args.log_level)
     host, port = args.listen
     # SIGTERM: stop accepting and let every request in flight finish, which takes at most its two deadlines
     # (30 s cut decode streams that had --decode-timeout to run: the client saw the connection drop mid-answer)

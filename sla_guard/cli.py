@@ -48,7 +48,7 @@ def _stdout_reader_gone() -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from sla_guard.redact import install_log_redaction
+    from exporters.redact import install_log_redaction
 
     install_log_redaction(getattr(args, "log_level", None))  # no credentials in any log line
     try:

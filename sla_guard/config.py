@@ -38,8 +38,8 @@ from pydantic import (
     model_validator,
 )
 
+from exporters.redact import redact_text
 from sla_guard import defaults
-from sla_guard.redact import redact_text
 from sla_guard.settings.advisor import AdvisorConfig
 from sla_guard.settings.detectors import DetectorsConfig
 from sla_guard.spec_base import Strict, error_message, http_url, load_yaml

@@ -32,8 +32,8 @@ import pytest
 import yaml
 from guard_support import Engine, Served, free_port
 
+from exporters.redact import redact_record, redact_text, redact_url, strip_userinfo
 from sla_guard.ingest.prometheus import PrometheusView
-from sla_guard.redact import redact_record, redact_text, redact_url, strip_userinfo
 
 ROOT = Path(__file__).resolve().parent.parent
 TOKEN = "api-token-for-tests"
@@ -391,3 +391,92 @@ def test_config_errors_never_echo_a_secret(tmp_path):
                            capture_output=True, text=True, timeout=60)
         assert r.returncode == 2 and field in r.stderr, r.stderr
         assert "PLANTED" not in r.stdout + r.stderr and "***" in r.stderr
+
+
+# -- outbound parts beyond the guard's own ingest: the webhook, the P/D proxy, the sidecar ------
+def test_webhook_failure_shows_no_credentials():
+    """A refused webhook's ActuationError becomes the decision record's ``actuated`` (decision log,
+    /v1/status): it quoted the webhook URL whole, userinfo and ?token= included."""
+    from sla_guard.scale.actuators import ActuationError, WebhookActuator
+    from sla_guard.settings.advisor import Webhook
+
+    url = f"http://PLANTEDUSER0:PLANTEDPW1@127.0.0.1:{free_port()}/scale?token=PLANTEDTOK2"
+    act = WebhookActuator(Webhook(url=url, retries=0, backoff_s=0.01), token="PLANTEDTOK4")
+    with pytest.raises(ActuationError) as err:
+        act.set_replicas("m", "decode", 2, "k")
+    assert "127.0.0.1" in str(err.value) and "/scale" in str(err.value)  # still says which webhook
+    assert_clean("the webhook's ActuationError", str(err.value))
+
+
+class _Refusing(http.server.BaseHTTPRequestHandler):
+    """An engine that answers every POST with 400: the proxy still sends (and httpx logs) a request."""
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("content-length") or 0))
+        body = b'{"error": "no"}'
+        self.send_response(400)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def _stderr_until(proc: subprocess.Popen, marker: str) -> str:
+    """Lines of ``proc``'s stderr up to and including the first that contains ``marker``."""
+    lines = []
+    for line in proc.stderr:
+        lines.append(line)
+        if marker in line:
+            break
+    return "".join(lines)
+
+
+@pytest.mark.parametrize("level", ["info", "debug"])
+def test_pd_proxy_logs_show_no_engine_credentials(level):
+    """httpx logs each request's URL whole at INFO: with engine URLs carrying credentials, every
+    proxied request wrote them to the proxy's log."""
+    engine = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Refusing)
+    threading.Thread(target=engine.serve_forever, daemon=True).start()
+    base = f"http://PLANTEDUSER0:PLANTEDPW1@127.0.0.1:{engine.server_port}"
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "pd_proxy", "--prefill", base + "?key=PLANTEDTOK2", "--decode",
+                             base, "--listen", f"127.0.0.1:{port}", "--log-level", level],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        out = _stderr_until(proc, "Uvicorn running")
+        r = httpx.post(f"http://127.0.0.1:{port}/v1/completions", json={"model": "m", "prompt": "hi"}, timeout=30,
+                       headers={"Authorization": "Bearer PLANTEDTOK5"})
+        assert r.status_code == 400
+        assert_clean("the proxy's error body", r.text)
+        assert_clean("the proxy's /health", httpx.get(f"http://127.0.0.1:{port}/health", timeout=30).text)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        stdout, rest = proc.communicate(timeout=60)
+        engine.shutdown()
+    out += rest + stdout
+    assert "/v1/completions" in out  # the request was logged, redacted
+    assert_clean(f"the proxy's log at {level}", out)
+
+
+def test_sidecar_logs_show_no_metrics_url_credentials():
+    """The sidecar's startup line and its first fetch error quoted ``--metrics-url`` whole."""
+    url = f"http://PLANTEDUSER0:PLANTEDPW1@127.0.0.1:{free_port()}/metrics?token=PLANTEDTOK2"
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "exporters.sidecar", "--metrics-url", url, "--pool", "decode",
+                             "--model", "m", "--listen", f"127.0.0.1:{port}"],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        out = _stderr_until(proc, "serving")
+        page = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=30).text  # a scrape: the fetch fails
+        assert_clean("the sidecar's /metrics", page)
+    finally:
+        proc.terminate()
+        stdout, rest = proc.communicate(timeout=60)
+    out += rest + stdout
+    assert "sidecar" in out and "127.0.0.1" in out
+    assert_clean("the sidecar's log", out)

@@ -19,9 +19,9 @@ from datetime import UTC, datetime
 import httpx
 
 from exporters import contract as c
+from exporters.redact import peer_text
 from sla_guard.model import Finding
 from sla_guard.outbound import post_json
-from sla_guard.redact import peer_text
 
 log = logging.getLogger(__name__)
 

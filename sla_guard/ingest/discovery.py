@@ -16,8 +16,8 @@ from pathlib import Path
 
 import yaml
 
+from exporters.redact import redact_url
 from sla_guard.config import DiscoveryError, Target, load_yaml, parse_targets
-from sla_guard.redact import redact_url
 
 log = logging.getLogger("sla_guard.ingest.discovery")
 

@@ -28,11 +28,11 @@ import numpy as np
 from exporters import contract as c
 from exporters.label_text import string_literal
 from exporters.prometheus import ContractMetrics
+from exporters.redact import peer_text, redact_text, strip_userinfo
 from sla_guard import promql
 from sla_guard.config import PrometheusSource as PrometheusConfig
 from sla_guard.ingest.source import TargetState
 from sla_guard.model import Labels, Series
-from sla_guard.redact import peer_text, redact_text, strip_userinfo
 
 log = logging.getLogger("sla_guard.ingest.prometheus")
 

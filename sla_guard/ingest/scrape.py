@@ -30,13 +30,13 @@ import httpx
 from exporters import contract as c
 from exporters.page_read import ACCEPT_ENCODING, PageNotText, PageTooLarge, read_page
 from exporters.prometheus import ContractMetrics
+from exporters.redact import redact_text, redact_url
 from exporters.routers import translate
 from sla_guard.config import ScrapeSource as ScrapeConfig
 from sla_guard.config import Target
 from sla_guard.exposition import ExpositionError, parse_exposition
 from sla_guard.ingest.discovery import TargetDiscovery
 from sla_guard.ingest.source import UP, TargetState
-from sla_guard.redact import redact_text, redact_url
 from sla_guard.store import IngestResult, SeriesStore
 
 log = logging.getLogger("sla_guard.ingest.scrape")

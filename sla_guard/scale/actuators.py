@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import httpx
 
+from exporters.redact import redact_text, redact_url
 from sla_guard.defaults import KUBERNETES_CALL_TIMEOUT_S
 from sla_guard.outbound import call_within, post_json
 from sla_guard.settings.advisor import KubernetesTarget, Webhook
@@ -91,14 +92,14 @@ class WebhookActuator:
                 last = f"no complete answer within {self.cfg.timeout_s:g}s"
                 continue
             except httpx.HTTPError as err:
-                last = f"{type(err).__name__}: {err}"
+                last = redact_text(f"{type(err).__name__}: {err}")  # httpx's messages can quote the URL
                 continue
             if resp.status_code < 300:
                 return
             last = f"HTTP {resp.status_code}"
             if resp.status_code < 500 and resp.status_code != 429:
                 break
-        raise ActuationError(f"webhook {self.cfg.url} did not accept {pool}={replicas}: {last}")
+        raise ActuationError(f"webhook {redact_url(self.cfg.url)} did not accept {pool}={replicas}: {last}")
 
     def close(self) -> None:
         """Nothing held between calls: each request opens (and closes) its own connection."""
