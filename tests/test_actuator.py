@@ -141,13 +141,19 @@ def test_active_mode_failure_is_counted_not_fatal():
     assert rec["desired"] > rec["current"]
 
 
-def k8s_server(fail_get: int | None = None, fail_patch: int | None = None, grace: int | None = None):
+def k8s_server(fail_get: int | None = None, fail_patch: int | None = None, grace: int | None = None,
+               cap: int | None = None, write_after_get: int | None = None):
     """Speaks GET/PATCH of the Deployment and LeaderWorkerSet scale subresources (the objects
     themselves are 404, as to a guard without ``get`` on them, unless ``grace``: then GET of the
     Deployment answers it with that ``terminationGracePeriodSeconds``); ``fail_get`` /
-    ``fail_patch``: every GET / PATCH answers that status, with a ``Status`` body."""
+    ``fail_patch``: every GET / PATCH answers that status, with a ``Status`` body; ``cap``: a
+    PATCH stores (and answers) at most that many replicas, as behind a mutating admission webhook;
+    ``write_after_get``: just after answering a scale GET another writer sets that many replicas.
+    Each write bumps the object's ``resourceVersion``; a PATCH naming an older one gets 409, as
+    from the real API server."""
     state = {("apps", "llm", "prefill-pool"): 2, ("lws", "llm", "decode-pool"): 1}
     calls: list[dict] = []
+    versions = dict.fromkeys(state, 100)
 
     class H(BaseHTTPRequestHandler):
         def _key(self):
@@ -172,7 +178,8 @@ def k8s_server(fail_get: int | None = None, fail_patch: int | None = None, grace
         def _scale(self, key):
             group, ns, name = key
             api = "autoscaling/v1" if group == "apps" else "leaderworkerset.x-k8s.io/v1"
-            return {"apiVersion": api, "kind": "Scale", "metadata": {"name": name, "namespace": ns},
+            return {"apiVersion": api, "kind": "Scale", "metadata": {"name": name, "namespace": ns,
+                                                                  "resourceVersion": str(versions[key])},
                     "spec": {"replicas": state[key]}, "status": {"replicas": state[key]}}
 
         def do_GET(self):
@@ -188,6 +195,8 @@ def k8s_server(fail_get: int | None = None, fail_patch: int | None = None, grace
             if key not in state:
                 return self._reply(404, {"kind": "Status", "code": 404, "reason": "NotFound"})
             self._reply(200, self._scale(key))
+            if write_after_get is not None:
+                state[key], versions[key] = write_after_get, versions[key] + 1
 
         def do_PATCH(self):
             key = self._key()
@@ -198,7 +207,12 @@ def k8s_server(fail_get: int | None = None, fail_patch: int | None = None, grace
                                                 "code": fail_patch, "message": f"refused with {fail_patch}"})
             if key not in state:
                 return self._reply(404, {"kind": "Status", "code": 404, "reason": "NotFound"})
-            state[key] = int(body["spec"]["replicas"])
+            if body.get("metadata", {}).get("resourceVersion", str(versions[key])) != str(versions[key]):
+                return self._reply(409, {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 409,
+                                         "reason": "Conflict", "message": "the object has been modified; please "
+                                         "apply your changes to the latest version and try again"})
+            versions[key] += 1
+            state[key] = int(body["spec"]["replicas"]) if cap is None else min(cap, int(body["spec"]["replicas"]))
             self._reply(200, self._scale(key))
 
         def log_message(self, *a):
@@ -233,7 +247,7 @@ def test_kubernetes_scale_subresource_deployment_and_lws():
     assert paths == ["/apis/apps/v1/namespaces/llm/deployments/prefill-pool/scale",
                      "/apis/leaderworkerset.x-k8s.io/v1/namespaces/llm/leaderworkersets/decode-pool/scale"]
     assert all("patch" in (x["content_type"] or "") for x in calls)
-    assert calls[0]["body"] == {"spec": {"replicas": 3}}
+    assert calls[0]["body"] == {"metadata": {"resourceVersion": "100"}, "spec": {"replicas": 3}}
 
 
 def _k8s_actuator(url: str, **kw) -> KubernetesActuator:
@@ -390,6 +404,67 @@ def test_an_order_another_writer_set_back_is_noticed_and_placed_again(tmp_path, 
     assert state[key] == again["desired"] and len(calls) == 2
     assert reg.get_sample_value(c.GUARD_ACTUATION_ERRORS.series(),
                                 {"model": "m", "pool": "prefill", "actuator": "kubernetes"}) == 1
+
+
+def test_a_patch_the_api_server_answers_with_a_capped_size_fails_at_once():
+    """A mutating admission webhook caps the patch (5 asked, 3 stored): the API server answers
+    200 with the stored Scale. The answer was not read, so the guard took 5 as ordered and the
+    advisor counted 2 replicas that never come until the next tick's check. The answer's
+    ``spec.replicas`` is now compared with the request: ``CappedError`` saying both numbers."""
+    from sla_guard.scale.actuators import CappedError
+
+    handler, state, calls = k8s_server(cap=3)
+    with serve(handler) as (url, _):
+        from kubernetes import client
+
+        api = client.ApiClient(client.Configuration(host=url))
+        act = KubernetesActuator({"prefill": KubernetesTarget(kind="Deployment", name="prefill-pool", namespace="llm"),
+                                  "decode": KubernetesTarget(kind="LeaderWorkerSet", name="decode-pool",
+                                                             namespace="llm")}, api_client=api)
+        with pytest.raises(CappedError, match=r"Deployment/llm/prefill-pool to 5: the API server set "
+                                              r"spec.replicas to 3 instead") as deployment:
+            act.set_replicas("m", "prefill", 5, "k")
+        with pytest.raises(CappedError, match=r"LeaderWorkerSet/llm/decode-pool to 4: .* to 3 instead") as lws:
+            act.set_replicas("m", "decode", 4, "k")
+        act.set_replicas("m", "prefill", 3, "k")  # as asked: no error
+        api.close()
+    assert deployment.value.applied == lws.value.applied == 3 and len(calls) == 3
+    assert state[("apps", "llm", "prefill-pool")] == state[("lws", "llm", "decode-pool")] == 3
+
+
+def test_a_capped_patch_is_counted_as_the_size_the_target_holds():
+    """In active mode the capped patch is an actuation error (counted, ``actuated: "error: ..."``)
+    and the advisor expects only the size the API server stored, not the one it asked for."""
+    handler, state, calls = k8s_server(cap=2)
+    key = ("apps", "llm", "prefill-pool")
+    state[key] = 1
+    reg = CollectorRegistry()
+    with serve(handler) as (url, _):
+        ev = _active_evaluator(_k8s_actuator(url), reg)
+        st, engines = _store(), [Engine("prefill", "p0"), Engine("decode", "d0")]
+        _run(engines, st, 1000, 1060, p0=BUSY, d0=DECODE)
+        ev.evaluate(st, 1060)
+    rec = _prefill(ev)
+    assert rec["direction"] == "up" and rec["desired"] > 2 and state[key] == 2 and len(calls) == 1
+    assert rec["actuated"].startswith(f"error: scaling Deployment/llm/prefill-pool to {rec['desired']}: the API "
+                                      "server set spec.replicas to 2 instead")
+    assert ev.advisors["m"].pending["prefill"] == (2, 1060)
+    assert reg.get_sample_value(c.GUARD_ACTUATION_ERRORS.series(),
+                                {"model": "m", "pool": "prefill", "actuator": "kubernetes"}) == 1
+
+
+def test_a_write_between_the_read_and_the_patch_gets_a_conflict_not_overwritten():
+    """Another writer (an HPA, a newer leader) sets the size after the guard read it: the patch
+    carried no ``resourceVersion``, so it overwrote that write unseen (and a patch the API server
+    committed after the guard's deadline was not fenced). It now names the version it read and
+    the API server answers 409: not applied, decided again next tick."""
+    handler, state, calls = k8s_server(write_after_get=6)
+    with serve(handler) as (url, _):
+        act = _k8s_actuator(url)
+        with pytest.raises(ActuationError, match=r"scaling Deployment/llm/prefill-pool to 3 failed: HTTP 409 .*"
+                                                 r"another writer"):
+            act.set_replicas("m", "prefill", 3, "k")
+    assert state[("apps", "llm", "prefill-pool")] == 6 and calls[0]["body"]["metadata"] == {"resourceVersion": "100"}
 
 
 @pytest.mark.parametrize(("code", "says"), [

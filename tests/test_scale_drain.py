@@ -27,7 +27,8 @@ class _Apps:
         self.replicas, self.grace, self.patched = replicas, grace, []
 
     def read_namespaced_deployment_scale(self, name, ns, **_):
-        return SimpleNamespace(spec=SimpleNamespace(replicas=self.replicas))
+        return SimpleNamespace(metadata=SimpleNamespace(resource_version=None),
+                               spec=SimpleNamespace(replicas=self.replicas))
 
     def read_namespaced_deployment(self, name, ns, **_):
         return SimpleNamespace(spec=SimpleNamespace(template=SimpleNamespace(
@@ -36,6 +37,7 @@ class _Apps:
     def patch_namespaced_deployment_scale(self, name, ns, body, **_):
         self.patched.append(body["spec"]["replicas"])
         self.replicas = body["spec"]["replicas"]
+        return self.read_namespaced_deployment_scale(name, ns)  # the API server answers the stored Scale
 
 
 def _actuator(apps: _Apps) -> KubernetesActuator:

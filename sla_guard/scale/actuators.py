@@ -41,6 +41,15 @@ class ActuationError(RuntimeError):
     """The target could not be set; the message says which and why."""
 
 
+class CappedError(ActuationError):
+    """The patch went through but the API server answered another size than asked (an admission
+    webhook or policy changed it); ``applied`` is the size the target now holds."""
+
+    def __init__(self, message: str, applied: int) -> None:
+        super().__init__(message)
+        self.applied = applied
+
+
 class StandbyError(ActuationError):
     """This guard is not the leader, so it did not actuate (not a failure of the target)."""
 
@@ -184,14 +193,18 @@ class KubernetesActuator:
         return t
 
     def get_replicas(self, pool: str) -> int:
+        return self._read_scale(pool)[0]
+
+    def _read_scale(self, pool: str) -> tuple[int, str | None]:
+        """``spec.replicas`` and the ``resourceVersion`` the patch is conditioned on."""
         t = self._target(pool)
         try:
             if t.kind == "Deployment":
-                return int(self._call(self.apps.read_namespaced_deployment_scale, t.name, t.namespace).spec.replicas
-                           or 0)
+                scale = self._call(self.apps.read_namespaced_deployment_scale, t.name, t.namespace)
+                return int(scale.spec.replicas or 0), getattr(scale.metadata, "resource_version", None)
             obj = self._call(self.custom.get_namespaced_custom_object_scale, LWS_GROUP, LWS_VERSION, t.namespace,
                              LWS_PLURAL, t.name)
-            return int(obj.get("spec", {}).get("replicas", 0))
+            return int(obj.get("spec", {}).get("replicas", 0)), obj.get("metadata", {}).get("resourceVersion")
         except Exception as err:  # ApiException, connection errors: the caller counts and continues
             raise ActuationError(f"reading scale of {t.kind}/{t.namespace}/{t.name} failed: "
                                  f"{api_reason(err, pool, t, 'get')}") from err
@@ -202,20 +215,27 @@ class KubernetesActuator:
 
     def set_replicas(self, model: str, pool: str, replicas: int, key: str) -> None:
         t = self._target(pool)
-        current = self.get_replicas(pool)  # a pool whose size cannot be read is not acted on
+        current, version = self._read_scale(pool)  # a pool whose size cannot be read is not acted on
         self.check_drain(pool, replicas, current)
         if self.may_send is not None and not self.may_send(self.timeout_s):
             raise StandbyError(f"standby: lost the leadership before patching {pool}={replicas}")
-        body = {"spec": {"replicas": int(replicas)}}
+        body: dict[str, Any] = {"spec": {"replicas": int(replicas)}}
+        if version:  # a write since the read (another writer, a late patch of a deposed leader) gives 409
+            body["metadata"] = {"resourceVersion": version}
         try:
             if t.kind == "Deployment":
-                self._call(self.apps.patch_namespaced_deployment_scale, t.name, t.namespace, body)
+                got = self._call(self.apps.patch_namespaced_deployment_scale, t.name, t.namespace, body).spec.replicas
             else:
-                self._call(self.custom.patch_namespaced_custom_object_scale, LWS_GROUP, LWS_VERSION, t.namespace,
-                           LWS_PLURAL, t.name, body)
+                got = self._call(self.custom.patch_namespaced_custom_object_scale, LWS_GROUP, LWS_VERSION,
+                                 t.namespace, LWS_PLURAL, t.name, body).get("spec", {}).get("replicas")
         except Exception as err:
             raise ActuationError(f"scaling {t.kind}/{t.namespace}/{t.name} to {replicas} failed: "
                                  f"{api_reason(err, pool, t, 'patch')}") from err
+        applied = int(got or 0)  # the answer is the stored Scale; replicas 0 is omitted from it
+        if applied != int(replicas):  # a mutating webhook or policy changed it: known now, not a tick later
+            raise CappedError(f"scaling {t.kind}/{t.namespace}/{t.name} to {replicas}: the API server set "
+                              f"spec.replicas to {applied} instead (an admission webhook or policy changed the "
+                              f"patch); counting {applied}", applied)
 
 
 def api_reason(err: Exception, pool: str, t: KubernetesTarget, verb: str) -> str:

@@ -23,7 +23,7 @@ from exporters import contract as c
 from exporters.prometheus import ContractMetrics
 from sla_guard.defaults import TPOT_SLO_S, TTFT_SLO_S
 from sla_guard.model import Finding, MetricsView, PoolRecommendation
-from sla_guard.scale.actuators import ActuationError, Actuator, StandbyError, idempotency_key
+from sla_guard.scale.actuators import ActuationError, Actuator, CappedError, StandbyError, idempotency_key
 from sla_guard.scale.advisor import POOLS, Advisor, _Learned, to_recommendation
 from sla_guard.scale.guardrails import PoolMemory, without_data
 from sla_guard.scale.learn import SPREAD_GRID, PrefillCapacity, StepModel, TpotSpread
@@ -169,6 +169,8 @@ class AdvisorEvaluator:
                     except StandbyError as err:  # a second guard: not an error, nothing ordered
                         actuated = str(err)
                     except ActuationError as err:
+                        if isinstance(err, CappedError):  # patched, but to another size: count what holds
+                            adv.expect(pool, err.applied, now)
                         actuated = f"error: {err}"
                         self.actuation_errors += 1
                         self._inc(c.GUARD_ACTUATION_ERRORS, label, pool, self.actuator.name)
