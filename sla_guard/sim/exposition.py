@@ -129,6 +129,7 @@ class EngineMetrics(_Exposed):
         self.metrics[c.CENSUS_WALK_SECONDS].labels(*lab).set(walk_s)
         self.metrics[c.CENSUS_WALK_MAX_SLICE].labels(*lab).set(max_slice_s)
         self.metrics[c.CENSUS_OBJECTS].labels(*lab).set(objects)
+        self.metrics[c.CENSUS_ERRORS].labels(*lab)  # no walk fails here: the counter is exposed at 0, as the hooks do
         for owner, length, growth, bps in growers:
             self.metrics[c.CENSUS_CONTAINER_LENGTH].labels(*lab, owner).set(length)
             self.metrics[c.CENSUS_CONTAINER_GROWTH].labels(*lab, owner).set(growth)
