@@ -432,19 +432,25 @@ def test_a_patch_the_api_server_answers_with_a_capped_size_fails_at_once():
     assert state[("apps", "llm", "prefill-pool")] == state[("lws", "llm", "decode-pool")] == 3
 
 
-def test_a_capped_patch_is_counted_as_the_size_the_target_holds():
-    """In active mode the capped patch is an actuation error (counted, ``actuated: "error: ..."``)
-    and the advisor expects only the size the API server stored, not the one it asked for."""
-    handler, state, calls = k8s_server(cap=2)
-    key = ("apps", "llm", "prefill-pool")
-    state[key] = 1
-    reg = CollectorRegistry()
+def _one_busy_tick(handler, state: dict, reg: CollectorRegistry):
+    """One active evaluation against the loopback API server, prefill at 1 replica and busy:
+    the evaluator and its prefill decision record."""
+    state[("apps", "llm", "prefill-pool")] = 1
     with serve(handler) as (url, _):
         ev = _active_evaluator(_k8s_actuator(url), reg)
         st, engines = _store(), [Engine("prefill", "p0"), Engine("decode", "d0")]
         _run(engines, st, 1000, 1060, p0=BUSY, d0=DECODE)
         ev.evaluate(st, 1060)
-    rec = _prefill(ev)
+    return ev, _prefill(ev)
+
+
+def test_a_capped_patch_is_counted_as_the_size_the_target_holds():
+    """In active mode the capped patch is an actuation error (counted, ``actuated: "error: ..."``)
+    and the advisor expects only the size the API server stored, not the one it asked for."""
+    handler, state, calls = k8s_server(cap=2)
+    key = ("apps", "llm", "prefill-pool")
+    reg = CollectorRegistry()
+    ev, rec = _one_busy_tick(handler, state, reg)
     assert rec["direction"] == "up" and rec["desired"] > 2 and state[key] == 2 and len(calls) == 1
     assert rec["actuated"].startswith(f"error: scaling Deployment/llm/prefill-pool to {rec['desired']}: the API "
                                       "server set spec.replicas to 2 instead")
@@ -479,14 +485,8 @@ def test_kubernetes_refusals_leave_the_decision_not_applied_with_one_line_saying
     what to do; it is one line with the status, the API server's message and the fix."""
     handler, state, calls = k8s_server(fail_patch=code)
     key = ("apps", "llm", "prefill-pool")
-    state[key] = 1
     reg = CollectorRegistry()
-    with serve(handler) as (url, _):
-        ev = _active_evaluator(_k8s_actuator(url), reg)
-        st, engines = _store(), [Engine("prefill", "p0"), Engine("decode", "d0")]
-        _run(engines, st, 1000, 1060, p0=BUSY, d0=DECODE)
-        ev.evaluate(st, 1060)
-    rec = _prefill(ev)
+    ev, rec = _one_busy_tick(handler, state, reg)
     assert rec["direction"] == "up" and state[key] == 1 and len(calls) == 1
     why = rec["actuated"]
     assert why.startswith(f"error: scaling Deployment/llm/prefill-pool to {rec['desired']} failed: HTTP {code} ")
