@@ -83,8 +83,9 @@ def compose(config: GuardConfig, *, source: Source | None = None, state: StateSt
         guard.add_evaluator(CensusEvaluator(book, request_file=os.environ.get("SLA_GUARD_CENSUS_REQUEST_FILE")))
         stages = StageBreakdownEvaluator(config, book)  # where the client TTFT went; stage growth
         guard.add_evaluator(stages)
-        publisher = AlertPublisher.from_settings(book, config.alertmanager, guard.metrics)
+        publisher = AlertPublisher.from_settings(book, config.alertmanager, guard.metrics, config.api.listen)
         if publisher is not None:
+            guard.add_state("alertmanager", publisher)  # what it sent, resolved after a restart
             publisher.start()
         routers += [findings_router(book), stages_router(stages)]
     adv = None

@@ -458,11 +458,19 @@ class AlertmanagerSettings(Strict):
     bearer_token_env: str | None = None
     timeout_s: float = Field(default=5.0, gt=0)
     runbook_base_url: str = "https://github.com/sla-guard/sla-guard/blob/main/docs/runbooks.md"
+    # the guard's URL as people reach it (a proxy, an Ingress): alerts link to its /v1/findings;
+    # unset, the api.listen address
+    external_url: str | None = None
 
     @field_validator("url")
     @classmethod
     def _http(cls, v: str | None) -> str | None:
         return None if v is None else http_url(v, "http://alertmanager:9093")
+
+    @field_validator("external_url")
+    @classmethod
+    def _external(cls, v: str | None) -> str | None:
+        return None if v is None else http_url(v, "https://sla-guard.example.com")
 
 
 class EngineBuckets(Strict):

@@ -295,3 +295,106 @@ def test_a_wall_clock_stepped_back_does_not_stop_the_resends(alertmanager):
     assert pub.tick(stepped + 61) is True
     firing = [a for a in _am_alerts(alertmanager) if a["labels"]["instance"] == "host-d:8000"]
     assert [a["status"]["state"] for a in firing] == ["active"]
+
+
+@pytest.mark.parametrize("after_restart", ["warning", "resolved"])
+def test_a_restart_resolves_the_alert_alertmanager_holds_from_before(alertmanager, tmp_path, after_restart):
+    """A leak fired critical, then turned warning while Alertmanager was unreachable, and the guard
+    restarted from its state file: the critical alert (severity is a label, so another alert) lived
+    only in the publisher's memory, was never sent with endsAt, and stayed firing in Alertmanager
+    until its own resolve_timeout, next to the warning one or after the finding resolved. The
+    label sets sent as firing are persisted, and those no longer firing resolved after the restart."""
+    from sla_guard.compose import compose
+    from sla_guard.config import AlertmanagerSettings, GuardConfig
+    from sla_guard.ingest.source import StoreSource
+    from sla_guard.state import StateStore
+    from sla_guard.store import SeriesStore
+
+    cfg = GuardConfig(alertmanager=AlertmanagerSettings(url=alertmanager))
+    key = f"leak/m/decode/host-r-{after_restart}/engine_core"
+    lab = {"model": "m", "pool": "decode", "instance": f"host-r-{after_restart}:8000", "process": "engine_core"}
+
+    def up():
+        root = compose(cfg, source=StoreSource(SeriesStore()), state=StateStore(tmp_path / "state.db"),
+                       slo=False, advisor=False)
+        root.alerts.stop()  # ticked by the test, not its thread
+        return root
+
+    def leak(root, sev: str) -> None:
+        root.findings.raise_("leak", key, sev, "grows", lab, {"slope_mib_per_h": 48.0}, time.time())
+
+    def firing() -> set[str]:
+        return {a["labels"]["severity"] for a in _am_alerts(alertmanager)
+                if a["labels"]["instance"] == lab["instance"]}
+
+    a = up()
+    leak(a, "critical")
+    assert a.alerts.tick(time.time()) is True and firing() == {"critical"}
+    a.guard.persist(time.time())
+    leak(a, "warning")  # Alertmanager unreachable now: the warning is not delivered
+    a.alerts.client = AlertmanagerClient(f"http://127.0.0.1:{_free_port()}", retries=1, timeout_s=1)
+    assert a.alerts.tick(time.time()) is False
+    a.guard.persist(time.time())
+    a.guard.state.close()  # the guard is killed here
+
+    b = up()
+    assert [f.severity for f in b.findings.open_findings()] == ["warning"]
+    if after_restart == "resolved":
+        b.findings.resolve(key, time.time())
+    else:
+        leak(b, "warning")
+    assert b.alerts.tick(time.time()) is True
+    assert firing() == ({"warning"} if after_restart == "warning" else set())
+    b.guard.persist(time.time())
+    b.guard.state.close()
+    st = StateStore(tmp_path / "state.db")
+    held = st.load().get("alertmanager", {})  # what is resolved leaves the file: it stays bounded
+    st.close()
+    assert [v["labels"]["severity"] for v in held.values()] == ([] if after_restart == "resolved" else ["warning"])
+
+
+@pytest.mark.parametrize(("listen", "external_url", "base"), [
+    ("127.0.0.1:8080", None, "http://127.0.0.1:8080"),
+    ("0.0.0.0:9000", None, f"http://{socket.gethostname()}:9000"),  # a wildcard is no address to follow
+    ("0.0.0.0:9000", "https://guard.example.com/sla/", "https://guard.example.com/sla"),
+])
+def test_alerts_link_back_to_the_guards_findings(alertmanager, listen, external_url, base):
+    """The served guard sent no generatorURL: Alertmanager's UI and notifications had no link back
+    to the finding. Every alert now links to ``/v1/findings`` of its detector, model and pool, at
+    ``alertmanager.external_url`` (behind a proxy) or else the address the API listens on."""
+    from urllib.parse import parse_qs, urlsplit
+
+    from sla_guard.compose import compose
+    from sla_guard.config import AlertmanagerSettings, APISettings, GuardConfig
+    from sla_guard.ingest.source import StoreSource
+    from sla_guard.store import SeriesStore
+
+    cfg = GuardConfig(api=APISettings(listen=listen),
+                      alertmanager=AlertmanagerSettings(url=alertmanager, external_url=external_url))
+    root = compose(cfg, source=StoreSource(SeriesStore()), slo=False, advisor=False)
+    root.alerts.stop()  # ticked by the test, not its thread
+    inst = f"host-g-{listen}-{external_url is not None}"
+    now = time.time()
+    root.findings.raise_("leak", f"leak/{inst}", "warning", "grows",
+                         {"model": "m/1 b", "pool": "decode", "instance": inst, "process": "engine_core"}, {}, now)
+    root.findings.raise_("leak", f"resolved/{inst}", "warning", "grows",
+                         {"model": "m", "instance": inst + "-r", "process": "engine_core"}, {}, now)
+    root.findings.resolve(f"resolved/{inst}", now)
+    assert root.alerts.tick(time.time()) is True
+    got = [a for a in _am_alerts(alertmanager) if a["labels"]["instance"] == inst]
+    assert len(got) == 1
+    url = urlsplit(got[0]["generatorURL"])
+    assert f"{url.scheme}://{url.netloc}{url.path}" == base + "/v1/findings"
+    assert parse_qs(url.query) == {"state": ["all"], "detector": ["leak"], "model": ["m/1 b"], "pool": ["decode"]}
+    resolved = to_alert(root.findings.get(f"resolved/{inst}"), RUNBOOKS, root.alerts.external_url)
+    assert parse_qs(urlsplit(resolved["generatorURL"]).query) == {"state": ["all"], "detector": ["leak"],
+                                                                  "model": ["m"]}
+
+
+def test_an_external_url_that_is_no_http_url_is_refused_by_name():
+    """Alertmanager refuses a whole batch whose generatorURL is not a URL: caught at load instead."""
+    from sla_guard.config import ConfigError, parse_config
+
+    with pytest.raises(ConfigError, match=r"alertmanager\.external_url: .*https://sla-guard\.example\.com"):
+        parse_config({"source": {"mode": "prometheus", "url": "http://prometheus:9090"},
+                      "alertmanager": {"url": "http://alertmanager:9093", "external_url": "guard:8080"}})

@@ -92,6 +92,8 @@ def run(args: argparse.Namespace) -> int:
     except StateUnavailable as err:  # locked, read-only, full, newer schema: say which file and the fix
         print(f"state.path: {err}", file=sys.stderr)
         return 2
+    if args.listen:  # the address alerts link back to (alertmanager.external_url unset)
+        cfg = cfg.model_copy(update={"api": cfg.api.model_copy(update={"listen": args.listen})})
     root = compose(cfg, state=state)
     guard = root.guard
     app = create_app(guard, token=token, extra_routers=root.routers, max_body_bytes=cfg.api.max_body_bytes)

@@ -11,15 +11,18 @@ from __future__ import annotations
 import logging
 import math
 import os
+import socket
 import threading
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
+from urllib.parse import urlencode
 
 import httpx
 
 from exporters import contract as c
 from exporters.redact import peer_text
+from sla_guard.config import AlertmanagerSettings, split_listen
 from sla_guard.model import Finding
 from sla_guard.outbound import post_json
 
@@ -46,8 +49,27 @@ def _iso(ts: float) -> str:
     return datetime.fromtimestamp(ts, tz=UTC).isoformat().replace("+00:00", "Z")
 
 
-def to_alert(f: Finding, runbook_base_url: str, generator_url: str = "") -> dict:
-    """One Alertmanager v2 ``postableAlert`` for a finding (pure)."""
+def external_url(settings: AlertmanagerSettings, listen: str) -> str:
+    """The guard's URL for people following an alert: ``alertmanager.external_url`` (behind a
+    proxy), else the API's ``listen`` address, with this host's name for a wildcard one."""
+    if settings.external_url:
+        return settings.external_url.rstrip("/")
+    host, port = split_listen(listen)
+    if host in ("0.0.0.0", "::", ""):
+        host = socket.gethostname()
+    return f"http://{f'[{host}]' if ':' in host else host}:{port}"
+
+
+def findings_url(base: str, f: Finding) -> str:
+    """``/v1/findings`` narrowed to the finding's detector, model and pool (open and resolved)."""
+    q = {"state": "all", "detector": f.detector}
+    q.update({k: str(f.labels[k]) for k in ("model", "pool") if f.labels.get(k) not in ("", None)})
+    return f"{base}/v1/findings?{urlencode(q)}"
+
+
+def to_alert(f: Finding, runbook_base_url: str, external_url: str = "") -> dict:
+    """One Alertmanager v2 ``postableAlert`` for a finding (pure); ``external_url``: the guard's
+    base URL, linked from ``generatorURL``."""
     labels = {"alertname": ALERT_NAMES.get(f.detector, "SlaGuard" + f.detector.title().replace("_", "")),
               "severity": f.severity, "detector": f.detector}
     for k, v in f.labels.items():
@@ -64,8 +86,8 @@ def to_alert(f: Finding, runbook_base_url: str, generator_url: str = "") -> dict
         },
         "startsAt": _iso(f.opened_at),
     }
-    if generator_url:
-        alert["generatorURL"] = generator_url
+    if external_url:
+        alert["generatorURL"] = findings_url(external_url, f)
     if f.resolved_at is not None:  # never before startsAt (a clock stepped back): Alertmanager refuses the batch
         alert["endsAt"] = _iso(max(f.resolved_at, f.opened_at))
     return alert
@@ -174,17 +196,25 @@ class AlertPublisher:
     ``start()`` runs it on a daemon thread so HTTP never blocks an evaluation tick."""
 
     def __init__(self, book, client: AlertmanagerClient, runbook_base_url: str, *, resend_s: float = 60.0,
-                 generator_url: str = "", max_pending: int = 1000) -> None:
+                 external_url: str = "", max_pending: int = 1000) -> None:
         self.book = book
         self.client = client
         self.runbook_base_url = runbook_base_url
         self.resend_s = resend_s
-        self.generator_url = generator_url
+        self.external_url = external_url
         self.max_pending = max_pending
         self._sent_resolved: set[str] = set()
         # key -> the alert last delivered for each open finding: when its labels change (a leak
         # turning critical), Alertmanager holds another alert, which is resolved, not left to expire
         self._sent_open: dict[str, tuple[dict, float]] = {}  # key -> (alert, opened_at)
+        # what Alertmanager may hold from before a restart: the findings the state file reopened
+        # (a file without this publisher's parts); state_load puts what was really sent over them
+        for f in book.open_findings():
+            if f.key in getattr(book, "restored", ()):
+                self._sent_open[f.key] = (to_alert(f, runbook_base_url, external_url), f.opened_at)
+        self._filed: set[str] = set()  # keys whose part may be in the state file
+        self._unfiling: set[str] = set()  # keys whose part the last dump deleted
+        self._dumped: dict[str, tuple] = {}  # key -> (labels, opened_at) as last dumped
         self._last_push = -1e18
         self._last_version = -1
         self._failed = 0  # pushes failed in a row: the next waits 1, 2, 4 ... s, at most resend_s
@@ -192,13 +222,14 @@ class AlertPublisher:
         self._thread: threading.Thread | None = None
 
     @classmethod
-    def from_settings(cls, book, settings, metrics=None) -> AlertPublisher | None:
-        """From ``GuardConfig.alertmanager``; None when no URL is configured."""
+    def from_settings(cls, book, settings, metrics=None, listen: str = "127.0.0.1:8080") -> AlertPublisher | None:
+        """From ``GuardConfig.alertmanager`` (``listen``: the API's address, for ``generatorURL``);
+        None when no URL is configured."""
         if not settings.url:
             return None
         token = os.environ.get(settings.bearer_token_env) if settings.bearer_token_env else None
         client = AlertmanagerClient(settings.url, bearer_token=token, timeout_s=settings.timeout_s, metrics=metrics)
-        return cls(book, client, settings.runbook_base_url)
+        return cls(book, client, settings.runbook_base_url, external_url=external_url(settings, listen))
 
     def tick(self, now: float) -> bool | None:
         """Push if due; returns the push result, or None when nothing was due."""
@@ -213,7 +244,7 @@ class AlertPublisher:
         open_ = self.book.open_findings()
         resolved = [f for f in self.book.resolved_findings() if f.key not in self._sent_resolved]
         resolved = resolved[-self.max_pending:]
-        alerts = [to_alert(f, self.runbook_base_url, self.generator_url) for f in [*open_, *resolved]]
+        alerts = [to_alert(f, self.runbook_base_url, self.external_url) for f in [*open_, *resolved]]
         labels = {f.key: a["labels"] for f, a in zip([*open_, *resolved], alerts, strict=True)}
         alerts += [{**a, "endsAt": _iso(max(now, t))} for k, (a, t) in self._sent_open.items()
                    if labels.get(k) != a["labels"]]
@@ -228,6 +259,43 @@ class AlertPublisher:
             self._sent_resolved -= open_keys  # a reopened key must be resolved again later
             self._sent_resolved &= {f.key for f in self.book.resolved_findings()}  # bounded
         return ok
+
+    # --- crash-safe state (sla_guard.state.Stateful) ------------------------------------------
+    def state_dump(self, full: bool) -> dict:
+        """One part per label set sent as firing (``s/<key>``), written when it changes and deleted
+        when it leaves: only in memory, a severity sent before a restart was never resolved (the
+        finding changed or resolved while the guard was down or Alertmanager unreachable) and kept
+        firing until Alertmanager's resolve_timeout. Deletions as in ``FindingsBook.state_dump``."""
+        sent = self._sent_open  # rebound, never mutated, by tick() on the publisher thread
+        cur = {k: (a["labels"], t) for k, (a, t) in sent.items()}
+        if not full:
+            self._filed -= self._unfiling
+        write = cur.keys() if full else [k for k, v in cur.items() if self._dumped.get(k) != v]
+        out: dict = {f"s/{k}": {"labels": sent[k][0]["labels"], "annotations": sent[k][0].get("annotations", {}),
+                                "opened_at": sent[k][1]} for k in write}
+        self._unfiling = self._filed - cur.keys()
+        out.update({f"s/{k}": None for k in self._unfiling})
+        self._filed.update(write)
+        self._dumped = cur
+        return out
+
+    def state_load(self, parts: dict, records: list[dict]) -> None:
+        """The label sets sent as firing before the restart: the next push resolves those that
+        no longer fire. A part that is not a label set of strings is skipped (Alertmanager
+        refuses the whole batch for one bad alert, and would for every push after)."""
+        self._filed |= {k[2:] for k in parts if k.startswith("s/")}
+        for k, v in parts.items():
+            if not (k.startswith("s/") and isinstance(v, dict)):
+                continue
+            labels, t = v.get("labels"), v.get("opened_at")
+            if not (isinstance(labels, dict) and labels and all(isinstance(x, str) for x in (*labels, *labels.values()))
+                    and isinstance(t, (int, float)) and math.isfinite(t)):
+                log.warning("state: skipped an unreadable Alertmanager label set %r", k)
+                continue
+            ann = v.get("annotations")
+            ann = {a: b for a, b in ann.items() if isinstance(a, str) and isinstance(b, str)} \
+                if isinstance(ann, dict) else {}
+            self._sent_open[k[2:]] = ({"labels": labels, "annotations": ann, "startsAt": _iso(t)}, float(t))
 
     def _run(self) -> None:
         while not self._stop.wait(1.0):
