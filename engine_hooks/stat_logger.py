@@ -21,6 +21,7 @@ import os
 import threading
 import time
 import weakref
+from pathlib import Path
 from typing import Any
 
 from prometheus_client import REGISTRY
@@ -137,8 +138,8 @@ def _export_process_samples(model: str, pool: str, dp_size: int, on_error=None) 
         interval = interval_from_env()
         stale = max(30.0, 6 * interval)
         if _multiprocess_mode():
-            pm = ContractMetrics(REGISTRY, (Component.PROCESS,))
-            _process_exporters["mirror"] = MultiprocessMirror(run_dir, pm, model, pool, dp_size, interval,
+            mp_dir = Path(os.environ["PROMETHEUS_MULTIPROC_DIR"])
+            _process_exporters["mirror"] = MultiprocessMirror(run_dir, mp_dir, model, pool, dp_size, interval,
                                                               stale, on_error).start()
         else:
             collector = SnapshotCollector(run_dir, model, pool, dp_size, stale, on_error)

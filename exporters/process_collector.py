@@ -6,9 +6,8 @@ Two ways to reach vLLM's /metrics, chosen by how vLLM serves it (docs/hooks.md):
   ``SnapshotCollector`` registered there reads the snapshot files at scrape time;
 * several API servers (PROMETHEUS_MULTIPROC_DIR set): /metrics serves a fresh registry holding
   only a MultiProcessCollector over the mmap files, so a collector cannot be added. There one
-  API server (elected with a file lock, taking over if it dies) mirrors the snapshots into
-  ordinary contract gauges/counters every interval; prometheus_client writes them to the
-  multiprocess files, where vLLM's collector finds them.
+  API server (elected with a file lock, taking over if it dies) writes the snapshots' series
+  every interval into mmap files of its own there, where vLLM's collector finds them.
 
 Labels: model and pool come from the API server's vLLM config; engine from the DP rank in the
 process title (a worker without one inherits its parent EngineCore's); role and process from
@@ -31,11 +30,11 @@ from pathlib import Path
 
 import psutil
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.mmap_dict import MmapedDict, mmap_key
 from prometheus_client.registry import Collector
 
 from exporters import contract as c
 from exporters.process_sampler import CENSUS_PREFIX, SNAPSHOT_PREFIX, Snapshot
-from exporters.prometheus import ContractMetrics
 
 log = logging.getLogger("sla_guard.process_collector")
 
@@ -227,16 +226,25 @@ class SnapshotCollector(Collector):
 
 
 class MultiprocessMirror:
-    """Multi-API-server mode: the lock holder copies snapshots into contract metrics that
-    prometheus_client persists in PROMETHEUS_MULTIPROC_DIR."""
+    """Multi-API-server mode: the lock holder writes the snapshots' contract series into mmap files
+    of its own in PROMETHEUS_MULTIPROC_DIR, where vLLM's MultiProcessCollector reads them.
 
-    def __init__(self, run_dir: Path, metrics: ContractMetrics, model: str, pool: str, dp_size: int,
+    Why its own files, rewritten whole each round (temp file + rename): prometheus_client's values
+    live in the leader's per-PID files, which cannot forget a label set, so every process that ever
+    lived (each forked helper a new ``_pid<PID>`` series, and its ``process_info``) was exported
+    for as long as vLLM ran. Counters are written as the snapshots' totals, not as increments: a
+    new leader no longer adds them again next to the old leader's file."""
+
+    FILE_ID = "slaguard-mirror"  # in place of a PID in the file names (no "_": the collector splits on it)
+
+    def __init__(self, run_dir: Path, mp_dir: Path, model: str, pool: str, dp_size: int,
                  interval: float, stale_after_s: float,
                  on_error: Callable[[BaseException], None] | None = None) -> None:
         self.on_error = on_error
-        self.run_dir, self.metrics, self.model, self.pool, self.dp_size = run_dir, metrics, model, pool, dp_size
+        self.run_dir, self.mp_dir, self.model, self.pool, self.dp_size = run_dir, Path(mp_dir), model, pool, dp_size
         self.interval, self.stale_after_s = interval, stale_after_s
-        self._counters: dict[tuple, float] = {}
+        self._prefixes: set[str] = set()  # files written once are always rewritten (empty if need be)
+        self._write_lock = threading.Lock()
         self._lock_fd: int | None = None
         self._stop = threading.Event()
         self.errors = 0
@@ -262,18 +270,37 @@ class MultiprocessMirror:
         return True
 
     def mirror_once(self) -> None:
+        """One round: the live processes' series, and nothing else, in the mirror's files."""
         snaps = read_snapshots(self.run_dir, self.stale_after_s)
         census = read_census(self.run_dir, [s.pid for s in snaps])
+        now = time.time()  # a "mostrecent" gauge sample without a time is never served
+        files: dict[str, list[tuple[str, float, float]]] = {}
         for m, labels, value in snapshot_rows(snaps, self.model, self.pool, self.dp_size, census):
-            child = self.metrics[m].labels(*labels)
-            if m.kind is c.Kind.COUNTER:
-                key = (m.name, labels)
-                delta = value - self._counters.get(key, 0.0)
-                self._counters[key] = value
-                if delta > 0:
-                    child.inc(delta)
+            if m.kind is c.Kind.COUNTER:  # prometheus_client's key for a counter sample
+                prefix, sample, ts = "counter", m.name + "_total", 0.0
             else:
-                child.set(value)
+                prefix, sample, ts = f"gauge_{m.multiprocess_mode}", m.name, now
+            files.setdefault(prefix, []).append((mmap_key(m.name, sample, list(m.labels), list(labels), m.help),
+                                                 value, ts))
+        with self._write_lock:
+            self._prefixes |= files.keys()
+            for prefix in sorted(self._prefixes):
+                self._replace(self.mp_dir / f"{prefix}_{self.FILE_ID}.db", files.get(prefix, []))
+
+    @staticmethod
+    def _replace(path: Path, entries: list[tuple[str, float, float]]) -> None:
+        """Write ``entries`` to a temp file and rename it over ``path``: a scrape reads the old or
+        the new file, never half of one, and never finds it missing (the collector raises then)."""
+        tmp = path.with_name(path.name + ".tmp")  # not *.db: the collector does not read it
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()  # MmapedDict would keep the entries of a file left by a crash
+        d = MmapedDict(str(tmp))
+        try:
+            for key, value, ts in entries:
+                d.write_value(key, value, ts)
+        finally:
+            d.close()
+        os.replace(tmp, path)
 
     def _run(self) -> None:
         while not self._stop.is_set():

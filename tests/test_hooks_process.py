@@ -28,7 +28,6 @@ from exporters.process_sampler import (
     take_snapshot,
     write_snapshot,
 )
-from exporters.prometheus import ContractMetrics
 
 
 @pytest.mark.parametrize(("title", "expected"), [
@@ -202,21 +201,103 @@ def test_stale_snapshot_is_skipped(tmp_path):
 
 
 def test_multiprocess_mirror_leader_sets_contract_series(tmp_path):
+    """One API server mirrors, the others wait; a new leader takes over the same files. Counters are
+    the snapshots' totals: the old mirror added them as increments into its own per-PID file, so
+    a new leader counted every process's GC collections again beside the old leader's."""
+    from prometheus_client.multiprocess import MultiProcessCollector
+
+    mp_dir = tmp_path / "mp"
+    mp_dir.mkdir()
     write_snapshot(tmp_path, take_snapshot())
-    reg = CollectorRegistry()
-    pm = ContractMetrics(reg, (c.Component.PROCESS,))
-    a = MultiprocessMirror(tmp_path, pm, "m", "mixed", 1, 1.0, 30)
-    b = MultiprocessMirror(tmp_path, ContractMetrics(CollectorRegistry(), (c.Component.PROCESS,)), "m", "mixed",
-                           1, 1.0, 30)
+    a = MultiprocessMirror(tmp_path, mp_dir, "m", "mixed", 1, 1.0, 30)
+    b = MultiprocessMirror(tmp_path, mp_dir, "m", "mixed", 1, 1.0, 30)
     assert a.leader() and not b.leader()  # one API server mirrors, the others wait
     a.mirror_once()
-    a.mirror_once()  # counters advance by deltas, not re-added
-    text = generate_latest(reg).decode()
+    a.mirror_once()
+
+    def served() -> tuple[str, float]:
+        reg = CollectorRegistry()
+        MultiProcessCollector(reg, path=str(mp_dir))
+        text = generate_latest(reg).decode()
+        gen0 = [s.value for f in text_string_to_metric_families(text) if f.name == c.PROCESS_GC_COLLECTIONS.name
+                for s in f.samples if s.name.endswith("_total") and s.labels["generation"] == "0"]
+        assert len(gen0) == 1, text
+        return text, gen0[0]
+
+    text, gen0 = served()
     assert c.PROCESS_RSS.name in text and f'process_pid="{os.getpid()}"' in text
-    gen0 = [s for f in text_string_to_metric_families(text) if f.name == c.PROCESS_GC_COLLECTIONS.name
-            for s in f.samples if s.name.endswith("_total") and s.labels["generation"] == "0"]
-    assert gen0 and gen0[0].value <= json.loads((tmp_path / f"proc-{os.getpid()}.json").read_text())[
-        "gc_collections"][0] + 5
+    filed = json.loads((tmp_path / f"proc-{os.getpid()}.json").read_text())["gc_collections"][0]
+    assert gen0 == filed
+    os.close(a._lock_fd)  # the leader's API server dies: its flock goes with it
+    assert b.leader()
+    b.mirror_once()
+    assert served()[1] == filed  # not twice
+
+
+MIRROR_CHURN = r"""
+import json, os, sys
+from pathlib import Path
+from prometheus_client import CollectorRegistry
+from prometheus_client.multiprocess import MultiProcessCollector
+from engine_hooks import stat_logger
+from exporters import contract as c
+from exporters.process_sampler import take_snapshot, write_snapshot
+
+run_dir = Path(os.environ["SLA_GUARD_RUN_DIR"])
+stat_logger._export_process_samples("m", "decode", 1)  # what vLLM's API server does, several of them running
+mirror = stat_logger._process_exporters["mirror"]
+mirror.stop()
+mirror._thread.join(10)  # its first round done; the rounds below are the test's
+assert mirror.leader()
+write_snapshot(run_dir, take_snapshot())
+
+def served():
+    reg = CollectorRegistry()
+    MultiProcessCollector(reg)  # what /metrics serves with several API servers
+    fams = {f.name: f for f in reg.collect()}
+    return sorted({s.labels["process"] for s in fams[c.PROCESS_RSS.name].samples}), \
+        sorted(s.labels["process_pid"] for s in fams[c.PROCESS_INFO.name].samples)
+
+seen = []
+for _ in range(int(sys.argv[1])):  # helpers forked, sampled, exited and reaped, one after another
+    r1, w1 = os.pipe()
+    r2, w2 = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        write_snapshot(run_dir, take_snapshot())  # a forked helper inherits its parent's title
+        os.write(w1, b"x")
+        os.read(r2, 1)
+        os._exit(0)
+    os.read(r1, 1)
+    mirror.mirror_once()
+    seen.append(served())
+    os.write(w2, b"x")
+    os.waitpid(pid, 0)
+    mirror.mirror_once()
+print(json.dumps({"while_alive": seen, "after": served(), "me": os.getpid()}))
+"""
+
+
+def test_multiprocess_mirror_forgets_processes_that_exited(tmp_path):
+    """Several API servers: the mirror wrote into prometheus_client's per-PID mmap files, which
+    cannot forget a label set, so each forked helper that exited kept its ``main_pid<PID>`` RSS
+    series and its process_info in /metrics until vLLM restarted (50 helpers, one at a time: 51
+    RSS series for one live process; 500: 419, the files 1.5 MB and growing). Real forked
+    helpers, the real MultiProcessCollector: only live processes are served."""
+    mp_dir, run_dir = tmp_path / "mp", tmp_path / "run"
+    mp_dir.mkdir()
+    run_dir.mkdir()
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(mp_dir), "SLA_GUARD_RUN_DIR": str(run_dir),
+           "SLA_GUARD_SAMPLE_INTERVAL_S": "3600"}
+    out = subprocess.run([sys.executable, "-c", MIRROR_CHURN, "20"], env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    got = json.loads(out.stdout)
+    me = got["me"]
+    for rss, info in got["while_alive"]:  # each helper served while it lived, beside its parent
+        assert len(rss) == 2 and "main" in rss and len(info) == 2 and str(me) in info, (rss, info)
+    assert len({tuple(rss) for rss, _ in got["while_alive"]}) == 20  # 20 distinct helpers
+    assert got["after"] == [["main"], [str(me)]]
 
 
 def test_freeze_count_is_read_every_sample_while_cheap_and_rarely_once_it_walks():
