@@ -8,7 +8,8 @@ Why the request path looks the way it does:
   decode stream turns into a streamed response.
 - Every upstream await runs under the leg's total deadline (``asyncio.timeout_at``, connect to the
   last body byte), never across a ``yield`` to the client, so a slow client is not counted against
-  the engine and a slow engine cannot hold a request forever.
+  the engine and a slow engine cannot hold a request forever. Each read of a decode stream also has
+  a stall bound: an engine silent that long ends the stream and is left out, as a hung one is.
 - The streamed body is a ``DecodeStream`` whose ``close()`` runs after the response however it
   ends (last byte sent, client gone, send failed), shielded from cancellation: the decode stream is
   closed (vLLM aborts a request whose connection closes), the engine lease released and the
@@ -102,12 +103,22 @@ class DecodeStream:
     """The decode engine's SSE stream relayed to the client, measured on the way through."""
 
     def __init__(self, resp: httpx.Response, lease: Lease, stats: RequestStats, deadline: float,
-                 want_usage: bool, sent_at: float, prefill_leg_s: float) -> None:
+                 want_usage: bool, sent_at: float, prefill_leg_s: float, pool: EnginePool,
+                 first_chunk_s: float, stall_s: float) -> None:
         self.resp, self.lease, self.stats = resp, lease, stats
         self.deadline, self.want_usage = deadline, want_usage
         self.sent_at, self.prefill_leg_s = sent_at, prefill_leg_s
+        # The engine's verdict waits for its first chunk (see _call): a 200, then silence, is not an engine up
+        self.pool, self.first_chunk_s, self.stall_s = pool, first_chunk_s, stall_s
         self.outcome = Outcome.ABORTED  # until the stream is seen to end, or to fail
         self._closed = False
+        self._judged = False
+
+    def _answered(self) -> None:
+        """The engine sent its first chunk (vLLM: once the request's first token is out), or closed the stream: up."""
+        if not self._judged:
+            self._judged = True
+            self.pool.answered(self.lease.url)
 
     def _failure(self, status: int, kind: str, message: str) -> bytes:
         log.warning("decode leg to %s failed mid-stream: %s", display_url(self.lease.url), message)
@@ -135,21 +146,33 @@ class DecodeStream:
         # Usage in a decode step the proxy did not ask for (it drops continuous_usage_stats) is how it shows.
         forced_usage = False
         finished = aborted = False
+        # A choice's last chunk (finish_reason), held until the usage chunk the proxy drops for a client that did not
+        # ask for it: vLLM put the system_fingerprint there (include_usage on), where it would have put it on these.
+        held: list[tuple[bytes, legs.Event, float]] = []
+        wait_s = self.first_chunk_s  # queue and KV pull before the first chunk, one decode step after it
         while True:
             failure = None
+            # the stall bound runs only while the proxy waits for the engine: never across a yield to the client
+            stall_at = loop.time() + wait_s
+            stalls = stall_at < self.deadline + blocked
             try:
-                async with asyncio.timeout_at(self.deadline + blocked):
+                async with asyncio.timeout_at(min(stall_at, self.deadline + blocked)):
                     chunk = await anext(raw_it, None)
             except TimeoutError:
-                failure = (504, "upstream_timeout", "decode leg passed its deadline")
+                if stalls and not done:  # after [DONE] the answer is whole: a slow close is no stalled engine
+                    self.pool.failed(self.lease.url, f"decode stream silent for {wait_s:g} s")
+                    failure = (504, "upstream_timeout", f"decode engine sent nothing for {wait_s:g} s (stalled)")
+                else:
+                    failure = (504, "upstream_timeout", "decode leg passed its deadline")
             except httpx.HTTPError as e:
                 failure = (502, "upstream_unreachable", f"decode stream broke: {type(e).__name__}: {e}")
-            if failure is not None:
-                if not done:  # after [DONE] the client has its whole answer: nothing to report
-                    yield self._failure(*failure)
-                return
+            if failure is None:
+                self._answered()
+            wait_s = self.stall_s
             received = time.perf_counter()
-            for raw in splitter.flush() if chunk is None else splitter.feed(chunk):
+            ready: list[tuple[bytes, legs.Event, float]] = []
+            pieces = [] if failure is not None else splitter.flush() if chunk is None else splitter.feed(chunk)
+            for raw in pieces:
                 ev = legs.inspect_event(raw)
                 errored = errored or ev.error
                 finished, aborted = finished or ev.finished, aborted or ev.aborted
@@ -157,10 +180,24 @@ class DecodeStream:
                     tokens = ev.completion_tokens
                     forced_usage = forced_usage or ev.step
                 if ev.usage_only and not (self.want_usage or forced_usage):
-                    continue  # asked for by the proxy (TPOT needs completion_tokens), not by the client
+                    # asked for by the proxy (TPOT needs completion_tokens), not by the client
+                    ready += [(legs.with_fingerprint(r, ev.fingerprint), e, t) for r, e, t in held]
+                    held = []
+                    continue
                 for i in ev.choices:
                     choice = i if choice is None else choice
                     several = several or i != choice
+                if ev.finished and not (self.want_usage or forced_usage):
+                    held.append((raw, ev, received))
+                elif ev.step and not ev.finished:
+                    ready.append((raw, ev, received))  # another choice's step (n > 1) does not wait for the usage chunk
+                else:  # the end of the stream ([DONE], an error): what was held goes first, as it came
+                    ready += [*held, (raw, ev, received)]
+                    held = []
+            if failure is not None or chunk is None:
+                ready += held
+                held = []
+            for raw, ev, received in ready:
                 if ev.token or (ev.step and first_at is not None):
                     # Stamped when the token is handed to the client connection, before the yield: the
                     # yield resumes only once the server's send() returns, and uvicorn's send() first
@@ -190,6 +227,10 @@ class DecodeStream:
                     self.outcome = Outcome.ERROR if errored else Outcome.OK
                     if first_at is not None and not errored and not several:
                         self.stats.tpot(first_at, last_at, tokens)
+            if failure is not None:
+                if not done:  # after [DONE] the client has its whole answer: nothing to report
+                    yield self._failure(*failure)
+                return
             if chunk is None:
                 break
         if not done:  # the engine ended the stream without [DONE]: the client's answer is cut short
@@ -367,12 +408,14 @@ class Proxy:
             lease.release()
 
     async def _call(self, pool: EnginePool, leg: str, path: str, body: dict[str, Any], up: dict[str, bytes],
-                    deadline: float, timeout_s: float) -> tuple[httpx.Response, Lease]:
+                    deadline: float, timeout_s: float, stream: bool = False) -> tuple[httpx.Response, Lease]:
         """An upstream call opened (status and headers; a non-200 answer read whole) under ``deadline``, and the
         lease of the engine that answered. An engine that refused the connection or answered 503 (vLLM's admission
         control) never started the request, so the call moves to another engine of the pool, within the same
         deadline: the client has seen nothing yet, and the time lost stays in its TTFT. A call that broke or
-        timed out is not repeated (the engine may have started it); the engine is left out for the next ones."""
+        timed out is not repeated (the engine may have started it); the engine is left out for the next ones.
+        A ``stream``'s 200 is no verdict yet: vLLM sends it before the first token, so an engine that stalls after it
+        came back from its time out with every probe; its first chunk judges it (``DecodeStream``)."""
         loop = asyncio.get_running_loop()
         tried: list[str] = []
         while True:
@@ -404,7 +447,8 @@ class Proxy:
                                           lease.url) from None
                 raise
             if resp.status_code != 503:
-                pool.answered(lease.url)
+                if not (stream and resp.status_code == 200):
+                    pool.answered(lease.url)
                 return resp, lease
             pool.failed(lease.url, "answered 503")
             if not (pool.another(tried) and loop.time() < deadline):
@@ -423,15 +467,17 @@ class Proxy:
         timeout_s = self.config.decode_timeout_s
         deadline = asyncio.get_running_loop().time() + timeout_s
         sent = time.perf_counter()  # decode_first_leg spans every engine tried
-        resp, lease = await self._call(self.decode, "decode", path, dec, up, deadline, timeout_s)
+        resp, lease = await self._call(self.decode, "decode", path, dec, up, deadline, timeout_s, stream=True)
         if resp.status_code != 200:
             with anyio.CancelScope(shield=True):
                 await resp.aclose()
             lease.release()
             raise LegFailed.engine_answer(resp, "decode")
-        stream = DecodeStream(resp, lease, stats, deadline, want_usage, sent, prefill_leg_s)
+        stall_s = self.config.decode_stall_timeout_s
+        first_s = max(self.config.prefill_timeout_s, stall_s)  # queue and KV pull: as long as a prefill may take
+        ds = DecodeStream(resp, lease, stats, deadline, want_usage, sent, prefill_leg_s, self.decode, first_s, stall_s)
         media = resp.headers.get("content-type") or "text/event-stream"
-        return RelayResponse(stream, headers, media)
+        return RelayResponse(ds, headers, media)
 
     # -- the rest ----------------------------------------------------------------------------------
     def health(self) -> dict[str, Any]:

@@ -44,6 +44,9 @@ def parser() -> argparse.ArgumentParser:
                    help="total deadline of a prefill call, connect to last byte (default %(default)g s)")
     p.add_argument("--decode-timeout", type=float, default=d.decode_timeout_s, metavar="S",
                    help="total deadline of a decode call, connect to last streamed byte (default %(default)g s)")
+    p.add_argument("--decode-stall-timeout", type=float, default=d.decode_stall_timeout_s, metavar="S",
+                   help="longest silence of a decode stream after its first chunk before it ends as an error and "
+                        "the engine is left out (default %(default)g s)")
     p.add_argument("--max-models", type=int, default=d.max_models, metavar="N",
                    help="distinct model label values before the rest count as 'other' (default %(default)s)")
     p.add_argument("--max-body-bytes", type=int, default=d.max_body_bytes, metavar="N",
@@ -57,7 +60,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = ProxyConfig(prefill=tuple(args.prefill), decode=tuple(args.decode), policy=args.policy,
                              router=args.router, prefill_timeout_s=args.prefill_timeout,
-                             decode_timeout_s=args.decode_timeout, max_models=args.max_models,
+                             decode_timeout_s=args.decode_timeout,
+                             decode_stall_timeout_s=args.decode_stall_timeout, max_models=args.max_models,
                              max_body_bytes=args.max_body_bytes)
     except ValueError as e:
         parser().error(str(e))

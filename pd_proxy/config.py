@@ -42,6 +42,11 @@ class ProxyConfig:
     # one token; decode streams the whole generation.
     prefill_timeout_s: float = 120.0
     decode_timeout_s: float = 600.0
+    # The longest a decode stream may stay silent once its first chunk came. vLLM sends a running request's
+    # chunks one decode step apart (ms), a preemption's recompute at worst seconds: 30 s of silence is an
+    # engine that stalled, and the stream ends and the engine is left out as a hung one is. Before its first
+    # chunk a decode engine queues and pulls the KV cache, which is given --prefill-timeout (if longer).
+    decode_stall_timeout_s: float = 30.0
     # Distinct values of the model label before the rest are counted as "other": the model comes
     # from the client's body, and clients must not be able to mint series.
     max_models: int = 16
@@ -58,5 +63,10 @@ class ProxyConfig:
             raise ValueError("router name must not be empty")
         if self.prefill_timeout_s <= 0 or self.decode_timeout_s <= 0:
             raise ValueError("timeouts must be positive")
+        if not self.decode_stall_timeout_s > 0:
+            raise ValueError(
+                f"decode_stall_timeout_s (--decode-stall-timeout) must be a positive number of seconds, "
+                f"got {self.decode_stall_timeout_s!r}"
+            )
         if self.max_models < 1 or self.max_body_bytes < 1:
             raise ValueError("max_models and max_body_bytes must be >= 1")

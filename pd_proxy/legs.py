@@ -201,6 +201,7 @@ class Event:
     step: bool = False  # carries choices, with text or not: a decode step's output (the EOS step's has no text)
     finished: bool = False  # a choice carries a finish_reason
     aborted: bool = False  # a choice finished with "abort": the engine dropped the request
+    fingerprint: Any = None  # the chunk's system_fingerprint (vLLM: on the usage chunk when include_usage is on)
 
 
 _NOTHING = Event()
@@ -237,7 +238,27 @@ def inspect_event(raw: bytes) -> Event:
     with_text = tuple(_index(ch, i) for i, ch in enumerate(choices) if _has_text(ch))
     reasons = {r for ch in choices if isinstance(ch, dict) and isinstance(r := ch.get("finish_reason"), str)}
     return Event(token=bool(with_text), usage_only=tokens is not None and not choices, completion_tokens=tokens,
-                 choices=with_text, step=bool(choices), finished=bool(reasons), aborted=ABORT in reasons)
+                 choices=with_text, step=bool(choices), finished=bool(reasons), aborted=ABORT in reasons,
+                 fingerprint=obj.get("system_fingerprint"))
+
+
+def with_fingerprint(raw: bytes, fingerprint: Any) -> bytes:
+    """A choice's last chunk with the ``system_fingerprint`` vLLM would have put on it. vLLM stamps it on the chunks
+    carrying a finish_reason, unless include_usage is on: then only on the usage chunk, which the proxy asked for
+    (TPOT) and drops for a client that did not, so that client lost it. The rest of the event is left byte for byte;
+    an event of several lines, or that has the field already, is left whole."""
+    body = raw.rstrip(b"\r\n")
+    if fingerprint is None or not body.startswith(b"data:") or b"\n" in body or b"\r" in body:
+        return raw
+    try:
+        obj = json.loads(body[5:])
+    except ValueError:
+        return raw
+    if not isinstance(obj, dict) or not obj or "system_fingerprint" in obj:
+        return raw
+    end = body.rindex(b"}")
+    field = b',"system_fingerprint":' + json.dumps(fingerprint, ensure_ascii=False).encode()
+    return body[:end] + field + body[end:] + raw.removeprefix(body)
 
 
 def aborted_answer(content: bytes) -> bool:

@@ -47,7 +47,8 @@ class Engine:
     before any answer, ``status`` / ``error`` for an error answer, ``stall_after`` tokens then
     ``stall_s`` of silence, ``first_chunk_extra`` fields added to chat's first chunk, ``force_usage``
     (vLLM's ``--enable-force-include-usage``), ``abort_after`` tokens (vLLM's ending of a request its
-    engine aborted). Records every request and whether the proxy hung up mid-stream."""
+    engine aborted), ``fingerprint`` (vLLM's ``system_fingerprint``, placed where vLLM places it).
+    Records every request and whether the proxy hung up mid-stream."""
 
     def __init__(self, role: str, name: str = "", port: int = 0) -> None:
         self.role, self.name = role, name or role
@@ -66,6 +67,9 @@ class Engine:
         self.eos = False  # end as vLLM does at EOS: one more step, no text, finish_reason, counted in usage
         self.force_usage = False  # vLLM's should_include_usage when forced: usage in every chunk, and the usage chunk
         self.abort_after: int | None = None  # the engine aborts the request (shutdown, fault) after this many tokens
+        # vLLM 0.32 (--fingerprint-mode full by default): in a whole answer; in a stream, on the usage chunk when
+        # include_usage is on, else on each choice's chunk carrying a finish_reason
+        self.fingerprint: str | None = None
         self.hung_up = threading.Event()
         self.active = 0
         eng = self
@@ -124,6 +128,8 @@ class Engine:
             out = {"id": "d", "choices": [{"index": 0, **msg}], "usage": {"completion_tokens": self.tokens}}
             if self.abort_after is not None:
                 out["choices"][0]["finish_reason"] = "abort"
+            if self.fingerprint is not None:
+                out["system_fingerprint"] = self.fingerprint
             self._send(h, 200, json.dumps(out).encode(), "application/json")
             return
         h.send_response(200)
@@ -170,11 +176,13 @@ class Engine:
             usage = {"prompt_tokens": 3, "completion_tokens": m, "total_tokens": 3 + m} if continuous else None
             for k in range(n):
                 choice = {"index": k, "delta": {"content": ""}} if chat else {"index": k, "text": ""}
-                event({"id": "d", "choices": [{**choice, "finish_reason": ending}], "usage": usage})
+                fp = {"system_fingerprint": self.fingerprint} if self.fingerprint and not include else {}
+                event({"id": "d", "choices": [{**choice, "finish_reason": ending}], "usage": usage, **fp})
         generated = n * (tokens + (ending == "stop"))
         if include:
+            fp = {"system_fingerprint": self.fingerprint} if self.fingerprint else {}
             event({"id": "d", "choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": generated,
-                                                        "total_tokens": 3 + generated}})
+                                                        "total_tokens": 3 + generated}, **fp})
         if self.send_done:
             event(b"[DONE]")
 
@@ -536,11 +544,12 @@ def test_a_client_reading_late_does_not_push_the_decode_leg_past_its_deadline(en
     """The decode deadline ran on while the proxy waited for a slow client to take what it had handed over:
     an engine that had finished its stream at once, behind a client that began reading after the deadline,
     got a 504 "decode leg passed its deadline" event in mid-answer (1 token of 3, no ``[DONE]``), counted as the
-    service's error. Only the time the proxy waits for the engine counts now."""
+    service's error. Only the time the proxy waits for the engine counts now, against the deadline and against
+    the stall bound alike: the engine that waited on the client is not left out."""
     p, d = engines("prefill"), engines("decode")
     d.tokens, d.first_token_s = 3, 0.3  # the tokens come once the proxy waits for the client, not with the first chunk
     d.first_chunk_extra = {"prompt_token_ids": [151644] * 40_000}  # ~320 KB: fills the small socket buffers
-    px = proxies([p], [d], decode_timeout_s=1.0)
+    px = proxies([p], [d], decode_timeout_s=1.0, decode_stall_timeout_s=0.8)
     px.server.servers[0].sockets[0].setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 8192)
     body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}).encode()
     head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
@@ -560,6 +569,7 @@ def test_a_client_reading_late_does_not_push_the_decode_leg_past_its_deadline(en
         assert time.monotonic() < deadline, s
         time.sleep(0.05)
     assert value(s, c.CLIENT_REQUESTS.exposed, outcome="ok") == 1 and value(s, c.CLIENT_TPOT.exposed + "_count") == 1
+    assert px.proxy.health()["left_out"]["decode"] == {}
 
 
 # --- labels, balancing, robustness ----------------------------------------------------------------
@@ -747,6 +757,67 @@ def test_an_engine_left_out_comes_back_once_it_answers(engines, proxies):
     assert px.proxy.health()["left_out"]["prefill"] == {}
 
 
+@pytest.mark.parametrize("stall_after", [0, 2], ids=["after_headers", "after_chunks"])
+def test_a_decode_stream_that_stalls_ends_with_an_error_and_its_engine_is_left_out(
+        engines, proxies, monkeypatch, stall_after):
+    """A decode engine that sent its 200 (vLLM sends it before the first token) or some chunks, then nothing: the
+    client waited the whole decode deadline (600 s by default) for a 504 event, and the engine kept its share of the
+    next requests. Now a silence past --decode-stall-timeout (before the first chunk: --prefill-timeout, if longer)
+    ends the stream with an error event and leaves the engine out, as a hung engine is."""
+    for name in ("EJECT_S", "EJECT_MAX_S"):  # still out when the test looks, however slow the machine
+        monkeypatch.setattr(balance, name, 60.0)
+    p, bad, good = engines("prefill"), engines("decode", "bad"), engines("decode", "good")
+    bad.stall_after, bad.stall_s = stall_after, 5.0  # without a stall bound the stream resumes and ends ok
+    px = proxies([p], [bad, good], prefill_timeout_s=0.5, decode_stall_timeout_s=0.5, decode_timeout_s=10.0)
+    r, events, _ = stream(px.url + "/v1/completions", {"model": "m", "prompt": "x", "stream": True})
+    assert r.status_code == 200 and len(token_times(events)) == stall_after and events[-1][1] != "[DONE]"
+    err = json.loads(events[-1][1])["error"]
+    assert (err["code"], err["type"], err["leg"], err["engine"]) == (504, "upstream_timeout", "decode", bad.url)
+    assert "stalled" in err["message"]
+    assert set(px.proxy.health()["left_out"]["decode"]) == {bad.url}
+    assert bad.hung_up.wait(10)  # the stalled stream was closed: vLLM aborts the request
+    for _ in range(3):
+        r, events, _ = stream(px.url + "/v1/completions", {"model": "m", "prompt": "x", "stream": True})
+        assert r.status_code == 200 and events[-1][1] == "[DONE]"
+    assert len(bad.requests) == 1 and len(good.requests) == 3
+    s = scrape(px.url)
+    assert value(s, c.CLIENT_REQUESTS.exposed, outcome="error") == 1 and value(s, c.CLIENT_REQUESTS.exposed) == 4
+    assert value(s, c.CLIENT_IN_FLIGHT.name) == 0 and px.proxy.health()["in_flight"]["decode"][bad.url] == 0
+
+
+def test_a_stalling_decode_engine_is_probed_by_one_request_at_a_time_and_left_out_longer(
+        engines, proxies, monkeypatch, caplog):
+    """The 200 of a stream is no sign that the engine is up: vLLM sends it before the first token. Taken as one, the
+    probing request's 200 brought a stalled engine back at once (every request after it went there again, to stall),
+    and its next stall counted as a first failure (1 s out, never doubled)."""
+    monkeypatch.setattr(balance, "EJECT_S", 0.2)
+    monkeypatch.setattr(balance, "EJECT_MAX_S", 60.0)
+    p, bad, good = engines("prefill"), engines("decode", "bad"), engines("decode", "good")
+    bad.stall_after, bad.stall_s = 0, 8.0
+    px = proxies([p], [bad, good], prefill_timeout_s=2.0, decode_stall_timeout_s=2.0, decode_timeout_s=30.0)
+    body = {"model": "m", "prompt": "x", "stream": True}
+    with caplog.at_level(logging.WARNING, logger="pd_proxy"):
+        assert "stalled" in stream(px.url + "/v1/completions", body)[1][-1][1]  # round-robin: bad first
+        assert stream(px.url + "/v1/completions", body)[1][-1][1] == "[DONE]"  # good; bad is next in turn
+        deadline = time.monotonic() + 10
+        while px.proxy.health()["left_out"]["decode"]:  # its time out is over: the next request probes it
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        box: list = []
+        probe = threading.Thread(target=lambda: box.append(stream(px.url + "/v1/completions", body)))
+        probe.start()
+        while px.proxy.health()["in_flight"]["decode"][bad.url] != 1:  # its 200 came, it stalls now
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        for _ in range(3):  # while the probe runs, the other requests stay off the engine
+            assert stream(px.url + "/v1/completions", body)[1][-1][1] == "[DONE]"
+        probe.join(15)
+    assert len(bad.requests) == 2 and len(good.requests) == 4
+    assert "stalled" in box[0][1][-1][1]
+    fails = [rec.getMessage() for rec in caplog.records if rec.getMessage().startswith(f"engine {bad.url} left out")]
+    assert len(fails) == 2 and "2 failure(s) in a row" in fails[1], fails
+
+
 def test_many_concurrent_requests_with_clients_leaving_return_every_in_flight_count_to_zero(engines, proxies):
     """200 requests at once over asyncio, streamed and not, one in five clients leaving part-way, a dead
     engine in each pool: each that stayed is served, and no lease is kept (an engine avoided or preferred
@@ -838,6 +909,9 @@ def test_config_rejects_bad_values():
             ProxyConfig(**kw)
     cfg = ProxyConfig(prefill=("http://u:secret@p:8000/",), decode=("http://d",))
     assert cfg.prefill == ("http://u:secret@p:8000",)
+    for bad in (0.0, -1.0, float("nan")):
+        with pytest.raises(ValueError, match=r"decode_stall_timeout_s \(--decode-stall-timeout\) must be a positive"):
+            ProxyConfig(prefill=("http://p",), decode=("http://d",), decode_stall_timeout_s=bad)
 
 
 def test_console_script_serves_health_and_metrics():
@@ -1241,6 +1315,43 @@ def test_an_engine_forcing_usage_gives_the_client_the_stream_vllm_would(engines,
     s = scrape(px.url)
     assert value(s, c.CLIENT_REQUESTS.exposed, outcome="ok") == 2 and value(s, c.CLIENT_TPOT.exposed + "_count") == 2
     assert value(s, c.CLIENT_TPOT.exposed + "_sum") >= 2 * 0.05 * 0.9  # 5 tokens (EOS too) 50 ms apart
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+def test_the_system_fingerprint_reaches_a_client_that_did_not_ask_for_usage(engines, proxies, path):
+    """vLLM stamps ``system_fingerprint`` on each choice's chunk with a finish_reason, or, with include_usage on,
+    only on the usage chunk. The proxy turns include_usage on (TPOT needs completion_tokens) and drops that chunk
+    for a client that did not ask for it, so that client never saw the fingerprint. It gets the stream vLLM would
+    send it now (the fingerprint on its last chunks), streamed or not, usage asked or not, n = 1 or 2."""
+    p, d = engines("prefill"), engines("decode")
+    d.tokens, d.eos, d.fingerprint = 3, True, "vllm-0.32.0-1a2b3c4d"
+    px = proxies([p], [d])
+    prompt = {"messages": [{"role": "user", "content": "x"}]} if "chat" in path else {"prompt": "x"}
+    for n in (1, 2):
+        for usage in ({}, {"stream_options": {"include_usage": True}}):
+            body = {"model": "m", "stream": True, "n": n, **prompt, **usage}
+            _, direct, _ = stream(d.url + path, body)
+            r, relayed, _ = stream(px.url + path, body)
+            want = [e if e == "[DONE]" else json.loads(e) for _, e in direct]
+            assert r.status_code == 200 and [e if e == "[DONE]" else json.loads(e) for _, e in relayed] == want
+            stamped = sum(e != "[DONE]" and e.get("system_fingerprint") == d.fingerprint for e in want)
+            assert stamped == (1 if usage else n)  # vLLM's places: the usage chunk, or each choice's last chunk
+    body = {"model": "m", **prompt}
+    assert httpx.post(px.url + path, json=body, timeout=10).json()["system_fingerprint"] == d.fingerprint
+    s = scrape(px.url)
+    assert value(s, c.CLIENT_REQUESTS.exposed, outcome="ok") == 5 and value(s, c.CLIENT_TPOT.exposed + "_count") == 2
+
+
+def test_with_fingerprint_adds_the_field_and_leaves_the_rest_byte_for_byte():
+    raw = b'data: {"id":"d","choices":[{"index":0,"text":"\xc3\xa9 }","finish_reason":"stop"}]}\r\n\r\n'
+    out = legs.with_fingerprint(raw, "fp-1")
+    head = b'data: {"id":"d","choices":[{"index":0,"text":"\xc3\xa9 }","finish_reason":"stop"}]'
+    assert raw.startswith(head) and out == head + b',"system_fingerprint":"fp-1"}\r\n\r\n'
+    assert legs.inspect_event(out).finished and legs.inspect_event(out).fingerprint == "fp-1"
+    assert legs.with_fingerprint(raw, None) == raw  # nothing to add (an engine with --fingerprint-mode none)
+    assert legs.with_fingerprint(out, "fp-2") == out  # the engine's own is kept
+    multi = b'event: x\ndata: {"id":"d","choices":[]}\n\n'
+    assert legs.with_fingerprint(multi, "fp-1") == multi  # not vLLM's form: left whole
 
 
 @pytest.mark.parametrize("streamed", [True, False])
