@@ -3,8 +3,9 @@
 - Webhook: a real ``http.server`` receiver that fails with 5xx a chosen number of times.
 - Kubernetes: there is no API server here, so a loopback HTTP server speaks the two
   scale-subresource endpoints (apps/v1 Deployment and leaderworkerset.x-k8s.io/v1
-  LeaderWorkerSet ``.../scale``) with the JSON bodies the real API server returns; the requests
-  are built and sent by the official ``kubernetes`` client, unmodified.
+  LeaderWorkerSet ``.../scale``), the pod list and the autoscaling/v2 HPA list with the JSON
+  bodies the real API server returns; the requests are built and sent by the official
+  ``kubernetes`` client, unmodified.
 """
 
 from __future__ import annotations
@@ -141,8 +142,44 @@ def test_active_mode_failure_is_counted_not_fatal():
     assert rec["desired"] > rec["current"]
 
 
+SELECTORS = {("apps", "llm", "prefill-pool"): "app=p",
+             ("lws", "llm", "decode-pool"): "leaderworkerset.sigs.k8s.io/name=decode-pool,"
+                                            "leaderworkerset.sigs.k8s.io/worker-index=0"}
+NO_GPU = "0/4 nodes are available: 4 Insufficient nvidia.com/gpu. preemption: 0/4 nodes are available."
+
+
+def _pods(state: dict, room: dict) -> list[dict]:
+    """The targets' pods as the API server lists them: one per Deployment replica, a leader and
+    one worker per LeaderWorkerSet group. Beyond ``room[key]`` replicas the scheduler finds no
+    node (the Deployment's pod, or the LWS group's worker, Pending with PodScheduled=False,
+    reason Unschedulable; with ``room["tried"]`` False Pending without conditions: the scheduler
+    has not got to them yet); the others run."""
+    stuck = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": NO_GPU}
+    pending = {"phase": "Pending", "conditions": [stuck] if room.get("tried", True) else []}
+    out = []
+    for key, n in state.items():
+        placed = room.get(key, n)
+        for i in range(n):
+            if key[0] == "apps":
+                members = [({"app": "p"}, f"prefill-pool-{i}", i >= placed)]
+            else:
+                base = {"leaderworkerset.sigs.k8s.io/name": key[2], "leaderworkerset.sigs.k8s.io/group-index": str(i)}
+                members = [({**base, "leaderworkerset.sigs.k8s.io/worker-index": str(w)}, f"{key[2]}-{i}-{w}",
+                            w == 1 and i >= placed) for w in (0, 1)]
+            for labels, name, stuck_here in members:
+                out.append({"metadata": {"name": name, "namespace": key[1], "labels": labels},
+                            "status": pending if stuck_here else
+                            {"phase": "Running", "conditions": [{"type": "PodScheduled", "status": "True"}]}})
+    return out
+
+
+def _matches(selector: str, labels: dict) -> bool:
+    return all(labels.get(k) == v for k, v in (term.split("=", 1) for term in selector.split(",") if term))
+
+
 def k8s_server(fail_get: int | None = None, fail_patch: int | None = None, grace: int | None = None,
-               cap: int | None = None, write_after_get: int | None = None):
+               cap: int | None = None, write_after_get: int | None = None, room: dict | None = None,
+               hpas: list[dict] | None = None, forbid: tuple[str, ...] = ()):
     """Speaks GET/PATCH of the Deployment and LeaderWorkerSet scale subresources (the objects
     themselves are 404, as to a guard without ``get`` on them, unless ``grace``: then GET of the
     Deployment answers it with that ``terminationGracePeriodSeconds``); ``fail_get`` /
@@ -150,10 +187,14 @@ def k8s_server(fail_get: int | None = None, fail_patch: int | None = None, grace
     PATCH stores (and answers) at most that many replicas, as behind a mutating admission webhook;
     ``write_after_get``: just after answering a scale GET another writer sets that many replicas.
     Each write bumps the object's ``resourceVersion``; a PATCH naming an older one gets 409, as
-    from the real API server."""
+    from the real API server. It lists pods (``_pods``, with ``room``: key -> replicas the cluster
+    can place, changed by the test as it goes) and the HPAs ``hpas`` of namespace llm; a list of
+    a resource in ``forbid`` gets 403, as to a Role without ``list`` on it. ``calls`` holds the
+    PATCHes; ``calls.lists`` the list requests (path and query)."""
     state = {("apps", "llm", "prefill-pool"): 2, ("lws", "llm", "decode-pool"): 1}
-    calls: list[dict] = []
+    calls = _Calls()
     versions = dict.fromkeys(state, 100)
+    room = {} if room is None else room
 
     class H(BaseHTTPRequestHandler):
         def _key(self):
@@ -180,11 +221,38 @@ def k8s_server(fail_get: int | None = None, fail_patch: int | None = None, grace
             api = "autoscaling/v1" if group == "apps" else "leaderworkerset.x-k8s.io/v1"
             return {"apiVersion": api, "kind": "Scale", "metadata": {"name": name, "namespace": ns,
                                                                   "resourceVersion": str(versions[key])},
-                    "spec": {"replicas": state[key]}, "status": {"replicas": state[key]}}
+                    "spec": {"replicas": state[key]},
+                    "status": {"replicas": state[key], "selector": SELECTORS[key]}}
+
+        def _list(self) -> bool:
+            from urllib.parse import parse_qs, urlsplit
+
+            url = urlsplit(self.path)
+            resource = {"/api/v1/namespaces/llm/pods": "pods",
+                        "/apis/autoscaling/v2/namespaces/llm/horizontalpodautoscalers": "horizontalpodautoscalers",
+                        }.get(url.path)
+            if resource is None:
+                return False
+            q = {k: v[0] for k, v in parse_qs(url.query).items()}
+            calls.lists.append({"path": url.path, **q})
+            if resource in forbid:
+                self._reply(403, {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 403,
+                                  "reason": "Forbidden", "message": f'{resource} is forbidden: User "system:'
+                                  f'serviceaccount:monitoring:sla-guard" cannot list resource "{resource}"'})
+            elif resource == "pods":
+                items = [p for p in _pods(state, room) if _matches(q.get("labelSelector", ""), p["metadata"]["labels"])
+                         and q.get("fieldSelector") in (None, "status.phase=" + p["status"]["phase"])]
+                self._reply(200, {"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": items})
+            else:
+                self._reply(200, {"apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscalerList",
+                                  "metadata": {}, "items": hpas or []})
+            return True
 
         def do_GET(self):
             if fail_get is not None:
                 return self._reply(fail_get, {"kind": "Status", "code": fail_get, "reason": "InternalError"})
+            if self._list():
+                return None
             key = self._key()
             if grace is not None and self.path.split("?")[0] == "/apis/apps/v1/namespaces/llm/deployments/prefill-pool":
                 return self._reply(200, {"apiVersion": "apps/v1", "kind": "Deployment",
@@ -219,6 +287,14 @@ def k8s_server(fail_get: int | None = None, fail_patch: int | None = None, grace
             pass
 
     return H, state, calls
+
+
+class _Calls(list):
+    """The PATCHes the loopback API server received, and (``lists``) its list requests."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lists: list[dict] = []
 
 
 def test_kubernetes_scale_subresource_deployment_and_lws():
@@ -539,3 +615,196 @@ def test_kubernetes_actuation_with_every_model_is_refused_naming_the_field():
         parse_config({"advisor": active})
     assert parse_config({"advisor": {**active, "model": "glm-5.2"}}).advisor.model == "glm-5.2"
     parse_config({"advisor": {"mode": "active", "actuation": {"webhook": {"url": "http://127.0.0.1:9/scale"}}}})
+
+
+def test_replicas_that_cannot_be_scheduled_are_not_counted_as_starting_nor_ordered_on_top(caplog):
+    """The cluster has GPUs for one prefill replica: the guard orders 4 and 3 pods stay Pending
+    (PodScheduled=False, Unschedulable). The advisor counted them as starting (current 4 = 1 ready
+    + 3 starting, 'prefill_steady') for 30 minutes, held while the pool served on 1, and once the
+    order timed out ordered again on top of them. The actuator now reads the target's Pending
+    pods (one list per tick while an order is outstanding): once the scheduler has found no room
+    the 3 are not starting, the decision holds at what was ordered (``hold_replicas_unschedulable``,
+    ``unschedulable`` 3, one log line with the fix), also past the timeout, and the start cut short
+    is not learned as a 15 s start time; once the nodes come, they count as starting again."""
+    import logging
+
+    key = ("apps", "llm", "prefill-pool")
+    room: dict = {key: 1, "tried": False}
+    handler, state, calls = k8s_server(room=room)
+    state[key] = 1
+    reg = CollectorRegistry()
+    caplog.set_level(logging.WARNING, logger="sla_guard.scale.evaluator")
+    with serve(handler) as (url, _):
+        ev = _active_evaluator(_k8s_actuator(url), reg)
+        st, engines = _store(), [Engine("prefill", "p0"), Engine("decode", "d0")]
+        _run(engines, st, 1000, 1060, p0=BUSY, d0=DECODE)
+        ev.evaluate(st, 1060)
+        first = _prefill(ev)
+        assert first["direction"] == "up" and first["actuated"] is True and state[key] == first["desired"] == 4
+        pod_lists = lambda: [x for x in calls.lists if x["path"].endswith("/pods")]  # noqa: E731
+        assert not pod_lists()  # no order outstanding at the first tick: no pod list
+        _run(engines, st, 1065, 1075, p0=BUSY, d0=DECODE)
+        ev.evaluate(st, 1075)  # the scheduler has not tried yet: they count as starting
+        unplaced = _prefill(ev)
+        room["tried"] = True
+        held = []
+        for t in (1090, 1105):
+            _run(engines, st, t - 10, t, p0=BUSY, d0=DECODE)
+            ev.evaluate(st, t)
+            held.append(_prefill(ev))
+        assert [x["labelSelector"] for x in pod_lists()] == ["app=p"] * 3  # one per tick
+        assert pod_lists()[0]["fieldSelector"] == "status.phase=Pending"
+        adv = ev.advisors["m"]
+        adv.pending_timeout_s = 60.0  # the order is now older than the timeout
+        _run(engines, st, 1305, 1320, p0=BUSY, d0=DECODE)
+        ev.evaluate(st, 1320)
+        held.append(_prefill(ev))
+        adv.pending_timeout_s = 1800.0
+        room[key] = 4  # GPU nodes added: the 3 are placed and start
+        _run(engines, st, 1325, 1335, p0=BUSY, d0=DECODE)
+        ev.evaluate(st, 1335)
+        placed = _prefill(ev)
+    assert unplaced["current"] == 4 and unplaced["numbers"]["starting"] == 3
+    assert "unschedulable" not in unplaced["numbers"]
+    for rec in held:
+        assert rec["current"] == 1 and rec["desired"] == 1 and rec["direction"] == "none", rec
+        assert rec["reasons"][0] == "hold_replicas_unschedulable" and rec["actuated"] is False
+        n = rec["numbers"]
+        assert (n["ready"], n["starting"], n["unschedulable"], n["ordered"]) == (1, 0, 3, 4)
+        assert n["sized_desired"] > 1
+    assert state[key] == 4 and len(calls) == 1  # nothing ordered on top of the 4
+    assert adv.memory["prefill"].start_s == 0.0  # an order found stuck is no start time
+    assert reg.get_sample_value(c.GUARD_SCALING_DECISIONS.series(), {
+        "model": "m", "pool": "prefill", "direction": "none", "reason": "hold_replicas_unschedulable"}) == 3
+    said = [r.getMessage() for r in caplog.records if "cannot be scheduled" in r.getMessage()]
+    assert said == ["advisor: prefill: 3 of the 4 replicas ordered cannot be scheduled (PodScheduled=False, "
+                    f"Unschedulable: {NO_GPU}); they are not counted as starting and no more are ordered on top "
+                    "of them: add GPU nodes or lower advisor.pools.prefill.max_replicas"]
+    assert placed["current"] == 4 and placed["numbers"]["starting"] == 3 and placed["direction"] == "none"
+    assert "unschedulable" not in placed["numbers"] and not any("unschedulable" in r for r in placed["reasons"])
+
+
+def test_unschedulable_counts_leaderworkerset_groups_and_says_what_rbac_lacks():
+    """A LeaderWorkerSet replica is a group; its scale selector names the leaders only, and a group
+    whose worker cannot be placed is not coming either: each such group counts once. A pod list
+    the Role does not allow is an error naming the permission, never 0."""
+    from kubernetes import client
+
+    lws = ("lws", "llm", "decode-pool")
+    handler, state, calls = k8s_server(room={lws: 1})
+    state[lws] = 3
+    with serve(handler) as (url, _):
+        act = KubernetesActuator({"decode": KubernetesTarget(kind="LeaderWorkerSet", name="decode-pool",
+                                                             namespace="llm")},
+                                 api_client=client.ApiClient(client.Configuration(host=url)))
+        assert act.unschedulable("decode") == (2, NO_GPU)
+    assert calls.lists[-1]["labelSelector"] == "leaderworkerset.sigs.k8s.io/name=decode-pool"
+    handler, state, calls = k8s_server(room={("apps", "llm", "prefill-pool"): 0}, forbid=("pods",))
+    says = r"listing the pods of Deployment/llm/prefill-pool failed: HTTP 403 .*needs list on pods in namespace 'llm'"
+    with serve(handler) as (url, _), pytest.raises(ActuationError, match=says + r" \(deploy/k8s/rbac.yaml\)"):
+        _k8s_actuator(url).unschedulable("prefill")
+
+
+def _hpa(name: str, kind: str, target: str, keda: str | None = None) -> dict:
+    meta: dict = {"name": name, "namespace": "llm"}
+    if keda:
+        meta["labels"] = {"scaledobject.keda.sh/name": keda, "app.kubernetes.io/managed-by": "keda-operator"}
+    return {"apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler", "metadata": meta,
+            "spec": {"scaleTargetRef": {"apiVersion": "apps/v1", "kind": kind, "name": target},
+                     "minReplicas": 1, "maxReplicas": 8}}
+
+
+@pytest.mark.parametrize("gated", [False, True])
+def test_an_hpa_on_the_target_is_named_and_the_guard_does_not_fight_it(caplog, tmp_path, gated):
+    """A KEDA ScaledObject (through its HPA) scales the same Deployment as the guard in active
+    mode: each set the size in turn, and the guard saw the HPA only by its effect. At the first
+    tick the guard now lists the namespace's HPAs, logs one error naming the HPA, its ScaledObject
+    and the fix, counts it, and refuses to patch that pool; HPAs on other objects are no conflict.
+    The list is asked again every ``hpa_check_s`` (not every tick): once the HPA is gone, it
+    patches again. Also behind the leader gate (a standby, which patches nothing, does not look)."""
+    import logging
+
+    from sla_guard.leader import FileLockElector
+    from sla_guard.scale.actuators import LeaderGatedActuator
+
+    hpas = [_hpa("keda-hpa-glm-prefill", "Deployment", "prefill-pool", keda="glm-prefill"),
+            _hpa("other", "Deployment", "decode-pool"), _hpa("lws-named-alike", "LeaderWorkerSet", "prefill-pool")]
+    handler, state, calls = k8s_server(hpas=hpas)
+    key = ("apps", "llm", "prefill-pool")
+    state[key] = 1
+    reg = CollectorRegistry()
+    caplog.set_level(logging.WARNING)
+    clock = [0.0]
+    elector = FileLockElector(tmp_path / "lock", identity="guard-a")
+    with serve(handler) as (url, _):
+        act = _k8s_actuator(url)
+        act.clock = lambda: clock[0]
+        if gated:
+            assert elector.confirm(0.0)  # one step takes the free lock: this guard leads
+            act = LeaderGatedActuator(act, elector)
+        ev = _active_evaluator(act, reg)
+        st, engines = _store(), [Engine("prefill", "p0"), Engine("decode", "d0")]
+        _run(engines, st, 1000, 1060, p0=BUSY, d0=DECODE)
+        ev.evaluate(st, 1060)
+        refused = _prefill(ev)
+        hpas.clear()  # the ScaledObject is removed
+        clock[0] = 299.0
+        _run(engines, st, 1065, 1075, p0=BUSY, d0=DECODE)
+        ev.evaluate(st, 1075)
+        still = _prefill(ev)
+        clock[0] = 300.0
+        _run(engines, st, 1080, 1090, p0=BUSY, d0=DECODE)
+        ev.evaluate(st, 1090)
+        applied = _prefill(ev)
+    elector.stop()
+    line = ("HorizontalPodAutoscaler llm/keda-hpa-glm-prefill (created by KEDA ScaledObject 'glm-prefill') also "
+            "scales Deployment/llm/prefill-pool, so the guard does not patch prefill (the two would fight): remove "
+            "the ScaledObject, or run the guard in advisory mode (advisor.mode: advisory) and let the HPA follow the "
+            "guard's desired replicas as its external metric")
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 1 and errors[0].startswith("advisor: " + line)
+    assert refused["direction"] == "up" and refused["actuated"].startswith(
+        f"error: not scaling Deployment/llm/prefill-pool to {refused['desired']}: {line}")
+    assert still["actuated"].startswith("error: not scaling")  # the next list is due after 300 s
+    hpa_lists = [x for x in calls.lists if x["path"].endswith("/horizontalpodautoscalers")]
+    assert len(hpa_lists) == 2 and applied["actuated"] is True and len(calls) == 1
+    assert state[key] == applied["desired"]
+    # found (1) and two decisions refused (2)
+    assert reg.get_sample_value(c.GUARD_ACTUATION_ERRORS.series(),
+                                {"model": "m", "pool": "prefill", "actuator": "kubernetes"}) == 3
+
+
+def test_a_forbidden_hpa_list_is_warned_once_naming_the_rbac_rule(caplog):
+    """A Role without ``list`` on horizontalpodautoscalers (the shipped one had none): a 403 is no
+    answer, not 'no HPA'. One warning says which rule to add to deploy/k8s/rbac.yaml, not one
+    per check; the scale itself goes on."""
+    import logging
+
+    handler, state, calls = k8s_server(forbid=("horizontalpodautoscalers",))
+    caplog.set_level(logging.WARNING, logger="sla_guard.scale.actuators")
+    clock = [0.0]
+    with serve(handler) as (url, _):
+        act = _k8s_actuator(url)
+        act.clock = lambda: clock[0]
+        act.set_replicas("m", "prefill", 3, "k")
+        clock[0] = 600.0
+        act.set_replicas("m", "prefill", 4, "k")
+    said = [r.getMessage() for r in caplog.records if "HorizontalPodAutoscalers" in r.getMessage()]
+    assert len(said) == 1 and "(HTTP 403)" in said[0] and "not read as none" in said[0]
+    assert 'apiGroups ["autoscaling"], resources ["horizontalpodautoscalers"], verbs ["list"]' in said[0]
+    assert len(calls.lists) == 2 and state[("apps", "llm", "prefill-pool")] == 4 and not act.conflicts
+
+
+def test_the_shipped_rbac_grants_what_the_actuator_lists():
+    """The actuator lists the targets' pods and the namespace's HPAs: the shipped Role grants
+    both (without them the checks fail with 403 on every install)."""
+    from pathlib import Path
+
+    import yaml
+
+    docs = list(yaml.safe_load_all((Path(__file__).resolve().parents[1] / "deploy/k8s/rbac.yaml").read_text()))
+    role = next(d for d in docs if d["kind"] == "Role")
+    granted = {(g, r, v) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"]
+               for v in rule["verbs"] if "resourceNames" not in rule}
+    assert ("autoscaling", "horizontalpodautoscalers", "list") in granted
+    assert ("", "pods", "list") in granted

@@ -40,11 +40,17 @@ class _Apps:
         return self.read_namespaced_deployment_scale(name, ns)  # the API server answers the stored Scale
 
 
+class _NoHPAs:
+    def list_namespaced_horizontal_pod_autoscaler(self, ns, **_):
+        return SimpleNamespace(items=[])
+
+
 def _actuator(apps: _Apps) -> KubernetesActuator:
-    act = KubernetesActuator.__new__(KubernetesActuator)  # no cluster: the API objects are stubs
-    act.targets = {"prefill": KubernetesTarget(kind="Deployment", name="glm-prefill", namespace="llm")}
-    act.apps, act.custom, act.drain_grace_s = apps, None, {}
-    act.timeout_s, act.may_send = 5.0, None
+    from kubernetes import client
+
+    act = KubernetesActuator({"prefill": KubernetesTarget(kind="Deployment", name="glm-prefill", namespace="llm")},
+                             api_client=client.ApiClient())
+    act.apps, act.autoscaling = apps, _NoHPAs()  # no cluster: the API objects are stubs
     return act
 
 

@@ -12,6 +12,11 @@ the elected leader (``sla_guard.leader``) reaches the inner actuator; the standb
 ``StandbyError`` (an ``ActuationError`` saying who holds the leadership) instead. Just before
 each request (each webhook attempt, the scale patch) the leadership is confirmed with the
 elector (``Elector.confirm``: the Lease renewed then and there), not taken from memory.
+
+The Kubernetes actuator also looks around its targets: every ``hpa_check_s`` it lists the
+HorizontalPodAutoscalers of their namespaces and refuses to patch a target one of them scales
+(the two would fight), and while ordered replicas are missing it counts the target's pods the
+scheduler could not place (``unschedulable``), which the advisor then stops counting as starting.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
@@ -33,8 +39,15 @@ from sla_guard.settings.advisor import KubernetesTarget, Webhook
 if TYPE_CHECKING:
     from sla_guard.leader import Elector
 
+log = logging.getLogger(__name__)
+
 IDEMPOTENCY_HEADER = "Idempotency-Key"
 LWS_GROUP, LWS_VERSION, LWS_PLURAL = "leaderworkerset.x-k8s.io", "v1", "leaderworkersets"
+# LeaderWorkerSet pod labels: the scale selector (status.hpaPodSelector) names the leaders only
+LWS_WORKER_INDEX = "leaderworkerset.sigs.k8s.io/worker-index"
+LWS_GROUP_INDEX = "leaderworkerset.sigs.k8s.io/group-index"
+KEDA_SCALEDOBJECT_LABEL = "scaledobject.keda.sh/name"  # on the HPA a KEDA ScaledObject creates
+HPA_CHECK_S = 300.0  # how often the targets' namespaces are searched for an HPA on them
 
 
 class ActuationError(RuntimeError):
@@ -140,6 +153,15 @@ class KubernetesActuator:
         self.may_send: Callable[[float], bool] | None = None
         self.apps = client.AppsV1Api(api_client)
         self.custom = client.CustomObjectsApi(api_client)
+        self.core = client.CoreV1Api(api_client)
+        self.autoscaling = client.AutoscalingV2Api(api_client)
+        # pool -> why its target is not patched: an HPA (or KEDA's) scales it too (check_autoscalers)
+        self.conflicts: dict[str, str] = {}
+        self.hpa_check_s = HPA_CHECK_S
+        self.clock: Callable[[], float] = time.monotonic
+        self._hpa_checked: float | None = None
+        self._forbidden: set[str] = set()  # namespaces whose HPAs the guard may not list (warned once)
+        self._selectors: dict[str, str] = {}  # pool -> the scale subresource's status.selector
         # pool -> seconds a replica needs to drain (the advisor's drain_grace_s: the longest
         # request observed x 1.5 + the KV pull timeout); a scale-down whose pods would be killed
         # sooner is refused (deploy/k8s/pd-drain.yaml carries the preStop drain itself)
@@ -196,25 +218,111 @@ class KubernetesActuator:
         return self._read_scale(pool)[0]
 
     def _read_scale(self, pool: str) -> tuple[int, str | None]:
-        """``spec.replicas`` and the ``resourceVersion`` the patch is conditioned on."""
+        """``spec.replicas`` and the ``resourceVersion`` the patch is conditioned on; keeps the
+        pods' ``status.selector`` for ``unschedulable``."""
         t = self._target(pool)
         try:
             if t.kind == "Deployment":
                 scale = self._call(self.apps.read_namespaced_deployment_scale, t.name, t.namespace)
+                selector = getattr(getattr(scale, "status", None), "selector", None)
+                if selector:
+                    self._selectors[pool] = selector
                 return int(scale.spec.replicas or 0), getattr(scale.metadata, "resource_version", None)
             obj = self._call(self.custom.get_namespaced_custom_object_scale, LWS_GROUP, LWS_VERSION, t.namespace,
                              LWS_PLURAL, t.name)
+            if (obj.get("status") or {}).get("selector"):
+                self._selectors[pool] = obj["status"]["selector"]
             return int(obj.get("spec", {}).get("replicas", 0)), obj.get("metadata", {}).get("resourceVersion")
         except Exception as err:  # ApiException, connection errors: the caller counts and continues
             raise ActuationError(f"reading scale of {t.kind}/{t.namespace}/{t.name} failed: "
                                  f"{api_reason(err, pool, t, 'get')}") from err
 
-    def _call(self, fn: Callable[..., object], *args: object) -> Any:
+    def _call(self, fn: Callable[..., object], *args: object, **kw: object) -> Any:
         """One API call, whole within ``timeout_s`` (the client's own timeout bounds each read)."""
-        return call_within(lambda: fn(*args, _request_timeout=self.timeout_s), self.timeout_s)
+        return call_within(lambda: fn(*args, **kw, _request_timeout=self.timeout_s), self.timeout_s)
+
+    def unschedulable(self, pool: str) -> tuple[int, str]:
+        """Replicas of the pool's target the scheduler could not place (a pod Pending with
+        ``PodScheduled=False``, reason ``Unschedulable``: no node with free GPUs), and the
+        scheduler's message. They are ordered but not coming, so the advisor must not count them
+        as starting. One pod list (Pending pods of the scale's ``status.selector``), whole
+        within ``timeout_s``; a LeaderWorkerSet group counts once if any of its pods is stuck."""
+        t = self._target(pool)
+        if pool not in self._selectors:
+            self._read_scale(pool)
+        selector = self._selectors.get(pool)
+        if not selector:
+            raise ActuationError(f"{t.kind}/{t.namespace}/{t.name}: its scale subresource has no status.selector, "
+                                 "so its pods cannot be found")
+        lws = t.kind == "LeaderWorkerSet"
+        if lws:  # hpaPodSelector names the leaders; a group whose workers cannot be placed is not coming either
+            selector = ",".join(p for p in selector.split(",") if not p.startswith(LWS_WORKER_INDEX + "="))
+        try:
+            pods = self._call(self.core.list_namespaced_pod, t.namespace, label_selector=selector,
+                              field_selector="status.phase=Pending")
+        except Exception as err:
+            raise ActuationError(f"listing the pods of {t.kind}/{t.namespace}/{t.name} failed: "
+                                 f"{api_reason(err, pool, t, 'list', 'pods')}") from err
+        stuck: set[str] = set()
+        why = ""
+        for pod in pods.items or []:
+            meta = pod.metadata
+            if meta.deletion_timestamp is not None:
+                continue
+            for cond in (pod.status.conditions if pod.status else None) or []:
+                if cond.type == "PodScheduled" and cond.status == "False" and cond.reason == "Unschedulable":
+                    stuck.add((meta.labels or {}).get(LWS_GROUP_INDEX, meta.name) if lws else meta.name)
+                    why = why or " ".join((cond.message or "").split())[:200]
+        return len(stuck), why
+
+    def check_autoscalers(self) -> dict[str, str]:
+        """At the first call and then every ``hpa_check_s``: list the HorizontalPodAutoscalers
+        (autoscaling/v2) of the targets' namespaces and note each target one of them scales (a
+        KEDA ScaledObject scales through one). Patches of such a pool are refused until a check
+        finds the HPA gone: the guard and the HPA would set the size in turn. Returns what this
+        check found (pool -> one line naming the HPA and the fix); nothing when no check was due.
+        A list that fails is no answer: the last one stands, and a 403 (the Role lacks ``list``
+        on horizontalpodautoscalers) is warned about once, naming the rule to add."""
+        now = self.clock()
+        if self._hpa_checked is not None and now - self._hpa_checked < self.hpa_check_s:
+            return {}
+        self._hpa_checked = now
+        found: dict[str, str] = {}
+        for ns in sorted({t.namespace for t in self.targets.values()}):
+            try:
+                hpas = self._call(self.autoscaling.list_namespaced_horizontal_pod_autoscaler, ns).items or []
+            except Exception as err:
+                self._hpa_list_failed(ns, err)
+                continue
+            self._forbidden.discard(ns)
+            for pool, t in self.targets.items():
+                if t.namespace != ns:
+                    continue
+                self.conflicts.pop(pool, None)
+                h = next((h for h in hpas if h.spec.scale_target_ref.kind == t.kind
+                          and h.spec.scale_target_ref.name == t.name), None)
+                if h is not None:
+                    found[pool] = self.conflicts[pool] = hpa_conflict(h, pool, t)
+        return found
+
+    def _hpa_list_failed(self, ns: str, err: Exception) -> None:
+        if getattr(err, "status", None) == 403:
+            if ns not in self._forbidden:
+                self._forbidden.add(ns)
+                log.warning("kubernetes actuator: may not list HorizontalPodAutoscalers in namespace %r (HTTP 403), "
+                            "so an HPA or KEDA ScaledObject scaling the same targets goes unseen (not read as none); "
+                            "add to the guard's Role: apiGroups [\"autoscaling\"], resources "
+                            "[\"horizontalpodautoscalers\"], verbs [\"list\"] (deploy/k8s/rbac.yaml)", ns)
+            return
+        log.warning("kubernetes actuator: listing the HorizontalPodAutoscalers of namespace %r failed (%s); "
+                    "the last answer stands, asked again in %.0f s", ns, f"{type(err).__name__}: {err}"[:200],
+                    self.hpa_check_s)
 
     def set_replicas(self, model: str, pool: str, replicas: int, key: str) -> None:
         t = self._target(pool)
+        self.check_autoscalers()  # when due (the evaluator asks every tick, logging what is found)
+        if pool in self.conflicts:  # two autoscalers on one target fight: this one stands back
+            raise ActuationError(f"not scaling {t.kind}/{t.namespace}/{t.name} to {replicas}: {self.conflicts[pool]}")
         current, version = self._read_scale(pool)  # a pool whose size cannot be read is not acted on
         self.check_drain(pool, replicas, current)
         if self.may_send is not None and not self.may_send(self.timeout_s):
@@ -238,18 +346,32 @@ class KubernetesActuator:
                               f"patch); counting {applied}", applied)
 
 
-def api_reason(err: Exception, pool: str, t: KubernetesTarget, verb: str) -> str:
+def hpa_conflict(hpa: Any, pool: str, t: KubernetesTarget) -> str:
+    """One line naming the HPA on the target (and the KEDA ScaledObject behind it) and the fix."""
+    meta = hpa.metadata
+    keda = (meta.labels or {}).get(KEDA_SCALEDOBJECT_LABEL)
+    owner = f" (created by KEDA ScaledObject {keda!r})" if keda else ""
+    return (f"HorizontalPodAutoscaler {meta.namespace or t.namespace}/{meta.name}{owner} also scales "
+            f"{t.kind}/{t.namespace}/{t.name}, so the guard does not patch {pool} (the two would fight): remove "
+            f"the {'ScaledObject' if keda else 'HPA'}, or run the guard in advisory mode (advisor.mode: advisory) "
+            "and let the HPA follow the guard's desired replicas as its external metric "
+            "(deploy/k8s/hpa-external.yaml, deploy/k8s/keda-scaledobject.yaml)")
+
+
+def api_reason(err: Exception, pool: str, t: KubernetesTarget, verb: str, resource: str | None = None) -> str:
     """One line for the log and the decision record: the status, the API server's own message,
-    and what to do about it. ``str(ApiException)`` was four lines with every response header."""
+    and what to do about it. ``str(ApiException)`` was four lines with every response header.
+    ``resource``: what was asked for when not the target's scale subresource (e.g. ``pods``)."""
     status = getattr(err, "status", None)
     if not isinstance(status, int) or status == 0:  # timeouts, refused connections
         return f"{type(err).__name__}: {err}"[:300]
     message = ""
     with contextlib.suppress(ValueError, AttributeError):  # a body that is no Status: the status alone
         message = str(json.loads(getattr(err, "body", None) or "{}").get("message") or "")
-    resource = "deployments/scale" if t.kind == "Deployment" else "leaderworkersets/scale"
+    if resource is None:
+        resource = f"{'deployments/scale' if t.kind == 'Deployment' else 'leaderworkersets/scale'} {t.name!r}"
     hint = {401: "the API server rejected the guard's credentials (service-account token or kubeconfig)",
-            403: f"RBAC: the guard's service account needs {verb} on {resource} {t.name!r} in namespace "
+            403: f"RBAC: the guard's service account needs {verb} on {resource} in namespace "
                  f"{t.namespace!r} (deploy/k8s/rbac.yaml)",
             404: f"no such {t.kind} (advisor.actuation.kubernetes.{pool}: kind, name, namespace"
                  + (", and the LeaderWorkerSet CRD installed)" if t.kind == "LeaderWorkerSet" else ")"),
@@ -289,6 +411,20 @@ class LeaderGatedActuator:
         """The inner actuator's read of a pool's ordered size (Kubernetes: ``spec.replicas``);
         an ``AttributeError`` for a webhook, which cannot read one."""
         return self.inner.get_replicas  # type: ignore[attr-defined]
+
+    @property
+    def unschedulable(self) -> Callable[[str], tuple[int, str]]:
+        """The inner actuator's count of ordered replicas that cannot be scheduled (Kubernetes);
+        an ``AttributeError`` for a webhook."""
+        return self.inner.unschedulable  # type: ignore[attr-defined]
+
+    @property
+    def check_autoscalers(self) -> Callable[[], dict[str, str]]:
+        """The inner actuator's search for an HPA on its targets (Kubernetes), on the leader only:
+        a standby patches nothing, so it fights nothing (its first check comes when it leads); an
+        ``AttributeError`` for a webhook."""
+        check = self.inner.check_autoscalers  # type: ignore[attr-defined]
+        return lambda: check() if self.elector.is_leader() else {}
 
     def set_replicas(self, model: str, pool: str, replicas: int, key: str) -> None:
         if not self.elector.is_leader():

@@ -144,6 +144,9 @@ class Advisor:
         self.last: dict[str, Decision] = {}
         self.pending: dict[str, tuple[int, float]] = {}
         self.pending_timeout_s = 1800.0
+        # pool -> replicas of its target the scheduler cannot place, as the actuator read them this
+        # tick (the evaluator sets it; absent: not known, the ordered ones count as starting)
+        self.unschedulable: dict[str, int] = {}
         self._accepted_len: float | None = None
         self.u_target = self.cfg.prefill_target_utilization
         self._proven: deque[tuple[float, float]] = deque(maxlen=PROVEN_POINTS)  # (t, utilisation that met the SLA)
@@ -201,7 +204,9 @@ class Advisor:
             return decs, restarts
         readings = {p: self.reader.read(view, self.model, p, now) for p in POOLS}
         client = self.reader.read_client(view, self.model, now)
-        counts = {p: counts[p] if p in counts else self._counts_from_view(p, readings[p], now) for p in POOLS}
+        known = {p: (*counts[p], 0) if p in counts else self._counts_from_view(p, readings[p], now) for p in POOLS}
+        counts = {p: (k[0], k[1]) for p, k in known.items()}
+        stuck = {p: k[2] for p, k in known.items()}
         excluded = dict.fromkeys(POOLS, 0)
         self._learn(now, readings, excluded)
         pre = self._size_prefill(now, readings["prefill"], counts["prefill"], client)
@@ -222,8 +227,12 @@ class Advisor:
             down = readings[p].down
             if down and sz.desired is not None and sz.desired < ready + max(starting, len(down)):
                 sz = Sizing(None, ["hold_missing_data", _down_reason(down, ready)], sz.numbers)
+            if stuck[p]:
+                sz = self._hold_unschedulable(p, sz, ready + starting, stuck[p], starting)
             rails = self._rails(p)
             d = decide(p, now, ready, starting, sz, self.memory[p], rails)
+            if stuck[p] and "hold_replicas_unschedulable" not in d.reasons:
+                d.reasons.append("replicas_unschedulable")
             d.numbers["cold_samples_excluded"] = excluded[p]
             d.numbers["break_even_s"] = round(rails.stabilization_down_s, 1)
             grace = self._drain_grace(view, p, now)
@@ -246,16 +255,37 @@ class Advisor:
     def expect(self, pool: str, replicas: int, now: float) -> None:
         """Record that ``pool`` was asked for ``replicas`` (active mode): until they show up in the
         metrics (or ``pending_timeout_s`` passes) the missing ones count as starting, so the
-        advisor does not ask twice for the same capacity."""
+        advisor does not ask twice for the same capacity; those the actuator reports
+        ``unschedulable`` do not (they are not coming)."""
         self.pending[pool] = (replicas, now)
 
-    def _counts_from_view(self, pool: str, r: PoolReading, now: float) -> tuple[int, int]:
+    def _counts_from_view(self, pool: str, r: PoolReading, now: float) -> tuple[int, int, int]:
+        """(ready, starting, unschedulable) of ``pool``. Ordered replicas the scheduler cannot
+        place are not starting: counted so, the pool looked 1 ready + 3 starting (current 4) for
+        30 minutes while it served on 1. The order is kept while they stay unplaceable (past
+        ``pending_timeout_s`` too), so the hold on ordering more holds as long as they do."""
         ready = len(r.engines)
         want, since = self.pending.get(pool, (0, -1e18))
-        if now - since > self.pending_timeout_s or ready >= want:
+        stuck = min(self.unschedulable.get(pool, 0), max(0, want - ready))
+        late = now - since > self.pending_timeout_s
+        if ready >= want or (late and not stuck):
             self.pending.pop(pool, None)
-            return ready, 0
-        return ready, want - ready
+            return ready, 0, 0
+        return ready, 0 if late else want - ready - stuck, stuck
+
+    def _hold_unschedulable(self, pool: str, sz: Sizing, current: int, stuck: int, starting: int) -> Sizing:
+        """With ordered replicas of ``pool`` unschedulable, ordering more cannot help (the cluster
+        has no room for the ones ordered): a sizing above ready + starting holds
+        (``hold_replicas_unschedulable``). A start cut short by finding them so is no start time."""
+        mem = self.memory[pool]
+        if not starting:
+            mem.starting_since = None
+        nums = {**sz.numbers, "unschedulable": stuck, "ordered": self.pending.get(pool, (0, 0.0))[0]}
+        if sz.desired is None or sz.desired <= current:
+            sz.numbers = nums
+            return sz
+        nums["sized_desired"] = sz.desired
+        return Sizing(None, ["hold_replicas_unschedulable", *sz.reasons], nums)
 
     def _drain_grace(self, view: MetricsView, pool: str, now: float) -> float | None:
         """Seconds a replica of ``pool`` needs to drain before it may stop: the longest request

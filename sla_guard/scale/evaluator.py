@@ -90,6 +90,7 @@ class AdvisorEvaluator:
         self._restarts: list[PoolRecommendation] = []
         self.updated_at: float | None = None
         self._published: set[tuple[str, str]] = set()  # (model, pool) with replica gauges on /metrics
+        self._said: dict[str, str] = {}  # pool -> the last line logged on its unschedulable replicas
 
     @property
     def advisor(self) -> Advisor:
@@ -148,6 +149,7 @@ class AdvisorEvaluator:
             log.exception("advisor: findings source failed")
             found = ()
         recs, all_restarts = [], []
+        self._check_autoscalers()
         for key, label in self._models(view, now):
             adv = self._advisor_for(key)
             overridden = self._check_orders(adv, label, now)
@@ -202,7 +204,9 @@ class AdvisorEvaluator:
         A lower size replaces the order (counted as an actuation error, logged, and recorded as
         ``overridden``); a size it cannot read leaves the order as it was."""
         read = getattr(self.actuator, "get_replicas", None) if self.actuator is not None else None
+        stuck = getattr(self.actuator, "unschedulable", None) if self.actuator is not None else None
         out: dict[str, str] = {}
+        adv.unschedulable = {}
         if read is None:
             return out
         for pool, (want, since) in list(adv.pending.items()):
@@ -211,6 +215,8 @@ class AdvisorEvaluator:
             except ActuationError as err:
                 log.warning("advisor: checking the order of %s=%d: %s", pool, want, err)
                 continue
+            if stuck is not None:
+                self._check_unschedulable(adv, stuck, pool, min(spec, want))
             if spec >= want:
                 continue
             adv.pending[pool] = (spec, since)
@@ -221,6 +227,48 @@ class AdvisorEvaluator:
             self.actuation_errors += 1
             self._inc(c.GUARD_ACTUATION_ERRORS, model, pool, self.actuator.name)  # type: ignore[union-attr]
         return out
+
+    def _check_unschedulable(self, adv: Advisor, read: Callable[[str], tuple[int, str]], pool: str, want: int) -> None:
+        """How many of the ``want`` replicas ordered for ``pool`` the scheduler cannot place (one
+        pod list, only while an order is outstanding), for the advisor, which then neither counts
+        them as starting nor orders more on top of them. Logged when the count changes."""
+        try:
+            n, why = read(pool)
+        except ActuationError as err:  # not known: they keep counting as starting
+            self._say(pool, f"cannot tell whether the {want} {pool} replicas ordered can be scheduled, so they "
+                            f"count as starting: {err}")
+            return
+        adv.unschedulable[pool] = n
+        if not n:
+            self._said.pop(pool, None)
+            return
+        self._say(pool, f"{pool}: {min(n, want)} of the {want} replicas ordered cannot be scheduled "
+                        f"(PodScheduled=False, Unschedulable{': ' + why if why else ''}); they are not counted as "
+                        f"starting and no more are ordered on top of them: add GPU nodes or lower "
+                        f"advisor.pools.{pool}.max_replicas")
+
+    def _say(self, pool: str, line: str) -> None:
+        """Log ``line`` once, until the line for ``pool`` changes (a tick is 15 s)."""
+        if self._said.get(pool) != line:
+            self._said[pool] = line
+            log.warning("advisor: %s", line)
+
+    def _check_autoscalers(self) -> None:
+        """At the first tick and every few minutes after (the actuator's ``check_autoscalers``):
+        an HPA (or a KEDA ScaledObject's) on a target is logged as an error naming it and the fix,
+        and counted; the actuator refuses to patch that pool until it is gone."""
+        check = getattr(self.actuator, "check_autoscalers", None) if self.actuator is not None else None
+        if check is None:
+            return
+        try:
+            found = check()
+        except Exception:  # a failed look-around must not stop the tick
+            log.exception("advisor: looking for autoscalers on the targets failed")
+            return
+        for pool, line in found.items():
+            log.error("advisor: %s", line)
+            self.actuation_errors += 1
+            self._inc(c.GUARD_ACTUATION_ERRORS, self.model, pool, self.actuator.name)  # type: ignore[union-attr]
 
     # -- crash-safe state (sla_guard.state.Stateful) -------------------------------------------
     def state_dump(self, full: bool) -> dict:
