@@ -41,7 +41,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
-from sla_guard.outbound import call_within
+from sla_guard.outbound import call_within, kube_api_client
 
 log = logging.getLogger(__name__)
 
@@ -274,18 +274,10 @@ class LeaseElector(_Loop):
                              "another guard can see its lease expire")
         if retry_s <= 0:
             raise ValueError("retry_s must be > 0")
-        from kubernetes import client, config  # optional extra: sla-guard[kubernetes]
+        from kubernetes import client  # optional extra: sla-guard[kubernetes]
 
         if api_client is None:
-            conf = client.Configuration()
-            if kubeconfig:
-                config.load_kube_config(config_file=kubeconfig, client_configuration=conf)
-            else:
-                config.load_incluster_config(client_configuration=conf)
-            # no urllib3 retries inside one call: a hung call would take (retries + 1) x its
-            # timeout; the election loop retries on its own schedule
-            conf.retries = 0
-            api_client = client.ApiClient(conf)
+            api_client = kube_api_client(kubeconfig)
         self._api = client.CoordinationV1Api(api_client)
         self._api_exception = client.exceptions.ApiException
         self.lease_name = name

@@ -64,3 +64,19 @@ def call_within(fn: Callable[[], T], timeout_s: float) -> T:
     if "error" in out:
         raise out["error"]
     return out["value"]
+
+
+def kube_api_client(kubeconfig: str | None = None) -> Any:
+    """A ``kubernetes`` ApiClient from ``kubeconfig``, else the pod's service account, with no
+    urllib3 retries inside a call: a retry left running after ``call_within``'s deadline would
+    make a hung call take (retries + 1) x its timeout, and could patch after this guard lost the
+    leadership. Callers retry on their own schedule (the next tick, the election loop)."""
+    from kubernetes import client, config  # optional extra: sla-guard[kubernetes]
+
+    conf = client.Configuration()
+    if kubeconfig:
+        config.load_kube_config(config_file=kubeconfig, client_configuration=conf)
+    else:
+        config.load_incluster_config(client_configuration=conf)
+    conf.retries = 0
+    return client.ApiClient(conf)

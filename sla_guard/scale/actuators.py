@@ -33,7 +33,7 @@ import httpx
 
 from exporters.redact import redact_text, redact_url
 from sla_guard.defaults import KUBERNETES_CALL_TIMEOUT_S
-from sla_guard.outbound import call_within, post_json
+from sla_guard.outbound import call_within, kube_api_client, post_json
 from sla_guard.settings.advisor import KubernetesTarget, Webhook
 
 if TYPE_CHECKING:
@@ -134,18 +134,10 @@ class KubernetesActuator:
 
     def __init__(self, targets: Mapping[str, KubernetesTarget], api_client=None, kubeconfig: str | None = None,
                  timeout_s: float = KUBERNETES_CALL_TIMEOUT_S) -> None:
-        from kubernetes import client, config  # optional extra: sla-guard[kubernetes]
+        from kubernetes import client  # optional extra: sla-guard[kubernetes]
 
         if api_client is None:
-            conf = client.Configuration()
-            if kubeconfig:
-                config.load_kube_config(config_file=kubeconfig, client_configuration=conf)
-            else:
-                config.load_incluster_config(client_configuration=conf)
-            # no urllib3 retries: a retry left running after the deadline could patch after this
-            # guard lost the leadership; the next tick decides again
-            conf.retries = 0
-            api_client = client.ApiClient(conf)
+            api_client = kube_api_client(kubeconfig)
         self.targets = dict(targets)
         self.timeout_s = timeout_s  # each API call, whole (a hung API server must not hold the tick)
         # set by LeaderGatedActuator: called with the patch's deadline just before the patch, so a
