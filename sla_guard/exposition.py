@@ -36,6 +36,32 @@ class _Fallback(Exception):
     pass
 
 
+class SampleOrder:
+    """One target's exposition timestamps: the last one of each series that carried one, and the
+    names of the samples a page left out because theirs went backwards. Prometheus drops such a
+    sample ("out of order"); stamped with the scrape's time instead, a cache serving an older page
+    made every counter of it drop and rise again: a reset each time, counted twice or more."""
+
+    __slots__ = ("dropped", "last", "limit")
+
+    def __init__(self, limit: int = 200_000) -> None:
+        self.last: dict[str, float] = {}
+        self.dropped: set[str] = set()
+        self.limit = limit
+
+    def accept(self, key: str, name: str, ts_ms: float, problems: collections.Counter | None) -> bool:
+        last = self.last.get(key)
+        if last is not None and ts_ms < last:
+            if problems is not None:
+                problems["out_of_order"] += 1
+            self.dropped.add(name)
+            return False
+        if last is None and len(self.last) >= self.limit:
+            self.last.clear()  # bounded: a label bomb with timestamps forgets, it does not grow
+        self.last[key] = ts_ms
+        return True
+
+
 def _labels(text: str) -> dict[str, str]:
     out: dict[str, str] = {}
     pos, n = 0, len(text)
@@ -81,18 +107,18 @@ def _lines(text: str) -> list[str]:
 
 
 def _fast(text: str, drop_created: bool, oldest_s: float | None = None,
-          problems: collections.Counter | None = None) -> list[Sample]:
+          problems: collections.Counter | None = None, order: SampleOrder | None = None) -> list[Sample]:
     """The regular-expression parse (``_parse_lines``) with labels parsed, each distinct label
     text once; _Fallback for anything the reference parser must read (OpenMetrics exemplars,
     odd label text)."""
-    raw = _parse_lines(enumerate(_lines(text), 1), drop_created, oldest_s, problems)
+    raw = _parse_lines(enumerate(_lines(text), 1), drop_created, oldest_s, problems, order)
     if raw is None:
         raise _Fallback
     return [(name, _cached_labels(ltext) if ltext else {}, value) for _, name, ltext, value in raw]
 
 
 def _reference(text: str, drop_created: bool, oldest_s: float | None = None,
-               problems: collections.Counter | None = None) -> list[Sample]:
+               problems: collections.Counter | None = None, order: SampleOrder | None = None) -> list[Sample]:
     out: list[Sample] = []
     try:
         for fam in text_string_to_metric_families(text):
@@ -100,6 +126,9 @@ def _reference(text: str, drop_created: bool, oldest_s: float | None = None,
                 if drop_created and s.name.endswith("_created"):
                     continue
                 if _stale(s.timestamp, oldest_s, problems):
+                    continue
+                if order is not None and s.timestamp is not None and not order.accept(
+                        f"{s.name}{sorted(s.labels.items())}", s.name, float(s.timestamp) * 1000, problems):
                     continue
                 out.append((s.name, dict(s.labels), float(s.value)))
     except Exception as err:  # the reference parser raises ValueError, TypeError, IndexError...
@@ -118,8 +147,8 @@ class KnownTexts(Protocol):
 
 
 def parse_raw(text: str, *, drop_created: bool = True, known: KnownTexts | None = None,
-              oldest_s: float | None = None, problems: collections.Counter | None = None
-              ) -> list[tuple[str, str | None, str | None, float]] | None:
+              oldest_s: float | None = None, problems: collections.Counter | None = None,
+              order: SampleOrder | None = None) -> list[tuple[str, str | None, str | None, float]] | None:
     """Fast path only: ``(series_text, name, label_text, value)`` per sample, where
     ``series_text`` is the line up to the value (``name{labels}``): a key that identifies the
     series within one target without parsing its labels -- the store keeps a per-target cache
@@ -135,24 +164,25 @@ def parse_raw(text: str, *, drop_created: bool = True, known: KnownTexts | None 
     out and counted in ``problems['stale_timestamp']``: an exporter that says its value is an hour
     old is not giving a current one (Prometheus would not find it within its lookback either). A
     line with a timestamp is never a known text (its key would hold the value), so the full parse
-    sees it."""
+    sees it. ``order``: the target's ``SampleOrder``; a sample whose timestamp is older than its
+    series' last one is left out and counted in ``problems['out_of_order']``."""
     all_lines = _lines(text)
     if not known:
-        return _parse_lines(enumerate(all_lines, 1), drop_created, oldest_s, problems)
+        return _parse_lines(enumerate(all_lines, 1), drop_created, oldest_s, problems, order)
     lines = [line for line in all_lines if line and line[0] != "#"]
     parts = [line.rpartition(" ") for line in lines]
     hit = known.hits(np.fromiter((hash(p[0]) for p in parts), np.int64, len(parts))).tolist()
     try:
         fast = [(p[0], None, None, float(p[2])) for p, h in zip(parts, hit, strict=True) if h]
     except ValueError:  # a known series with a bad value: the full parse says which line
-        return _parse_lines(enumerate(all_lines, 1), drop_created, oldest_s, problems)
+        return _parse_lines(enumerate(all_lines, 1), drop_created, oldest_s, problems, order)
     if len(fast) == len(lines):
         return fast
     rest = [(None, line) for line, p, h in zip(lines, parts, hit, strict=True)
             if not h and not (drop_created and p[0].partition("{")[0].endswith("_created"))]
     if not rest:
         return fast
-    slow = _parse_lines(rest, drop_created, oldest_s, problems)
+    slow = _parse_lines(rest, drop_created, oldest_s, problems, order)
     return None if slow is None else fast + slow
 
 
@@ -165,7 +195,7 @@ def _stale(ts_s: float | None, oldest_s: float | None, problems: collections.Cou
 
 
 def _parse_lines(numbered, drop_created: bool, oldest_s: float | None = None,
-                 problems: collections.Counter | None = None
+                 problems: collections.Counter | None = None, order: SampleOrder | None = None
                  ) -> list[tuple[str, str | None, str | None, float]] | None:
     """The regular-expression parse of ``(line number or None, line)`` pairs."""
     out: list[tuple[str, str | None, str | None, float]] = []
@@ -196,7 +226,10 @@ def _parse_lines(numbered, drop_created: bool, oldest_s: float | None = None,
             value = float(vtext)
         except ValueError:
             raise ExpositionError(f"line {lineno or '?'}: value {vtext!r} is not a number") from None
-        append((line[:m.end(2) + 1] if m.group(2) is not None else name, name, m.group(2), value))
+        key = line[:m.end(2) + 1] if m.group(2) is not None else name
+        if m.group(4) is not None and order is not None and not order.accept(key, name, ts_ms, problems):
+            continue
+        append((key, name, m.group(2), value))
     return out
 
 
@@ -217,17 +250,18 @@ def labels_of(text: str | None) -> dict[str, str]:
         return dict(samples[0][1])
 
 
-def parse_exposition(text: str, *, drop_created: bool = True, oldest_s: float | None = None
-                     ) -> tuple[list[Sample], collections.Counter]:
+def parse_exposition(text: str, *, drop_created: bool = True, oldest_s: float | None = None,
+                     order: SampleOrder | None = None) -> tuple[list[Sample], collections.Counter]:
     """Samples of a text exposition as ``(name, labels, value)`` (labels dicts may be shared:
     read them, do not mutate them), plus a Counter of non-fatal problems (``stale_timestamp``:
     samples older than ``oldest_s`` by their own timestamp, left out as ``parse_raw`` does).
     ``_created`` samples (creation timestamps that prometheus_client exports as separate gauges)
-    are dropped by default: they double the series count and no evaluator reads them."""
+    are dropped by default: they double the series count and no evaluator reads them. ``order`` as
+    in ``parse_raw``."""
     problems: collections.Counter = collections.Counter()
     try:
-        samples = _fast(text, drop_created, oldest_s, problems)
+        samples = _fast(text, drop_created, oldest_s, problems, order)
     except _Fallback:
         problems.clear()
-        samples = _reference(text, drop_created, oldest_s, problems)
+        samples = _reference(text, drop_created, oldest_s, problems, order)
     return samples, problems

@@ -28,7 +28,7 @@ __all__ = [
 ]
 
 
-def extrapolated_rate_matrix(t: np.ndarray, v: np.ndarray, range_start: float, range_end: float,
+def extrapolated_rate_matrix(t: np.ndarray, v: np.ndarray, range_start: float | np.ndarray, range_end: float,
                              *, is_counter: bool = True, is_rate: bool = False) -> np.ndarray:
     """``increase`` / ``rate`` / ``delta`` for each row: Prometheus's ``extrapolatedRate``.
 
@@ -38,6 +38,9 @@ def extrapolated_rate_matrix(t: np.ndarray, v: np.ndarray, range_start: float, r
     the result is extrapolated towards the range boundaries: fully if the first/last sample is
     within 1.1 average sample intervals of the boundary, else by half an interval; a counter is
     never extrapolated below zero.
+
+    ``range_start`` may also be one start per row (the store's histogram buckets compared from
+    a later point than the window's start, ``SeriesStore._comparable``).
     """
     t = np.asarray(t, dtype=np.float64)
     v = np.asarray(v, dtype=np.float64)
@@ -48,12 +51,16 @@ def extrapolated_rate_matrix(t: np.ndarray, v: np.ndarray, range_start: float, r
     out = np.full(s, np.nan)
     if s == 0 or k == 0:
         return out
-    valid = ~np.isnan(v) & ~np.isnan(t) & (t >= range_start) & (t <= range_end)
+    per_row = np.ndim(range_start) > 0
+    starts = np.asarray(range_start, dtype=np.float64)
+    valid = ~np.isnan(v) & ~np.isnan(t) & (t >= (starts[:, None] if per_row else range_start)) & (t <= range_end)
     n = valid.sum(axis=1)
     rows = n >= 2
     if not rows.any():
         return out
     t, v, valid, n = t[rows], v[rows], valid[rows], n[rows]
+    if per_row:
+        starts = starts[rows]
     pos = np.arange(k)
     first_i = np.argmax(valid, axis=1)
     last_i = k - 1 - np.argmax(valid[:, ::-1], axis=1)
@@ -80,7 +87,8 @@ def extrapolated_rate_matrix(t: np.ndarray, v: np.ndarray, range_start: float, r
         result = result + np.where(drop, prev_v, 0.0).sum(axis=1)
     # Prometheus does this arithmetic on int64 milliseconds, then divides by 1000.
     first_ms, last_ms = np.round(first_t * 1000), np.round(last_t * 1000)
-    start_ms, end_ms = round(range_start * 1000), round(range_end * 1000)
+    start_ms = np.round(starts * 1000) if per_row else round(range_start * 1000)
+    end_ms = round(range_end * 1000)
     dur_start = (first_ms - start_ms) / 1000
     dur_end = (end_ms - last_ms) / 1000
     sampled = (last_ms - first_ms) / 1000
@@ -95,7 +103,7 @@ def extrapolated_rate_matrix(t: np.ndarray, v: np.ndarray, range_start: float, r
     with np.errstate(divide="ignore", invalid="ignore"):
         factor = interval / sampled
     if is_rate:
-        factor = factor / (range_end - range_start)
+        factor = factor / (range_end - (starts if per_row else range_start))
     out[rows] = result * factor
     return out
 

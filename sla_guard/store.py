@@ -22,13 +22,20 @@ from __future__ import annotations
 import collections
 import math
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from sla_guard import promql
-from sla_guard.exposition import ExpositionError, labels_of, parse_exposition, parse_raw, split_series_text
+from sla_guard.exposition import (
+    ExpositionError,
+    SampleOrder,
+    labels_of,
+    parse_exposition,
+    parse_raw,
+    split_series_text,
+)
 from sla_guard.model import Labels, Series
 
 # Label names that identify a group when ``append`` is called without one.
@@ -96,11 +103,17 @@ def _stage(writes: dict, nans: list, fam: _Family, row: int, value: float, pos: 
     """Stage one sample of a scrape for ``_commit_scrape``: grouped by family (one column write
     each) with its position in the page. A NaN cannot be stored (NaN cells mean "no sample"):
     it is remembered instead, so windows containing it give NaN as in PromQL, never a value
-    from fewer samples."""
+    from fewer samples. NaN and +-Inf also name their series in ``res.limited`` (``non_finite``):
+    the scraper refuses a page with one in the SLOs' histograms, whose sums then read a finite
+    number without that engine (+Inf - +Inf is NaN, which a sum skips) or stay NaN all period
+    in the ledger."""
     if value != value:
         res.errors["nan"] += 1
+        res.limited.setdefault(fam.name, "non_finite")
         nans.append((fam, row))
         return
+    if value == math.inf or value == -math.inf:
+        res.limited.setdefault(fam.name, "non_finite")
     w = writes.get(fam.name)
     if w is None:
         w = writes[fam.name] = (fam, [], [], [])
@@ -140,8 +153,9 @@ class IngestResult:
 
     samples: int = 0
     errors: collections.Counter = field(default_factory=collections.Counter)
-    # names of the series a limit refused -> the limit's kind: the scraper fails a scrape that
-    # lost series the SLOs read, rather than judge a pool without them
+    # names of the series a limit refused, or with a NaN / +-Inf value (``non_finite``) -> the
+    # kind: the scraper fails a scrape that lost series the SLOs read, or carried such a value in
+    # them, rather than judge a pool without them or on a broken count
     limited: dict[str, str] = field(default_factory=dict)
 
     def add(self, other: IngestResult) -> None:
@@ -154,8 +168,8 @@ class IngestResult:
 class _Family:
     """All series of one sample name: values[row, slot], the group of each row, label codes."""
 
-    __slots__ = ("codes", "fid", "free", "group", "has_text", "last_k", "n", "name", "nan_t", "qcache", "text_hash",
-                 "values", "version")
+    __slots__ = ("codes", "cut_t", "fid", "free", "gone_t", "group", "has_text", "last_k", "marked", "n", "name",
+                 "nan_t", "qcache", "text_hash", "values", "version")
 
     def __init__(self, name: str, slots: int, fid: int, rows: int = 16, dtype=np.float64) -> None:
         self.name = name
@@ -164,6 +178,12 @@ class _Family:
         self.group = np.full(rows, -1, dtype=np.int32)
         self.last_k = np.zeros(rows, dtype=np.int64)  # group slot counter at last write
         self.nan_t = np.full(rows, -np.inf)  # time of the row's latest NaN sample
+        # histogram buckets whose bucket set changed (``SeriesStore._bucket_changes``): samples
+        # before ``cut_t`` are not comparable with the child's current buckets; a row missing
+        # from its target's scrapes since ``gone_t`` while its siblings go on is a removed bound
+        self.cut_t = np.full(rows, -np.inf)
+        self.gone_t = np.full(rows, np.inf)
+        self.marked = False  # some row has a cut_t or gone_t (queries skip the masks otherwise)
         # hash of the raw series text of rows created from a scrape (their scrape-cache key)
         self.text_hash = np.zeros(rows, dtype=np.int64)
         self.has_text = np.zeros(rows, dtype=bool)
@@ -183,6 +203,8 @@ class _Family:
         self.group = np.concatenate([self.group, np.full(more, -1, dtype=np.int32)])
         self.last_k = np.concatenate([self.last_k, np.zeros(more, dtype=np.int64)])
         self.nan_t = np.concatenate([self.nan_t, np.full(more, -np.inf)])
+        self.cut_t = np.concatenate([self.cut_t, np.full(more, -np.inf)])
+        self.gone_t = np.concatenate([self.gone_t, np.full(more, np.inf)])
         self.text_hash = np.concatenate([self.text_hash, np.zeros(more, dtype=np.int64)])
         self.has_text = np.concatenate([self.has_text, np.zeros(more, dtype=bool)])
         for k, arr in self.codes.items():
@@ -190,6 +212,7 @@ class _Family:
 
     def nbytes(self) -> int:
         return (self.values.nbytes + self.group.nbytes + self.last_k.nbytes + self.nan_t.nbytes
+                + self.cut_t.nbytes + self.gone_t.nbytes
                 + self.text_hash.nbytes + self.has_text.nbytes + sum(a.nbytes for a in self.codes.values()))
 
 
@@ -251,6 +274,7 @@ class SeriesStore:
         self._flist: list[_Family] = []
         self._gextra: list[tuple] = []
         self._gseries: list[int] = []
+        self._gpartial: set[int] = set()  # groups whose last page lacked some of their series
         self._series = 0
         self._newest = -math.inf
         self._writes_since_gc = 0
@@ -265,6 +289,7 @@ class SeriesStore:
                                        max_label_value_len=max_label_value_len, lookback_s=lookback_s,
                                        value_dtype=np.float32)
         self._gcoarse: dict[int, tuple[int, float]] = {}  # group -> (coarse bucket, time forwarded)
+        self._orders: dict[tuple, SampleOrder] = {}  # group key -> its exposition timestamps
         self.dropped = collections.Counter()  # lifetime drops by kind
 
     # ------------------------------------------------------------------ writing
@@ -276,31 +301,46 @@ class SeriesStore:
         sample's wins (Prometheus's ``honor_labels: true``); without, the target's wins and the
         sample's is kept as ``exported_<name>`` (``honor_labels: false``: an engine cannot speak
         for another target's model or pool). The group defaults to the sorted ``extra_labels``.
-        A parse failure stores nothing and is reported as ``errors['parse']``."""
+        A parse failure stores nothing and is reported as ``errors['parse']``. A sample whose own
+        timestamp is older than its series' last one is left out (``out_of_order``, its name in
+        ``limited``), as Prometheus drops it."""
         oldest = t - self.lookback_s  # a sample its exporter stamped older than this is no current value
         stale: collections.Counter = collections.Counter()
+        order = self._order(group, extra_labels)
+        order.dropped.clear()
         try:
             raw = parse_raw(exposition, known=self._known_texts(group, extra_labels, honor_labels),
-                            oldest_s=oldest, problems=stale)
+                            oldest_s=oldest, problems=stale, order=order)
             if raw is not None:
-                res = self._ingest_raw(raw, t, extra_labels, group, honor_labels)
+                res = self._ingest_raw(raw, t, extra_labels, group, honor_labels,
+                                       created=lambda: _created_times(exposition, extra_labels, honor_labels))
                 if stale:
                     res.errors.update(stale)
                     with self._lock:
                         self.dropped.update(stale)
-                return res
-            samples, parse_errors = parse_exposition(exposition, oldest_s=oldest)
+                return _out_of_order(res, order)
+            samples, parse_errors = parse_exposition(exposition, oldest_s=oldest, order=order)
         except ExpositionError:
             res = IngestResult()
             res.errors["parse"] += 1
             with self._lock:
                 self.dropped["parse"] += 1
             return res
-        res = self.ingest_samples(samples, t, extra_labels, group=group, honor_labels=honor_labels)
+        res = self.ingest_samples(samples, t, extra_labels, group=group, honor_labels=honor_labels,
+                                  created=lambda: _created_times(exposition, extra_labels, honor_labels))
         res.errors.update(parse_errors)
         with self._lock:
             self.dropped.update(parse_errors)
-        return res
+        return _out_of_order(res, order)
+
+    def _order(self, group: str | None, extra_labels: Mapping[str, str] | None) -> SampleOrder:
+        """The group's exposition timestamps (``SampleOrder``), kept while the group is."""
+        gkey = (group,) if group is not None else tuple(sorted(dict(extra_labels or {}).items()))
+        with self._lock:
+            order = self._orders.get(gkey)
+            if order is None:
+                order = self._orders[gkey] = SampleOrder(self.max_series_per_group)
+            return order
 
     def _known_texts(self, group: str | None, extra_labels: Mapping[str, str] | None,
                      honor_labels: bool) -> _TextIndex | None:
@@ -314,7 +354,7 @@ class SeriesStore:
         return self._gtext[gid]
 
     def _ingest_raw(self, raw, t: float, extra_labels: Mapping[str, str] | None, group: str | None,
-                    honor_labels: bool = True) -> IngestResult:
+                    honor_labels: bool = True, created: _Created | None = None) -> IngestResult:
         """ingest_text's fast path: series found by their raw text in the group's cache."""
         extra = dict(extra_labels or {})
         gkey = (group,) if group is not None else tuple(sorted(extra.items()))
@@ -340,7 +380,7 @@ class SeriesStore:
             if vals is not None:
                 self._write_same_layout(gid, slot, t, vals, res)
             else:
-                self._write_by_lookup(gid, slot, t, raw, hashes, extra, honor_labels, res)
+                self._write_by_lookup(gid, slot, t, raw, hashes, extra, honor_labels, res, created)
             if self._coarse is not None and self._coarse_due(gid, t):
                 names = self.coarse_names
                 fwd = [(x[0], *split_series_text(x[0]), x[3]) if x[1] is None else x for x in raw]
@@ -352,12 +392,12 @@ class SeriesStore:
     def _layout_values(self, gid: int, raw, hashes: np.ndarray) -> np.ndarray | None:
         """The page's values when the fast case applies: the page lists the same series in the
         same order as the group's last scrape, whose only drops (if any) depend on the text alone
-        (duplicates, label limit) and are counted again; no NaN value. None otherwise."""
+        (duplicates, label limit) and are counted again; no NaN or +-Inf value. None otherwise."""
         lay = self._glayout[gid]
         if lay is None or len(lay.hashes) != len(hashes) or not np.array_equal(lay.hashes, hashes):
             return None
         vals = np.fromiter((x[3] for x in raw), np.float64, len(raw))
-        return None if np.isnan(vals).any() else vals
+        return vals if np.isfinite(vals).all() else None
 
     def _write_same_layout(self, gid: int, slot: int, t: float, vals: np.ndarray, res: IngestResult) -> None:
         """Write a page by its group's layout (``_layout_values`` said it applies)."""
@@ -384,13 +424,14 @@ class SeriesStore:
         self._after_write(t)
 
     def _write_by_lookup(self, gid: int, slot: int, t: float, raw, hashes: np.ndarray, extra: dict,
-                         honor_labels: bool, res: IngestResult) -> None:
+                         honor_labels: bool, res: IngestResult, created: _Created | None = None) -> None:
         """Each sample found through the scrape cache (or created); remembers the page layout
         for ``_write_same_layout`` when every sample landed."""
         cache = self._gtext[gid]
         writes: dict[str, tuple[_Family, list[int], list[float], list[int]]] = {}
         seen: set[int] = set()
         nans: list[tuple[_Family, int]] = []
+        born: list[tuple[_Family, int]] = []
         flist = self._flist
         volatile = False
         for i, (text, name, ltext, value) in enumerate(raw):
@@ -412,6 +453,7 @@ class SeriesStore:
                     loc = self._new_series(key, gid, res, text_hash=h)
                     if loc is None:
                         continue
+                    born.append(loc)
                     cache[h] = (loc[0].fid << 32) | loc[1]
                 elif loc[0].group[loc[1]] != gid:
                     res.errors["duplicate"] += 1  # the same series from another target
@@ -419,10 +461,12 @@ class SeriesStore:
                     continue
             _stage(writes, nans, *loc, value, i, res)
         self._commit_scrape(gid, slot, t, writes, nans, res)
+        self._bucket_changes(gid, t, born, created, sum(len(w[1]) for w in writes.values()) + len(nans))
         if cache.recent or (cache.vals < 0).any():
             cache.merge()
         # drops that the text alone decides recur identically; any other (NaN, series limit) may not
-        replayable = not volatile and all(k in ("duplicate", "label_limit") for k in res.errors)
+        replayable = not volatile and all(k in ("duplicate", "label_limit") for k in res.errors) \
+            and "non_finite" not in res.limited.values()
         self._glayout[gid] = _Layout.of(hashes, [(fam.fid, rows, pos) for fam, rows, _, pos in writes.values()],
                                         dict(res.errors), dict(res.limited)) if replayable and writes else None
 
@@ -451,10 +495,12 @@ class SeriesStore:
 
     def ingest_samples(self, samples: Iterable[tuple[str, Mapping[str, str], float]], t: float,
                        extra_labels: Mapping[str, str] | None = None, *, group: str | None = None,
-                       honor_labels: bool = True) -> IngestResult:
+                       honor_labels: bool = True, created: _Created | None = None) -> IngestResult:
         """Store ``(name, labels, value)`` samples of one scrape at time ``t`` (one new slot of
         the group). Samples of a series repeated in the same call are duplicates: the first wins.
-        ``extra_labels`` and ``honor_labels`` as in ``ingest_text``."""
+        ``extra_labels`` and ``honor_labels`` as in ``ingest_text``; ``created``: the page's
+        ``_created`` samples by series key, asked for only when a series appears (see
+        ``_bucket_changes``)."""
         extra = dict(extra_labels or {})
         gkey = (group,) if group is not None else tuple(sorted(extra.items()))
         res = IngestResult()
@@ -466,6 +512,7 @@ class SeriesStore:
             writes: dict[str, tuple[_Family, list[int], list[float], list[int]]] = {}
             seen: set[tuple[str, Labels]] = set()
             nans: list[tuple[_Family, int]] = []
+            born: list[tuple[_Family, int]] = []
             samples_l = samples if isinstance(samples, list) else list(samples)
             for name, labels, value in samples_l:
                 key = _series_key(name, labels, extra, honor_labels)
@@ -478,13 +525,113 @@ class SeriesStore:
                     loc = self._new_series(key, gid, res)
                     if loc is None:
                         continue
+                    born.append(loc)
                 _stage(writes, nans, *loc, value, 0, res)
             self._commit_scrape(gid, slot, t, writes, nans, res)
+            self._bucket_changes(gid, t, born, created, sum(len(w[1]) for w in writes.values()) + len(nans))
             if self._coarse is not None and self._coarse_due(gid, t):
                 fwd = [x for x in samples_l if x[0] in self.coarse_names]
                 if fwd:
                     self._coarse.ingest_samples(fwd, t, extra, group=repr(gkey), honor_labels=honor_labels)
         return res
+
+    def _prev_good(self, gid: int) -> tuple[int, float] | None:
+        """(slot, time) of the group's latest successful scrape before the current one, if the
+        ring still holds one."""
+        n = int(self._gcount[gid])
+        for j in range(n - 2, max(n - self.slots, 0) - 1, -1):
+            slot = j % self.slots
+            if not self._gstale[gid, slot]:
+                return slot, float(self._gtimes[gid, slot])
+        return None
+
+    def _bucket_changes(self, gid: int, t: float, born: list[tuple[_Family, int]], created: _Created | None,
+                        written: int) -> None:
+        """After a scrape that did not repeat the last page's layout: series that appeared in a
+        target scraped before, and histogram buckets that appeared or vanished (an engine upgraded
+        with another bucket set). Prometheus 2.x counts a new series only from its second sample,
+        while the old buckets of the same histogram count the interval through their reset, and
+        a bucket that vanished keeps its partial count in every window: the threshold bucket then
+        holds fewer requests than +Inf and attainment reads far too low (5 % for an upgrade that
+        added the 20 ms TPOT bucket, every request under it).
+
+        - A new counter series starts from 0 at the previous scrape when that is known: its
+          ``_created`` time is after that scrape (prometheus_client exports it), or an older
+          bucket of its histogram dropped (the histogram restarted). Both count the interval.
+        - Otherwise (and for the older buckets, whose earlier samples the new bound never saw) the
+          child's buckets are compared only from the new one's first sample on: ``cut_t``.
+        - A bucket missing from a scrape whose siblings are there is a removed bound: ``gone_t``;
+          windows reaching past it leave it out (the bound reads as missing, not as a count).
+
+        Only the bucket series of one histogram child (same labels but ``le``) are compared;
+        ``_count`` and ``_sum`` stay exactly PromQL's. ``written``: series this page wrote (a
+        page that wrote them all, after one that did too, and made none has nothing to do)."""
+        born = [(fam, row) for fam, row in born if fam.name.endswith(_COUNTERS)]
+        partial = written < self._gseries[gid]
+        was_partial = gid in self._gpartial
+        if partial:
+            self._gpartial.add(gid)
+        elif was_partial:
+            self._gpartial.discard(gid)
+        if not born and not partial and not was_partial:
+            return
+        prev = self._prev_good(gid)
+        if prev is None:
+            return  # the target's first scrape (or none left in the ring): nothing was missed
+        pslot, tprev = prev
+        k = self._gcount[gid]
+        cslot = (k - 1) % self.slots
+        new = {}
+        for fam, row in born:
+            new.setdefault(fam.name, []).append(row)
+        times: dict[tuple[str, Labels], float] | None = None
+        for name, rows in self._grows[gid].items():
+            is_bucket = bool(rows) and name.endswith("_bucket")
+            if not is_bucket and name not in new:
+                continue
+            fam = self._families[name]
+            if is_bucket:
+                arr = np.asarray(rows)
+                now = (fam.last_k[arr] == k) | (fam.nan_t[arr] == t)
+                before = ~np.isnan(fam.values[arr, pslot]) | (fam.nan_t[arr] == tprev)
+                fam.gone_t[arr[now]] = np.inf  # a bound back: compared from now on (below)
+                appeared = arr[now & ~before]
+                for row in arr[before & ~now & np.isinf(fam.gone_t[arr])].tolist():
+                    child = self._child(fam, arr, row)
+                    if (fam.last_k[child] == k).any():  # its siblings are still served
+                        fam.gone_t[row] = t
+                        fam.marked = True
+            else:
+                arr = appeared = np.asarray(new[name])
+            done: set[int] = set()
+            for row in appeared.tolist():
+                if row in done:
+                    continue
+                child = self._child(fam, arr, row) if is_bucket else np.array([row])
+                fresh = np.isnan(fam.values[child, pslot]) & (fam.nan_t[child] != tprev)
+                old = child[~fresh]
+                fresh_rows = child[fresh & ((fam.last_k[child] == k) | (fam.nan_t[child] == t))]
+                done.update(fresh_rows.tolist())
+                if times is None:
+                    times = created() if created is not None else {}
+                ct = times.get(_created_key(name, self._row_labels(fam, row)))
+                with np.errstate(invalid="ignore"):
+                    restarted = bool((fam.values[old, cslot] < fam.values[old, pslot]).any())
+                zero = (ct is not None and ct > tprev) or (is_bucket and restarted)
+                if zero:
+                    fam.values[fresh_rows, pslot] = 0.0
+                if is_bucket and len(old):
+                    fam.cut_t[child] = np.maximum(fam.cut_t[child], tprev if zero else t)
+                    fam.marked = True
+
+    @staticmethod
+    def _child(fam: _Family, rows: np.ndarray, row: int) -> np.ndarray:
+        """The rows among ``rows`` with the labels of ``row`` but ``le``: one histogram child."""
+        m = np.ones(len(rows), dtype=bool)
+        for lname, codes in fam.codes.items():
+            if lname != "le":
+                m &= codes[rows] == codes[row]
+        return rows[m]
 
     def append(self, name: str, labels: Mapping[str, str], t: float, v: float, *, group: str | None = None,
                limited: bool = True) -> bool:
@@ -545,7 +692,10 @@ class SeriesStore:
             if t == self._glast[gid]:
                 for name, rows in self._grows[gid].items():
                     if rows:
-                        self._families[name].values[rows, cur] = np.nan
+                        fam = self._families[name]
+                        fam.values[rows, cur] = np.nan
+                        nt = fam.nan_t[rows]  # its NaN samples are withdrawn too
+                        fam.nan_t[rows] = np.where(nt == t, -np.inf, nt)
                 self._gstale[gid, cur] = True
                 return
             self._open_slot(gid, t, stale=True)
@@ -588,6 +738,7 @@ class SeriesStore:
             self._gcount[gid], self._glast[gid], self._gkeep[gid] = 0, -np.inf, np.inf
             self._grows[gid], self._gtext[gid], self._glayout[gid], self._gextra[gid] = {}, _TextIndex(), None, ()
             self._gcoarse.pop(gid, None)
+            self._gpartial.discard(gid)
             return gid
         gid = len(self._gkeys)
         if gid >= len(self._gcount):
@@ -666,6 +817,7 @@ class SeriesStore:
         fam.text_hash[row] = text_hash or 0
         fam.values[row, :] = np.nan
         fam.nan_t[row] = -np.inf
+        fam.cut_t[row], fam.gone_t[row] = -np.inf, np.inf
         rows_len = len(fam.group)
         for lname, lval in labels:
             code = self._vocab.get(lval)
@@ -722,6 +874,7 @@ class SeriesStore:
                     freed += 1
             for gid in np.flatnonzero(np.isfinite(self._gkeep[:len(self._gkeys)])).tolist():
                 if self._gseries[gid] == 0:  # a retired group with nothing left: its id is reused
+                    self._orders.pop(self._gkeys[gid], None)
                     del self._gid[self._gkeys[gid]]
                     self._gkeys[gid] = ()
                     self._gkeep[gid] = np.inf
@@ -867,6 +1020,24 @@ class SeriesStore:
         return out
 
     @staticmethod
+    def _comparable(fam: _Family, rows: np.ndarray, tt: np.ndarray, vv: np.ndarray, start: float,
+                    end: float) -> tuple[np.ndarray, float | np.ndarray]:
+        """``vv`` without the bucket samples a window [start, end] must not compare (see
+        ``_bucket_changes``): those before a child's ``cut_t``, and every sample of a bound
+        removed (``gone_t``) by then; and the start of each row's window (the cut, where later:
+        ``increase`` extrapolates no row of the child back over it, so its buckets stay alike)."""
+        if not fam.marked:
+            return vv, start
+        cut = fam.cut_t[rows]
+        gone = fam.gone_t[rows] <= end
+        cut = np.where((cut <= end) & (cut > start), cut, -np.inf)
+        if not gone.any() and not np.isfinite(cut).any():
+            return vv, start
+        with np.errstate(invalid="ignore"):
+            drop = (tt < cut[:, None]) | gone[:, None]
+        return np.where(drop, np.nan, vv), np.maximum(cut, start)
+
+    @staticmethod
     def _poisoned(fam: _Family, rows: np.ndarray, start: float, end: float) -> np.ndarray:
         nt = fam.nan_t[rows]
         return (nt >= start) & (nt <= end)
@@ -941,7 +1112,8 @@ class SeriesStore:
             tt, vv = self._window(fam, rows, at - window_s, at)
             if tt.shape[1] < 2:
                 return {}
-            inc = promql.extrapolated_rate_matrix(tt, vv, at - window_s, at, is_counter=True, is_rate=is_rate)
+            vv, starts = self._comparable(fam, rows, tt, vv, at - window_s, at)
+            inc = promql.extrapolated_rate_matrix(tt, vv, starts, at, is_counter=True, is_rate=is_rate)
             poisoned = self._poisoned(fam, rows, at - window_s, at)
         return _group_sum(inc, keys, labels, poisoned)
 
@@ -963,12 +1135,14 @@ class SeriesStore:
             tt, vv = self._window(fam, rows, t0 - self.lookback_s, t1)
             if tt.shape[1] == 0:
                 return {}
+            vv, _ = self._comparable(fam, rows, tt, vv, t0 - self.lookback_s, t1)
             d = promql.counter_delta(tt, vv, t0, t1)
             with np.errstate(invalid="ignore"):
                 present = ~np.isnan(vv) & ~np.isnan(tt)
                 gap = ~(present & (tt <= t0)).any(axis=1) & (present & (tt <= t1)).any(axis=1)
             if gap.any():  # rare (a target back after an outage, or a new series): look further back
                 tg, vg = self._window(fam, rows[gap], t0 - self.retention_s, t1)
+                vg, _ = self._comparable(fam, rows[gap], tg, vg, t0 - self.retention_s, t1)
                 d[gap] = promql.counter_delta(tg, vg, t0, t1)
             poisoned = self._poisoned(fam, rows, t0, t1)
         return _group_sum(d, keys, labels, poisoned)
@@ -988,7 +1162,8 @@ class SeriesStore:
             tt, vv = self._window(fam, rows, at - window_s, at)
             if tt.shape[1] < 2:
                 return {}
-            inc = promql.extrapolated_rate_matrix(tt, vv, at - window_s, at, is_counter=True)
+            vv, starts = self._comparable(fam, rows, tt, vv, at - window_s, at)
+            inc = promql.extrapolated_rate_matrix(tt, vv, starts, at, is_counter=True)
             inc[self._poisoned(fam, rows, at - window_s, at)] = np.inf
             if "le" not in extra:
                 codes = fam.codes["le"][rows]
@@ -1074,3 +1249,36 @@ def _le(text: str) -> float:
         return float(text)
     except ValueError:
         return math.nan
+
+
+_COUNTERS = ("_bucket", "_count", "_sum", "_total")
+_Created = Callable[[], dict[tuple[str, Labels], float]]
+
+
+def _created_key(name: str, labels: Labels) -> tuple[str, Labels]:
+    """The key of the ``_created`` sample prometheus_client exports for a counter or histogram
+    series (``x_total`` / ``x_bucket{le}`` -> ``x_created``)."""
+    for suffix in _COUNTERS:
+        if name.endswith(suffix):
+            name = name[: -len(suffix)]
+            break
+    return name + "_created", tuple(kv for kv in labels if kv[0] != "le")
+
+
+def _created_times(text: str, extra: Mapping[str, str] | None, honor: bool) -> dict[tuple[str, Labels], float]:
+    """The page's ``_created`` samples by series key (the parser drops them on the hot path;
+    read again only when a series appeared)."""
+    try:
+        samples, _ = parse_exposition(text, drop_created=False)
+    except ExpositionError:
+        return {}
+    extra = dict(extra or {})
+    return {_series_key(n, lab, extra, honor): v for n, lab, v in samples if n.endswith("_created")}
+
+
+def _out_of_order(res: IngestResult, order: SampleOrder) -> IngestResult:
+    """``res`` with the names of the samples ``order`` left out as out of order (``limited``)."""
+    for name in order.dropped:
+        res.limited.setdefault(name, "out_of_order")
+    order.dropped.clear()
+    return res

@@ -146,6 +146,8 @@ def test_oversized_exposition_is_abandoned(chunked):
 
 
 def test_nan_and_inf_samples_never_give_ok(rig):
+    """A NaN or +Inf in the SLOs' histograms refuses the page (``non_finite``, the target down with
+    the series named); elsewhere it is counted and the page kept."""
     rig.steps(6)
     ttft_sum = c.REQUEST_TTFT.series("_sum")
 
@@ -156,14 +158,17 @@ def test_nan_and_inf_samples_never_give_ok(rig):
 
     rig.servers[0].body = poisoned
     rig.steps(3)
-    assert rig.errors("e0")["nan"] >= 3
+    assert rig.errors("e0")["non_finite"] >= 3
+    assert ttft_sum in rig.guard.source._state["e0"].last_error
     s = rig.pool(0).slos[0]
     assert s.status is Status.UNKNOWN, s
     assert s.reason and rig.pool(0).reason == s.reason  # the pool says why, not ""
+    rig.servers[0].body = lambda: rig.engines[0].exposition() + 'odd_gauge{k="inf"} +Inf\nodd_gauge{k="nan"} NaN\n'
+    rig.steps(14)
     now = rig.guard.last_tick.at
-    assert math.isinf(next(iter(rig.guard.source.store.instant("odd_gauge", {}, now).values())))  # +Inf stored
-    rig.servers[0].body = rig.engines[0].exposition
-    rig.steps(14)  # the NaN leaves the 3 s window
+    assert rig.errors("e0")["nan"] >= 1
+    assert math.isinf(rig.guard.source.store.instant("odd_gauge", {"k": "inf"}, now)[
+        (("instance", "e0"), ("k", "inf"), ("model", "m0"), ("pool", "decode"))])  # +Inf stored
     assert rig.pool(0).slos[0].status is Status.OK
 
 

@@ -57,6 +57,19 @@ _JUDGED = frozenset(c.latency_metric(ind, scope).series(part) for ind in ("ttft"
                     for scope in (None, c.Pool.CLIENT) for part in ("_bucket", "_count", "_sum"))
 
 
+# why a page that lost (or broke) series of the SLOs' histograms is a failed scrape, and the fix
+_REFUSED = {
+    "series_limit": ("series limit reached: series of {} not stored",
+                     "raise retention.max_series / max_series_per_target, or stop the label churn it counts"),
+    "label_limit": ("label limit reached: series of {} not stored",
+                    "shorten label values (2048 characters at most) or drop labels"),
+    "non_finite": ("a NaN or +-Inf value in {} (a histogram's counts and sum are finite numbers)",
+                   "fix the exporter's /metrics; the page is refused until then"),
+    "out_of_order": ("a sample of {} stamped older than the last one of its series (a cache serving an older page?)",
+                     "serve the current page; Prometheus drops such samples as out of order"),
+}
+
+
 def _router_models(mapped: list[tuple[str, dict[str, str], float]], fallback: str) -> frozenset[str]:
     """The models a router's translated page speaks for, for its ``up``: those with TTFT or TPOT
     data (the SLOs' pools), else any it labels, else the target's own. Not every model label:
@@ -164,10 +177,8 @@ class Scraper:
                 raise ScrapeFailed("parse", "malformed exposition")
             if judged := sorted(n for n in res.limited if n in _JUDGED):
                 kind = res.limited[judged[0]]
-                fix = ("raise retention.max_series / max_series_per_target, or stop the label churn it counts"
-                       if kind == "series_limit" else "shorten label values (2048 characters at most) or drop labels")
-                raise ScrapeFailed(kind, f"{kind.replace('_', ' ')} reached: series of {', '.join(judged[:3])} "
-                                         f"not stored, so its pool cannot be judged; {fix}")
+                what, fix = _REFUSED.get(kind, _REFUSED["label_limit"])
+                raise ScrapeFailed(kind, f"{what.format(', '.join(judged[:3]))}, so its pool cannot be judged; {fix}")
         except Exception as raised:
             # anything else the page made the parser or store raise is a failed scrape too, not a
             # target left up with its last data and no error (a bare ValueError once did that)
