@@ -318,11 +318,70 @@ class PrometheusSource(Strict):
     accept_partial: bool = Field(
         default=False, description="use answers that carry warnings (a remote-read or store failure: partial data); "
                                    "by default they count as partial and read unknown")
+    headers: dict[str, str] = Field(
+        default_factory=dict, description="sent with every query, e.g. {X-Scope-OrgID: team-a} for a multi-tenant "
+                                          "Mimir or Cortex; not for secrets (headers_env)")
+    headers_env: dict[str, str] = Field(
+        default_factory=dict, description="header name -> environment variable holding its value (secrets)")
 
     @field_validator("url")
     @classmethod
     def _http(cls, v: str) -> str:
         return http_url(v, "http://prometheus:9090")
+
+    @field_validator("headers")
+    @classmethod
+    def _headers(cls, v: dict[str, str]) -> dict[str, str]:
+        """Values are sent as they are, so one httpx cannot send (a line break, non-ASCII) is
+        refused here, where the error can name the header, rather than failing every query.
+        The value itself is never quoted: someone may have put a secret there after all."""
+        _header_names(v, "headers")
+        out = {}
+        for name, value in v.items():
+            value = value.strip()
+            if not value or not all(" " <= ch <= "~" for ch in value):
+                what = "empty" if not value else "not one line of printable ASCII"
+                raise ValueError(f"the value of {name!r} is {what} (an HTTP header value cannot hold line breaks, "
+                                 f"control or non-ASCII characters); write it on one line, or remove the header")
+            out[name] = value
+        return out
+
+    @field_validator("headers_env")
+    @classmethod
+    def _headers_env(cls, v: dict[str, str]) -> dict[str, str]:
+        _header_names(v, "headers_env")
+        for name, env in v.items():
+            if not _ENV_NAME.fullmatch(env):
+                # not quoted: a value written where the variable's name belongs may be the secret
+                raise ValueError(f"{name!r}: its variable is not an environment variable name (letters, digits, _); "
+                                 f"write the name of the variable that holds the value, e.g. {{{name}: MIMIR_KEY}}")
+        return v
+
+
+# an HTTP header name (RFC 9110 token) and an environment variable name (POSIX)
+_HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# headers httpx writes itself from the request: one in the config would be sent twice or break framing
+_CLIENT_HEADERS = frozenset({"host", "content-length", "transfer-encoding", "connection"})
+
+
+def _header_names(v: dict[str, str], field: str) -> None:
+    """ValueError naming the header and the fix for a name that cannot be sent, Authorization
+    (the credentials have their own fields, kept out of logs) or a name given twice."""
+    seen: set[str] = set()
+    for name in v:
+        if not _HEADER_NAME.fullmatch(name):
+            raise ValueError(f"{name!r} is not an HTTP header name (letters, digits and !#$%&'*+.^_`|~- only, no "
+                             f"spaces or colons); write it as e.g. X-Scope-OrgID")
+        low = name.lower()
+        if low == "authorization":
+            raise ValueError("Authorization cannot be set here: use source.bearer_token_env (Bearer, read from the "
+                             "environment) or user:password@ in source.url (Basic)")
+        if low in _CLIENT_HEADERS:
+            raise ValueError(f"{name!r} is written by the HTTP client from source.url; remove it from {field}")
+        if low in seen:
+            raise ValueError(f"{name!r} is given twice (header names ignore case); keep one")
+        seen.add(low)
 
 
 def _source_mode(v: Any) -> str:
@@ -579,6 +638,10 @@ def config_problems(cfg: GuardConfig) -> list[Problem]:
             out.append(("source.prometheus.url",
                         "has user:password@ credentials and bearer_token_env is set too; only one can be "
                         "sent: remove the credentials from the URL or drop bearer_token_env"))
+        both = {n.lower() for n in src.headers} & {n.lower() for n in src.headers_env}
+        for name in sorted(both):
+            out.append(("source.prometheus.headers_env",
+                        f"{name!r} is also in source.headers; only one value can be sent: remove it from one"))
     sets: dict[tuple[str, str], int] = {}
     for si, s in enumerate(cfg.slos):
         if (s.model, s.pool) in sets:

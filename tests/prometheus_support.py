@@ -28,10 +28,15 @@ class PrometheusProcess:
     """``prometheus`` scraping ``targets`` (host:port) every ``interval_s`` (``extra``: more
     top-level configuration, e.g. ``remote_read``; ``history``: OpenMetrics text with timestamps,
     backfilled into its storage with ``promtool tsdb create-blocks-from openmetrics`` before it
-    starts: hours of a fleet's samples in seconds); stop() kills it and removes its storage."""
+    starts: hours of a fleet's samples in seconds; ``route_prefix``: served under that path, as
+    with ``--web.route-prefix`` behind an Ingress, ``url`` then ends with it; ``web_config``: its
+    ``--web.config.file``, e.g. ``basic_auth_users``, with ``auth`` the credentials this harness
+    queries with); stop() kills it and removes its storage."""
 
     def __init__(self, targets: list[str], interval_s: float = 1.0, job: str = "engines",
-                 metrics_path: str = "/metrics", extra: dict | None = None, history: str | None = None) -> None:
+                 metrics_path: str = "/metrics", extra: dict | None = None, history: str | None = None,
+                 route_prefix: str = "", web_config: dict | None = None,
+                 auth: tuple[str, str] | None = None) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="sla-guard-prom-"))
         if history is not None:
             (self.dir / "history.om").write_text(history)
@@ -49,13 +54,17 @@ class PrometheusProcess:
         }
         (self.dir / "prometheus.yml").write_text(yaml.safe_dump(cfg))
         self.log = open(self.dir / "log.txt", "w")  # noqa: SIM115 (closed in stop)
+        self.url = f"http://127.0.0.1:{self.port}{route_prefix}"
+        flags = [f"--web.route-prefix={route_prefix}", f"--web.external-url={self.url}"] if route_prefix else []
+        if web_config is not None:
+            (self.dir / "web.yml").write_text(yaml.safe_dump(web_config))
+            flags.append(f"--web.config.file={self.dir / 'web.yml'}")
         self.proc = subprocess.Popen(
             [prometheus_binary() or "prometheus", f"--config.file={self.dir / 'prometheus.yml'}",
              f"--storage.tsdb.path={self.dir / 'data'}", f"--web.listen-address=127.0.0.1:{self.port}",
-             "--web.enable-lifecycle", "--log.level=warn"],
+             "--web.enable-lifecycle", "--log.level=warn", *flags],
             stdout=self.log, stderr=subprocess.STDOUT)
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.client = httpx.Client(timeout=10)
+        self.client = httpx.Client(timeout=10, auth=auth)
 
     def wait_ready(self, timeout: float = 30) -> None:
         deadline = time.time() + timeout

@@ -151,11 +151,13 @@ class PrometheusView:
 
     def __init__(self, url: str, *, timeout_s: float = 10.0, token: str | None = None, extra_selector: str = "",
                  transport: httpx.BaseTransport | None = None, concurrency: int = 8,
-                 max_body_bytes: int = 64 * 1024 * 1024, accept_partial: bool = False) -> None:
+                 max_body_bytes: int = 64 * 1024 * 1024, accept_partial: bool = False,
+                 headers: Mapping[str, str] | None = None) -> None:
         """Credentials never stay in ``self.url`` (logged with each request, shown in
         /v1/targets): ``user:pw@`` becomes explicit Basic auth, or is dropped when a bearer
         ``token`` is given (explicit wins; httpx would otherwise replace the bearer with the
-        URL's Basic auth), and query parameters go to the client (sent, never shown)."""
+        URL's Basic auth), and query parameters go to the client (sent, never shown).
+        ``headers`` (a tenant's ``X-Scope-OrgID``, an API key) go with every query, never shown."""
         from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
         url, userinfo = strip_userinfo(url)
@@ -167,7 +169,7 @@ class PrometheusView:
                 url = urlunsplit((p.scheme, p.netloc, p.path, "", ""))
         except ValueError:
             pass  # httpx rejects it at the first query, with a redacted error
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        headers = {**(headers or {}), **({"Authorization": f"Bearer {token}"} if token else {})}
         auth = httpx.BasicAuth(*userinfo) if userinfo is not None and not token else None
         if userinfo is not None and token:
             log.warning("Prometheus URL has credentials and a bearer token is configured: using the bearer token")
@@ -259,6 +261,26 @@ class PrometheusView:
                     raise PrometheusError("timeout", f"Prometheus answer not complete within {budget:.3g}s")
             return r.status_code, b"".join(chunks)
 
+    def _refused(self, status: int, raw: bytes) -> str:
+        """One line for a 401/403/404 that says which field to set: a Mimir or Cortex without a
+        tenant answers 401 "no org id" as text, which read "HTTP 401, body is not JSON"."""
+        said = raw[:500].decode("utf-8", "replace").strip()
+        try:  # Prometheus's own JSON error, if it is one
+            body = json.loads(said)
+            said = str(body.get("error") or said) if isinstance(body, dict) else said
+        except ValueError:
+            pass
+        said = f" ({peer_text(said.splitlines()[0], 120)})" if said else ""
+        if status == 404:
+            return (f"Prometheus answered HTTP 404{said} for {self.url}/api/v1/query: no query API at that path; "
+                    f"set source.url to the server's base URL with its path prefix if it has one (e.g. "
+                    f"http://host:9090/prom for --web.route-prefix=/prom, or the Ingress path), without /api/v1")
+        if "org id" in said.lower():
+            return (f"Prometheus answered HTTP {status}{said}: a multi-tenant server (Mimir, Cortex) needs the "
+                    f"tenant: set source.headers: {{X-Scope-OrgID: <tenant>}}")
+        return (f"Prometheus answered HTTP {status}{said}: the server wants credentials: set source.bearer_token_env, "
+                f"user:password@ in source.url, or the header it expects in source.headers / source.headers_env")
+
     def prefetch(self, at: float) -> int:
         """Run the queries the previous tick asked for, now at time ``at``, ``concurrency`` at a
         time within the tick's deadline, and keep their answers for this tick's calls: a tick
@@ -298,6 +320,8 @@ class PrometheusView:
                 raise PrometheusError("connect", f"Prometheus unreachable: {type(err).__name__}: {err}") from err
             if status >= 500:
                 raise PrometheusError("http_status", f"Prometheus answered HTTP {status}")
+            if status in (401, 403, 404):
+                raise PrometheusError("auth" if status != 404 else "http_status", self._refused(status, raw))
             try:
                 body = json.loads(raw)
             except ValueError as err:
@@ -472,6 +496,24 @@ class PrometheusView:
         self._client.close()
 
 
+def env_value(field: str, var: str | None, without: str) -> str | None:
+    """``$var`` for a header (the bearer token, a ``headers_env`` value), surrounding whitespace
+    dropped: a Secret written with ``echo`` ends in a newline, and httpx refused the header with
+    an error quoting it, token included, into the log and /v1/targets at every query. A value
+    that is still not one line of printable ASCII, or an unset one, is not sent (logged, by name)."""
+    if not var:
+        return None
+    value = os.environ.get(var, "").strip()
+    if not value:
+        log.warning("%s: $%s is not set or empty; querying Prometheus %s", field, var, without)
+        return None
+    if not all(" " <= ch <= "~" for ch in value):
+        log.warning("%s: $%s holds a line break, a control or a non-ASCII character, which no HTTP header can "
+                    "carry; querying Prometheus %s: set it to the value alone", field, var, without)
+        return None
+    return value
+
+
 class PrometheusSourceImpl:
     """``Source`` for the prometheus mode: nothing to collect; ``collect`` checks the server."""
 
@@ -479,14 +521,16 @@ class PrometheusSourceImpl:
 
     def __init__(self, cfg: PrometheusConfig, *, transport: httpx.BaseTransport | None = None,
                  stale_after_s: float | None = None) -> None:
-        token = os.environ.get(cfg.bearer_token_env) if cfg.bearer_token_env else None
-        if cfg.bearer_token_env and not token:
-            log.warning("source.bearer_token_env: $%s is not set; querying Prometheus without a bearer token",
-                        cfg.bearer_token_env)
+        token = env_value("source.bearer_token_env", cfg.bearer_token_env, "without a bearer token")
+        headers = dict(cfg.headers)
+        for name, var in cfg.headers_env.items():
+            if (value := env_value(f"source.headers_env.{name}", var, f"without the {name} header")) is not None:
+                headers[name] = value
         self.cfg = cfg
         self.view = PrometheusView(cfg.url, timeout_s=cfg.timeout_s, token=token, extra_selector=cfg.selector,
                                    transport=transport, concurrency=cfg.concurrency,
-                                   max_body_bytes=cfg.max_body_bytes, accept_partial=cfg.accept_partial)
+                                   max_body_bytes=cfg.max_body_bytes, accept_partial=cfg.accept_partial,
+                                   headers=headers)
         self._checked = False
         self.stale_after_s = stale_after_s
         self.duplicates: list[str] = []  # processes Prometheus holds more than once (``check_duplicates``)
