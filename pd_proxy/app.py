@@ -25,7 +25,7 @@ import json
 import logging
 import socket
 import time
-from collections.abc import Awaitable
+from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
@@ -165,6 +165,8 @@ class DecodeStream:
                 else:
                     failure = (504, "upstream_timeout", "decode leg passed its deadline")
             except httpx.HTTPError as e:
+                if not done:  # a connection reset or cut mid-body: the engine died (or its link); after [DONE], whole
+                    self.pool.failed(self.lease.url, f"decode stream broke: {type(e).__name__}")
                 failure = (502, "upstream_unreachable", f"decode stream broke: {type(e).__name__}: {e}")
             if failure is None:
                 self._answered()
@@ -263,6 +265,33 @@ class RelayResponse(StreamingResponse):
                 await self.stream.close()
 
 
+class _Stalled(Exception):
+    """A whole answer's body went silent for the stall bound."""
+
+
+class _StallBound(httpx.AsyncByteStream):
+    """An upstream body whose every read must come within ``stall_s``. The leg's total deadline stays outside: it
+    cancels the read and is told from a stall by the exception (``_Stalled`` is this bound's alone)."""
+
+    def __init__(self, inner: httpx.AsyncByteStream, stall_s: float) -> None:
+        self._inner, self._stall_s = inner, stall_s
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        it = aiter(self._inner)
+        while True:
+            try:
+                async with asyncio.timeout(self._stall_s):
+                    chunk = await anext(it, None)
+            except TimeoutError:
+                raise _Stalled from None
+            if chunk is None:
+                return
+            yield chunk
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
 class Proxy:
     """The engines, the upstream client and the metrics of one proxy instance."""
 
@@ -281,6 +310,7 @@ class Proxy:
             transport = httpx.AsyncHTTPTransport(socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)])
         self.client = httpx.AsyncClient(timeout=None, transport=transport,
                                         limits=httpx.Limits(max_connections=None, max_keepalive_connections=256))
+        self._probes: list[asyncio.Task[None]] = []
 
     # -- request ---------------------------------------------------------------------------------
     async def handle(self, request: Request, path: str) -> Response:
@@ -388,15 +418,25 @@ class Proxy:
 
     async def _whole(self, pool: EnginePool, leg: str, path: str, body: dict[str, Any], up: dict[str, bytes],
                      timeout_s: float) -> httpx.Response:
-        """One upstream call read to its end, under the leg's total deadline."""
+        """One upstream call read to its end, under the leg's total deadline. vLLM sends a whole answer's headers
+        with its body, so a body silent for the stall bound after them is an engine that stalled (it waited out
+        the whole deadline, and was taken as up on its headers); the engine is judged once the body is in."""
         deadline = asyncio.get_running_loop().time() + timeout_s
-        resp, lease = await self._call(pool, leg, path, body, up, deadline, timeout_s)
+        resp, lease = await self._call(pool, leg, path, body, up, deadline, timeout_s, judge_on_body=True)
+        stall_s = self.config.decode_stall_timeout_s
+        resp.stream = _StallBound(resp.stream, stall_s)
         try:
             async with asyncio.timeout_at(deadline):
                 await resp.aread()
+            if resp.status_code == 200:
+                pool.answered(lease.url)
             return resp
         except TimeoutError:
             raise self._leg_error(504, "upstream_timeout", f"{leg} leg passed its {timeout_s:g} s deadline",
+                                  leg, lease.url) from None
+        except _Stalled:
+            pool.failed(lease.url, f"{leg} answer silent for {stall_s:g} s after its headers")
+            raise self._leg_error(504, "upstream_timeout", f"{leg} engine sent nothing for {stall_s:g} s (stalled)",
                                   leg, lease.url) from None
         except httpx.HTTPError as e:
             pool.failed(lease.url, f"{type(e).__name__} in its answer")
@@ -408,14 +448,15 @@ class Proxy:
             lease.release()
 
     async def _call(self, pool: EnginePool, leg: str, path: str, body: dict[str, Any], up: dict[str, bytes],
-                    deadline: float, timeout_s: float, stream: bool = False) -> tuple[httpx.Response, Lease]:
+                    deadline: float, timeout_s: float, judge_on_body: bool = False) -> tuple[httpx.Response, Lease]:
         """An upstream call opened (status and headers; a non-200 answer read whole) under ``deadline``, and the
         lease of the engine that answered. An engine that refused the connection or answered 503 (vLLM's admission
         control) never started the request, so the call moves to another engine of the pool, within the same
         deadline: the client has seen nothing yet, and the time lost stays in its TTFT. A call that broke or
         timed out is not repeated (the engine may have started it); the engine is left out for the next ones.
-        A ``stream``'s 200 is no verdict yet: vLLM sends it before the first token, so an engine that stalls after it
-        came back from its time out with every probe; its first chunk judges it (``DecodeStream``)."""
+        A 200 is no verdict yet (``judge_on_body``): vLLM sends a stream's before the first token, so an engine that
+        stalls after it came back from its time out with every probe; its body judges it (``DecodeStream``,
+        ``_whole``)."""
         loop = asyncio.get_running_loop()
         tried: list[str] = []
         while True:
@@ -447,7 +488,7 @@ class Proxy:
                                           lease.url) from None
                 raise
             if resp.status_code != 503:
-                if not (stream and resp.status_code == 200):
+                if not (judge_on_body and resp.status_code == 200):
                     pool.answered(lease.url)
                 return resp, lease
             pool.failed(lease.url, "answered 503")
@@ -467,7 +508,7 @@ class Proxy:
         timeout_s = self.config.decode_timeout_s
         deadline = asyncio.get_running_loop().time() + timeout_s
         sent = time.perf_counter()  # decode_first_leg spans every engine tried
-        resp, lease = await self._call(self.decode, "decode", path, dec, up, deadline, timeout_s, stream=True)
+        resp, lease = await self._call(self.decode, "decode", path, dec, up, deadline, timeout_s, judge_on_body=True)
         if resp.status_code != 200:
             with anyio.CancelScope(shield=True):
                 await resp.aclose()
@@ -479,13 +520,58 @@ class Proxy:
         media = resp.headers.get("content-type") or "text/event-stream"
         return RelayResponse(ds, headers, media)
 
+    # -- active health -----------------------------------------------------------------------------
+    def start_probes(self) -> None:
+        """On the running loop, one task per engine of each pool, so that no probe waits on another engine's
+        (a hung engine's takes its whole --health-timeout). Off with --health-interval 0."""
+        if self.config.health_interval_s > 0 and not self._probes:
+            self._probes = [asyncio.create_task(self._probe_forever(pool, url), name=f"health {display_url(url)}")
+                            for pool in (self.prefill, self.decode) for url in pool.urls]
+
+    async def _probe_forever(self, pool: EnginePool, url: str) -> None:
+        while True:
+            try:
+                await self.probe(pool, url)
+            except Exception:  # a bug here must not end the engine's probing for good
+                log.exception("/health probe of %s failed", display_url(url))
+            await asyncio.sleep(self.config.health_interval_s)
+
+    async def probe(self, pool: EnginePool, url: str) -> None:
+        """GET ``url``/health under --health-timeout. vLLM answers 200 unless its engine core is dead (503); a
+        refusal, a broken call, no answer or another 5xx is down too. 501 (not implemented), 404, 401 say nothing
+        of the engine: no verdict (unknown is never up)."""
+        timeout_s = self.config.health_timeout_s
+        try:
+            async with asyncio.timeout(timeout_s):
+                r = await self.client.get(url + "/health")
+        except TimeoutError:
+            pool.probe_failed(url, f"no answer within {timeout_s:g} s")
+        except httpx.HTTPError as e:
+            pool.probe_failed(url, f"{type(e).__name__}: {e}")
+        else:
+            if r.status_code == 200:
+                pool.probe_ok(url)
+            elif r.status_code >= 500 and r.status_code != 501:
+                pool.probe_failed(url, f"answered {r.status_code}")
+            else:
+                pool.probe_unknown(url, f"answered {r.status_code}")
+
+    async def stop_probes(self) -> None:
+        for task in self._probes:
+            task.cancel()
+        await asyncio.gather(*self._probes, return_exceptions=True)
+        self._probes = []
+
     # -- the rest ----------------------------------------------------------------------------------
     def health(self) -> dict[str, Any]:
         return {"status": "ok", "router": self.config.router, "policy": self.config.policy,
                 "in_flight": {"prefill": _shown(self.prefill.in_flight()), "decode": _shown(self.decode.in_flight())},
-                "left_out": {"prefill": _shown(self.prefill.ejected()), "decode": _shown(self.decode.ejected())}}
+                "left_out": {"prefill": _shown(self.prefill.ejected()), "decode": _shown(self.decode.ejected())},
+                "probes": {"interval_s": self.config.health_interval_s,
+                           "prefill": _shown(self.prefill.probes()), "decode": _shown(self.decode.probes())}}
 
     async def aclose(self) -> None:
+        await self.stop_probes()
         await self.client.aclose()
         if self.metrics.otel is not None:  # send the last spans
             self.metrics.otel.shutdown()
@@ -539,6 +625,7 @@ def build_app(config: ProxyConfig, metrics: ClientMetrics | None = None,
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI):
+        proxy.start_probes()
         yield
         await proxy.aclose()
 

@@ -10,6 +10,13 @@ deadline or answered 503 (vLLM's admission control: "try again on a different in
 out for ``EJECT_S``, doubled per consecutive failure up to ``EJECT_MAX_S``; then one request at a
 time tries it again (a hung engine costs one request per deadline, not its share), and any other
 answer brings it back. Without this a dead engine kept its share of requests (each a 502).
+
+Active health (optional, ``Proxy`` probes each engine's ``/health``): a failed probe leaves the engine out
+as a failed call does, and holds it out until a probe answers 200 again, so an engine a probe finds dead or
+hung stops getting requests before one of them waits out its deadline. A 200 only lifts that hold: it never ends a
+time out, nor resets the failures in a row. vLLM's /health answers 200 while its API server runs and the engine
+core is not dead, which a stalled engine still does, so whatever real traffic saw stands until a real request
+is answered again (the passive rule above).
 """
 
 from __future__ import annotations
@@ -62,14 +69,25 @@ class EnginePool:
         self._failures = dict.fromkeys(self.urls, 0)  # consecutive
         self._out_until = dict.fromkeys(self.urls, 0.0)
         self._probing: dict[str, Lease] = {}  # the one call trying each engine that failed before
+        self._held: set[str] = set()  # engines whose last /health probe failed: out until one answers 200
+        self._health: dict[str, tuple[str, str, float]] = {}  # each engine's last probe: state, detail, when
 
     def in_flight(self) -> dict[str, int]:
         return dict(self._in_flight)
 
     def ejected(self) -> dict[str, float]:
-        """The engines left out now, with the seconds until the next request may try them again."""
+        """The engines left out now, with the seconds until the next request may try them again (0 for one held
+        out until its /health answers 200)."""
         now = self._clock()
-        return {u: round(t - now, 3) for u, t in self._out_until.items() if t > now}
+        return {u: round(max(t - now, 0.0), 3) for u, t in self._out_until.items() if t > now or u in self._held}
+
+    def probes(self) -> dict[str, dict[str, object]]:
+        """The last /health probe of each engine probed: state (up, down, unknown), detail, seconds ago."""
+        now = self._clock()
+        return {
+            u: {"state": state, "detail": detail, "age_s": round(now - at, 3)}
+            for u, (state, detail, at) in self._health.items()
+        }
 
     def acquire(self, tried: Collection[str] = ()) -> Lease:
         """An engine not in ``tried``, preferring those not left out; when every one is left out (the whole
@@ -95,7 +113,7 @@ class EnginePool:
 
     def _usable(self, url: str, now: float) -> bool:
         """Not left out, and not an engine that failed before while one call is already trying it again."""
-        return self._out_until[url] <= now and url not in self._probing
+        return self._out_until[url] <= now and url not in self._probing and url not in self._held
 
     def failed(self, url: str, why: str) -> None:
         """The engine did not serve a call (see the module doc): left out for a while."""
@@ -114,9 +132,32 @@ class EnginePool:
         )
 
     def answered(self, url: str) -> None:
-        """The engine answered (anything but 503): it is up."""
+        """The engine answered (anything but 503): it is up. Real traffic outranks a failed /health probe too."""
         if self._failures[url]:
             log.info("engine %s answers again", display_url(url))
         self._failures[url] = 0
         self._out_until[url] = 0.0
         self._probing.pop(url, None)
+        self._held.discard(url)
+
+    def probe_failed(self, url: str, why: str) -> None:
+        """/health refused, broke, timed out or answered 5xx: left out as a failed call, and held out until a 200."""
+        self._probed(url, "down", why)
+        self._held.add(url)
+        self.failed(url, f"/health: {why}")
+
+    def probe_ok(self, url: str) -> None:
+        """/health answered 200: the hold goes; a time out real traffic earned runs on (see the module doc)."""
+        if url in self._held:
+            log.info("engine %s: /health answers 200 again", display_url(url))
+        self._probed(url, "up", "200")
+        self._held.discard(url)
+
+    def probe_unknown(self, url: str, why: str) -> None:
+        """/health answered what tells neither (404: not served there, 401): no verdict, nothing changes."""
+        if self._health.get(url, ("",))[0] != "unknown":
+            log.warning("engine %s: /health %s, which says neither up nor down", display_url(url), why)
+        self._probed(url, "unknown", why)
+
+    def _probed(self, url: str, state: str, detail: str) -> None:
+        self._health[url] = (state, detail, self._clock())

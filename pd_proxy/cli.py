@@ -45,8 +45,14 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--decode-timeout", type=float, default=d.decode_timeout_s, metavar="S",
                    help="total deadline of a decode call, connect to last streamed byte (default %(default)g s)")
     p.add_argument("--decode-stall-timeout", type=float, default=d.decode_stall_timeout_s, metavar="S",
-                   help="longest silence of a decode stream after its first chunk before it ends as an error and "
-                        "the engine is left out (default %(default)g s)")
+                   help="longest silence of a decode stream after its first chunk (or of a whole answer's body "
+                        "after its headers) before it ends as an error and the engine is left out "
+                        "(default %(default)g s)")
+    p.add_argument("--health-interval", type=float, default=d.health_interval_s, metavar="S",
+                   help="seconds between GETs of each engine's /health; a failed one leaves the engine out until "
+                        "/health answers 200 (0: off; default %(default)g s)")
+    p.add_argument("--health-timeout", type=float, default=d.health_timeout_s, metavar="S",
+                   help="total deadline of one /health probe (default %(default)g s)")
     p.add_argument("--max-models", type=int, default=d.max_models, metavar="N",
                    help="distinct model label values before the rest count as 'other' (default %(default)s)")
     p.add_argument("--max-body-bytes", type=int, default=d.max_body_bytes, metavar="N",
@@ -61,7 +67,9 @@ def main(argv: list[str] | None = None) -> int:
         config = ProxyConfig(prefill=tuple(args.prefill), decode=tuple(args.decode), policy=args.policy,
                              router=args.router, prefill_timeout_s=args.prefill_timeout,
                              decode_timeout_s=args.decode_timeout,
-                             decode_stall_timeout_s=args.decode_stall_timeout, max_models=args.max_models,
+                             decode_stall_timeout_s=args.decode_stall_timeout,
+                             health_interval_s=args.health_interval, health_timeout_s=args.health_timeout,
+                             max_models=args.max_models,
                              max_body_bytes=args.max_body_bytes)
     except ValueError as e:
         parser().error(str(e))

@@ -6,6 +6,7 @@ A frozen dataclass rather than the guard's pydantic config: the proxy is a data 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -45,8 +46,14 @@ class ProxyConfig:
     # The longest a decode stream may stay silent once its first chunk came. vLLM sends a running request's
     # chunks one decode step apart (ms), a preemption's recompute at worst seconds: 30 s of silence is an
     # engine that stalled, and the stream ends and the engine is left out as a hung one is. Before its first
-    # chunk a decode engine queues and pulls the KV cache, which is given --prefill-timeout (if longer).
+    # chunk a decode engine queues and pulls the KV cache, which is given --prefill-timeout (if longer). A whole
+    # answer's body (vLLM sends it with its headers) gets the same bound after its headers.
     decode_stall_timeout_s: float = 30.0
+    # Active health: every this many seconds (0: off) each engine's /health is asked, under health_timeout_s; a
+    # refusal, a 5xx or no answer leaves the engine out until /health answers 200 (see balance.py for what that
+    # 200 may and may not undo). Short: a probe that waits is an engine no request should wait for.
+    health_interval_s: float = 5.0
+    health_timeout_s: float = 2.0
     # Distinct values of the model label before the rest are counted as "other": the model comes
     # from the client's body, and clients must not be able to mint series.
     max_models: int = 16
@@ -67,6 +74,16 @@ class ProxyConfig:
             raise ValueError(
                 f"decode_stall_timeout_s (--decode-stall-timeout) must be a positive number of seconds, "
                 f"got {self.decode_stall_timeout_s!r}"
+            )
+        if not (0 <= self.health_interval_s < math.inf):
+            raise ValueError(
+                f"health_interval_s (--health-interval) must be 0 (off) or a positive number of seconds, "
+                f"got {self.health_interval_s!r}"
+            )
+        if not (0 < self.health_timeout_s < math.inf):
+            raise ValueError(
+                f"health_timeout_s (--health-timeout) must be a positive number of seconds, "
+                f"got {self.health_timeout_s!r}"
             )
         if self.max_models < 1 or self.max_body_bytes < 1:
             raise ValueError("max_models and max_body_bytes must be >= 1")

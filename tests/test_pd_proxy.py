@@ -47,8 +47,11 @@ class Engine:
     before any answer, ``status`` / ``error`` for an error answer, ``stall_after`` tokens then
     ``stall_s`` of silence, ``first_chunk_extra`` fields added to chat's first chunk, ``force_usage``
     (vLLM's ``--enable-force-include-usage``), ``abort_after`` tokens (vLLM's ending of a request its
-    engine aborted), ``fingerprint`` (vLLM's ``system_fingerprint``, placed where vLLM places it).
-    Records every request and whether the proxy hung up mid-stream."""
+    engine aborted), ``fingerprint`` (vLLM's ``system_fingerprint``, placed where vLLM places it), ``die_after``
+    tokens then the connection cut mid-body (a chunked stream without its last chunk: the process died),
+    ``health_status`` of ``GET /health`` (vLLM: 200, 503 once its engine core is dead). A whole answer honours
+    ``stall_after`` as its headers, then ``stall_s`` of silence, then its body.
+    Records every request, the /health probes, and whether the proxy hung up mid-stream."""
 
     def __init__(self, role: str, name: str = "", port: int = 0) -> None:
         self.role, self.name = role, name or role
@@ -70,6 +73,9 @@ class Engine:
         # vLLM 0.32 (--fingerprint-mode full by default): in a whole answer; in a stream, on the usage chunk when
         # include_usage is on, else on each choice's chunk carrying a finish_reason
         self.fingerprint: str | None = None
+        self.die_after: int | None = None
+        self.health_status = 200
+        self.health_gets = 0
         self.hung_up = threading.Event()
         self.active = 0
         eng = self
@@ -87,6 +93,13 @@ class Engine:
                 finally:
                     eng.active -= 1
 
+            def do_GET(self):
+                if self.path != "/health":
+                    self.send_error(404)
+                    return
+                eng.health_gets += 1
+                eng._send(self, eng.health_status, b"", "text/plain")
+
             def log_message(self, *args):
                 pass
 
@@ -102,12 +115,14 @@ class Engine:
         self.httpd.shutdown()
         self.httpd.server_close()
 
-    @staticmethod
-    def _send(h, status: int, data: bytes, ctype: str) -> None:
+    def _send(self, h, status: int, data: bytes, ctype: str) -> None:
         h.send_response(status)
         h.send_header("Content-Type", ctype)
         h.send_header("Content-Length", str(len(data)))
         h.end_headers()
+        if status == 200 and self.stall_after is not None and data:  # the headers, then silence
+            h.wfile.flush()
+            time.sleep(self.stall_s)
         h.wfile.write(data)
 
     def answer(self, h, body: dict) -> None:
@@ -132,12 +147,18 @@ class Engine:
                 out["system_fingerprint"] = self.fingerprint
             self._send(h, 200, json.dumps(out).encode(), "application/json")
             return
+        dies = self.die_after is not None
+        if dies:  # as uvicorn (vLLM) sends a stream: HTTP/1.1, chunked
+            h.protocol_version = "HTTP/1.1"
         h.send_response(200)
         h.send_header("Content-Type", "text/event-stream; charset=utf-8")
+        if dies:
+            h.send_header("Transfer-Encoding", "chunked")
         h.end_headers()
 
         def event(obj) -> None:
-            h.wfile.write(b"data: " + (obj if isinstance(obj, bytes) else json.dumps(obj).encode()) + b"\n\n")
+            data = b"data: " + (obj if isinstance(obj, bytes) else json.dumps(obj).encode()) + b"\n\n"
+            h.wfile.write(b"%x\r\n%s\r\n" % (len(data), data) if dies else data)
             h.wfile.flush()
 
         # vLLM's should_include_usage: continuous usage (in every chunk) only along with include_usage
@@ -153,6 +174,9 @@ class Engine:
         time.sleep(self.first_token_s)
         tokens = self.tokens if self.abort_after is None else min(self.tokens, self.abort_after)
         for i in range(tokens):
+            if i == self.die_after:
+                h.close_connection = True  # the socket closes with the body unfinished
+                return
             if i:
                 time.sleep(self.itl_s)
             if self.stall_after is not None and i == self.stall_after:
@@ -207,6 +231,7 @@ def proxies():
     def make(prefill, decode, **kw) -> ProxyThread:
         p = [e.url if isinstance(e, Engine) else e for e in prefill]
         d = [e.url if isinstance(e, Engine) else e for e in decode]
+        kw.setdefault("health_interval_s", 0)  # the passive rules alone, unless a test turns the probes on
         made.append(ProxyThread(ProxyConfig(prefill=tuple(p), decode=tuple(d), router=ROUTER, **kw)).start())
         return made[-1]
 
@@ -434,6 +459,7 @@ def test_client_leaving_mid_stream_is_aborted_and_closes_the_decode_stream(engin
     assert value(s, c.CLIENT_IN_FLIGHT.name) == 0 and value(s, c.CLIENT_E2E.name + "_count") == 0
     assert value(s, c.CLIENT_TTFT.name + "_count") == 1
     assert px.proxy.health()["in_flight"]["decode"] == {d.url: 0}
+    assert px.proxy.health()["left_out"]["decode"] == {}  # the client left: nothing against the engine
 
 
 def test_bad_bodies_are_400_and_413(engines, proxies):
@@ -677,6 +703,29 @@ def test_engine_pool_leaves_a_failed_engine_out_and_takes_it_back():
     assert pool.acquire(tried=["u1"]).url == "u2"
 
 
+def test_engine_pool_health_probe_verdicts():
+    """A failed /health holds an engine out past its time out until a 200; a 200 ends no time out real traffic set,
+    and resets no failure count; a real answer lifts the hold; a /health that says nothing (404) changes nothing."""
+    now = [0.0]
+    pool = EnginePool(["u1", "u2"], "round-robin", clock=lambda: now[0])
+    pool.probe_failed("u1", "ConnectError")
+    now[0] = 5.0  # its 1 s is long over: still held
+    assert pool.ejected() == {"u1": 0.0} and [pool.acquire().url for _ in range(2)] == ["u2", "u2"]
+    assert pool.probes() == {"u1": {"state": "down", "detail": "ConnectError", "age_s": 5.0}}
+    pool.probe_ok("u1")
+    assert pool.ejected() == {} and pool.acquire().url == "u1"  # the next request tries it (one at a time)
+    pool.failed("u1", "stalled")  # real traffic: 2nd failure in a row, out 2 s
+    assert pool.ejected() == {"u1": 2.0}
+    pool.probe_ok("u1")  # /health 200 while it stalls: the time out stands
+    assert pool.ejected() == {"u1": 2.0}
+    pool.probe_unknown("u2", "answered 404")
+    assert pool.probes()["u2"]["state"] == "unknown" and "u2" not in pool.ejected()
+    now[0] = 100.0
+    pool.probe_failed("u2", "answered 503")
+    pool.answered("u2")  # a request it was tried with anyway (the pool out) was answered: real traffic outranks
+    assert "u2" not in pool.ejected()
+
+
 def test_an_engine_refusing_connections_is_left_out_and_its_requests_served_by_another(engines, proxies, monkeypatch):
     """One engine of each pool down (connection refused, as while vLLM loads): half the requests were 502s,
     for as long as it stayed down. Now the call moves to another engine and the dead one is left out."""
@@ -818,6 +867,145 @@ def test_a_stalling_decode_engine_is_probed_by_one_request_at_a_time_and_left_ou
     assert len(fails) == 2 and "2 failure(s) in a row" in fails[1], fails
 
 
+def test_a_decode_stream_that_breaks_mid_way_leaves_its_engine_out(engines, proxies, monkeypatch):
+    """A decode engine whose process died mid-stream (its connection closed with the chunked body unfinished): the
+    client got its 502 event, and the engine kept its share of the next requests, each broken the same way. Now it
+    is left out as a refusing engine is (a client that leaves mid-stream is not: see the test above that)."""
+    for name in ("EJECT_S", "EJECT_MAX_S"):  # still out when the test looks, however slow the machine
+        monkeypatch.setattr(balance, name, 60.0)
+    p, bad, good = engines("prefill"), engines("decode", "bad"), engines("decode", "good")
+    bad.die_after = 2  # it still accepts: only the ejection keeps the next requests away
+    px = proxies([p], [bad, good])
+    body = {"model": "m", "prompt": "x", "stream": True}
+    r, events, _ = stream(px.url + "/v1/completions", body)  # round-robin: bad first
+    assert r.status_code == 200 and len(token_times(events)) == 2 and events[-1][1] != "[DONE]"
+    err = json.loads(events[-1][1])["error"]
+    assert (err["code"], err["type"], err["leg"], err["engine"]) == (502, "upstream_unreachable", "decode", bad.url)
+    assert "RemoteProtocolError" in err["message"]
+    assert set(px.proxy.health()["left_out"]["decode"]) == {bad.url}
+    for _ in range(3):
+        r, events, _ = stream(px.url + "/v1/completions", body)
+        assert r.status_code == 200 and events[-1][1] == "[DONE]"
+    assert len(bad.requests) == 1 and len(good.requests) == 3
+    s = scrape(px.url)
+    assert value(s, c.CLIENT_REQUESTS.exposed, outcome="error") == 1 and value(s, c.CLIENT_REQUESTS.exposed) == 4
+
+
+@pytest.mark.parametrize("leg", ["prefill", "decode"])
+def test_a_whole_answer_silent_after_its_headers_is_a_stall_and_its_engine_is_left_out(
+        engines, proxies, monkeypatch, caplog, leg):
+    """A non-streamed answer (prefill's, or decode's) whose headers came, then nothing: the client waited out the whole
+    leg deadline (decode: 600 s) for a 504 and the engine, taken as up on its headers, kept its share. vLLM sends a
+    whole answer's headers with its body: silence past --decode-stall-timeout is a stalled engine, left out, and a
+    200 whose body never comes does not bring it back (its next stall is the 2nd failure in a row, out longer)."""
+    monkeypatch.setattr(balance, "EJECT_S", 0.2)
+    monkeypatch.setattr(balance, "EJECT_MAX_S", 60.0)
+    bad, good = engines(leg, "bad"), engines(leg, "good")
+    bad.stall_after, bad.stall_s = 0, 5.0  # without a stall bound the body comes after 5 s and the answer is a 200
+    other = engines("decode" if leg == "prefill" else "prefill")
+    pools = ([bad, good], [other]) if leg == "prefill" else ([other], [bad, good])
+    px = proxies(*pools, prefill_timeout_s=10.0, decode_timeout_s=10.0, decode_stall_timeout_s=0.5)
+    body = {"model": "m", "prompt": "x"}
+    with caplog.at_level(logging.WARNING, logger="pd_proxy"):
+        r = httpx.post(px.url + "/v1/completions", json=body, timeout=30)  # round-robin: bad first
+        assert r.status_code == 504, r.text
+        err = r.json()["error"]
+        assert (err["type"], err["leg"], err["engine"]) == ("upstream_timeout", leg, bad.url)
+        assert "stalled" in err["message"]
+        deadline = time.monotonic() + 30
+        while len(bad.requests) < 2:  # good meanwhile; once its time out is over, one request tries bad again
+            assert time.monotonic() < deadline, "the stalled engine was never tried again"
+            assert httpx.post(px.url + "/v1/completions", json=body, timeout=30).status_code in (200, 504)
+    fails = [rec.getMessage() for rec in caplog.records if rec.getMessage().startswith(f"engine {bad.url} left out")]
+    assert len(fails) == 2 and "2 failure(s) in a row" in fails[1], fails
+    assert value(scrape(px.url), c.CLIENT_REQUESTS.exposed, outcome="error") == 2
+
+
+def test_health_probes_leave_a_hung_engine_out_before_a_request_waits_on_it(engines, proxies):
+    """Passive ejection alone: the first request sent to an engine that hangs waits out its whole deadline. With
+    --health-interval, a /health that gives no answer within --health-timeout leaves the engine out before any request
+    goes there. Each engine has its own probe: one that hangs holds up no other's. A /health that says neither up nor
+    down (404: not served there) is no verdict."""
+    hung, p, good, other = HungEngine(), engines("prefill"), engines("decode", "good"), engines("decode", "other")
+    other.health_status = 404
+    try:
+        px = proxies([p], [hung.url, good, other], health_interval_s=0.1, health_timeout_s=0.5, decode_timeout_s=5.0)
+        deadline = time.monotonic() + 30
+        while hung.url not in px.proxy.health()["left_out"]["decode"] or good.health_gets < 3:
+            assert time.monotonic() < deadline, px.proxy.health()
+            time.sleep(0.05)
+        probes = px.proxy.health()["probes"]["decode"]
+        assert probes[hung.url]["state"] == "down" and "no answer" in probes[hung.url]["detail"]
+        assert probes[good.url]["state"] == "up" and px.proxy.health()["probes"]["interval_s"] == 0.1
+        for i in range(6):  # without the probes, round-robin sends the first of these to the hung engine: a 504
+            r = httpx.post(px.url + "/v1/completions", json={"model": "m", "prompt": "x", "stream": i % 2 == 0},
+                           timeout=30)
+            assert r.status_code == 200 and "error" not in r.text, r.text
+        assert len(good.requests) == len(other.requests) == 3  # none went to the hung engine
+        assert px.proxy.health()["probes"]["decode"][other.url]["state"] == "unknown"
+        assert set(px.proxy.health()["left_out"]["decode"]) == {hung.url}
+    finally:
+        hung.close()
+
+
+def test_health_probes_find_a_dead_engine_and_its_return(engines, proxies, monkeypatch):
+    """An engine whose server stops is left out by its refused /health; one whose engine core died (vLLM's /health:
+    503, while its API server still takes requests) too, and no request goes there, however short its time out: it
+    is held out until /health answers 200. Each comes back then, once a request it is tried with is answered."""
+    for name in ("EJECT_S", "EJECT_MAX_S"):  # over long before the next probe: only the hold keeps them out
+        monkeypatch.setattr(balance, name, 0.01)
+    p, d1, d2, d3 = engines("prefill"), engines("decode", "d1"), engines("decode", "d2"), engines("decode", "d3")
+    px = proxies([p], [d1, d2, d3], health_interval_s=0.5, health_timeout_s=2.0)
+    port = int(d1.url.rsplit(":", 1)[1])
+    d1.close()  # the engine dies
+    d2.health_status = 503  # vLLM: EngineDeadError
+    deadline = time.monotonic() + 30
+    while {u for u, pr in px.proxy.health()["probes"]["decode"].items() if pr["state"] == "down"} != {d1.url, d2.url}:
+        assert time.monotonic() < deadline, px.proxy.health()
+        time.sleep(0.05)
+    probes = px.proxy.health()["probes"]["decode"]
+    assert (probes[d2.url]["state"], probes[d2.url]["detail"]) == ("down", "answered 503")
+    assert probes[d3.url]["state"] == "up"
+    assert set(px.proxy.health()["left_out"]["decode"]) == {d1.url, d2.url}  # held, their time outs long over
+    for _ in range(4):
+        assert httpx.post(px.url + "/v1/completions", json={"model": "m", "prompt": "x"}, timeout=30).status_code == 200
+    assert len(d3.requests) == 4 and not d2.requests  # without the probes, d2 took its share (vLLM: 500s)
+    back = engines("decode", "back", port=port)  # restarted
+    d2.health_status = 200
+    while not (back.requests and d2.requests) or px.proxy.health()["left_out"]["decode"]:
+        assert time.monotonic() < deadline, (px.proxy.health(), len(back.requests), len(d2.requests))
+        assert httpx.post(px.url + "/v1/completions", json={"model": "m", "prompt": "x"}, timeout=30).status_code == 200
+        time.sleep(0.05)
+    tasks = list(px.proxy._probes)
+    assert len(tasks) == 4  # one per engine of each pool
+    px.stop()
+    assert all(t.done() for t in tasks)  # stopped with the proxy
+
+
+def test_a_health_200_does_not_bring_back_an_engine_real_traffic_saw_stall(engines, proxies, monkeypatch):
+    """vLLM's /health answers 200 while its API server runs and its engine core is not dead, which a stalled engine
+    still is: a 200 that ended the time out would send the next requests to stall again. It lifts only the hold a
+    failed probe put on; the time out runs on, and the engine is back once a real request is answered."""
+    for name in ("EJECT_S", "EJECT_MAX_S"):
+        monkeypatch.setattr(balance, name, 60.0)
+    p, bad, good = engines("prefill"), engines("decode", "bad"), engines("decode", "good")
+    bad.stall_after, bad.stall_s = 0, 5.0
+    px = proxies([p], [bad, good], health_interval_s=0.1, prefill_timeout_s=0.5, decode_stall_timeout_s=0.5,
+                 decode_timeout_s=10.0)
+    body = {"model": "m", "prompt": "x", "stream": True}
+    assert "stalled" in stream(px.url + "/v1/completions", body)[1][-1][1]  # round-robin: bad first
+    seen = bad.health_gets
+    deadline = time.monotonic() + 30
+    while bad.health_gets < seen + 3:  # /health says 200 since
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert px.proxy.health()["probes"]["decode"][bad.url]["state"] == "up"
+    assert set(px.proxy.health()["left_out"]["decode"]) == {bad.url}
+    for _ in range(3):
+        assert stream(px.url + "/v1/completions", body)[1][-1][1] == "[DONE]"
+    assert len(bad.requests) == 1 and len(good.requests) == 3
+
+
 def test_many_concurrent_requests_with_clients_leaving_return_every_in_flight_count_to_zero(engines, proxies):
     """200 requests at once over asyncio, streamed and not, one in five clients leaving part-way, a dead
     engine in each pool: each that stayed is served, and no lease is kept (an engine avoided or preferred
@@ -912,6 +1100,12 @@ def test_config_rejects_bad_values():
     for bad in (0.0, -1.0, float("nan")):
         with pytest.raises(ValueError, match=r"decode_stall_timeout_s \(--decode-stall-timeout\) must be a positive"):
             ProxyConfig(prefill=("http://p",), decode=("http://d",), decode_stall_timeout_s=bad)
+    for bad in (-1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match=r"health_interval_s \(--health-interval\) must be 0 \(off\) or"):
+            ProxyConfig(prefill=("http://p",), decode=("http://d",), health_interval_s=bad)
+    for bad in (0.0, -1.0, float("nan")):
+        with pytest.raises(ValueError, match=r"health_timeout_s \(--health-timeout\) must be a positive"):
+            ProxyConfig(prefill=("http://p",), decode=("http://d",), health_timeout_s=bad)
 
 
 def test_console_script_serves_health_and_metrics():
