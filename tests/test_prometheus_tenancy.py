@@ -267,6 +267,21 @@ def test_a_url_without_the_prefix_names_the_field_and_the_fix(prom):
     assert "\n" not in v.last_error
 
 
+def test_a_server_refusing_every_query_is_logged_once_a_minute_and_counted_each_time(prom, caplog):
+    """Before: one warning per query, the same line 20 times a tick (``check`` against a Mimir without a
+    tenant printed 20 of them before its summary). Every error is still counted and shown."""
+    v = PrometheusView(f"http://127.0.0.1:{prom.port}", timeout_s=3)
+    try:
+        with caplog.at_level("WARNING", logger="sla_guard.ingest.prometheus"):
+            for i in range(6):
+                assert v.query(f"vector({i})", time.time(), prefetch=False) is None
+    finally:
+        v.close()
+    lines = [r.getMessage() for r in caplog.records if "HTTP 404" in r.getMessage()]
+    assert len(lines) == 1, lines
+    assert v.errors == {"http_status": 6} and "HTTP 404" in v.last_error
+
+
 # -- 2. a multi-tenant Mimir / Cortex --------------------------------------------------------------
 
 

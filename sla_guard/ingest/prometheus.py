@@ -63,6 +63,9 @@ RANGE_BYTES_PER_SAMPLE = 48
 DUPLICATE_IDENTITY = ("model", "pool", "engine", "role", "process", "process_pid", "start_time")
 
 
+LOG_EVERY_S = 60.0  # a failed query's kind is logged at most this often (``PrometheusView._log_error``)
+
+
 @dataclass(slots=True)
 class _RangeCache:
     """Samples of one selector already read, in the server's time: complete over [since, through]."""
@@ -191,6 +194,7 @@ class PrometheusView:
         self._io: concurrent.futures.ThreadPoolExecutor | None = None  # requests, each within its deadline
         self._metrics: ContractMetrics | None = None
         self.errors: dict[str, int] = {}
+        self._logged: dict[str, tuple[float, int]] = {}  # error kind -> (last logged, errors since)
         self.last_error: str | None = None
         self.last_ok: float | None = None
         self.queries = 0
@@ -345,11 +349,23 @@ class PrometheusView:
             self.last_error_at = time.time()
             if self._metrics is not None:
                 self._metrics[c.GUARD_SCRAPE_ERRORS].labels("prometheus", err.kind).inc()
-            log.warning("%s", msg)
+            self._log_error(err.kind, msg)
             return None
         self.last_ok = time.time()
         self.last_error = None
         return body["data"]
+
+    def _log_error(self, kind: str, msg: str) -> None:
+        """Log a failed query once per kind a minute, with how many more there were: a tick sends
+        tens of queries, and a server that refuses them all (no tenant, down) wrote the same line
+        20 times a tick, burying what came before it. Every error is still counted and shown."""
+        now = time.monotonic()
+        last, since = self._logged.get(kind, (-math.inf, 0))
+        if now - last < LOG_EVERY_S:
+            self._logged[kind] = (last, since + 1)
+            return
+        self._logged[kind] = (now, 0)
+        log.warning("%s%s", msg, f" (and {since} more {kind} errors since the last such line)" if since else "")
 
     def _vector(self, promql: str, at: float) -> dict[Labels, float]:
         out: dict[Labels, float] = {}
