@@ -255,7 +255,8 @@ def test_analyze_prefix_waits_out_a_restart_and_finds_a_drop(tmp_path):
 
 
 @pytest.mark.parametrize(("content", "needle"), [
-    ("time,rss\n1,2\n", "missing column(s) timestamp, rss_bytes"),
+    ("ts,rss\n1,2\n", "missing column(s) timestamp, rss_bytes"),
+    ("time,rss\n1,2\n", "need at least 2 data rows"),  # a time and one series (a Grafana legend): read as it
     ("timestamp,rss_bytes\n1,2\n2,lots\n", "row 3, column rss_bytes: 'lots' is not a number"),
     ("timestamp,rss_bytes\n1,2\n", "need at least 2 data rows"),
     ("timestamp,rss_bytes\nyesterday,2\n2,3\n", "column timestamp"),
@@ -411,3 +412,281 @@ def test_analyze_refuses_options_out_of_range(tmp_path, args, needle):
         f"{1.8e9 + 30 * i},{100 * i},{60 * i}\n" for i in range(200)))
     r = _run(args[0], tmp_path / ("s.csv" if args[0] == "leak" else "acc.csv"), *args[1:])
     assert r.returncode == 2 and needle in r.stderr and "Traceback" not in r.stderr and r.stdout == ""
+
+
+# --- what operators have in a post-mortem: a Prometheus answer saved as JSON, Grafana's CSV export -----------------
+
+T0 = 1.8e9  # 2027-01-15 08:00 UTC
+
+
+def _tpot_arrays(slowdown_at_h: float | None, seed: int = 4) -> tuple[np.ndarray, ...]:
+    """As ``_tpot_csv``: (t, cumulative TPOT sum, count, running requests)."""
+    rng = np.random.default_rng(seed)
+    t = np.arange(15.0, 6 * 3600.0, 15.0)
+    running = np.round(24 + 12 * np.sin(2 * np.pi * t / 14400))
+    k = rng.poisson(8, len(t)).astype(float)
+    tpot = (0.010 + 0.0004 * running) * rng.normal(1, 0.02, len(t))
+    if slowdown_at_h is not None:
+        tpot = tpot * np.where(t >= slowdown_at_h * 3600, 1.3, 1.0)
+    return t, np.cumsum(k * tpot), np.cumsum(k), running
+
+
+def _write_csv(path: Path, cols: dict[str, np.ndarray]) -> Path:
+    """Our CSV format, every number as Python spells it back exactly (repr)."""
+    names = list(cols)
+    path.write_text(",".join(names) + "\n" + "".join(
+        ",".join(repr(float(cols[n][i])) for n in names) + "\n" for i in range(len(cols[names[0]]))))
+    return path
+
+
+@pytest.fixture(scope="module")
+def exports(tmp_path_factory):
+    """A real Prometheus holding two processes' RSS (pid 1 leaks 48 MiB/h from hour 5), a drop in
+    spec-decode acceptance and a TPOT slowdown at the same batch, under vLLM's metric names; its
+    answers saved as curl saves them (the body of /api/v1/query_range or /api/v1/query) and as
+    ``promtool query range -o json`` prints them, and the same samples in our CSV format."""
+    from prometheus_support import PrometheusProcess, prometheus_binary
+
+    if prometheus_binary() is None:
+        pytest.skip("prometheus binary not installed (scripts/setup.sh --full)")
+    d = tmp_path_factory.mktemp("exports")
+    leak1 = sy.rss_case("sawtooth", 3, leak_mib_h=48.0, days=0.75, onset_h=5.0)
+    leak2 = sy.rss_case("sawtooth", 4, leak_mib_h=0.0, days=0.75, onset_h=5.0)
+    rss_t = T0 + leak1.t
+    rss = {"1": np.round(leak1.v), "2": np.round(leak2.v)}
+    acc = sy.rate_case("step", 5, change=-0.10, baseline=0.6, days=0.5, onset_h=4.0)
+    acc_t = T0 + acc.t
+    tp_t, tp_sum, tp_count, tp_running = _tpot_arrays(4.0)
+    tp_t = T0 + tp_t
+    om = []
+    for pid, v in rss.items():
+        om += [f'process_resident_memory_bytes{{job="vllm",pid="{pid}"}} {x:.0f} {t:.0f}'
+               for t, x in zip(rss_t, v, strict=True)]
+    lab = 'engine="0",model_name="glm"'
+    for name, v in (("vllm:spec_decode_num_draft_tokens_total", acc.drafts),
+                    ("vllm:spec_decode_num_accepted_tokens_total", acc.accepted)):
+        om += [f"{name}{{{lab}}} {float(x)!r} {t:.0f}" for t, x in zip(acc_t, v, strict=True)]
+    for name, v in (("vllm:request_time_per_output_token_seconds_sum", tp_sum),
+                    ("vllm:request_time_per_output_token_seconds_count", tp_count),
+                    ("vllm:num_requests_running", tp_running)):
+        om += [f"{name}{{{lab}}} {float(x)!r} {t:.0f}" for t, x in zip(tp_t, v, strict=True)]
+    prom = PrometheusProcess([], history="\n".join(om) + "\n# EOF\n")
+    files: dict[str, Path] = {}
+    try:
+        prom.wait_ready()
+
+        def save(name: str, query: str, t: np.ndarray, step: float, offset: float = 0.0, api: str = "query_range"):
+            params = ({"query": query, "start": t[0] + offset, "end": t[-1], "step": step} if api == "query_range"
+                      else {"query": query, "time": t[-1]})
+            r = prom.client.get(f"{prom.url}/api/v1/{api}", params=params)
+            files[name] = d / name
+            files[name].write_bytes(r.content)  # what curl -o writes
+
+        save("rss.json", "process_resident_memory_bytes", rss_t, 30)
+        save("rss1.json", 'process_resident_memory_bytes{pid="1"}', rss_t, 30)
+        save("rss1_raw.json", 'process_resident_memory_bytes{pid="1"}[1d]', rss_t, 0, api="query")
+        save("acc.json", '{__name__=~"vllm:spec_decode_num_(draft|accepted)_tokens_total"}', acc_t, 10)
+        save("draft.json", "vllm:spec_decode_num_draft_tokens_total", acc_t, 10)
+        save("accepted.json", "vllm:spec_decode_num_accepted_tokens_total", acc_t, 10)
+        save("accepted_late.json", "vllm:spec_decode_num_accepted_tokens_total", acc_t, 10, offset=5)
+        for part in ("draft", "accepted"):
+            save(f"{part}_increase.json", f"increase(vllm:spec_decode_num_{part}_tokens_total[1m])", acc_t, 10)
+        tpot = "vllm:request_time_per_output_token_seconds_(sum|count)|vllm:num_requests_running"
+        save("tpot.json", f'{{__name__=~"{tpot}"}}', tp_t, 15)
+        save("instant.json", "process_resident_memory_bytes", rss_t, 0, api="query")
+        save("nothing.json", "no_such_metric", rss_t, 30)
+        save("error.json", "rate(process_resident_memory_bytes)", rss_t, 30)
+        out = subprocess.run(["promtool", "query", "range", "-o", "json", f"--start={rss_t[0]:.0f}",
+                              f"--end={rss_t[-1]:.0f}", "--step=30s", prom.url, "process_resident_memory_bytes"],
+                             capture_output=True, text=True, timeout=60, check=True)
+        files["rss.promtool.json"] = d / "rss.promtool.json"
+        files["rss.promtool.json"].write_text(out.stdout)
+    finally:
+        prom.stop()
+    files["rss1.csv"] = _write_csv(d / "rss1.csv", {"timestamp": rss_t, "rss_bytes": rss["1"]})
+    files["acc.csv"] = _write_csv(d / "acc.csv", {"timestamp": acc_t, "draft_tokens": acc.drafts,
+                                                   "accepted_tokens": acc.accepted})
+    files["tpot.csv"] = _write_csv(d / "tpot.csv", {"timestamp": tp_t, "tpot_sum_seconds": tp_sum,
+                                                     "tpot_count": tp_count, "running_requests": tp_running})
+    return {"files": files, "rss_t": rss_t, "rss": rss, "dir": d}
+
+
+def _same(out: dict, ref: dict) -> None:
+    """The verdict on the same samples: every field but the ones that say how the input was read."""
+    drop = ("timestamp_unit", "series")
+    assert {k: v for k, v in out.items() if k not in drop} == {k: v for k, v in ref.items() if k not in drop}
+
+
+def _ok(*args) -> dict:
+    r = _run(*args)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def _refused(*args, env: dict | None = None) -> str:
+    r = subprocess.run([*CLI, *map(str, args)], capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 2 and r.stdout == "" and "Traceback" not in r.stderr, r.stderr
+    assert r.stderr.count("\n") == 1 and len(r.stderr) < 1000, r.stderr  # one line, not the file
+    return r.stderr
+
+
+def test_analyze_reads_prometheus_answers_as_the_csv_of_their_samples(exports):
+    """A saved /api/v1/query_range answer (the body curl writes), a range selector through
+    /api/v1/query and promtool's JSON were refused as a CSV without a header, the whole 100 KB answer
+    printed as the header it "got". They now give the verdict of the same samples in our CSV; the
+    output names the series it read; the leak, the drop and the slowdown are found."""
+    f = exports["files"]
+    ref = _ok("leak", f["rss1.csv"])
+    assert ref["detected"] is True
+    for args in (("rss1.json",), ("rss1_raw.json",), ("rss.json", "--series", "pid=1"),
+                 ("rss.promtool.json", "--series", 'pid="1"')):
+        out = _ok("leak", f[args[0]], *args[1:])
+        _same(out, ref)
+        assert out["series"] == {"rss_bytes": 'process_resident_memory_bytes{job="vllm", pid="1"}'}
+        assert out["timestamp_unit"] == "s"
+    ref = _ok("drift", f["acc.csv"])
+    assert ref["detected"] is True and ref["direction"] == "down"
+    for files in (("acc.json",), ("draft.json", "accepted.json")):  # one answer holding both, or one file each
+        out = _ok("drift", *(f[x] for x in files))
+        _same(out, ref)
+        assert out["series"]["draft_tokens"].startswith("vllm:spec_decode_num_draft_tokens_total{")
+    ref = _ok("tpot", f["tpot.csv"])
+    assert ref["detected"] is True and ref["slowdown"] == pytest.approx(1.3, abs=0.08)
+    _same(_ok("tpot", f["tpot.json"]), ref)
+
+
+def test_analyze_names_the_series_to_pick_when_an_answer_holds_several(exports):
+    """One series per process: which one is the RSS cannot be guessed. The series are listed and the
+    option named with a label that tells them apart; a selector that matches none says so."""
+    f = exports["files"]
+    for name in ("rss.json", "rss.promtool.json"):
+        err = _refused("leak", f[name])
+        assert "2 series for rss_bytes" in err and 'pid="1"' in err and 'pid="2"' in err
+        assert "--series pid=1" in err
+    err = _refused("leak", f["rss.json"], "--series", "pid=3")
+    assert "no rss_bytes series matches --series pid=3" in err and 'pid="2"' in err
+
+
+def test_analyze_refuses_prometheus_answers_it_cannot_read_with_the_fix(exports):
+    """Answers that hold no series to read are refused with what to save instead: an error answer,
+    an instant query's vector, a query that matched nothing, series whose samples do not line up
+    (queried with another start), and series without a metric name (increase() drops it), for
+    which drift cannot tell drafted from accepted."""
+    f = exports["files"]
+    assert "Prometheus answered an error (bad_data" in _refused("leak", f["error.json"])
+    assert "'vector' answer" in _refused("leak", f["instant.json"]) and "query_range" in _refused(
+        "leak", f["instant.json"])
+    assert "holds no series" in _refused("leak", f["nothing.json"])
+    err = _refused("drift", f["draft.json"], f["accepted_late.json"])
+    assert "shares 0 of its" in err and "same start, end and step" in err
+    err = _refused("drift", f["draft_increase.json"], f["accepted_increase.json"])
+    assert "no series for draft_tokens" in err and "vllm:spec_decode_num_draft_tokens_total" in err
+    err = _refused("leak", f["rss1.json"], "--timestamp-unit", "ms")
+    assert "epoch seconds" in err
+
+
+def _grafana(path: Path, header: list[str], rows: list[list[str]], excel: bool = False) -> Path:
+    """A file as Grafana's Inspect > Data > Download CSV writes it (toCSV in @grafana/data): every
+    header quoted with its quotes doubled, CRLF, a blank line after the frame; "Download for Excel"
+    writes it tab-separated in UTF-16LE with a byte-order mark."""
+    sep = "\t" if excel else ","
+    text = sep.join('"' + h.replace('"', '""') + '"' for h in header) + "\r\n"
+    text += "".join(sep.join(r) + "\r\n" for r in rows) + "\r\n"
+    if excel:
+        path.write_bytes(("\ufeff" + text).encode("utf-16-le"))
+    else:
+        path.write_bytes(text.encode())
+    return path
+
+
+def _js(x: float) -> str:
+    """A number as JavaScript's toString writes it (whole numbers without ".0")."""
+    return str(int(x)) if float(x).is_integer() else repr(float(x))
+
+
+def test_analyze_reads_grafana_csv_exports_as_the_csv_of_their_samples(exports, tmp_path):
+    """Grafana's panel export was refused for its header ("Time", then each series by name and
+    labels or by legend). Raw (epoch ms), formatted (local date-times, here read with the same TZ),
+    joined by time with empty cells, a legend as header, and "Download for Excel" (UTF-16, tabs) now
+    give the verdict of the same samples in our CSV."""
+    import os
+    from datetime import datetime
+    from zoneinfo import ZoneInfo
+
+    t, rss = exports["rss_t"], exports["rss"]
+    ref = _ok("leak", exports["files"]["rss1.csv"])
+    h1, h2 = (f'process_resident_memory_bytes{{job="vllm", pid="{p}"}}' for p in "12")
+    ms = [f"{x * 1000:.0f}" for x in t]
+    raw = _grafana(tmp_path / "raw.csv", ["Time", h1], [[a, _js(b)] for a, b in zip(ms, rss["1"], strict=True)])
+    joined = _grafana(tmp_path / "joined.csv", ["Time", h1, h2],
+                      [[a, _js(b), "" if i % 50 == 7 else _js(c)]
+                       for i, (a, b, c) in enumerate(zip(ms, rss["1"], rss["2"], strict=True))])
+    one = [[a, _js(b)] for a, b in zip(ms, rss["1"], strict=True)]
+    alias = _grafana(tmp_path / "alias.csv", ["Time", "EngineCore"], one)
+    excel = _grafana(tmp_path / "excel.csv", ["Time", h1], one, excel=True)
+    zone = "America/New_York"
+    local = [datetime.fromtimestamp(x, ZoneInfo(zone)).strftime("%Y-%m-%d %H:%M:%S") for x in t]
+    formatted = _grafana(tmp_path / "formatted.csv", ["Time", h1],
+                         [[a, _js(b)] for a, b in zip(local, rss["1"], strict=True)])
+    for args in ((raw,), (joined, "--series", "pid=1"), (alias,), (excel,)):
+        out = _ok("leak", *args)
+        _same(out, ref)
+        assert out["timestamp_unit"] == "ms" and out["rows_skipped"] == 0
+    r = subprocess.run([*CLI, "leak", str(formatted)], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "TZ": zone})
+    assert r.returncode == 0, r.stderr
+    _same(json.loads(r.stdout), ref)
+    err = _refused("leak", joined)
+    assert "2 series for rss_bytes" in err and "--series pid=1" in err
+    # the series with the holes: each empty cell a row left out and counted, as in our CSV
+    holes = _ok("leak", joined, "--series", "pid=2")
+    assert holes["rows_skipped"] == holes["rows_skipped_by_column"]["rss_bytes"] == len(range(7, len(t), 50))
+    # the prefix cache's two counters as a panel's two series, found by vLLM's metric names
+    rows = [r.split(",") for r in _prefix_csv(tmp_path / "p.csv", 3.0, 5.0).read_text().splitlines()[1:]]
+    (tmp_path / "prefix.csv").write_text("timestamp,queries_tokens,hits_tokens\n" + "".join(
+        f"{T0 + float(a):.0f},{b},{c}\n" for a, b, c in rows))
+    prefix = _grafana(tmp_path / "prefix-grafana.csv", ["Time", 'vllm:prefix_cache_queries_total{engine="0"}',
+                                                         'vllm:prefix_cache_hits_total{engine="0"}'],
+                      [[f"{(T0 + float(a)) * 1000:.0f}", b, c] for a, b, c in rows])
+    ref = _ok("prefix", tmp_path / "prefix.csv")
+    assert ref["detected"] is True
+    _same(_ok("prefix", prefix), ref)
+
+
+def test_analyze_refuses_grafana_values_formatted_for_display(exports, tmp_path):
+    """With Formatted data on, a unit turns values into text ("6.12 GiB"), refused with the option to
+    turn off (a table-format frame, labels in columns, with the Format to set); without a unit
+    Grafana rounds to whole numbers, which a TPOT sum cannot be: read, a 30 % slowdown was missed
+    (no alarm, exit 0). Both are refused with the fix."""
+    t, rss = exports["rss_t"], exports["rss"]
+    h1 = 'process_resident_memory_bytes{job="vllm", pid="1"}'
+    unit = _grafana(tmp_path / "unit.csv", ["Time", h1], [[f"{x * 1000:.0f}", f"{v / 2**30:.2f} GiB"]
+                                                           for x, v in zip(t, rss["1"], strict=True)])
+    err = _refused("leak", unit)
+    assert "'6.12 GiB' is not a number" in err and "Formatted data off" in err
+    table = _grafana(tmp_path / "table.csv", ["Time", "__name__", "job", "pid", "Value"],
+                     [[f"{x * 1000:.0f}", "process_resident_memory_bytes", "vllm", "1", _js(v)]
+                      for x, v in zip(t, rss["1"], strict=True)])
+    assert "the query's Format is Table): set it to Time series" in _refused("leak", table)
+    tt, s, n, running = _tpot_arrays(4.0)
+    rounded = _write_csv(tmp_path / "rounded.csv", {"timestamp": T0 + tt, "tpot_sum_seconds": np.round(s),
+                                                    "tpot_count": n, "running_requests": running})
+    err = _refused("tpot", rounded)
+    assert "tpot_sum_seconds holds whole numbers only" in err and "Formatted data" in err
+
+
+def test_analyze_reads_our_columns_in_any_case_and_spacing(tmp_path):
+    """``Timestamp, RSS Bytes`` (a spreadsheet's header) was refused as missing timestamp and
+    rss_bytes, the very columns it has; names are now compared without case and spacing, in any
+    order, with ISO 8601 times at any offset, and give the plain file's verdict."""
+    from datetime import UTC, datetime, timedelta, timezone
+
+    c = _leak_csv(tmp_path / "s.csv", 48.0, seed=3, with_limit=False)
+    plus = timezone(timedelta(hours=5, minutes=30))
+    (tmp_path / "odd.csv").write_text("RSS Bytes , note, Timestamp\n" + "".join(
+        f"{v:.0f},x,{datetime.fromtimestamp(1.8e9 + t, plus if i % 2 else UTC).isoformat()}\n"
+        for i, (t, v) in enumerate(zip(c.t, c.v, strict=True))))
+    plain = _ok("leak", tmp_path / "s.csv")
+    out = _ok("leak", tmp_path / "odd.csv")
+    _same(out, plain)
+    assert out["timestamp_unit"] == "iso8601" and plain["detected"] is True
