@@ -203,8 +203,10 @@ def data_stale_alert(slo: SLO, own: dict[str, str], matchers: list[str], p: Rule
     status = q.series(c.GUARD_SLO_STATUS, matchers=[f'slo="{slo.name}"', 'status="unknown"', *matchers])
     served = scoped(slo, pool, matchers,
                     lambda m, ms: q.sum_by(LABELS, q.increase(m, p.window(slo.window), "_count", ms)))
+    # parenthesised: '*' joins engine and client counts with `or`, which binds looser than `and`
+    # and `>=` (the client half alone fired, the guard's status and the bound left out)
     return p.alert(
-        "SlaGuardDataStale", f"{status} == 1\nand on (model, pool) {served} >= {slo.min_requests}", "warning",
+        "SlaGuardDataStale", f"{status} == 1\nand on (model, pool) ({served}) >= {slo.min_requests}", "warning",
         for_="15m", labels=dict(own),
         summary="{{ $labels.model }}/{{ $labels.pool }}: the guard reads SLO {{ $labels.slo }} as unknown while "
                 "the pool serves traffic",

@@ -19,17 +19,19 @@ what ``serve`` / ``check`` actually need:
 
 from __future__ import annotations
 
+import difflib
 import logging
 import math
 import os
 import re
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 from urllib.parse import urlsplit
 
 import yaml
 from pydantic import (
+    BaseModel,
     Discriminator,
     Field,
     Tag,
@@ -598,6 +600,42 @@ class GuardConfig(Strict):
         return best[1].objectives_for(pool) if best else []
 
 
+def _models_in(tp: Any) -> list[type[BaseModel]]:
+    """The models an annotation holds, through Optional, unions, lists, dicts and Annotated."""
+    if isinstance(tp, type) and issubclass(tp, BaseModel):
+        return [tp]
+    return [m for a in get_args(tp) for m in _models_in(a)]
+
+
+def _sections(model: type[BaseModel], path: str = "") -> list[tuple[str, type[BaseModel]]]:
+    """Every section of the config as (dotted path without list indices, its model)."""
+    out = [(path, model)]
+    for name, f in model.model_fields.items():
+        for m in _models_in(f.annotation):
+            out += _sections(m, f"{path}.{name}" if path else name)
+    return out
+
+
+def _unknown_field(loc: tuple, root: type[BaseModel]) -> str:
+    """Why a key is unknown where it stands: a field of another section (a wrong indentation
+    moves `targets:` out of `source:`), a near spelling of a field here, or neither."""
+    name, here = str(loc[-1]), [root]
+    for part in loc[:-1]:
+        fields = [m.model_fields[part] for m in here if isinstance(part, str) and part in m.model_fields]
+        # list indices, union tags (source.scrape) and mapping keys (advisor.pools.prefill) stay put
+        here = [m for f in fields for m in _models_in(f.annotation)] if fields else here
+    siblings = {n for m in here for n in m.model_fields}
+    homes = sorted({p for p, m in _sections(root) if name in m.model_fields and m not in here},
+                   key=lambda p: (p.count("."), p))  # the nearest sections first
+    if homes:
+        where = " or ".join(p or "the top level" for p in homes[:3])
+        return f"unknown field here; {name!r} is a field of {where}: check its indentation"
+    near = difflib.get_close_matches(name, sorted(siblings), n=1, cutoff=0.75)
+    if near:
+        return f"unknown field; did you mean {near[0]!r}?"
+    return "unknown field; remove it or check its spelling"
+
+
 def format_validation_error(err: ValidationError, where: str, prefix: str = "") -> str:
     """One line per problem: the field path (under ``prefix``), what is wrong, the bad value."""
     lines = [f"invalid configuration in {where}:"]
@@ -606,7 +644,7 @@ def format_validation_error(err: ValidationError, where: str, prefix: str = "") 
         path = ".".join([*([prefix] if prefix else []), *(str(p) for p in e["loc"] if p != "[key]")]) or "(top level)"
         value = e.get("input")
         shown = redact_text(repr(value)) if not isinstance(value, dict) else "{...}"
-        msg = "unknown field; remove it or check its spelling" if e["type"] == "extra_forbidden" else error_message(e)
+        msg = _unknown_field(e["loc"], GuardConfig) if e["type"] == "extra_forbidden" else error_message(e)
         lines.append(f"  {path}: {redact_text(msg)} (got {shown[:80]})")
     return "\n".join(lines)
 

@@ -618,8 +618,9 @@ class SLOEvaluator:
         if slo.objective is Objective.ATTAINMENT:
             return self._attainment(slo, key, r, data, longwin)
         if requests is None or not math.isfinite(requests) or requests < slo.min_requests:
-            r.reason = f"{0 if requests is None else round(requests, 1)} requests in {slo.window}, " \
-                       f"need >= {slo.min_requests}"
+            # counted over the view's window: a one-shot check's is the engines' lifetime, not slo.window
+            over = self.window_label or f"in {slo.window}"
+            r.reason = f"{0 if requests is None else round(requests, 1)} requests {over}, need >= {slo.min_requests}"
             return r
         if slo.objective is Objective.MEAN:
             value = promql.mean_from_sum_count(data.get("sum", math.nan), requests)

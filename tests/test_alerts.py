@@ -358,6 +358,27 @@ def test_an_engine_without_the_threshold_bucket_is_left_out_of_the_error_ratio(t
 
 
 @needs_promtool
+def test_data_stale_is_quiet_while_the_guard_judges_the_client_scope(tmp_path):
+    """SlaGuardDataStale for the default '*' pool joins engine and client request counts with
+    ``or``; unparenthesised, ``>= 20`` bound only the client half and ``and`` bound tighter than
+    ``or``, so the client half fired on its own: every deployment with a router warned after 15 min
+    that the guard read the client scope as unknown while it read it ok (its summary had no
+    ``slo``). The guard's unknown status is now required for every pool, and 20 requests too."""
+    g = 'job="sla-guard",instance="g:8080",model="m"'
+    status = c.GUARD_SLO_STATUS.series()
+    series = [
+        {"series": f'{c.CLIENT_TTFT.series("_count")}{{model="m",pool="client",instance="px",job="proxy"}}',
+         "values": "0+60x40"},
+        {"series": f'{status}{{{g},pool="client",slo="ttft_mean",status="unknown"}}', "values": "0x40"},
+        {"series": f'{c.REQUEST_TTFT.series("_count")}{{model="m",pool="decode",engine="0",instance="d0",job="v"}}',
+         "values": "0+1x40"},
+        {"series": f'{status}{{{g},pool="decode",slo="ttft_mean",status="unknown"}}', "values": "1x40"}]
+    r = _promtool_test(tmp_path, {"slo.yaml": render_rules()["slo.yaml"]}, series, {
+        "alert_rule_test": [{"eval_time": "30m", "alertname": "SlaGuardDataStale", "exp_alerts": []}]})
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+@needs_promtool
 def test_client_slo_reads_a_router_bucket_spelled_the_go_way(tmp_path):
     """llm-d's endpoint picker (a Go client) writes le="2", prometheus_client le="2.0"; Prometheus
     2.x keeps ``le`` as scraped. A client-scope TTFT attainment SLO at 2 s matched only "2.0": it

@@ -103,6 +103,21 @@ def test_check_unknown_exits_2(tmp_path):
         s.stop()
 
 
+def test_check_note_counts_requests_over_the_window_it_judged(tmp_path):
+    """A one-shot check judges each engine since its start (the WINDOW column says so); the NOTE
+    said "1.0 requests in 5m", a window nothing was counted over, so an operator waited 5 minutes
+    for more traffic that the next check would not have read either."""
+    e = Engine()
+    e.request(0.1, 0.01)
+    s = Served(e.exposition)
+    try:
+        r = _check(_cfg([(s, "decode")]), tmp_path)
+    finally:
+        s.stop()
+    row = _rows(r.stdout)[("decode", "ttft_mean")]
+    assert row[6] == "since engine start" and row[9] == "1.0 requests since engine start, need >= 5", r.stdout
+
+
 def test_a_named_set_with_the_default_slas_judges_a_prefill_pool_on_ttft(tmp_path):
     """``slos: [{model: m}]`` (objectives left out: the default SLAs) gave a prefill pool the TPOT
     objectives too; its engines emit one token per request, so they stayed unknown and every check

@@ -30,7 +30,7 @@ def test_errors_name_path_value_and_fix():
     assert "source.scrape.targets.0.url" in msg and "http://" in msg and "'ftp://x'" in msg
     assert "source.scrape.targets.0.pool" in msg and "'prefill', 'decode', 'mixed' or 'client'" in msg
     assert "evaluation_interval_s" in msg and "greater than 0" in msg
-    assert "retenton: unknown field; remove it or check its spelling" in msg
+    assert "retenton: unknown field; did you mean 'retention'?" in msg
 
 
 def test_objective_needs_its_parameter():

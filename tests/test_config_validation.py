@@ -456,6 +456,25 @@ def test_many_problems_one_line_each(tmp_path):
     assert paths == ["source.scrape.targets.2.name", "slos.0.objectives.5.name"]
 
 
+def test_a_key_indented_into_the_wrong_section_says_where_it_belongs(tmp_path):
+    """`targets:` one indent too far left lands at the top level, `token_env:` beside `api:`; a
+    misspelt key inside a section. Each said "unknown field; remove it or check its spelling":
+    the spelling was right, and removing the key loses the targets. The line now names the
+    section the key belongs to, or the field it is closest to."""
+    f = tmp_path / "guard.yaml"
+    f.write_text("source:\n  mode: scrape\n  intervall_s: 5\n"
+                 "targets:\n  - {url: 'http://d0:8000/metrics', model: m, pool: decode}\n"
+                 "api:\n  listen: 127.0.0.1:8080\ntoken_env: SLA_GUARD_TOKEN\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(f)
+    lines = str(err.value).splitlines()
+    assert any(ln.startswith("  targets: ") and "a field of source" in ln and "indentation" in ln
+               for ln in lines), lines
+    assert any(ln.startswith("  token_env: ") and "a field of api" in ln for ln in lines), lines
+    assert any(ln.startswith("  source.scrape.intervall_s: ") and "did you mean 'interval_s'" in ln
+               for ln in lines), lines
+
+
 def test_non_utf8_config_is_a_config_error(tmp_path):
     f = tmp_path / "guard.yaml"
     f.write_bytes(b"source: {targets: [{url: 'http://e\xff0:8000/metrics'}]}\n")

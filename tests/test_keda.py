@@ -353,6 +353,27 @@ def test_keda_follows_every_advised_count_of_the_manifests_range():
     assert k.poll(httpx.Response(200, json={"pools": {"prefill": {"desired": 9}}})) == 10  # the tolerance
 
 
+def test_a_pool_held_without_data_says_why_not_that_its_targets_are_down():
+    """A lightly loaded prefill pool and no ``advisor.profile``: its capacity per replica is
+    learned only from windows in which a replica is at least half busy, so the pool holds with
+    ``hold_missing_data`` while every target is up. ``/v1/scale/keda/prefill`` answered "(its
+    targets down or stale)", sending the operator to look for an outage that was not there; it
+    now says the pool's reasons and the field that gives a starting capacity."""
+    config = parse_config({"advisor": {"model": MODEL}})
+    store = _store()
+    root = compose(config, source=StoreSource(store), slo=False, detectors=False)
+    light = {"running": 0, "waiting": 0, "computed": 2_000, "prefills": 1, "ttft": 0.3}
+    _run([Engine("prefill", "p0"), Engine("decode", "d0")], store, 1000, 1300, p0=light,
+         d0={"running": 10, "waiting": 0, "steps": 400})
+    assert not root.guard.tick(1300).errors
+    pre = next(r for r in root.guard.evaluator("advisor").recommendations()[0] if r.pool == "prefill")
+    assert pre.reasons == ["hold_missing_data"]
+    with uvicorn_server(create_app(root.guard, token=TOKEN, extra_routers=root.routers)) as url:
+        r = httpx.get(url + "/v1/scale/keda/prefill", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=5)
+    assert r.status_code == 503 and "down or stale" not in r.text, r.text
+    assert "hold_missing_data" in r.text and "advisor.profile.prefill_tokens_per_s" in r.text, r.text
+
+
 def test_a_pool_with_targets_down_gets_no_number_below_its_size():
     """Four busy prefill replicas, three of whose scrapes start failing (HTTP 500: a network
     policy, an overloaded metrics port) while they go on serving. The view then held one replica

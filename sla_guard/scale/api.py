@@ -9,10 +9,10 @@
   advisor's number exactly. ``/v1/scale/keda/{pool}`` returns one pool flat
   (``valueLocation: desired``). Until the first decision the endpoints answer 503, so KEDA keeps
   the current size (or its configured fallback) instead of scaling on a made-up number; so does a
-  pool the advisor has no data for (its targets down or stale), or only part of (some targets
-  down, and a number below ready + down): the combined answer leaves it out and the per-pool one
-  is a 503. Its decision is a hold whose numbers (0 replicas seen once the
-  targets are down) would otherwise scale the pool to its minimum. A guard whose ticks stopped
+  pool the advisor has no data for (its targets down or stale, or no capacity known yet), or only
+  part of (some targets down, and a number below ready + down): the combined answer leaves it out
+  and the per-pool one is a 503 naming the pool's reasons. Its decision is a hold whose numbers
+  (0 replicas seen once the targets are down) would otherwise scale the pool to its minimum. A guard whose ticks stopped
   completing (``staleness_s``) answers 503 for every pool (``AdvisorEvaluator.expire``). With
   ``advisor.model: '*'`` a ``?model=`` it has not seen (a typo) is a 404 naming the known models.
 
@@ -28,6 +28,22 @@ from fastapi import APIRouter, HTTPException, Query
 
 from sla_guard.scale.evaluator import AdvisorEvaluator
 from sla_guard.scale.guardrails import without_data
+
+# what a bare hold_missing_data (no target down, not stale) can mean, per pool: a prefill pool's
+# capacity is learned only from half-busy windows, so a lightly loaded one without a profile
+# prior holds with every target up (the 503 said "its targets down or stale")
+_MISSING = {"prefill": "its engines report no prompt tokens or queue, or no capacity per replica is known yet "
+                       "(learned from windows in which a warm replica is at least half busy; "
+                       "advisor.profile.prefill_tokens_per_s gives a starting value)",
+            "decode": "its engines report no running requests, or no decode step time is known yet "
+                      "(advisor.profile.decode_step_base_s gives a starting value)"}
+
+
+def _why(pool: str, reasons: Sequence[str]) -> str:
+    """The reasons a pool holds without a number, said so an operator knows what to fix."""
+    if list(reasons) == ["hold_missing_data"]:
+        return f"hold_missing_data: {_MISSING.get(pool, 'no data for it')}"
+    return "; ".join(reasons) or "no data for it"
 
 
 def advisor_router(evaluators: Sequence[AdvisorEvaluator] | AdvisorEvaluator) -> APIRouter:
@@ -81,7 +97,7 @@ def advisor_router(evaluators: Sequence[AdvisorEvaluator] | AdvisorEvaluator) ->
         known = [r for r in recs if not without_data(r.reasons)]
         if not known:
             raise HTTPException(503, detail="no data to size any pool on: "
-                                + ", ".join(f"{r.pool}: {r.reasons[0]}" for r in recs))
+                                + "; ".join(f"{r.pool}: {_why(r.pool, r.reasons)}" for r in recs))
         return {r.pool: {"desired": r.desired, "current": r.current, "action": r.action,
                          "confidence": r.confidence, "reason": r.reasons[0] if r.reasons else ""} for r in known}
 
@@ -97,7 +113,9 @@ def advisor_router(evaluators: Sequence[AdvisorEvaluator] | AdvisorEvaluator) ->
             raise HTTPException(404, detail=f"unknown pool {pool!r}; known: ['decode', 'prefill']")
         pools = _pools(e, model)
         if pool not in pools:
-            raise HTTPException(503, detail=f"no data to size pool {pool!r} on (its targets down or stale)")
+            recs = [r for r in e.recommendations()[0] if r.pool == pool and (model is None or r.model == model)]
+            why = "; ".join(_why(pool, r.reasons) for r in recs) or "no recommendation for it"
+            raise HTTPException(503, detail=f"no data to size pool {pool!r} on: {why}")
         return {"model": model or e.model, "pool": pool, **pools[pool]}
 
     @router.get("/decisions")
