@@ -367,7 +367,7 @@ def test_a_pool_held_without_data_says_why_not_that_its_targets_are_down():
          d0={"running": 10, "waiting": 0, "steps": 400})
     assert not root.guard.tick(1300).errors
     pre = next(r for r in root.guard.evaluator("advisor").recommendations()[0] if r.pool == "prefill")
-    assert pre.reasons == ["hold_missing_data"]
+    assert pre.reasons == ["hold_missing_data", "prefill_capacity_not_learned"]
     with uvicorn_server(create_app(root.guard, token=TOKEN, extra_routers=root.routers)) as url:
         r = httpx.get(url + "/v1/scale/keda/prefill", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=5)
     assert r.status_code == 503 and "down or stale" not in r.text, r.text

@@ -174,8 +174,17 @@ def test_ttft_tail_over_sla_adds_one_and_blocks_scale_down():
     assert not s.fits_at_n_minus_1
 
 
-def test_missing_data_holds():
-    assert size_prefill(_p(uncached_tps=None), CAP, PK).desired is None
+def test_missing_data_holds_and_says_what_is_missing():
+    """A bare hold_missing_data left the operator guessing (the KEDA 503 said "targets down" while
+    a lightly loaded pool without a profile only lacked a learned capacity)."""
+    s = size_prefill(_p(uncached_tps=None), CAP, PK)
+    assert s.desired is None and s.reasons == ["hold_missing_data", "prefill_no_token_or_queue_data"]
+    unknown = PrefillCapacity(tokens_per_s=0.0, samples=0)
+    assert size_prefill(_p(), unknown, PK).reasons == ["hold_missing_data", "prefill_capacity_not_learned"]
+    assert size_decode(DecodeObs(ready=2, starting=0, running=None), StepModel(a=0.008, b=0.0004, samples=5),
+                       DK).reasons == ["hold_missing_data", "decode_no_running_data"]
+    assert size_decode(DecodeObs(ready=2, starting=0, running=10.0), StepModel(a=0.0, b=0.0), DK).reasons \
+        == ["hold_missing_data", "decode_step_time_not_learned"]
     d = decide("prefill", 100.0, 2, 0, Sizing(None, ["hold_missing_data"]), PoolMemory(), Rails())
     assert d.action == "hold" and d.desired == 2 and d.confidence == 0.0
 

@@ -29,21 +29,22 @@ from fastapi import APIRouter, HTTPException, Query
 from sla_guard.scale.evaluator import AdvisorEvaluator
 from sla_guard.scale.guardrails import without_data
 
-# what a bare hold_missing_data (no target down, not stale) can mean, per pool: a prefill pool's
-# capacity is learned only from half-busy windows, so a lightly loaded one without a profile
-# prior holds with every target up (the 503 said "its targets down or stale")
-_MISSING = {"prefill": "its engines report no prompt tokens or queue, or no capacity per replica is known yet "
-                       "(learned from windows in which a warm replica is at least half busy; "
-                       "advisor.profile.prefill_tokens_per_s gives a starting value)",
-            "decode": "its engines report no running requests, or no decode step time is known yet "
-                      "(advisor.profile.decode_step_base_s gives a starting value)"}
+# what each pool's own "no data" reason means, said so an operator knows what to fix (the 503
+# said "its targets down or stale" for a pool whose capacity was simply not learned yet)
+_MISSING = {
+    "prefill_no_token_or_queue_data": "its engines report no prompt tokens or queue",
+    "prefill_capacity_not_learned": "no capacity per replica is known yet (learned from windows in which a warm "
+                                    "replica is at least half busy; advisor.profile.prefill_tokens_per_s gives a "
+                                    "starting value)",
+    "decode_no_running_data": "its engines report no running requests",
+    "decode_step_time_not_learned": "no decode step time is known yet (advisor.profile.decode_step_base_s gives a "
+                                    "starting value)",
+}
 
 
-def _why(pool: str, reasons: Sequence[str]) -> str:
+def _why(reasons: Sequence[str]) -> str:
     """The reasons a pool holds without a number, said so an operator knows what to fix."""
-    if list(reasons) == ["hold_missing_data"]:
-        return f"hold_missing_data: {_MISSING.get(pool, 'no data for it')}"
-    return "; ".join(reasons) or "no data for it"
+    return "; ".join(f"{r}: {_MISSING[r]}" if r in _MISSING else r for r in reasons) or "no data for it"
 
 
 def advisor_router(evaluators: Sequence[AdvisorEvaluator] | AdvisorEvaluator) -> APIRouter:
@@ -97,7 +98,7 @@ def advisor_router(evaluators: Sequence[AdvisorEvaluator] | AdvisorEvaluator) ->
         known = [r for r in recs if not without_data(r.reasons)]
         if not known:
             raise HTTPException(503, detail="no data to size any pool on: "
-                                + "; ".join(f"{r.pool}: {_why(r.pool, r.reasons)}" for r in recs))
+                                + "; ".join(f"{r.pool}: {_why(r.reasons)}" for r in recs))
         return {r.pool: {"desired": r.desired, "current": r.current, "action": r.action,
                          "confidence": r.confidence, "reason": r.reasons[0] if r.reasons else ""} for r in known}
 
@@ -114,7 +115,7 @@ def advisor_router(evaluators: Sequence[AdvisorEvaluator] | AdvisorEvaluator) ->
         pools = _pools(e, model)
         if pool not in pools:
             recs = [r for r in e.recommendations()[0] if r.pool == pool and (model is None or r.model == model)]
-            why = "; ".join(_why(pool, r.reasons) for r in recs) or "no recommendation for it"
+            why = "; ".join(_why(r.reasons) for r in recs) or "no recommendation for it"
             raise HTTPException(503, detail=f"no data to size pool {pool!r} on: {why}")
         return {"model": model or e.model, "pool": pool, **pools[pool]}
 

@@ -254,8 +254,10 @@ def size_prefill(obs: PrefillObs, cap: PrefillCapacity, k: PrefillKnobs) -> Sizi
 
     Demand is served uncached tokens/s plus queue growth (a growing queue means arrivals exceed
     service) projected over the forecast horizon; TTFT above the SLA with a queue adds one more."""
-    if obs.uncached_tps is None or obs.waiting is None or cap.tokens_per_s <= 0:
-        return Sizing(None, ["hold_missing_data"], {})
+    if obs.uncached_tps is None or obs.waiting is None:
+        return Sizing(None, ["hold_missing_data", "prefill_no_token_or_queue_data"], {})
+    if cap.tokens_per_s <= 0:  # learned only from half-busy windows: a light load without a profile
+        return Sizing(None, ["hold_missing_data", "prefill_capacity_not_learned"], {})
     n_eff = obs.ready + obs.starting
     rps = obs.requests_per_s or 0.0
     tokens_per_req = obs.uncached_tps / rps if rps > 0 else cap.tokens_per_s * 0.1
@@ -437,8 +439,10 @@ def decode_batch_limit(obs: DecodeObs, model: StepModel, k: DecodeKnobs) -> tupl
 def size_decode(obs: DecodeObs, model: StepModel, k: DecodeKnobs) -> Sizing:
     """Replicas = ceil(forecast concurrency / per-replica batch limit); KV preemptions and TPOT
     over the SLA force one more."""
-    if obs.running is None or (model.samples == 0 and model.a <= 0):
-        return Sizing(None, ["hold_missing_data"], {})
+    if obs.running is None:
+        return Sizing(None, ["hold_missing_data", "decode_no_running_data"], {})
+    if model.samples == 0 and model.a <= 0:
+        return Sizing(None, ["hold_missing_data", "decode_step_time_not_learned"], {})
     n_eff = obs.ready + obs.starting
     # the concurrency trend, projected over the forecast horizon; at most half the batch, as
     # prefill's arrival trend is held to half the served demand (a burst's ramp-in read as a slope
