@@ -21,12 +21,21 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("replay", help="replay a trace on the simulated P/D deployment; print one JSON line",
                        description=__doc__)
     p.add_argument("--trace", required=True,
-                   help="Mooncake .jsonl, Azure .csv, or 'agentic[:N]' (generated coding-agent sessions)")
-    p.add_argument("--policy", default="static", help="scaling policy: static (default), queue, planner, guard")
+                   help="a .jsonl or .csv trace (Mooncake, aiperf mooncake_trace, Azure 2023/2024, BurstGPT, or "
+                        "columns named like arrival_time/timestamp, input_tokens/prompt_tokens, "
+                        "output_tokens/completion_tokens; rows with 0 output tokens are failed requests, skipped "
+                        "and counted in rows_skipped), or 'agentic[:N]' (generated coding-agent sessions)")
+    # the names of sim.policy.POLICIES, spelled out so --help needs no simulator import (a test holds them equal)
+    p.add_argument("--policy", default="static",
+                   help="scaling policy: static (default), guard, or a baseline: queue, keda-hpa, slo-keda, "
+                        "planner, planner-throughput, planner-load")
     p.add_argument("--out", type=Path, default=None, help="write summary.json, actions.jsonl, timeline.csv here")
     p.add_argument("--speed", type=_number(0), default=1.0,
                    help="trace rate multiplier: 2 replays the trace's arrivals twice as fast (default 1)")
     p.add_argument("--duration", type=_number(0), default=None, help="replay only the first N trace seconds")
+    p.add_argument("--rate", type=_number(0), default=None,
+                   help="requests/s, Poisson arrivals (seeded by --seed) for a trace without arrival times "
+                        "(prompt_len/output_len benchmark files)")
     p.add_argument("--profile", default="default", help="profile name in sla_guard/sim/profiles or a YAML path")
     p.add_argument("--prefill", type=_number(0, **COUNT), default=2, help="initial prefill replicas (default 2)")
     p.add_argument("--decode", type=_number(0, **COUNT), default=2, help="initial decode replicas (default 2)")
@@ -96,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         profile = load_profile(args.profile)
-        trace = load_trace(args.trace)
+        trace = load_trace(args.trace, rate=args.rate, seed=args.seed)
         faults = FaultSchedule(_fault(f) for f in args.fault)
     except (ProfileError, TraceError, ValueError) as err:
         print(f"sla-guard replay: {err}", file=sys.stderr)
@@ -153,6 +162,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"sla-guard replay: {err}", file=sys.stderr)
         return 2
     line = {"trace": trace.name, "policy": args.policy, **asdict(result.summary)}
+    line["rows_skipped"] = trace.skipped  # rows of the file that were no request (0 output tokens)
     line.pop("extra", None)
     line.update(result.summary.extra)
     line["wall_s"] = round(time.perf_counter() - t0, 3)

@@ -1,4 +1,5 @@
-"""Request traces: Mooncake JSON lines, Azure LLM CSV, and a generator of agentic coding sessions.
+"""Request traces: JSON lines and CSV files whose columns are found by name (Mooncake, aiperf,
+Azure 2023/2024, BurstGPT, benchmark logs: ``FIELDS``), and a generator of agentic coding sessions.
 
 Every reader returns a :class:`Trace`: requests sorted by arrival (seconds from the trace's start)
 with prompt/output lengths and, when the source has them, prefix-block hashes (equal hash at the
@@ -8,14 +9,19 @@ same position = shared prefix block of ``block_tokens`` tokens). Bad input raise
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import gzip
+import itertools
 import json
 import math
 import random
+import re
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import TextIO
 
 
 class TraceError(ValueError):
@@ -37,6 +43,7 @@ class Trace:
     name: str
     requests: tuple[TraceRequest, ...]
     block_tokens: int = 512  # tokens per hash block
+    skipped: int = 0  # rows of the file that were no request (0 output tokens: a failed request)
 
     @property
     def duration_s(self) -> float:
@@ -59,7 +66,7 @@ class Trace:
             if duration_s is not None and t > duration_s:
                 break
             out.append(replace(r, t=t))
-        return Trace(self.name, tuple(out), self.block_tokens)
+        return replace(self, requests=tuple(out))
 
     def with_hash_offset(self, offset: int) -> Trace:
         """Copy whose prefix-block hashes are shifted by ``offset``: the same arrivals and lengths
@@ -67,111 +74,238 @@ class Trace:
         conversations the second time, not the first ones again with every prefix cached."""
         if offset == 0:
             return self
-        return Trace(self.name, tuple(replace(r, hash_ids=tuple(h + offset for h in r.hash_ids))
-                                      for r in self.requests), self.block_tokens)
+        return replace(self, requests=tuple(replace(r, hash_ids=tuple(h + offset for h in r.hash_ids))
+                                            for r in self.requests))
 
     def max_hash(self) -> int:
         """Largest prefix-block hash (-1 without prefix information)."""
         return max((max(r.hash_ids) for r in self.requests if r.hash_ids), default=-1)
 
 
-def _int_field(obj: dict, key: str, where: str, minimum: int = 0) -> int:
-    if key not in obj:
-        raise TraceError(f"{where}: missing field {key!r}")
-    v = obj[key]
+# Each field of a request and the column names it is found under in the traces in use (Mooncake,
+# aiperf/genai-perf mooncake_trace, Azure 2023/2024, BurstGPT, vLLM-style and generic benchmark
+# logs). A column matches in any case, with or without spaces, underscores or dashes. No bare
+# "time" or "duration": in benchmark logs that is often a latency, not an arrival.
+FIELDS: dict[str, tuple[str, ...]] = {
+    "arrival time": ("timestamp", "arrival_time", "arrival_timestamp", "timestamp_ms", "arrival_time_ms",
+                     "timestamp_s", "arrival_time_s", "created_at", "created"),
+    "input length": ("input_length", "input_len", "input_tokens", "prompt_tokens", "prompt_len", "prompt_length",
+                     "ContextTokens", "Request tokens"),
+    "output length": ("output_length", "output_len", "output_tokens", "completion_tokens", "expected_output_len",
+                      "GeneratedTokens", "Response tokens"),
+    "hash_ids": ("hash_ids",),
+    "session": ("session_id", "session", "conversation_id"),
+}
+# Units per second of the time columns named with their unit; the others: _time_unit.
+_TIME_UNIT = {"timestampms": 1000.0, "arrivaltimems": 1000.0, "timestamps": 1.0, "arrivaltimes": 1.0}
+_EPOCH_S = (946_684_800.0, 4_102_444_800.0)  # 2000-01-01 .. 2100-01-01: a time in this range is a date
+
+
+def _norm(name: str) -> str:
+    return re.sub(r"[^a-z0-9]", "", name.lower())
+
+
+_ALIASES = {field: {_norm(a) for a in names} for field, names in FIELDS.items()}
+
+
+def _columns(p: Path, names: list[str]) -> dict[str, str | None]:
+    """The file's column for each field (None: absent). A file without lengths is refused with the
+    names it has and the names accepted; two columns for one field are refused, not guessed."""
+    cols: dict[str, str | None] = {}
+    for field, aliases in _ALIASES.items():
+        hits = [n for n in names if _norm(n) in aliases]
+        if len(hits) > 1:
+            raise TraceError(f"{p}: columns {hits} all read as the {field}; keep one")
+        cols[field] = hits[0] if hits else None
+    for field in ("input length", "output length"):
+        if cols[field] is None:
+            raise TraceError(f"{p}: no {field} column among {names}; name it one of {list(FIELDS[field])} "
+                             f"(any case; spaces or underscores alike)")
+    return cols
+
+
+def _length(v: object, col: str, where: str) -> int:
+    """A token count: a JSON number or a CSV cell ("472", "472.0")."""
+    if isinstance(v, str) and v.isascii() and v.isdigit() and len(v) < 19:  # the usual CSV cell, cheaply
+        return int(v)
+    if isinstance(v, str):
+        with contextlib.suppress(ValueError):  # not a number: refused below, named
+            v = float(v)
     # NaN and Infinity (which json accepts) fail the finite test, not int()'s OverflowError; an integer
     # past a float's range (json reads any number of digits) fails it too, not with math's OverflowError
     if (isinstance(v, bool) or not isinstance(v, int | float) or (isinstance(v, int) and abs(v) > 2**63)
-            or not math.isfinite(v) or v < minimum):
-        raise TraceError(f"{where}: field {key!r} must be a finite number >= {minimum}, got {v!r}")
+            or not math.isfinite(v) or v < 0):
+        raise TraceError(f"{where}: field {col!r} must be a finite number >= 0, got {v!r}")
     return int(v)
 
 
-def read_mooncake(path: str | Path, limit: int | None = None) -> Trace:
-    """Mooncake FAST'25 JSON lines: timestamp (ms), input_length, output_length, hash_ids."""
+def _time(v: object, col: str, where: str) -> tuple[float, bool]:
+    """An arrival as (value, is a date-time): a number in the column's unit, or an ISO date-time in
+    seconds since 1970 (fromisoformat cuts Azure 2023's 7 fractional digits to 6). Without an offset
+    it is UTC, as Azure's traces are, whatever the machine's zone: read as local time, the 2024
+    rows whose fraction was cut lost their +00:00 and those without a fraction kept it, hours apart."""
+    if isinstance(v, str):
+        try:
+            v = float(v)
+        except ValueError:
+            try:
+                d = datetime.fromisoformat(v.strip())
+            except ValueError:
+                raise TraceError(f"{where}: field {col!r} is not a date-time or a number: {v!r}") from None
+            return (d if d.tzinfo else d.replace(tzinfo=UTC)).timestamp(), True
+    if (isinstance(v, bool) or not isinstance(v, int | float) or (isinstance(v, int) and abs(v) > 2**63)
+            or not math.isfinite(v) or v < 0):
+        raise TraceError(f"{where}: field {col!r} must be a finite number >= 0 or a date-time, got {v!r}")
+    return float(v), False
+
+
+def _time_unit(col: str, json_lines: bool, lo: float, hi: float) -> float:
+    """Units per second of a numeric time column: by its name where that says the unit
+    (timestamp_ms, arrival_time_s); else seconds, milliseconds, micro- or nanoseconds since 1970,
+    whichever makes all its values dates of 2000-2100; else milliseconds for a JSON lines
+    ``timestamp`` (Mooncake, aiperf) and seconds otherwise (BurstGPT's Timestamp, arrival_time)."""
+    if _norm(col) in _TIME_UNIT:
+        return _TIME_UNIT[_norm(col)]
+    for per_s in (1.0, 1e3, 1e6, 1e9):
+        if _EPOCH_S[0] <= lo / per_s and hi / per_s < _EPOCH_S[1]:
+            return per_s
+    return 1000.0 if json_lines and _norm(col) == "timestamp" else 1.0
+
+
+def _hashes(v: object, where: str) -> tuple[int, ...]:
+    if isinstance(v, str):  # a CSV cell holding a JSON list
+        with contextlib.suppress(json.JSONDecodeError):  # not JSON: refused below, named
+            v = json.loads(v)
+    if not isinstance(v, list) or not all(isinstance(h, int) and not isinstance(h, bool) for h in v):
+        raise TraceError(f"{where}: field 'hash_ids' must be a list of integers")
+    return tuple(v)
+
+
+def _requests(p: Path, name: str, rows: Iterator[tuple[str, dict]], names: list[str] | None, json_lines: bool,
+              limit: int | None, rate: float | None, seed: int) -> Trace:
+    """Requests from rows of a JSON lines or CSV file, its columns found by name (``FIELDS``).
+    A row with 0 output tokens is a failed request (BurstGPT's convention: its without_fails files
+    leave them out): it is skipped and counted in ``Trace.skipped``, so a file and its
+    without_fails twin replay the same requests. Without a time column, ``rate`` (requests/s) gives
+    Poisson arrivals."""
+    first = next(rows, None)
+    if first is None:
+        raise TraceError(f"trace {name} has no requests")
+    cols = _columns(p, names if names is not None else list(first[1]))
+    tcol, icol, ocol = cols["arrival time"], cols["input length"], cols["output length"]
+    # optional, and in JSON lines not on every row (aiperf): looked up on each
+    hcol, scol = cols["hash_ids"] or "hash_ids", cols["session"] or "session_id"
+    if tcol is None and rate is None:
+        raise TraceError(f"{p}: no arrival time column among {names or list(first[1])}; name it one of "
+                         f"{list(FIELDS['arrival time'])}, or give requests a Poisson rate (replay --rate R)")
+    if rate is not None and not (math.isfinite(rate) and rate > 0):
+        raise TraceError(f"rate must be a finite number of requests/s > 0, got {rate!r}")
+    if tcol is not None and rate is not None:
+        raise TraceError(f"{p}: --rate is for traces without arrival times and this one has {tcol!r}; "
+                         f"--speed scales its rate")
+    times: list[float] = []  # the column's values, in its unit
+    kept: list[tuple[int, int, tuple[int, ...], int]] = []  # input, output, hash_ids, session
+    kinds: set[bool] = set()  # date-times (True), numbers (False)
+    sessions: dict[str | int, int] = {}
+    skipped = 0
+    for where, row in itertools.chain([first], rows):
+        for col in (icol, ocol, tcol):
+            if col is not None and row.get(col) is None:  # absent, or a short CSV row
+                hint = " ('delay' follows the previous answer, which a replay of arrivals lacks)" if (
+                    col == tcol and "delay" in row) else ""
+                raise TraceError(f"{where}: missing field {col!r}{hint}")
+        inp, out = _length(row[icol], icol, where), _length(row[ocol], ocol, where)
+        t = 0.0
+        if tcol is not None:
+            t, is_date = _time(row[tcol], tcol, where)
+            kinds.add(is_date)
+        if out == 0:
+            skipped += 1
+            continue
+        hashes = _hashes(row[hcol], where) if row.get(hcol) not in (None, "") else ()
+        sid = row.get(scol)
+        if sid not in (None, "") and not isinstance(sid, str | int):
+            raise TraceError(f"{where}: field {scol!r} must be a string or an integer, got {sid!r}")
+        times.append(t)
+        kept.append((max(1, inp), out, hashes, -1 if sid in (None, "") else sessions.setdefault(sid, len(sessions))))
+        if limit and len(kept) >= limit:
+            break
+    if not kept:
+        raise TraceError(f"trace {name} has no requests ({skipped} rows with 0 output tokens skipped)")
+    if len(kinds) > 1:
+        raise TraceError(f"{p}: field {tcol!r} mixes date-times and numbers")
+    if tcol is None:
+        rng, t = random.Random(seed), 0.0
+        times = [t := t + rng.expovariate(rate) for _ in kept]
+    else:
+        lo, hi = min(times), max(times)
+        per_s = 1.0 if kinds == {True} else _time_unit(tcol, json_lines, lo, hi)
+        times = [(t - lo) / per_s for t in times]
+    reqs = [TraceRequest(t, *rest) for t, rest in zip(times, kept, strict=True)]
+    return replace(_sorted(name, reqs, 512), skipped=skipped)
+
+
+def _open(p: Path) -> TextIO:
+    """The file as text: gzip for .gz; utf-8-sig: a byte-order mark (a file saved on Windows, Excel)
+    is no "Unexpected UTF-8 BOM" on line 1 nor part of the first column's name."""
+    try:
+        return (gzip.open(p, "rt", encoding="utf-8-sig", newline="") if p.suffix == ".gz"
+                else p.open(encoding="utf-8-sig", newline=""))
+    except OSError as err:
+        raise TraceError(f"cannot read trace {p}: {err.strerror}") from None
+
+
+def _json_rows(p: Path, fh: TextIO) -> Iterator[tuple[str, dict]]:
+    """(where, object) for each JSON line; a file holding one JSON array (a dataset dump) gives its
+    elements."""
+    first = True
+    for i, line in enumerate(fh, 1):
+        if not line.strip():
+            continue
+        if first and line.lstrip().startswith("["):
+            try:
+                items = json.loads(line + fh.read())
+            except json.JSONDecodeError as err:
+                raise TraceError(f"{p}:{err.lineno}: not JSON ({err.msg})") from None
+            for k, item in enumerate(items, 1):
+                if not isinstance(item, dict):
+                    raise TraceError(f"{p}: element {k} of the array must be a JSON object")
+                yield f"{p}: element {k}", item
+            return
+        first = False
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise TraceError(f"{p}:{i}: not JSON ({err.msg})") from None
+        if not isinstance(obj, dict):
+            raise TraceError(f"{p}:{i}: each line must be a JSON object")
+        yield f"{p}:{i}", obj
+
+
+def read_mooncake(path: str | Path, limit: int | None = None, rate: float | None = None, seed: int = 0) -> Trace:
+    """JSON lines (``.jsonl``, ``.jsonl.gz``; a ``.json`` array too): Mooncake FAST'25 (timestamp ms,
+    input_length, output_length, hash_ids), aiperf's mooncake_trace, or any columns of ``FIELDS``."""
     p = Path(path)
     try:
-        return _read_mooncake(p, limit)
+        with _open(p) as fh:
+            return _requests(p, p.name.split(".")[0], _json_rows(p, fh), None, True, limit, rate, seed)
     except (OSError, EOFError, UnicodeDecodeError) as err:  # a .gz that is not gzip, bytes that are not text
         raise TraceError(f"cannot read trace {p}: {err}") from None
 
 
-def _read_mooncake(p: Path, limit: int | None) -> Trace:
-    reqs: list[TraceRequest] = []
-    try:
-        # utf-8-sig: a byte-order mark (a file saved on Windows) is no "Unexpected UTF-8 BOM" on line 1
-        fh = (gzip.open(p, "rt", encoding="utf-8-sig") if p.suffix == ".gz"  # noqa: SIM115 - closed by `with` below
-              else p.open(encoding="utf-8-sig"))
-    except OSError as err:
-        raise TraceError(f"cannot read trace {p}: {err.strerror}") from None
-    with fh:
-        for i, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            where = f"{p}:{i}"
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise TraceError(f"{where}: not JSON ({err.msg})") from None
-            if not isinstance(obj, dict):
-                raise TraceError(f"{where}: each line must be a JSON object")
-            ts = _int_field(obj, "timestamp", where)
-            hashes = obj.get("hash_ids", [])
-            if not isinstance(hashes, list) or not all(isinstance(h, int) for h in hashes):
-                raise TraceError(f"{where}: field 'hash_ids' must be a list of integers")
-            reqs.append(TraceRequest(ts / 1000.0, max(1, _int_field(obj, "input_length", where)),
-                                     max(1, _int_field(obj, "output_length", where)), tuple(hashes)))
-            if limit and len(reqs) >= limit:
-                break
-    return _sorted(p.name.split(".")[0], reqs, 512)
-
-
-def _parse_ts(text: str, where: str) -> float:
-    s = text.strip()
-    if "." in s:  # Azure has 7 fractional digits; datetime takes 6
-        head, frac = s.split(".", 1)
-        s = f"{head}.{frac[:6]}"
-    try:
-        return datetime.fromisoformat(s).timestamp()
-    except ValueError:
-        raise TraceError(f"{where}: field 'TIMESTAMP' is not a date-time: {text!r}") from None
-
-
-def read_azure(path: str | Path, limit: int | None = None) -> Trace:
-    """Azure LLM inference trace 2023 CSV: TIMESTAMP, ContextTokens, GeneratedTokens."""
+def read_azure(path: str | Path, limit: int | None = None, rate: float | None = None, seed: int = 0) -> Trace:
+    """CSV (``.csv``, ``.csv.gz``) with a header: Azure LLM inference 2023/2024 (TIMESTAMP,
+    ContextTokens, GeneratedTokens), BurstGPT (Timestamp in s, Request tokens, Response tokens), or
+    any columns of ``FIELDS``."""
     p = Path(path)
     try:
-        return _read_azure(p, limit)
-    except (UnicodeDecodeError, csv.Error) as err:
+        with _open(p) as fh:
+            reader = csv.DictReader(fh)
+            rows = ((f"{p}:{reader.line_num}", row) for row in reader)
+            name = Path(p.stem).stem if p.suffix == ".gz" else p.stem
+            return _requests(p, name, rows, list(reader.fieldnames or []), False, limit, rate, seed)
+    except (OSError, EOFError, UnicodeDecodeError, csv.Error) as err:
         raise TraceError(f"cannot read trace {p}: {err}") from None
-
-
-def _read_azure(p: Path, limit: int | None) -> Trace:
-    reqs: list[TraceRequest] = []
-    try:
-        fh = p.open(newline="", encoding="utf-8-sig")  # a byte-order mark (Excel) is not part of "TIMESTAMP"
-    except OSError as err:
-        raise TraceError(f"cannot read trace {p}: {err.strerror}") from None
-    with fh:
-        reader = csv.DictReader(fh)
-        need = {"TIMESTAMP", "ContextTokens", "GeneratedTokens"}
-        if not reader.fieldnames or not need <= set(reader.fieldnames):
-            raise TraceError(f"{p}: header must have columns {sorted(need)}, got {reader.fieldnames}")
-        t0 = None
-        for i, row in enumerate(reader, 2):
-            where = f"{p}:{i}"
-            t = _parse_ts(row["TIMESTAMP"] or "", where)  # None: a short row, TIMESTAMP not in its first columns
-            t0 = t if t0 is None else t0
-            try:
-                inp, out = int(row["ContextTokens"]), int(row["GeneratedTokens"])
-            except (TypeError, ValueError):
-                raise TraceError(f"{where}: ContextTokens and GeneratedTokens must be integers") from None
-            if inp < 0 or out < 0:  # as the Mooncake reader: a negative length is a broken row, not a 1
-                raise TraceError(f"{where}: ContextTokens and GeneratedTokens must be >= 0, got {inp}, {out}")
-            reqs.append(TraceRequest(t - t0, max(1, inp), max(1, out)))
-            if limit and len(reqs) >= limit:
-                break
-    return _sorted(p.stem, reqs, 512)
 
 
 def _sorted(name: str, reqs: list[TraceRequest], block: int) -> Trace:
@@ -242,18 +376,20 @@ def agentic_sessions(n_sessions: int = 40, duration_s: float = 3600.0, seed: int
 BUNDLED_MOONCAKE = Path(__file__).parent / "data" / "mooncake_conversation_trace.jsonl.gz"
 
 
-def load_trace(path: str | Path, limit: int | None = None) -> Trace:
-    """Read a trace by its suffix (.jsonl Mooncake, .csv Azure) or ``agentic[:N]`` for N
-    generated sessions."""
+def load_trace(path: str | Path, limit: int | None = None, rate: float | None = None, seed: int = 0) -> Trace:
+    """Read a trace by its suffix (.jsonl/.json JSON lines, .csv CSV, either .gz) or ``agentic[:N]``
+    for N generated sessions. ``rate`` (requests/s) gives Poisson arrivals to a file without times."""
     s = str(path)
     if s == "agentic" or s.startswith("agentic:"):  # not a file named agentic*.jsonl: that is read, not replaced
         n = s.partition(":")[2] or "40"
         if not n.isdigit() or int(n) < 1:
             raise TraceError(f"--trace {s}: N in 'agentic:N' must be a number of sessions >= 1, got {n!r}")
+        if rate is not None:
+            raise TraceError(f"--trace {s}: --rate is for trace files without arrival times")
         return agentic_sessions(n_sessions=int(n))
     p = Path(s)
     if p.suffix in (".jsonl", ".json") or p.name.endswith((".jsonl.gz", ".json.gz")):
-        return read_mooncake(p, limit)
-    if p.suffix == ".csv":
-        return read_azure(p, limit)
-    raise TraceError(f"{p}: unknown trace format; use a Mooncake .jsonl, an Azure .csv or 'agentic[:N]'")
+        return read_mooncake(p, limit, rate, seed)
+    if p.suffix == ".csv" or p.name.endswith(".csv.gz"):
+        return read_azure(p, limit, rate, seed)
+    raise TraceError(f"{p}: unknown trace format; use a .jsonl (JSON lines), a .csv or 'agentic[:N]'")
