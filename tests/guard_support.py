@@ -8,14 +8,21 @@ from __future__ import annotations
 import contextlib
 import gzip
 import http.server
+import os
+import signal
 import socket
 import socketserver
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
+import httpx
 import numpy as np
 import uvicorn
+import yaml
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
 from exporters.contract import Component
@@ -255,3 +262,64 @@ class Trickle:
         self.closed.set()
         self.server.shutdown()
         self.server.server_close()
+
+
+ROOT_DIR = Path(__file__).resolve().parent.parent
+GUARD_TOKEN = "api-token-for-tests"  # GuardProcess's API bearer token
+
+
+# -- a real `sla-guard serve` process ---------------------------------------------------------
+class GuardProcess:
+    """``sla-guard serve`` on a free loopback port, its output in a file."""
+
+    def __init__(self, tmp: Path, cfg: dict, *, log_level: str, env: dict[str, str] | None = None) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        cfg = {**cfg, "api": {"listen": f"127.0.0.1:{self.port}", "token_env": "SLA_GUARD_TEST_API_TOKEN"}}
+        f = tmp / f"guard-{self.port}.yaml"
+        f.write_text(yaml.safe_dump(cfg))
+        self.log = tmp / f"guard-{self.port}.log"
+        self._out = self.log.open("w")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "sla_guard.cli", "serve", "--config", str(f), "--log-level", log_level],
+            env={**os.environ, **(env or {}), "SLA_GUARD_TEST_API_TOKEN": GUARD_TOKEN}, cwd=ROOT_DIR,
+            stdout=self._out, stderr=subprocess.STDOUT)
+
+    def get(self, path: str, auth: bool = True) -> httpx.Response:
+        headers = {"Authorization": f"Bearer {GUARD_TOKEN}"} if auth else {}
+        return httpx.get(self.url + path, headers=headers, timeout=5)
+
+    def wait_for(self, what: str, predicate, limit_s: float = 60.0):
+        """Poll ``predicate()`` until it returns something truthy (the process must stay up)."""
+        deadline = time.monotonic() + limit_s
+        while True:
+            assert self.proc.poll() is None, f"guard exited: {self.log.read_text()[-3000:]}"
+            with contextlib.suppress(httpx.HTTPError, ValueError):  # not up yet, or not JSON yet
+                got = predicate()
+                if got:
+                    return got
+            if time.monotonic() > deadline:
+                raise AssertionError(f"guard never got to: {what}\n{self.log.read_text()[-3000:]}")
+            time.sleep(0.2)
+
+    def surfaces(self) -> dict[str, str]:
+        """Everything the API serves (each must answer 200)."""
+        out = {}
+        for path, auth in (("/metrics", False), ("/v1/targets", True), ("/v1/status", True), ("/v1/slo", True),
+                           ("/v1/findings?state=all", True)):
+            r = self.get(path, auth)
+            assert r.status_code == 200, (path, r.status_code, r.text[:300])
+            out[path] = r.text
+        return out
+
+    def stop(self) -> str:
+        """SIGTERM, wait, and the whole log."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        self._out.close()
+        return self.log.read_text()

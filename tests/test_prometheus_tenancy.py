@@ -14,11 +14,9 @@
 
 from __future__ import annotations
 
-import contextlib
 import http.server
 import json
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -28,7 +26,7 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
-from guard_support import Engine, Served, free_port
+from guard_support import Engine, GuardProcess, Served, free_port
 from prometheus_support import PrometheusProcess, prometheus_binary
 
 from sla_guard.config import ConfigError, parse_config
@@ -171,58 +169,8 @@ def _cli(tmp: Path, cfg: dict, command: str, env: dict[str, str] | None = None) 
     )
 
 
-class Guard:
-    """``sla-guard serve`` (debug log) on a free loopback port; ``stop`` returns its whole log."""
-
-    def __init__(self, tmp: Path, cfg: dict, env: dict[str, str] | None = None) -> None:
-        port = free_port()
-        self.url = f"http://127.0.0.1:{port}"
-        f = tmp / f"guard-{port}.yaml"
-        f.write_text(yaml.safe_dump({**cfg, "api": {"listen": f"127.0.0.1:{port}", "token_env": "TENANCY_API"}}))
-        self.log = tmp / f"guard-{port}.log"
-        self._out = self.log.open("w")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "sla_guard.cli", "serve", "--config", str(f), "--log-level", "debug"],
-            cwd=ROOT,
-            stdout=self._out,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, **(env or {}), "TENANCY_API": "t"},
-        )
-
-    def get(self, path: str) -> dict:
-        return httpx.get(self.url + path, headers={"Authorization": "Bearer t"}, timeout=5).json()
-
-    def until(self, what: str, predicate, limit_s: float = 60.0):
-        """Poll ``predicate()`` until truthy; the process must stay up throughout."""
-        deadline = time.monotonic() + limit_s
-        while True:
-            assert self.proc.poll() is None, f"guard exited: {self.log.read_text()[-3000:]}"
-            with contextlib.suppress(httpx.HTTPError, ValueError):
-                if got := predicate():
-                    return got
-            assert time.monotonic() < deadline, f"guard never got to: {what}\n{self.log.read_text()[-3000:]}"
-            time.sleep(0.2)
-
-    def surfaces(self) -> dict[str, str]:
-        return {
-            p: httpx.get(self.url + p, headers={"Authorization": "Bearer t"}, timeout=5).text
-            for p in ("/metrics", "/v1/targets", "/v1/status", "/v1/slo")
-        }
-
-    def stop(self) -> str:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-        self._out.close()
-        return self.log.read_text()
-
-
-def _slo_status(g: Guard) -> str | None:
-    pools = g.get("/v1/slo")["pools"]
+def _slo_status(g: GuardProcess) -> str | None:
+    pools = g.get("/v1/slo").json()["pools"]
     return pools[0]["slos"][0]["status"] if pools else None
 
 
@@ -304,13 +252,13 @@ def test_the_tenant_header_goes_with_every_query(tmp_path, mimir):
 
 
 def test_a_guard_refused_by_the_server_stays_up_unknown_and_says_what_to_set(tmp_path, mimir):
-    g = Guard(tmp_path, _cfg(mimir.url))
+    g = GuardProcess(tmp_path, _cfg(mimir.url), log_level="debug")
     try:
-        t = g.until("the 401 shown", lambda: (t := g.get("/v1/targets")["targets"][0])["last_error"] and t)
-        start = g.get("/v1/status")["ticks"]
-        g.until("three more ticks", lambda: g.get("/v1/status")["ticks"] >= start + 3)
-        assert _slo_status(g) in (None, "unknown"), g.get("/v1/slo")
-        assert g.get("/v1/slo")["status"] == "unknown"
+        t = g.wait_for("the 401 shown", lambda: (t := g.get("/v1/targets").json()["targets"][0])["last_error"] and t)
+        start = g.get("/v1/status").json()["ticks"]
+        g.wait_for("three more ticks", lambda: g.get("/v1/status").json()["ticks"] >= start + 3)
+        assert _slo_status(g) in (None, "unknown"), g.get("/v1/slo").text
+        assert g.get("/v1/slo").json()["status"] == "unknown"
     finally:
         g.stop()
     assert not t["up"] and t["last_error"].startswith("auth: Prometheus answered HTTP 401 (no org id)"), t
@@ -323,9 +271,9 @@ def test_a_secret_header_from_the_environment_is_sent_and_never_shown(tmp_path, 
     proxy = MimirProxy(prom.url, key=PLANTED)
     cfg = _cfg(proxy.url, headers={"X-Scope-OrgID": "team-a"}, headers_env={"X-Api-Key": "TENANCY_KEY"})
     try:
-        g = Guard(tmp_path, cfg, env={"TENANCY_KEY": PLANTED + "\n"})
+        g = GuardProcess(tmp_path, cfg, log_level="debug", env={"TENANCY_KEY": PLANTED + "\n"})
         try:
-            g.until("the pool judged", lambda: _slo_status(g) == "ok")
+            g.wait_for("the pool judged", lambda: _slo_status(g) == "ok")
             surfaces = g.surfaces()
         finally:
             log = g.stop()
@@ -380,9 +328,9 @@ def test_url_credentials_authenticate_and_never_show(tmp_path):
         p.wait_up(1, samples=6)
         assert httpx.get(f"{p.url}/api/v1/query", params={"query": "up"}).status_code == 401
         url = f"http://guard:PLANTEDPW9@127.0.0.1:{p.port}/"
-        g = Guard(tmp_path, _cfg(url))
+        g = GuardProcess(tmp_path, _cfg(url), log_level="debug")
         try:
-            g.until("the pool judged", lambda: _slo_status(g) == "ok")
+            g.wait_for("the pool judged", lambda: _slo_status(g) == "ok")
             surfaces = g.surfaces()
         finally:
             log = g.stop()

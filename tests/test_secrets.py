@@ -14,7 +14,6 @@ are still *used*: Basic auth from the URL when no bearer is configured, the bear
 from __future__ import annotations
 
 import base64
-import contextlib
 import http.server
 import json
 import logging
@@ -30,13 +29,12 @@ from urllib.parse import parse_qs, urlsplit
 import httpx
 import pytest
 import yaml
-from guard_support import Engine, Served, free_port
+from guard_support import Engine, GuardProcess, Served, free_port
 
 from exporters.redact import redact_record, redact_text, redact_url, strip_userinfo
 from sla_guard.ingest.prometheus import PrometheusView
 
 ROOT = Path(__file__).resolve().parent.parent
-TOKEN = "api-token-for-tests"
 SECRETS = ("PLANTEDUSER0", "PLANTEDPW1", "PLANTEDTOK2", "PLANTEDPW3", "PLANTEDTOK4", "PLANTEDTOK5", "PLANTEDPW6")
 SLOS = [{"objectives": [{"name": "ttft_mean", "indicator": "ttft", "objective": "mean", "threshold_s": 2.5,
                          "window": "10s", "min_requests": 1}]}]
@@ -95,63 +93,6 @@ class PromStub:
     def stop(self) -> None:
         self.server.shutdown()
         self.server.server_close()
-
-
-# -- a real `sla-guard serve` process ---------------------------------------------------------
-class GuardProcess:
-    """``sla-guard serve`` on a free loopback port, its output in a file."""
-
-    def __init__(self, tmp: Path, cfg: dict, *, log_level: str, env: dict[str, str] | None = None) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        cfg = {**cfg, "api": {"listen": f"127.0.0.1:{self.port}", "token_env": "GUARD_SECRETS_TEST_TOKEN"}}
-        f = tmp / f"guard-{self.port}.yaml"
-        f.write_text(yaml.safe_dump(cfg))
-        self.log = tmp / f"guard-{self.port}.log"
-        self._out = self.log.open("w")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "sla_guard.cli", "serve", "--config", str(f), "--log-level", log_level],
-            env={**os.environ, **(env or {}), "GUARD_SECRETS_TEST_TOKEN": TOKEN}, cwd=ROOT,
-            stdout=self._out, stderr=subprocess.STDOUT)
-
-    def get(self, path: str, auth: bool = True) -> httpx.Response:
-        headers = {"Authorization": f"Bearer {TOKEN}"} if auth else {}
-        return httpx.get(self.url + path, headers=headers, timeout=5)
-
-    def wait_for(self, what: str, predicate, limit_s: float = 60.0):
-        """Poll ``predicate()`` until it returns something truthy (the process must stay up)."""
-        deadline = time.monotonic() + limit_s
-        while True:
-            assert self.proc.poll() is None, f"guard exited: {self.log.read_text()[-3000:]}"
-            with contextlib.suppress(httpx.HTTPError):
-                got = predicate()
-                if got:
-                    return got
-            if time.monotonic() > deadline:
-                raise AssertionError(f"guard never got to: {what}\n{self.log.read_text()[-3000:]}")
-            time.sleep(0.2)
-
-    def surfaces(self) -> dict[str, str]:
-        """Everything the API serves (each must answer 200)."""
-        out = {}
-        for path, auth in (("/metrics", False), ("/v1/targets", True), ("/v1/status", True), ("/v1/slo", True),
-                           ("/v1/findings?state=all", True)):
-            r = self.get(path, auth)
-            assert r.status_code == 200, (path, r.status_code, r.text[:300])
-            out[path] = r.text
-        return out
-
-    def stop(self) -> str:
-        """SIGTERM, wait, and the whole log."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-        self._out.close()
-        return self.log.read_text()
 
 
 def run_check(tmp: Path, cfg: dict, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
