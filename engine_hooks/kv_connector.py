@@ -8,9 +8,11 @@ is a dict of per-event lists::
      "num_failed_handshakes": [...], "num_kv_expired_reqs": [...], "num_notifications_after_expiry": [...]}
 
 one entry per transfer handle (not per request); failure lists hold a 1 per event. Under
-MultiConnector the payload is keyed by connector class name first:
-``{"NixlConnector": {...}, "LMCacheConnectorV1": {...}}``. Anything not in NIXL's format
-(other connectors, future fields) is ignored: unknown is not an error. A malformed event count
+MultiConnector the payload is keyed by connector class name first (vLLM 0.32's NixlConnector is
+``NixlPullConnector``): ``{"NixlPullConnector": {...}, "HiSparseConnector": {...}}``. MooncakeConnector's
+payload has the same lists (no post_duration) plus ``num_failed_recvs`` (a receiver's remote KV load
+that failed), counted as a transfer failure. Anything not in NIXL's format (other connectors,
+future fields) is ignored: unknown is not an error. A malformed event count
 (negative, NaN, inf) is refused and counted in ``bad`` (it would rewind or poison a counter);
 malformed durations and sizes are refused where they are observed (FastHistogram).
 Pure functions, no vLLM import: the recorded-dict tests run without vLLM.
@@ -24,7 +26,7 @@ from typing import Any
 
 _NIXL_MARKER = "transfer_duration"
 _FAILURES = {"num_failed_transfers": "transfer", "num_failed_notifications": "notification",
-             "num_failed_handshakes": "handshake"}
+             "num_failed_handshakes": "handshake", "num_failed_recvs": "transfer"}  # the last: Mooncake's
 MAX_NESTING = 3  # MultiConnector nests once; guard against pathological payloads
 
 
@@ -78,6 +80,14 @@ def _count(value: Any) -> tuple[int, int]:
     return int(n), bad
 
 
+def _by_kind(counts: Mapping[str, tuple[int, int]]) -> dict[str, int]:
+    """Failure events per contract kind; several payload keys may feed one kind."""
+    out = dict.fromkeys(_FAILURES.values(), 0)
+    for key, kind in _FAILURES.items():
+        out[kind] += counts[key][0]
+    return out
+
+
 def nixl_batch(data: Mapping[str, Any], connector: str = "NixlConnector") -> KvTransferBatch:
     """One NIXL-format payload -> batch."""
     counts = {key: _count(data.get(key)) for key in (*_FAILURES, "num_kv_expired_reqs",
@@ -88,7 +98,7 @@ def nixl_batch(data: Mapping[str, Any], connector: str = "NixlConnector") -> KvT
         post_durations=_numbers(data.get("post_duration")),
         nbytes=_numbers(data.get("bytes_transferred")),
         descriptors=_numbers(data.get("num_descriptors")),
-        failures={kind: counts[key][0] for key, kind in _FAILURES.items()},
+        failures=_by_kind(counts),
         expired=counts["num_kv_expired_reqs"][0],
         late_notifications=counts["num_notifications_after_expiry"][0],
         bad=sum(b for _, b in counts.values()),

@@ -1,7 +1,8 @@
 """NIXL kv_connector_stats parsing on the recorded dicts (no vLLM needed).
 
-tests/fixtures/nixl_kv_connector_stats.json was produced by vLLM's own NixlKVConnectorStats
-(tests/fixtures/record_nixl_stats.py); real NIXL transfers need CUDA.
+tests/fixtures/nixl_kv_connector_stats.json was produced by vLLM's own stats classes
+(tests/fixtures/record_nixl_stats.py; tests/test_hooks_stat_logger.py fails when it no longer equals
+what the installed vLLM produces); real NIXL transfers need CUDA.
 """
 
 import json
@@ -26,9 +27,19 @@ def test_flat_nixl_dict():
 
 
 def test_multiconnector_nesting_keeps_only_nixl():
+    """MultiConnector keys by class name: vLLM 0.32's NixlConnector is NixlPullConnector."""
     batches = list(parse_kv_connector_stats(FIXTURE["multi"]))
-    assert [b.connector for b in batches] == ["NixlConnector"]
-    assert len(batches[0].durations) == len(FIXTURE["multi"]["NixlConnector"]["transfer_duration"])
+    assert [b.connector for b in batches] == ["NixlPullConnector"]
+    assert len(batches[0].durations) == len(FIXTURE["multi"]["NixlPullConnector"]["transfer_duration"])
+
+
+def test_mooncake_failed_receives_are_transfer_failures():
+    """MooncakeConnector's payload has NIXL's list format and is exported, but its receiver-side
+    failures (``num_failed_recvs``: a remote KV load that failed) were dropped: a decode engine whose
+    loads all failed showed 0 failures."""
+    (b,) = parse_kv_connector_stats(FIXTURE["mooncake"])
+    assert b.failures["transfer"] == 1 + 2  # one failed send, two failed receives
+    assert b.expired == 1 and b.durations == [0.004] and b.bad == 0
 
 
 def test_unknown_empty_and_garbage_yield_nothing():

@@ -1,12 +1,16 @@
 """The stat-logger hook fed with vLLM's REAL stats objects.
 
 The objects are built by tests/fixtures/drive_stat_logger.py inside .venv-vllm (vLLM cannot be
-imported in the project venv), which prints the resulting exposition; assertions run here.
+imported in the project venv), which prints the resulting exposition; assertions run here. The
+KV-connector payloads are built live by vLLM's own stats classes, and the parity case runs the hook
+beside vLLM's PrometheusStatLogger under vLLM's StatLoggerManager: these tests fail when vLLM
+changes a field, a unit or a payload format the hook reads.
 Skipped with the reason when .venv-vllm is missing or SLA_GUARD_SKIP_VLLM=1.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 from pathlib import Path
@@ -18,10 +22,14 @@ from exporters import contract as c
 
 pytestmark = pytest.mark.vllm
 DRIVER = Path(__file__).resolve().parent / "fixtures" / "drive_stat_logger.py"
+# The NIXL telemetry the driver records (its vLLM imports are lazy: only TRANSFERS is read here).
+_spec = importlib.util.spec_from_file_location("record_nixl_stats", DRIVER.parent / "record_nixl_stats.py")
+record_nixl_stats = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(record_nixl_stats)
 
 
-def drive(python: Path) -> dict:
-    out = subprocess.run([str(python), str(DRIVER)], capture_output=True, text=True, timeout=180,
+def drive(python: Path, model_dir: Path) -> dict:
+    out = subprocess.run([str(python), str(DRIVER), str(model_dir)], capture_output=True, text=True, timeout=180,
                          cwd=DRIVER.parent.parent.parent)
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
@@ -29,7 +37,8 @@ def drive(python: Path) -> dict:
     for fam in text_string_to_metric_families(result["exposition"]):
         for s in fam.samples:
             samples[(s.name, tuple(sorted(s.labels.items())))] = s.value
-    return {"samples": samples, "stderr": out.stderr, "nixl_keys": result["nixl_keys"]}
+    return {"samples": samples, "stderr": out.stderr, "payloads": result["payloads"],
+            "one_token": result["parity_one_token_requests"]}
 
 
 def val(samples, name, **labels):
@@ -39,14 +48,15 @@ def val(samples, name, **labels):
 
 
 @pytest.fixture(scope="module")
-def driven(vllm_venv_python):
-    return drive(vllm_venv_python)
+def driven(vllm_venv_python, tiny_model_dir):
+    return drive(vllm_venv_python, tiny_model_dir)
 
 
 @pytest.fixture(scope="module")
 def decode(driven):
-    """Only the decode case's series (pool="decode")."""
-    return {**driven, "samples": {k: v for k, v in driven["samples"].items() if ("pool", "decode") in k[1]}}
+    """Only the decode case's series (pool="decode", model="tiny")."""
+    return {**driven, "samples": {k: v for k, v in driven["samples"].items()
+                                  if ("pool", "decode") in k[1] and ("model", "tiny") in k[1]}}
 
 
 def test_decode_engine_scheduler_and_prefix_cache(decode):
@@ -85,12 +95,16 @@ def test_decode_engine_requests_and_tokens(decode):
 
 
 def test_nixl_stats_flat_and_under_multiconnector(decode):
-    """Recorded NIXL dicts (tests/fixtures/nixl_kv_connector_stats.json, produced by vLLM's own
-    NixlKVConnectorStats since NIXL needs CUDA): step 0 flat (engine 0), step 1 under
-    MultiConnector (engine 1), step 2 an unknown connector (ignored, no error)."""
+    """NIXL payloads built live by vLLM's NixlKVConnectorStats (NIXL itself needs CUDA), pooled over
+    two TP ranks by KVOutputAggregator: step 0 flat (engine 0), step 1 under MultiConnector (engine 1,
+    keyed by vLLM's class name), step 2 only another connector (ignored, no error), step 3 empty."""
     s = decode["samples"]
-    fixture = json.loads((DRIVER.parent / "nixl_kv_connector_stats.json").read_text())
-    flat, multi = fixture["flat"], fixture["multi"]["NixlConnector"]
+    flat = decode["payloads"]["flat"]
+    (multi,) = [v for v in decode["payloads"]["multi"].values() if "transfer_duration" in v]
+    # NIXL telemetry is in microseconds; the contract's histogram in seconds (rank r adds r us)
+    us = sum(t[0] + rank for rank in (0, 7) for t in record_nixl_stats.TRANSFERS)
+    assert val(s, c.KV_XFER_DURATION.series("_sum"), engine="0") == pytest.approx(us / 1e6)
+    assert val(s, c.KV_XFER_DURATION.series("_count"), engine="0") == 2 * len(record_nixl_stats.TRANSFERS)
     assert val(s, c.KV_XFER_DURATION.series("_count"), engine="0") == len(flat["transfer_duration"])
     assert val(s, c.KV_XFER_DURATION.series("_sum"), engine="0") == pytest.approx(sum(flat["transfer_duration"]))
     assert val(s, c.KV_XFER_BYTES.series("_sum"), engine="0") == sum(flat["bytes_transferred"])
@@ -127,6 +141,78 @@ def test_no_connector_is_mixed(driven):
 
 
 def test_recorded_nixl_fixture_matches_vllm_format(driven):
-    """Fails when vLLM's NixlKVConnectorStats changes its keys: re-record the fixture then."""
+    """The recorded payloads (used by the vLLM-free parsing tests) must equal what the installed
+    vLLM's classes produce now: keys, units, MultiConnector naming. If not, re-record the fixture
+    (tests/fixtures/record_nixl_stats.py) and check the hook against the new format."""
     fixture = json.loads((DRIVER.parent / "nixl_kv_connector_stats.json").read_text())
-    assert driven["nixl_keys"] == sorted(fixture["flat"])
+    assert driven["payloads"] == fixture
+
+
+def test_mooncake_failed_receives_count_as_transfer_failures(driven):
+    """MooncakeKVConnectorStats (vLLM's class) has NIXL's list format: its transfers were exported
+    but its receiver-side failures (num_failed_recvs) were dropped, so a decode engine whose remote
+    KV loads failed showed 0 failures."""
+    s = {k: v for k, v in driven["samples"].items() if ("model", "mooncake") in k[1]}
+    assert val(s, c.KV_XFER_FAILURES.series(), kind="transfer") == 1 + 2
+    assert val(s, c.KV_XFER_DURATION.series("_count")) == 1
+    assert val(s, c.KV_XFER_EXPIRED.series()) == 1
+    assert not [k for k in s if k[0] == c.HOOK_ERRORS.series()]
+
+
+# (vLLM's series, the contract's series, labels on both, labels on ours only): equal on the same stream.
+PARITY = [
+    ("vllm:nixl_xfer_time_seconds_count", c.KV_XFER_DURATION.series("_count"), {}, {}),
+    ("vllm:nixl_xfer_time_seconds_sum", c.KV_XFER_DURATION.series("_sum"), {}, {}),
+    ("vllm:nixl_post_time_seconds_sum", c.KV_XFER_POST_DURATION.series("_sum"), {}, {}),
+    ("vllm:nixl_bytes_transferred_sum", c.KV_XFER_BYTES.series("_sum"), {}, {}),
+    ("vllm:nixl_num_descriptors_sum", c.KV_XFER_DESCRIPTORS.series("_sum"), {}, {}),
+    ("vllm:nixl_num_failed_transfers_total", c.KV_XFER_FAILURES.series(), {}, {}),  # vLLM sums the three kinds
+    ("vllm:nixl_num_failed_notifications_total", c.KV_XFER_FAILURES.series(), {}, {"kind": "notification"}),
+    ("vllm:nixl_num_kv_expired_reqs_total", c.KV_XFER_EXPIRED.series(), {}, {}),
+    ("vllm:nixl_num_notifications_after_expiry_total", c.KV_XFER_LATE_NOTIFICATIONS.series(), {}, {}),
+    ("vllm:spec_decode_num_drafts_total", c.SPEC_DRAFTS.series(), {}, {}),
+    ("vllm:spec_decode_num_draft_tokens_total", c.SPEC_DRAFT_TOKENS.series(), {}, {}),
+    ("vllm:spec_decode_num_accepted_tokens_total", c.SPEC_ACCEPTED_TOKENS.series(), {}, {}),
+    *[("vllm:spec_decode_num_accepted_tokens_per_pos_total", c.SPEC_ACCEPTED_TOKENS_POS.series(), {"position": p}, {})
+      for p in ("0", "1", "2")],
+    ("vllm:time_to_first_token_seconds_count", c.REQUEST_TTFT.series("_count"), {}, {}),
+    ("vllm:time_to_first_token_seconds_sum", c.REQUEST_TTFT.series("_sum"), {}, {}),
+    ("vllm:inter_token_latency_seconds_count", c.INTER_TOKEN_LATENCY.series("_count"), {}, {}),
+    ("vllm:inter_token_latency_seconds_sum", c.INTER_TOKEN_LATENCY.series("_sum"), {}, {}),
+    ("vllm:e2e_request_latency_seconds_sum", c.REQUEST_E2E.series("_sum"), {}, {}),
+    ("vllm:request_queue_time_seconds_sum", c.REQUEST_QUEUE.series("_sum"), {}, {}),
+    ("vllm:request_prefill_time_seconds_sum", c.REQUEST_PREFILL.series("_sum"), {}, {}),
+    ("vllm:request_decode_time_seconds_sum", c.REQUEST_DECODE.series("_sum"), {}, {}),
+    ("vllm:request_time_per_output_token_seconds_sum", c.REQUEST_TPOT.series("_sum"), {}, {}),
+    ("vllm:request_success_total", c.REQUESTS_FINISHED.series(), {}, {}),
+    ("vllm:generation_tokens_total", c.GENERATION_TOKENS.series(), {}, {}),
+    ("vllm:num_preemptions_total", c.PREEMPTIONS.series(), {}, {}),
+    *[("vllm:prompt_tokens_by_source_total", c.PROMPT_TOKENS.series(), {"source": src}, {})
+      for src in ("local_cache_hit", "external_kv_transfer")],
+    ("vllm:prefix_cache_queries_total", c.PREFIX_CACHE_QUERIES.series(), {}, {"cache": "local"}),
+    ("vllm:prefix_cache_hits_total", c.PREFIX_CACHE_HITS.series(), {}, {"cache": "local"}),
+    ("vllm:external_prefix_cache_queries_total", c.PREFIX_CACHE_QUERIES.series(), {}, {"cache": "external"}),
+    ("vllm:external_prefix_cache_hits_total", c.PREFIX_CACHE_HITS.series(), {}, {"cache": "external"}),
+    ("vllm:num_requests_running", c.REQUESTS_RUNNING.series(), {}, {}),
+    ("vllm:num_requests_waiting", c.REQUESTS_WAITING.series(), {}, {}),
+    ("vllm:kv_cache_usage_perc", c.KV_CACHE_USAGE.series(), {}, {}),
+    *[("vllm:num_requests_kv_fetch_by_stage", c.REQUESTS_KV_FETCH.series(), {"stage": st}, {})
+      for st in ("waiting_to_start", "in_progress", "completed_waiting")],
+]
+
+
+@pytest.mark.parametrize("engine", ["0", "1"])
+def test_hook_equals_vllms_own_logger_on_the_same_stream(driven, engine):
+    """Built by vLLM's StatLoggerManager from a real VllmConfig (NixlConnector consumer, ngram spec
+    decode, DP 2) beside vLLM's PrometheusStatLogger, fed the same SchedulerStats (through vLLM's
+    codec) and IterationStats: every mapped series agrees per engine. vLLM observes TPOT 0 for
+    one-token requests; the contract skips them."""
+    s = driven["samples"]
+    vllm_labels = {"model_name": "parity", "engine": engine}
+    ours = {"model": "parity", "engine": engine, "pool": "decode"}
+    for theirs_name, our_name, both, only_ours in PARITY:
+        theirs = val(s, theirs_name, **vllm_labels, **both)
+        assert val(s, our_name, **ours, **both, **only_ours) == pytest.approx(theirs, abs=1e-12), (theirs_name, both)
+    assert val(s, c.REQUEST_TPOT.series("_count"), **ours) == (
+        val(s, "vllm:request_time_per_output_token_seconds_count", **vllm_labels) - driven["one_token"][engine])
+    assert not [k for k in s if k[0] == c.HOOK_ERRORS.series() and ("model", "parity") in k[1]]
