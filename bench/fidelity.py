@@ -100,9 +100,10 @@ def _count(samples: dict, metric) -> float:
     return sum(v for (name, _), v in samples.items() if name == metric.series("_count"))
 
 
-async def scrape_after(url: str, before: dict, metric, n: int, timeout_s: float = 5.0) -> dict:
+async def scrape_after(url: str, before: dict, metric, n: int, timeout_s: float = 30.0) -> dict:
     """Scrape until ``metric`` counted ``n`` more observations than ``before``: the hooks record a
-    finished request when vLLM hands its stats to the API server, which can follow the response."""
+    finished request when vLLM hands its stats to the API server, which can follow the response (by
+    seconds on a busy host; with fewer counted, a mean covers other requests, or none: NaN)."""
     deadline = time.monotonic() + timeout_s
     while True:
         now = vs.scrape(url)

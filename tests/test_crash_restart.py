@@ -18,6 +18,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 
 import httpx
 import numpy as np
@@ -88,16 +89,26 @@ class Life:
         except (httpx.HTTPError, ValueError):
             return None
 
-    def wait_ticks(self, n: int, timeout_s: float = 30.0) -> dict:
+    def wait_ticks(self, n: int, timeout_s: float = 60.0, until: Callable[[dict], bool] = lambda st: True) -> dict:
+        """The status once ``n`` ticks ran and ``until`` holds: on a loaded host a life's first scrapes
+        can pass their 0.25 s deadline, and a tick without them has no current data to show."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             st = self.get("/v1/status")
-            if st is not None and st["ticks"] >= n:
+            if st is not None and st["ticks"] >= n and until(st):
                 return st
             if self.proc.poll() is not None:
                 raise AssertionError(f"guard exited {self.proc.returncode}: {self.proc.stderr.read()[-2000:]}")
             time.sleep(0.05)
-        raise AssertionError(f"no {n} ticks within {timeout_s}s")
+        raise AssertionError(f"no {n} ticks (and what was waited for) within {timeout_s}s")
+
+    def need(self, path: str, timeout_s: float = 60.0) -> dict:
+        """``get`` until it answers: on a loaded host one call can pass its 2 s timeout."""
+        deadline = time.monotonic() + timeout_s
+        while (got := self.get(path)) is None:
+            assert self.proc.poll() is None and time.monotonic() < deadline, f"no answer to {path} within {timeout_s}s"
+            time.sleep(0.05)
+        return got
 
     def kill(self) -> None:
         self.proc.send_signal(signal.SIGKILL)
@@ -127,7 +138,7 @@ def test_fifty_kill_9_restarts_keep_what_the_guard_knew(tmp_path):
         # finding in the state file (opened an hour ago, 28 min to the memory limit) through the
         # real FindingsBook and StateStore, as a guard that had found it would have saved it
         life = Life(config, port)
-        st = life.wait_ticks(3)
+        st = life.wait_ticks(3, until=lambda st: len(st["evaluators"]["leak"]["processes"]) >= 2)  # both engines'
         keys = sorted(st["evaluators"]["leak"]["processes"])
         assert keys and keys[0].startswith("leak/e0/m/decode/0/core"), keys
         life.kill()
@@ -155,14 +166,14 @@ def test_fifty_kill_9_restarts_keep_what_the_guard_knew(tmp_path):
                 early_kills += 1
                 assert _integrity(db) == "ok"
                 continue
-            st = life.wait_ticks(1)
+            st = life.wait_ticks(1, until=lambda st: _att(st)["period_requests"] is not None)
             att = _att(st)
-            f = life.get("/v1/findings")
+            f = life.need("/v1/findings")
             assert [x["key"] for x in f["findings"]] == [keys[0]], f
             assert f["findings"][0]["severity"] == "critical"
-            recs = life.get("/v1/recommendations")["models"][0]
+            recs = life.need("/v1/recommendations")["models"][0]
             assert any("leak_rolling_restart" in r["reasons"] for r in recs["restarts"]), recs
-            n_dec = life.get("/v1/decisions?limit=256")["decisions"]
+            n_dec = life.need("/v1/decisions?limit=256")["decisions"]
             assert len(n_dec) >= min(256, decisions) - 2, (len(n_dec), decisions)
             assert st["state"]["moved_aside"] is None and st["state"]["errors"] == 0
             if last is not None and att["period_requests"] is not None:
@@ -196,8 +207,8 @@ def test_fifty_kill_9_restarts_keep_what_the_guard_knew(tmp_path):
         # the control: the same guard without its state file, restarted once
         life = Life(_config(tmp_path, servers, port, state=False), port)
         life.wait_ticks(4)
-        fresh = _att(life.get("/v1/status"))
-        findings_nostate = life.get("/v1/findings")["count"]
+        fresh = _att(life.need("/v1/status"))
+        findings_nostate = life.need("/v1/findings")["count"]
         life.kill()
         print(f"\n{KILLS} kills ({early_kills} during start-up), {restored_checks} restarts compared: "
               f"period requests with state {guard_total:.0f} of {served} served "
