@@ -40,7 +40,6 @@ from __future__ import annotations
 import functools
 import itertools
 import math
-from collections import deque
 from dataclasses import asdict, dataclass, field, fields, replace
 
 import numpy as np
@@ -218,21 +217,40 @@ def segments(
 
 
 def _under_floor(t: np.ndarray, v: np.ndarray, cut: np.ndarray, below: float, window_s: float) -> np.ndarray:
-    """Samples under the trailing minimum (of their segment, over ``window_s``) by more than
-    ``below``; a trailing-minimum deque, restarted at every cut, O(n)."""
-    out = np.zeros(len(t), dtype=bool)
-    q: deque[int] = deque()  # indices of increasing values: q[0] is the window's minimum
-    for i in range(len(t)):
-        if cut[i]:
-            q.clear()
-        while q and t[q[0]] < t[i] - window_s:
-            q.popleft()
-        if q and v[i] < v[q[0]] - below:
-            out[i] = True
-            q.clear()
-        while q and v[q[-1]] >= v[i]:
-            q.pop()
-        q.append(i)
+    """Samples under the minimum of the samples before them (in their segment, over the trailing
+    ``window_s``) by more than ``below``; a sample found starts a new segment. Range minima from a
+    sparse table, O(n log n) in numpy: the trailing-minimum deque it replaces (restarted at every
+    cut, tests/test_leak_cost.py keeps it) was a Python step per sample, a sixth of a 12 h check."""
+    n = len(t)
+    out = np.zeros(n, dtype=bool)
+    if n < 2:
+        return out
+    table = [v]  # table[k][i]: the minimum of v[i : i + 2**k]
+    while 2 ** len(table) <= n:
+        h = 2 ** (len(table) - 1)
+        table.append(np.minimum(table[-1][:-h], table[-1][h:]))
+    idx = np.arange(n)
+    by_time = np.searchsorted(t, t - window_s, side="left")  # the oldest sample in each one's window
+    seg = np.maximum.accumulate(np.where(cut, idx, 0))  # where each one's segment (so far) starts
+    start = 1
+    while start < n:
+        lo = np.maximum(by_time[start:], seg[start:])
+        hi = idx[start:]  # exclusive: the minimum is over v[lo:hi]
+        has = lo < hi
+        lo, hi = lo[has], hi[has]
+        k = np.frexp((hi - lo).astype(float))[1] - 1  # floor(log2(length)), exact
+        m = np.full(len(lo), np.inf)
+        for level in np.unique(k):
+            sel = k == level
+            rows = table[level]
+            m[sel] = np.minimum(rows[lo[sel]], rows[hi[sel] - 2**level])
+        hit = np.flatnonzero(v[start:][has] < m - below)
+        if not len(hit):
+            break
+        i = int(hi[hit[0]])
+        out[i] = True
+        seg[i:] = np.maximum(seg[i:], i)  # the window restarts at the sample found
+        start = i + 1
     return out
 
 
@@ -279,9 +297,9 @@ def theil_sen(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
     dx = x[j] - x[i]
     ok = dx != 0
     if not ok.any():
-        return 0.0, float(np.median(y)) if len(y) else 0.0
-    slope = float(np.median((y[j] - y[i])[ok] / dx[ok]))
-    return slope, float(np.median(y - slope * x))
+        return 0.0, _median(y) if len(y) else 0.0
+    slope = _median((y[j] - y[i])[ok] / dx[ok])
+    return slope, _median(y - slope * x)
 
 
 def _acf(r: np.ndarray, nlags: int) -> np.ndarray:
@@ -418,7 +436,7 @@ def sample_load_coef(
     if len(dv) < min_points:
         return None
     dv0, dl0 = dv, dl
-    keep = np.abs(dv - np.median(dv)) <= 4.0 * max(_mad_sd(dv), 1.0)
+    keep = np.abs(dv - _median(dv)) <= 4.0 * max(_mad_sd(dv), 1.0)
     dv, dl = dv[keep], dl[keep]
     if len(dv) < max(min_points, span) or np.count_nonzero(dl) < min_points:
         return None
@@ -439,7 +457,7 @@ def sample_load_coef(
     x0, y0 = local(dl0), local(dv0)  # the refit: the cut on the fit's residuals (see above)
     for _ in range(3):
         r0 = y0 - c * x0
-        k2 = np.abs(r0 - np.median(r0)) <= 4.0 * max(_mad_sd(r0), 1.0)
+        k2 = np.abs(r0 - _median(r0)) <= 4.0 * max(_mad_sd(r0), 1.0)
         sxx = float(x0[k2] @ x0[k2])
         if sxx <= 0:
             break
@@ -503,10 +521,41 @@ def _clean(t, v) -> tuple[np.ndarray, np.ndarray]:
     return t[order], v[order]
 
 
+def _median(a: np.ndarray) -> float:
+    """``float(np.median(a))`` of a 1-D float array, the same value (the same order statistics and
+    the same mean of the middle two, NaN if any is NaN) without ``np.median``'s generic wrapper,
+    which costs 2-4x the partition itself on the hundreds of points the floor's loops pass it."""
+    n = len(a)
+    if n == 0:
+        return float(np.median(a))
+    h = n // 2
+    if n % 2:
+        part = np.partition(a, (h, n - 1))
+        m = float(part[h])
+    else:
+        part = np.partition(a, (h - 1, h, n - 1))
+        m = (float(part[h - 1]) + float(part[h])) / 2.0
+    return math.nan if math.isnan(part[-1]) else m
+
+
+def _p75(a: np.ndarray) -> float:
+    """``float(np.percentile(a, 75))`` of a 1-D float array without NaN (numpy's default linear
+    method: the same order statistics and the same interpolation, ``numpy.lib``'s ``_lerp``), at
+    a tenth of its cost."""
+    n = len(a)
+    vi = (n - 1) * 0.75
+    lo = math.floor(vi)
+    hi = min(lo + 1, n - 1)
+    part = np.partition(a, (lo, hi) if hi != lo else (lo,))
+    x0, x1, g = float(part[lo]), float(part[hi]), vi - lo
+    diff = x1 - x0
+    return x1 - diff * (1.0 - g) if g >= 0.5 else x0 + diff * g
+
+
 def _mad_sd(d: np.ndarray) -> float:
     if len(d) == 0:
         return 0.0
-    return 1.4826 * float(np.median(np.abs(d - np.median(d))))
+    return 1.4826 * _median(np.abs(d - _median(d)))
 
 
 @dataclass(slots=True)
@@ -543,6 +592,41 @@ def _sub_minima(
     return out, when
 
 
+def _bucket_floors(
+    mins: np.ndarray, when: np.ndarray, windows: np.ndarray, sub: float, per: int, ends: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each bucket's floor (the minimum of the sub-bucket minima ``mins`` over its window), when
+    that minimum was sampled, and the previous bucket's floor over this bucket's window (NaN for
+    buckets without a sample and for the first). One sliding-window pass per distinct window
+    length instead of a Python step per bucket (~0.5 ms of a 12 h check); the minimum is the
+    first one, as ``np.argmin`` finds it."""
+    nb = len(windows)
+    raw = np.full(nb, np.nan)
+    prev = np.full(nb, np.nan)  # the previous bucket's floor over this bucket's window
+    at = ends.copy()
+    present = np.flatnonzero(np.isfinite(mins.reshape(nb, per)).any(axis=1))
+    if not len(present):
+        return raw, prev, at
+    spans = np.ceil(windows / sub).astype(np.int64)
+    last = np.concatenate(([-1], present[:-1]))  # the previous bucket with a sample
+    e = (present + 1) * per  # each bucket's minima end here (exclusive)
+    for span in np.unique(spans[present]).tolist():
+        pad = np.concatenate((np.full(span, np.inf), mins))  # mins[e - span : e] is pad[e : e + span]
+        view = np.lib.stride_tricks.sliding_window_view(pad, span)
+        sel = spans[present] == span
+        js, es = present[sel], e[sel]
+        i = np.maximum(es - span + np.argmin(view[es], axis=1), 0)  # in the pad only if all are inf
+        raw[js], at[js] = mins[i], when[i]
+        lj = last[sel]
+        other = (lj >= 0) & (windows[np.maximum(lj, 0)] != windows[js])
+        prev[js[other]] = view[(lj[other] + 1) * per].min(axis=1)  # the previous bucket's, over this window
+    lp = last >= 0
+    js, lj = present[lp], last[lp]
+    eq = windows[lj] == windows[js]
+    prev[js[eq]] = raw[lj[eq]]
+    return raw, prev, at
+
+
 def segment_floor(
     ts: np.ndarray,
     vs: np.ndarray,
@@ -563,10 +647,13 @@ def segment_floor(
     windows = np.full(nb, p.floor_window_s)
     k_at = np.searchsorted(ts[1:], ends, side="right")  # diffs up to each bucket end
     lo_at = np.searchsorted(ts[1:], ends - lookback, side="left")
-    med_dt = float(np.median(dt)) if len(dt) else p.bucket_s
+    med_dt = _median(dt) if len(dt) else p.bucket_s
+    # falls by more than 8 MiB so far: a window with fewer than 4 of them has no drops, whatever
+    # its spread (the drop threshold is at least 8 MiB), and its robust s.d. is not needed
+    big = np.concatenate(([0], np.cumsum(dv < -8 * MIB)))
     for j in range(0, nb, 3):  # every 15 min is often enough for a period
         a, b = lo_at[j], k_at[j]
-        if b - a < 20:
+        if b - a < 20 or big[b] - big[a] < 4:
             continue
         d = dv[a:b]
         thr = max(8 * MIB, 4.0 * _mad_sd(d))
@@ -577,24 +664,9 @@ def segment_floor(
         gaps = gaps[gaps > 1.5 * med_dt]
         if len(gaps) < 3:
             continue
-        w = p.sawtooth_factor * float(np.percentile(gaps, 75))
+        w = p.sawtooth_factor * _p75(gaps)
         windows[j : j + 3] = min(max(w, p.floor_window_s), p.max_floor_window_s)
-    raw = np.full(nb, np.nan)
-    prev = np.full(nb, np.nan)  # the previous bucket's floor over this bucket's window
-    at = ends.copy()
-    last = -1
-    for j in range(nb):
-        e = (j + 1) * per
-        if not np.isfinite(mins[e - per : e]).any():
-            continue  # no sample in this bucket
-        span = math.ceil(windows[j] / sub)
-        s = max(0, e - span)
-        i = s + int(np.argmin(mins[s:e]))
-        raw[j], at[j] = mins[i], when[i]
-        if last >= 0:
-            e0 = (last + 1) * per
-            prev[j] = raw[last] if windows[last] == windows[j] else float(np.min(mins[max(0, e0 - span) : e0]))
-        last = j
+    raw, prev, at = _bucket_floors(mins, when, windows, sub, per, ends)
     keep = np.isfinite(raw)
     t, raw, prev, windows, at = ends[keep], raw[keep], prev[keep], windows[keep], at[keep]
     # level steps: jumps beyond step_bytes and step_sd robust s.d. of the recent differences. Each
@@ -608,13 +680,19 @@ def segment_floor(
     excursions = []
     d = raw[1:] - prev[1:]
     day = 24 * HOUR * p.bucket_s / 300.0
+    los = np.searchsorted(t, t - day)
     for j in range(1, len(raw)):
         offset += prev[j] - raw[j - 1]
-        lo = int(np.searchsorted(t, t[j] - day))
-        recent = d[max(lo - 1, 0) : j - 1]
+        # the robust s.d. only matters for a jump beyond step_bytes (the threshold is the larger of
+        # the two): computed for every bucket it was half of a check's CPU (a day of differences each)
+        if abs(d[j - 1]) <= p.step_bytes:
+            offsets[j] = offset
+            y[j] = raw[j] - offset
+            continue
+        recent = d[max(int(los[j]) - 1, 0) : j - 1]
         sd = _mad_sd(recent) if len(recent) >= 6 else 0.0
         if abs(d[j - 1]) > max(p.step_bytes, p.step_sd * sd):
-            typical = float(np.median(recent)) if len(recent) >= 6 else 0.0
+            typical = _median(recent) if len(recent) >= 6 else 0.0
             back = (_returned_to(raw, t, j, -d[j - 1], p.return_memory_s)
                     if d[j - 1] < 0 and p.return_memory_s > 0 else None)
             offset = offsets[back] if back is not None else offset + d[j - 1] - typical
