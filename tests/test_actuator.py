@@ -34,6 +34,7 @@ from sla_guard.scale.actuators import (
 )
 from sla_guard.scale.evaluator import AdvisorEvaluator
 from sla_guard.settings.advisor import AdvisorConfig, KubernetesTarget, Webhook
+from sla_guard.store import SeriesStore
 
 
 @contextmanager
@@ -450,7 +451,6 @@ def test_an_order_another_writer_set_back_is_noticed_and_placed_again(tmp_path, 
     order with the target's size: the shortfall is logged, counted as an actuation error and
     recorded as ``overridden``, and the advisor orders again. Also behind the leader gate."""
     from sla_guard.leader import FileLockElector
-    from sla_guard.scale.actuators import LeaderGatedActuator
 
     handler, state, calls = k8s_server()
     key = ("apps", "llm", "prefill-pool")
@@ -459,13 +459,8 @@ def test_an_order_another_writer_set_back_is_noticed_and_placed_again(tmp_path, 
     elector = FileLockElector(tmp_path / "lock", identity="guard-a")
     with serve(handler) as (url, _):
         act = _k8s_actuator(url)
-        if gated:
-            assert elector.confirm(0.0)  # one step takes the free lock: this guard leads
-            act = LeaderGatedActuator(act, elector)
-        ev = _active_evaluator(act, reg)
-        st, engines = _store(), [Engine("prefill", "p0"), Engine("decode", "d0")]
-        _run(engines, st, 1000, 1060, p0=BUSY, d0=DECODE)
-        ev.evaluate(st, 1060)
+        ev = _active_evaluator(_gated(act, elector) if gated else act, reg)
+        st, engines = _busy_tick(ev)
         first = _prefill(ev)
         assert first["direction"] == "up" and first["actuated"] is True
         ordered = first["desired"]
@@ -514,10 +509,24 @@ def _one_busy_tick(handler, state: dict, reg: CollectorRegistry):
     state[("apps", "llm", "prefill-pool")] = 1
     with serve(handler) as (url, _):
         ev = _active_evaluator(_k8s_actuator(url), reg)
-        st, engines = _store(), [Engine("prefill", "p0"), Engine("decode", "d0")]
-        _run(engines, st, 1000, 1060, p0=BUSY, d0=DECODE)
-        ev.evaluate(st, 1060)
+        _busy_tick(ev)
     return ev, _prefill(ev)
+
+
+def _busy_tick(ev: AdvisorEvaluator) -> tuple[SeriesStore, list[Engine]]:
+    """Prefill busy on one replica for a minute, then one evaluation: the store and engines, to go on with."""
+    st, engines = _store(), [Engine("prefill", "p0"), Engine("decode", "d0")]
+    _run(engines, st, 1000, 1060, p0=BUSY, d0=DECODE)
+    ev.evaluate(st, 1060)
+    return st, engines
+
+
+def _gated(act, elector):
+    """``act`` behind the leader gate, with this guard leading (one step takes the free lock)."""
+    from sla_guard.scale.actuators import LeaderGatedActuator
+
+    assert elector.confirm(0.0)
+    return LeaderGatedActuator(act, elector)
 
 
 def test_a_capped_patch_is_counted_as_the_size_the_target_holds():
@@ -725,7 +734,6 @@ def test_an_hpa_on_the_target_is_named_and_the_guard_does_not_fight_it(caplog, t
     import logging
 
     from sla_guard.leader import FileLockElector
-    from sla_guard.scale.actuators import LeaderGatedActuator
 
     hpas = [_hpa("keda-hpa-glm-prefill", "Deployment", "prefill-pool", keda="glm-prefill"),
             _hpa("other", "Deployment", "decode-pool"), _hpa("lws-named-alike", "LeaderWorkerSet", "prefill-pool")]
@@ -739,13 +747,8 @@ def test_an_hpa_on_the_target_is_named_and_the_guard_does_not_fight_it(caplog, t
     with serve(handler) as (url, _):
         act = _k8s_actuator(url)
         act.clock = lambda: clock[0]
-        if gated:
-            assert elector.confirm(0.0)  # one step takes the free lock: this guard leads
-            act = LeaderGatedActuator(act, elector)
-        ev = _active_evaluator(act, reg)
-        st, engines = _store(), [Engine("prefill", "p0"), Engine("decode", "d0")]
-        _run(engines, st, 1000, 1060, p0=BUSY, d0=DECODE)
-        ev.evaluate(st, 1060)
+        ev = _active_evaluator(_gated(act, elector) if gated else act, reg)
+        st, engines = _busy_tick(ev)
         refused = _prefill(ev)
         hpas.clear()  # the ScaledObject is removed
         clock[0] = 299.0
