@@ -36,6 +36,7 @@ from sla_guard.ingest import build_source
 from sla_guard.ingest.source import Source
 from sla_guard.leader import Elector, FileLockElector, LeaseElector
 from sla_guard.model import Evaluator
+from sla_guard.outbound import env_value
 from sla_guard.scale.actuators import Actuator, KubernetesActuator, LeaderGatedActuator, WebhookActuator
 from sla_guard.scale.api import advisor_router
 from sla_guard.scale.evaluator import AdvisorEvaluator
@@ -126,7 +127,8 @@ def build_actuator(cfg: AdvisorConfig) -> Actuator | None:
             raise ConfigError("advisor.actuation.kubernetes needs the 'kubernetes' package: "
                               "pip install 'sla-guard[kubernetes]'") from None
     elif a.webhook is not None:
-        token = os.environ.get(a.webhook.bearer_token_env) if a.webhook.bearer_token_env else None
+        token = env_value("advisor.actuation.webhook.bearer_token_env", a.webhook.bearer_token_env,
+                          "calling the scaling webhook without a bearer token")
         inner = WebhookActuator(a.webhook, token=token)
     if inner is None or a.leader_election.mode == "none":
         return inner

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import logging
+import os
 import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -21,6 +23,8 @@ from typing import Any, TypeVar
 import httpx
 
 from exporters.page_read import run_bounded
+
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
@@ -80,3 +84,23 @@ def kube_api_client(kubeconfig: str | None = None) -> Any:
         config.load_incluster_config(client_configuration=conf)
     conf.retries = 0
     return client.ApiClient(conf)
+
+
+def env_value(field: str, var: str | None, without: str) -> str | None:
+    """``$var`` for a header sent to another service (a bearer token, a ``headers_env`` value),
+    surrounding whitespace dropped: a Secret written with ``echo`` ends in a newline, and httpx
+    refused the header with an error quoting it, token included, into the log and /v1/targets at
+    every call. A value that is still not one line of printable ASCII, or an unset one, is not
+    sent; the warning names the field and the variable, never the value (``without``: what the
+    guard does instead, e.g. "querying Prometheus without a bearer token")."""
+    if not var:
+        return None
+    value = os.environ.get(var, "").strip()
+    if not value:
+        log.warning("%s: $%s is not set or empty; %s", field, var, without)
+        return None
+    if not all(" " <= ch <= "~" for ch in value):
+        log.warning("%s: $%s holds a line break, a control or a non-ASCII character, which no HTTP header can "
+                    "carry; %s: set it to the value alone", field, var, without)
+        return None
+    return value

@@ -421,3 +421,30 @@ def test_sidecar_logs_show_no_metrics_url_credentials():
     out += rest + stdout
     assert "sidecar" in out and "127.0.0.1" in out
     assert_clean("the sidecar's log", out)
+
+
+def test_every_bearer_token_from_the_environment_loses_its_trailing_newline(monkeypatch, caplog):
+    """A Secret written with ``echo`` ends in a newline. Prometheus mode dropped it; the Alertmanager
+    push and the scaling webhook sent it, and httpx refused the header quoting the token into the log."""
+    from sla_guard.compose import build_actuator
+    from sla_guard.config import parse_config
+    from sla_guard.detect.alertmanager import AlertPublisher
+    from sla_guard.detect.findings import FindingsBook
+    from sla_guard.outbound import env_value
+
+    monkeypatch.setenv("AM_TOKEN", "PLANTEDAM7\n")
+    monkeypatch.setenv("HOOK_TOKEN", " PLANTEDHOOK8\n")
+    monkeypatch.setenv("BAD_TOKEN", "two\nlines")
+    cfg = parse_config({"alertmanager": {"url": "http://127.0.0.1:9", "bearer_token_env": "AM_TOKEN"},
+                        "advisor": {"mode": "active", "model": "m", "actuation": {
+                            "webhook": {"url": "http://127.0.0.1:9/scale", "bearer_token_env": "HOOK_TOKEN"}}}})
+    pub = AlertPublisher.from_settings(FindingsBook(), cfg.alertmanager)
+    assert pub.client._headers == {"Authorization": "Bearer PLANTEDAM7"}
+    act = build_actuator(cfg.advisor)
+    try:
+        assert act._headers == {"Authorization": "Bearer PLANTEDHOOK8"}
+    finally:
+        act.close()
+    with caplog.at_level(logging.WARNING):
+        assert env_value("x.bearer_token_env", "BAD_TOKEN", "calling x without a bearer token") is None
+    assert "BAD_TOKEN" in caplog.text and "two" not in caplog.text

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import socket
 import threading
 import time
@@ -24,7 +23,7 @@ from exporters import contract as c
 from exporters.redact import peer_text
 from sla_guard.config import AlertmanagerSettings, split_listen
 from sla_guard.model import Finding
-from sla_guard.outbound import post_json
+from sla_guard.outbound import env_value, post_json
 
 log = logging.getLogger(__name__)
 
@@ -227,7 +226,8 @@ class AlertPublisher:
         None when no URL is configured."""
         if not settings.url:
             return None
-        token = os.environ.get(settings.bearer_token_env) if settings.bearer_token_env else None
+        token = env_value("alertmanager.bearer_token_env", settings.bearer_token_env,
+                          "pushing alerts to Alertmanager without a bearer token")
         client = AlertmanagerClient(settings.url, bearer_token=token, timeout_s=settings.timeout_s, metrics=metrics)
         return cls(book, client, settings.runbook_base_url, external_url=external_url(settings, listen))
 

@@ -16,7 +16,6 @@ import concurrent.futures
 import json
 import logging
 import math
-import os
 import time
 from collections import OrderedDict
 from collections.abc import Mapping
@@ -33,6 +32,7 @@ from sla_guard import promql
 from sla_guard.config import PrometheusSource as PrometheusConfig
 from sla_guard.ingest.source import TargetState
 from sla_guard.model import Labels, Series
+from sla_guard.outbound import env_value
 
 log = logging.getLogger("sla_guard.ingest.prometheus")
 
@@ -512,24 +512,6 @@ class PrometheusView:
         self._client.close()
 
 
-def env_value(field: str, var: str | None, without: str) -> str | None:
-    """``$var`` for a header (the bearer token, a ``headers_env`` value), surrounding whitespace
-    dropped: a Secret written with ``echo`` ends in a newline, and httpx refused the header with
-    an error quoting it, token included, into the log and /v1/targets at every query. A value
-    that is still not one line of printable ASCII, or an unset one, is not sent (logged, by name)."""
-    if not var:
-        return None
-    value = os.environ.get(var, "").strip()
-    if not value:
-        log.warning("%s: $%s is not set or empty; querying Prometheus %s", field, var, without)
-        return None
-    if not all(" " <= ch <= "~" for ch in value):
-        log.warning("%s: $%s holds a line break, a control or a non-ASCII character, which no HTTP header can "
-                    "carry; querying Prometheus %s: set it to the value alone", field, var, without)
-        return None
-    return value
-
-
 class PrometheusSourceImpl:
     """``Source`` for the prometheus mode: nothing to collect; ``collect`` checks the server."""
 
@@ -537,10 +519,11 @@ class PrometheusSourceImpl:
 
     def __init__(self, cfg: PrometheusConfig, *, transport: httpx.BaseTransport | None = None,
                  stale_after_s: float | None = None) -> None:
-        token = env_value("source.bearer_token_env", cfg.bearer_token_env, "without a bearer token")
+        token = env_value("source.bearer_token_env", cfg.bearer_token_env, "querying Prometheus without a bearer token")
         headers = dict(cfg.headers)
         for name, var in cfg.headers_env.items():
-            if (value := env_value(f"source.headers_env.{name}", var, f"without the {name} header")) is not None:
+            value = env_value(f"source.headers_env.{name}", var, f"querying Prometheus without the {name} header")
+            if value is not None:
                 headers[name] = value
         self.cfg = cfg
         self.view = PrometheusView(cfg.url, timeout_s=cfg.timeout_s, token=token, extra_selector=cfg.selector,
