@@ -168,7 +168,7 @@ class DecodeStream:
                 if not done:  # a connection reset or cut mid-body: the engine died (or its link); after [DONE], whole
                     self.pool.failed(self.lease.url, f"decode stream broke: {type(e).__name__}")
                 failure = (502, "upstream_unreachable", f"decode stream broke: {type(e).__name__}: {e}")
-            if failure is None:
+            if failure is None and chunk is not None:  # a stream that ends is judged by how it ends, below
                 self._answered()
             wait_s = self.stall_s
             received = time.perf_counter()
@@ -237,6 +237,12 @@ class DecodeStream:
                 break
         if not done:  # the engine ended the stream without [DONE]: the client's answer is cut short
             self.outcome = Outcome.ERROR
+            if not errored:  # (after its own error event the client knows, and the engine was up to send it)
+                # vLLM ends every stream with [DONE], even after an error: a clean end without it is a process that
+                # died behind a hop that closed the body cleanly, or a body delimited by the connection's close.
+                # Judged as a broken stream: the engine is left out and the client is told, not left to guess.
+                self.pool.failed(self.lease.url, "decode stream ended without [DONE]")
+                yield self._failure(502, "upstream_invalid", "decode stream ended without [DONE] (cut short)")
 
     async def close(self) -> None:
         """Idempotent; runs once the response is over, whichever way it ended."""
@@ -407,14 +413,7 @@ class Proxy:
         leg_s = time.perf_counter() - sent
         if r.status_code != 200:
             raise LegFailed.engine_answer(r)
-        try:
-            answer = r.json()
-        except ValueError:
-            answer = None
-        if not isinstance(answer, dict):
-            raise LegFailed.proxy_error(502, "upstream_invalid", "prefill answer is not a JSON object", "prefill",
-                                        str(r.request.url))
-        return answer, leg_s
+        return r.json(), leg_s  # a JSON object: _whole checked it
 
     async def _whole(self, pool: EnginePool, leg: str, path: str, body: dict[str, Any], up: dict[str, bytes],
                      timeout_s: float) -> httpx.Response:
@@ -429,6 +428,13 @@ class Proxy:
             async with asyncio.timeout_at(deadline):
                 await resp.aread()
             if resp.status_code == 200:
+                if not legs.is_json_object(resp.content):
+                    # vLLM's whole answers are JSON objects: one cut short behind a hop, or delimited by the
+                    # connection's close (no Content-Length), is a process that died mid-body. Relayed as a 200 it
+                    # was counted ok; it is judged as a broken connection is.
+                    pool.failed(lease.url, "a 200 whose body is not a JSON object (cut short)")
+                    raise self._leg_error(502, "upstream_invalid", f"{leg} answer is not a JSON object (cut short)",
+                                          leg, lease.url)
                 pool.answered(lease.url)
             return resp
         except TimeoutError:

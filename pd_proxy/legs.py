@@ -261,6 +261,14 @@ def with_fingerprint(raw: bytes, fingerprint: Any) -> bytes:
     return body[:end] + field + body[end:] + raw.removeprefix(body)
 
 
+def is_json_object(content: bytes) -> bool:
+    """Is a whole answer's body a JSON object? vLLM's always are; one cut short (its process died mid-body) is not."""
+    try:
+        return isinstance(json.loads(content), dict)
+    except (ValueError, RecursionError):
+        return False
+
+
 def aborted_answer(content: bytes) -> bool:
     """Does a whole (non-streamed) answer end a choice with ``finish_reason: "abort"``?"""
     if ABORT.encode() not in content:  # most answers: no need to parse them

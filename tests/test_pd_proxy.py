@@ -49,8 +49,11 @@ class Engine:
     (vLLM's ``--enable-force-include-usage``), ``abort_after`` tokens (vLLM's ending of a request its
     engine aborted), ``fingerprint`` (vLLM's ``system_fingerprint``, placed where vLLM places it), ``die_after``
     tokens then the connection cut mid-body (a chunked stream without its last chunk: the process died),
-    ``health_status`` of ``GET /health`` (vLLM: 200, 503 once its engine core is dead). A whole answer honours
-    ``stall_after`` as its headers, then ``stall_s`` of silence, then its body.
+    ``health_status`` of ``GET /health`` (vLLM: 200, 503 once its engine core is dead), ``chunked`` (a stream sent
+    as uvicorn sends it: HTTP/1.1 chunked, ended cleanly with its last chunk). A whole answer honours
+    ``stall_after`` as its headers, then ``stall_s`` of silence, then its body; ``cut_body`` sends only half of its
+    200 body, then closes the connection: ``"length"`` under its whole Content-Length, ``"close"`` with none
+    (HTTP/1.0: the body ends with the connection, as a hop's cut looks).
     Records every request, the /health probes, and whether the proxy hung up mid-stream."""
 
     def __init__(self, role: str, name: str = "", port: int = 0) -> None:
@@ -74,6 +77,8 @@ class Engine:
         # include_usage is on, else on each choice's chunk carrying a finish_reason
         self.fingerprint: str | None = None
         self.die_after: int | None = None
+        self.chunked = False
+        self.cut_body: str | None = None  # "length" or "close", see above
         self.health_status = 200
         self.health_gets = 0
         self.hung_up = threading.Event()
@@ -119,10 +124,16 @@ class Engine:
         self.httpd.server_close()
 
     def _send(self, h, status: int, data: bytes, ctype: str) -> None:
+        cut = self.cut_body if status == 200 and h.command == "POST" else None
         h.send_response(status)
         h.send_header("Content-Type", ctype)
-        h.send_header("Content-Length", str(len(data)))
+        if cut != "close":
+            h.send_header("Content-Length", str(len(data)))
         h.end_headers()
+        if cut:
+            h.wfile.write(data[: len(data) // 2])
+            h.close_connection = True
+            return
         if status == 200 and self.stall_after is not None and data:  # the headers, then silence
             h.wfile.flush()
             time.sleep(self.stall_s)
@@ -151,17 +162,18 @@ class Engine:
             self._send(h, 200, json.dumps(out).encode(), "application/json")
             return
         dies = self.die_after is not None
-        if dies:  # as uvicorn (vLLM) sends a stream: HTTP/1.1, chunked
+        chunked = dies or self.chunked
+        if chunked:  # as uvicorn (vLLM) sends a stream: HTTP/1.1, chunked
             h.protocol_version = "HTTP/1.1"
         h.send_response(200)
         h.send_header("Content-Type", "text/event-stream; charset=utf-8")
-        if dies:
+        if chunked:
             h.send_header("Transfer-Encoding", "chunked")
         h.end_headers()
 
         def event(obj) -> None:
             data = b"data: " + (obj if isinstance(obj, bytes) else json.dumps(obj).encode()) + b"\n\n"
-            h.wfile.write(b"%x\r\n%s\r\n" % (len(data), data) if dies else data)
+            h.wfile.write(b"%x\r\n%s\r\n" % (len(data), data) if chunked else data)
             h.wfile.flush()
 
         # vLLM's should_include_usage: continuous usage (in every chunk) only along with include_usage
@@ -216,6 +228,9 @@ class Engine:
                                                         "total_tokens": 3 + generated}, **fp})
         if self.send_done:
             event(b"[DONE]")
+        if chunked:  # the body's last chunk: the stream ended cleanly, [DONE] or not
+            h.wfile.write(b"0\r\n\r\n")
+            h.wfile.flush()
 
 
 @pytest.fixture
@@ -447,15 +462,56 @@ def test_legs_past_their_deadline(engines, proxies):
     assert value(s2, c.CLIENT_TPOT.name + "_count") == 0 and value(s2, c.CLIENT_IN_FLIGHT.name) == 0
 
 
-def test_a_stream_the_engine_ends_without_done_is_an_error(engines, proxies):
-    p, d = engines("prefill"), engines("decode")
-    d.send_done = False
-    px = proxies([p], [d])
-    r, events, _ = stream(px.url + "/v1/completions", {"model": "m", "prompt": "x", "stream": True})
+@pytest.mark.parametrize("chunked", [False, True])
+def test_a_stream_the_engine_ends_without_done_is_an_error_the_client_sees_and_its_engine_is_left_out(
+        engines, proxies, monkeypatch, chunked):
+    """A decode stream that ends cleanly without ``[DONE]``: a body delimited by the connection's close (HTTP/1.0), or a
+    chunked body a hop ended with its last chunk after the engine behind it died. The client got the cut answer with
+    no error in it, and the engine, taken as up on its first chunk, kept its share of the next requests. Now it ends
+    as a broken stream does: a 502 event, and the engine left out."""
+    for name in ("EJECT_S", "EJECT_MAX_S"):  # still out when the test looks, however slow the machine
+        monkeypatch.setattr(balance, name, 60.0)
+    p, bad, good = engines("prefill"), engines("decode", "bad"), engines("decode", "good")
+    bad.send_done, bad.chunked = False, chunked
+    px = proxies([p], [bad, good])
+    body = {"model": "m", "prompt": "x", "stream": True}
+    r, events, _ = stream(px.url + "/v1/completions", body)  # round-robin: bad first
     assert r.status_code == 200 and len(token_times(events)) == 5 and events[-1][1] != "[DONE]"
+    err = json.loads(events[-1][1])["error"]
+    assert (err["code"], err["type"], err["leg"], err["engine"]) == (502, "upstream_invalid", "decode", bad.url)
+    assert set(px.proxy.health()["left_out"]["decode"]) == {bad.url}
+    for _ in range(2):
+        r, events, _ = stream(px.url + "/v1/completions", body)
+        assert r.status_code == 200 and events[-1][1] == "[DONE]"
+    assert len(bad.requests) == 1 and len(good.requests) == 2
     s = scrape(px.url)
-    assert value(s, c.CLIENT_REQUESTS.exposed, outcome="error") == 1 and value(s, c.CLIENT_REQUESTS.exposed) == 1
-    assert value(s, c.CLIENT_TTFT.name + "_count") == 1 and value(s, c.CLIENT_TPOT.name + "_count") == 0
+    assert value(s, c.CLIENT_REQUESTS.exposed, outcome="error") == 1 and value(s, c.CLIENT_REQUESTS.exposed) == 3
+    assert value(s, c.CLIENT_TTFT.name + "_count") == 3 and value(s, c.CLIENT_TPOT.name + "_count") == 2
+
+
+@pytest.mark.parametrize("leg", ["prefill", "decode"])
+@pytest.mark.parametrize("cut", ["length", "close"])
+def test_a_whole_answer_cut_short_is_a_502_and_its_engine_is_left_out(engines, proxies, monkeypatch, leg, cut):
+    """A 200 whose JSON body the engine's death cut in half. Under its Content-Length httpx sees the body unfinished;
+    without one (HTTP/1.0, or a hop that ended it cleanly) the body just ends. Then a decode answer was relayed as a
+    200 and counted ok, and a prefill answer was a 502 that left the engine in, to cut the next answers too."""
+    for name in ("EJECT_S", "EJECT_MAX_S"):
+        monkeypatch.setattr(balance, name, 60.0)
+    bad, good = engines(leg, "bad"), engines(leg, "good")
+    bad.cut_body = cut
+    other = engines("decode" if leg == "prefill" else "prefill")
+    px = proxies(*(([bad, good], [other]) if leg == "prefill" else ([other], [bad, good])))
+    body = {"model": "m", "prompt": "x"}
+    r = httpx.post(px.url + "/v1/completions", json=body, timeout=10)  # round-robin: bad first
+    assert r.status_code == 502, r.text
+    err = r.json()["error"]
+    assert (err["leg"], err["engine"]) == (leg, bad.url) and err["type"] in ("upstream_invalid", "upstream_unreachable")
+    assert set(px.proxy.health()["left_out"][leg]) == {bad.url}
+    for _ in range(2):
+        assert httpx.post(px.url + "/v1/completions", json=body, timeout=10).json()["choices"]
+    assert len(bad.requests) == 1 and len(good.requests) == 2
+    s = scrape(px.url)
+    assert value(s, c.CLIENT_REQUESTS.exposed, outcome="error") == 1 and value(s, c.CLIENT_REQUESTS.exposed) == 3
 
 
 def test_client_leaving_mid_stream_is_aborted_and_closes_the_decode_stream(engines, proxies):
@@ -1419,7 +1475,7 @@ def test_a_stream_body_without_event_boundaries_is_relayed_as_it_comes(engines, 
     d = NoEvents("decode")
     try:
         px = proxies([p], [d])
-        held, n = None, 0
+        held, n, tail = None, 0, b""
         with httpx.stream("POST", px.url + "/v1/completions", json={"model": "m", "prompt": "x", "stream": True},
                           timeout=120) as r:
             for chunk in r.iter_raw():
@@ -1427,9 +1483,12 @@ def test_a_stream_body_without_event_boundaries_is_relayed_as_it_comes(engines, 
                     held = ended.is_set()
                     got_first.set()
                 n += len(chunk)
-        assert r.status_code == 200 and n == 128 * 65536
+                tail = (tail + chunk)[-4096:]
+        x = tail.rindex(b"x") + 1
+        assert r.status_code == 200 and n - len(tail) + x == 128 * 65536  # the whole body, then (no [DONE]) an error
+        assert b'"upstream_invalid"' in tail[x:]
         assert not held, "the first byte came after the engine ended its body: the proxy held it until then"
-        assert value(scrape(px.url), c.CLIENT_REQUESTS.exposed, outcome="error") == 1  # no [DONE]
+        assert value(scrape(px.url), c.CLIENT_REQUESTS.exposed, outcome="error") == 1
     finally:
         d.close()
 
