@@ -81,18 +81,29 @@ def quantile(q: float, metric: Metric, window: str, labels: Sequence[str], match
 
 
 def share_at_or_below(metric: Metric, threshold: float, window: str, labels: Sequence[str],
-                      matchers: Sequence[str] = ()) -> str:
+                      matchers: Sequence[str] = (), refused: Metric | None = None) -> str:
     """Share of observations <= threshold (an attainment SLI); the threshold must be a bucket bound.
 
     Only series that have that bucket count in the denominator (``and ignoring (le)``): an engine
     started without the threshold bucket (mid rolling restart to new SLA buckets) would otherwise
     add its requests to the total and none to the good ones, every one of them an error (two
-    engines, one without the bucket: 50 % errors and a page), as the guard keeps them out too."""
+    engines, one without the bucket: 50 % errors and a page), as the guard keeps them out too.
+
+    ``refused``: a counter of requests refused before they were observed (admission rejections):
+    added to the total, none of them good; a pool without that series counts none."""
     at = (*matchers, le_matcher(threshold))
     good = sum_by(labels, rate(metric, window, "_bucket", at))
     total = sum_by(labels, f"{rate(metric, window, '_count', matchers)} and ignoring (le) "
                            f"{rate(metric, window, '_bucket', at)}")
+    if refused is not None:
+        total = plus_or_zero(total, sum_by(labels, rate(refused, window, matchers=matchers)))
     return ratio(good, total)
+
+
+def plus_or_zero(base: str, extra: str) -> str:
+    """``base + extra`` where a group of ``base`` without ``extra`` (a deployment whose engines do not
+    export it) keeps its value: plain ``+`` drops it."""
+    return f"{base} + ({extra} or {base} * 0)"
 
 
 def has_bucket(metric: Metric, threshold: float, extra: Sequence[float] = ()) -> bool:

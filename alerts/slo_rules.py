@@ -122,16 +122,29 @@ def _rec(name: str, expr: str, own: dict[str, str]) -> dict:
     return {"record": name, "expr": expr, "labels": dict(own)}
 
 
+def _refused(slo: SLO, metric: Metric) -> Metric | None:
+    """The engine pools' admission rejections count as TTFT attainment misses, as the guard counts
+    them (sla_guard/slo.py ``REJECTED``): a request refused with 503 got no first token."""
+    return c.ADMISSION_REJECTIONS if slo.objective is Objective.ATTAINMENT and metric is c.REQUEST_TTFT else None
+
+
+def _requests(slo: SLO, metric: Metric, window: str, matchers: list[str]) -> str:
+    served = q.sum_by(LABELS, q.rate(metric, window, "_count", matchers))
+    refused = _refused(slo, metric)
+    return served if refused is None else q.plus_or_zero(served, q.sum_by(LABELS, q.rate(refused, window,
+                                                                                          matchers=matchers)))
+
+
 def slo_recording_rules(slo: SLO, own: dict[str, str], matchers: list[str], p: RuleParams,
                         pool: str = "*") -> list[dict]:
     rules = []
     for w in _windows(slo):
         sw = p.window(w)
         rules.append(_rec(f"model_pool_slo:sli_requests:rate{w}", scoped(
-            slo, pool, matchers, lambda m, ms, sw=sw: q.sum_by(LABELS, q.rate(m, sw, "_count", ms))), own))
+            slo, pool, matchers, lambda m, ms, sw=sw: _requests(slo, m, sw, ms)), own))
         if slo.objective is Objective.ATTAINMENT:
-            good = scoped(slo, pool, matchers,
-                          lambda m, ms, sw=sw: q.share_at_or_below(m, slo.threshold_s, sw, LABELS, ms))
+            good = scoped(slo, pool, matchers, lambda m, ms, sw=sw: q.share_at_or_below(
+                m, slo.threshold_s, sw, LABELS, ms, refused=_refused(slo, m)))
             rules.append(_rec(f"model_pool_slo:sli_error:ratio_rate{w}", f"1 - ({good})", own))
         elif slo.objective is Objective.MEAN:
             rules.append(_rec(f"model_pool_slo:sli_latency_seconds:mean{w}", scoped(

@@ -72,8 +72,12 @@ def build(config: GuardConfig) -> dict:
              "tokens/s", w=8)
         p.ts("Output throughput", "Generated tokens per second by pool.",
              [q(pq.sum_by(["pool"], pq.rate(c.GENERATION_TOKENS, RATE, matchers=s)), "{{pool}}")], "tokens/s", w=8)
-        p.ts("Requests finished", "Finished requests per second by pool and finish reason.",
-             [q(pq.sum_by(["pool", "reason"], pq.rate(c.REQUESTS_FINISHED, RATE, matchers=s)), "{{pool}} {{reason}}")],
+        p.ts("Requests finished and refused", "Finished requests per second by pool and finish reason, and "
+             "requests the API servers refused at a queue limit (HTTP 503, by reason): no latency histogram "
+             "has those; the guard counts them as TTFT attainment misses.",
+             [q(pq.sum_by(["pool", "reason"], pq.rate(c.REQUESTS_FINISHED, RATE, matchers=s)), "{{pool}} {{reason}}"),
+              q(pq.sum_by(["pool", "reason"], pq.rate(c.ADMISSION_REJECTIONS, RATE, matchers=s)),
+                "{{pool}} refused: {{reason}}")],
              "reqps", w=8)
         good = [q(pq.series(c.GUARD_GOODPUT, matchers=GUARD_SEL), "{{pool}} goodput (guard)")]
         for slo, metric in ((ttft_mean, c.REQUEST_TTFT), (tpot_mean, c.REQUEST_TPOT)):

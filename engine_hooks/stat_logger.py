@@ -8,6 +8,9 @@ every SLA_GUARD_FLUSH_INTERVAL_S (0.5 s). With several API servers each one gets
 steps; prometheus_client's multiprocess mode (which vLLM turns on then) sums counters and
 histograms over API servers and keeps the most recent gauge value, so the union is exact.
 
+``record_admission_rejection(reason)`` (vLLM >= 0.32 calls it on aggregate loggers when the API server
+refuses a request at a queue limit) counts slaguard_admission_rejections_total at once.
+
 Every public method catches everything: an error is counted in slaguard_hook_errors_total{kind},
 logged once per kind, and never raised into vLLM.
 """
@@ -38,6 +41,10 @@ try:  # vLLM is optional for the package; the plugin only loads where it is inst
     from vllm.v1.metrics.loggers import AggregateStatLoggerBase
 except ImportError:  # pragma: no cover - exercised in the project venv without vLLM
     AggregateStatLoggerBase = object  # type: ignore[assignment,misc]
+try:  # vLLM >= 0.32 (frontend admission control); the series exist at 0 from start, so increase() sees the first
+    from vllm.v1.metrics.loggers import ADMISSION_REASONS
+except ImportError:
+    ADMISSION_REASONS = c.ADMISSION_REASONS
 
 log = logging.getLogger("sla_guard.stat_logger")
 
@@ -185,6 +192,7 @@ class SlaGuardStatLogger(AggregateStatLoggerBase):
         # vLLM's start, and hooks never raise into vLLM
         self._errors_logged: set[str] = set()
         self._error_children: dict[str, Any] = {}
+        self._rejections: dict[str, Any] = {}
         self._engines: dict[int, _Engine] = {}
         self.model, self.pool = "unknown", c.Pool.MIXED.value
         self.metrics: ContractMetrics | None = None
@@ -218,6 +226,8 @@ class SlaGuardStatLogger(AggregateStatLoggerBase):
         }
         kv_consumer = bool(kv is not None and getattr(kv, "is_kv_consumer", False))
         self._hook_errors = self.metrics[c.HOOK_ERRORS]
+        for reason in ADMISSION_REASONS:
+            self._rejection(reason)
         try:
             own = weakref.WeakMethod(self._error)  # weak: the process's mirror must not keep self alive
             self.otel = _process_otel(lambda kind, exc: (own() or (lambda *_: None))(kind, exc))
@@ -331,6 +341,26 @@ class SlaGuardStatLogger(AggregateStatLoggerBase):
                     apply(eng.rec, b, self._error)  # per part: one bad value costs only itself
                 except Exception as e:
                     self._error("flush", e)
+
+    def _rejection(self, reason: str) -> Any:
+        child = self._rejections.get(reason)
+        if child is None and self.metrics is not None:
+            child = self._rejections[reason] = self.metrics[c.ADMISSION_REJECTIONS].labels(self.model, self.pool,
+                                                                                             reason)
+        return child
+
+    def record_admission_rejection(self, reason: str) -> None:
+        """One request the API server refused at a queue limit (vLLM >= 0.32 ``check_admission``,
+        HTTP 503): no engine saw it, so no latency histogram has it, and without this count the
+        engine-scope SLOs read "ok" while clients are refused. vLLM calls it on aggregate loggers
+        only (``PerEngineStatLoggerAdapter`` drops it), which this is; older vLLM never calls it.
+        Counted at once, not batched (one increment, off the per-step path)."""
+        try:
+            child = self._rejection(reason if isinstance(reason, str) else str(reason))
+            if child is not None:
+                child.inc()
+        except Exception as e:
+            self._error("admission", e)
 
     def log_engine_initialized(self) -> None:
         pass

@@ -187,6 +187,15 @@ INTER_TOKEN_LATENCY = _m("inter_token_latency_seconds", Hi, "Latency between con
                          "s", EL, E, buckets=TPOT_BUCKETS)
 REQUESTS_FINISHED = _m("requests_finished", C, "Finished requests by finish reason.", "1",
                        (*EL, "reason"), E)
+# Per API server, not per engine: vLLM refuses these at the frontend (AsyncLLM.check_admission,
+# HTTP 503), before any engine sees them, so they are in no latency histogram. The reasons vLLM
+# 0.32 passes (vllm.v1.metrics.loggers.ADMISSION_REASONS); exporters start them at 0, and a reason
+# a later vLLM adds is a new series.
+ADMISSION_REASONS: Final = ("max_num_queued_reqs", "max_num_queued_tokens")
+ADMISSION_REJECTIONS = _m("admission_rejections", C,
+                          "Requests refused at the API server by a queue limit (vLLM admission control, HTTP 503), "
+                          "by reason=max_num_queued_reqs|max_num_queued_tokens; the guard counts them as TTFT "
+                          "attainment misses.", "1", ("model", "pool", "reason"), E)
 PROMPT_TOKENS = _m("prompt_tokens", C,
                    "Prompt tokens by source: computed here, local prefix-cache hit, or external KV transfer.",
                    "1", (*EL, "source"), E)

@@ -96,6 +96,8 @@ MAPPINGS: tuple[Mapping, ...] = (
     M("vllm:spec_decode_num_draft_tokens", c.SPEC_DRAFT_TOKENS),
     M("vllm:spec_decode_num_accepted_tokens", c.SPEC_ACCEPTED_TOKENS),
     M("vllm:spec_decode_num_accepted_tokens_per_pos", c.SPEC_ACCEPTED_TOKENS_POS, ("position", "position")),
+    # vLLM >= 0.32, per API server (no engine label); older vLLM has no such family, the series is absent
+    M("vllm:admission_rejections", c.ADMISSION_REJECTIONS, ("reason", "reason")),
     M("vllm:nixl_xfer_time_seconds", c.KV_XFER_DURATION),
     M("vllm:nixl_post_time_seconds", c.KV_XFER_POST_DURATION),
     M("vllm:nixl_bytes_transferred", c.KV_XFER_BYTES),
@@ -126,6 +128,7 @@ class _Series:
     buckets: dict[str, float] = field(default_factory=dict)
     sum: float | None = None
     count: float | None = None
+    engine: str = "0"
 
 
 def _histogram_ok(s: _Series) -> bool:
@@ -174,7 +177,9 @@ def map_exposition(text: str, model: str, pool: str) -> tuple[list[Metric], set[
             if s.name.endswith("_created"):
                 continue
             engine = s.labels.get("engine", "0")
-            engines.add(engine)
+            per_engine = "engine" in m.labels  # admission rejections are per API server: no engine label
+            if per_engine:
+                engines.add(engine)
             extra: list[str] = []
             if mp.label is not None:
                 raw = s.labels.get(mp.label[0])
@@ -184,9 +189,9 @@ def map_exposition(text: str, model: str, pool: str) -> tuple[list[Metric], set[
                 extra.append(renames.get(raw, raw))
             if mp.fixed is not None:
                 extra.append(mp.fixed[1])
-            labels = (model, pool, engine, *extra)
+            labels = (model, pool, engine, *extra) if per_engine else (model, pool, *extra)
             src = tuple(sorted((k, v) for k, v in s.labels.items() if k != "le"))
-            ser = series.setdefault((m.name, labels), _Series(fam.name, src))
+            ser = series.setdefault((m.name, labels), _Series(fam.name, src, engine=engine))
             if ser.family != fam.name or ser.src != src:
                 problems.update({("label_collision", fam.name, engine), ("label_collision", ser.family, engine)})
                 continue
@@ -207,13 +212,13 @@ def map_exposition(text: str, model: str, pool: str) -> tuple[list[Metric], set[
                 ser.sum = s.value
             elif s.name.endswith("_count"):
                 ser.count = s.value
-    for (_, labels), ser in series.items():
+    for ser in series.values():
         if BY_VLLM[ser.family].metric.kind is c.Kind.HISTOGRAM and not _histogram_ok(ser):
-            problems.add(("malformed_histogram", ser.family, labels[2]))
+            problems.add(("malformed_histogram", ser.family, ser.engine))
     bad = {(fam, engine) for _, fam, engine in problems}
     out: dict[str, Metric] = {}
     for (name, labels), ser in series.items():
-        if (ser.family, labels[2]) in bad or (ser.value is None and not ser.buckets):
+        if (ser.family, ser.engine) in bad or (ser.value is None and not ser.buckets):
             continue
         fam_out = out.setdefault(name, _family(BY_VLLM[ser.family].metric))
         if ser.buckets:

@@ -48,6 +48,10 @@ from sla_guard.model import Labels, MetricsView, Status
 HIST = {i: (c.latency_metric(i.value, None), c.latency_metric(i.value, c.Pool.CLIENT)) for i in Indicator}
 BY = ("model", "pool")
 T = TypeVar("T")
+# Requests an engine pool's API servers refused at a queue limit (HTTP 503): they got no first token,
+# so TTFT attainment counts them as misses (errors and requests); means and percentiles are over
+# the requests served.
+REJECTED = c.ADMISSION_REJECTIONS.series()
 
 log = logging.getLogger("sla_guard.slo")
 
@@ -532,6 +536,9 @@ class SLOEvaluator:
                 per.setdefault(_mp(lab), {})["sum"] = v
             for lab, b in buckets.items():
                 per.setdefault(_mp(lab), {})["buckets"] = b
+            if ind is Indicator.TTFT:
+                for mp, v in _rejected(view.increase(REJECTED, {}, w, now, BY)).items():
+                    per.setdefault(mp, {})["rejected"] = v
             out[(ind, w)] = per
         return out
 
@@ -547,12 +554,14 @@ class SLOEvaluator:
             if native:
                 for w in wins:
                     buckets = _scoped(ind, lambda h, w=w: _bucket_increase(view, h.series(), w, now))
+                    refused = _rejected(view.increase(REJECTED, {}, w, now, BY)) if ind is Indicator.TTFT else {}
                     for lab, b in buckets.items():
                         good = le_count(b, thr)
                         tot = b.get(math.inf)
                         if good is None or tot is None or not_cumulative(good, tot):
                             continue
-                        per.setdefault(_mp(lab), {})[w] = (tot - good, tot)
+                        n = refused.get(_mp(lab), 0.0)
+                        per.setdefault(_mp(lab), {})[w] = (tot - good + n, tot + n)
             else:
                 for (i2, t2, p2, model, pool), led in self._ledgers.items():
                     if (i2, t2, p2) != (ind, thr, period):
@@ -586,6 +595,10 @@ class SLOEvaluator:
             for mp, targets in _lacking(delta, thr).items():  # their requests cannot be judged
                 if mp in total:
                     total[mp] -= sum(targets.values())
+            if ind is Indicator.TTFT:
+                for mp, n in _rejected(view.counter_delta(REJECTED, {}, t0, now, BY)).items():
+                    if mp in total:
+                        total[mp] += n
             for mp, tot in total.items():
                 if mp not in good or not_cumulative(good[mp], tot):
                     continue  # threshold is not a bucket / buckets not cumulative: reported per objective
@@ -659,7 +672,8 @@ class SLOEvaluator:
                         f"in {slo.window} (buckets must be cumulative); fix the engine's /metrics")
             return r
         wins = longwin.get((slo.indicator, slo.threshold_s, period), {}).get(key, {})
-        if not all(math.isfinite(x) for x in (*b.values(), *(n for pair in wins.values() for n in pair))):
+        refused = data.get("rejected", 0.0)
+        if not all(math.isfinite(x) for x in (*b.values(), refused, *(n for pair in wins.values() for n in pair))):
             # Prometheus's increase() of a bucket counter that jumped to +Inf is +Inf: every burn
             # rate and the budget then read None, no row fired, and the pool was "ok"
             r.reason = (f"bucket counts of {slo.indicator.value} that are not finite numbers (+Inf or NaN): "
@@ -672,6 +686,8 @@ class SLOEvaluator:
         r.budget_remaining = _num(budget_remaining(err_p, tot_p, slo.target))
         r.period_requests = _num(tot_p)
         good, tot = (le_count(b, slo.threshold_s), b.get(math.inf)) if b else (None, None)
+        if tot is not None:
+            tot += refused
         if tot and good is not None and tot >= slo.min_requests:
             r.value, r.requests = good / tot, tot
         elif tot_p and tot_p >= slo.min_requests:
@@ -694,6 +710,10 @@ class SLOEvaluator:
             firing = [f"{a.long}&{a.short}>{a.factor:g}" for a in alerts if a.firing]
             r.reason = ("burning " + ", ".join(firing)) if firing else \
                 f"error budget {100 * (r.budget_remaining or 0):.0f}% left"
+        if refused > 0:
+            over = self.window_label or f"in {slo.window}"
+            note = f"{refused:.0f} requests refused at admission (HTTP 503, queue limit) {over}, counted as misses"
+            r.reason = f"{r.reason}; {note}" if r.reason else note
         return r
 
     def _goodput(self, pr: PoolResult, windowed) -> None:
@@ -709,8 +729,11 @@ class SLOEvaluator:
             data = windowed.get((ind, parse_duration(s.window)), {}).get((pr.model, pr.pool), {})
             b = data.get("buckets") or {}
             good, tot = le_count(b, s.threshold_s), b.get(math.inf)
-            if (data.get("lacking") or {}).get(s.threshold_s) or good is None or not tot \
-                    or tot < s.min_requests or not_cumulative(good, tot):
+            if (data.get("lacking") or {}).get(s.threshold_s) or good is None or tot is None \
+                    or not_cumulative(good, tot):
+                return
+            tot += data.get("rejected", 0.0)  # refused requests met neither threshold
+            if not tot or tot < s.min_requests:
                 return
             shares.append(good / tot)
         a, b2 = shares
@@ -833,6 +856,11 @@ def _lacking(query: Callable[[Mapping[str, str], tuple[str, ...]], dict[Labels, 
         if not any(math.isclose(x, thr, rel_tol=1e-9) for x in les):  # not merely spelled otherwise
             out.setdefault(_mp(lab), {})[inst or "?"] = v
     return out
+
+
+def _rejected(per_pool: Mapping[Labels, float]) -> dict[tuple[str, str], float]:
+    """{(model, pool): admission rejections} of the engine pools (no client scope has them)."""
+    return {_mp(lab): v for lab, v in per_pool.items() if dict(lab).get("pool") != c.Pool.CLIENT}
 
 
 def _le_of(text: str) -> float:

@@ -358,6 +358,30 @@ def test_an_engine_without_the_threshold_bucket_is_left_out_of_the_error_ratio(t
 
 
 @needs_promtool
+@pytest.mark.parametrize(("refused", "ratio_value", "fires"), [("0+100x200", 0.5, True), ("0+0x200", 0, False)])
+def test_admission_rejections_are_ttft_attainment_misses_in_the_rules(tmp_path, refused, ratio_value, fires):
+    """A decode pool serves 100 requests a minute, all under 2.5 s, and its API server refuses 100
+    more at a queue limit (vLLM admission control, 503). The rules read 0 % errors and stayed silent
+    while half the clients were refused; they now count refusals as misses, as the guard does
+    (error ratio 0.5, the 1h&5m page fires). No refusal (the zero series): ratio 0, nothing fires."""
+    lab = 'model="m",pool="decode",job="vllm",instance="d0"'
+    name = c.REQUEST_TTFT.series
+    series = [{"series": f"{name(part)}{{{lab},engine=\"0\"{le}}}", "values": "0+100x200"}
+              for part, le in (("_count", ""), ("_bucket", ',le="2.5"'), ("_bucket", ',le="+Inf"'))]
+    series.append({"series": f'{c.ADMISSION_REJECTIONS.series()}{{{lab},reason="max_num_queued_reqs"}}',
+                   "values": refused})
+    ratio = "model_pool_slo:sli_error:ratio_rate1h"
+    page = 'ALERTS{alertname="SlaGuardErrorBudgetBurn",alertstate="firing",long_window="1h",model="m"}'
+    r = _promtool_test(tmp_path, {"slo.yaml": render_rules()["slo.yaml"]}, series, {
+        "promql_expr_test": [
+            {"expr": f'{ratio}{{slo="ttft_attainment"}}', "eval_time": "150m", "exp_samples": [
+                {"labels": f'{ratio}{{model="m",pool="decode",slo="ttft_attainment",slo_set="*/*"}}',
+                 "value": ratio_value}]},
+            {"expr": f"count({page})", "eval_time": "150m", "exp_samples": [{"value": 1}] if fires else []}]})
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+@needs_promtool
 def test_data_stale_is_quiet_while_the_guard_judges_the_client_scope(tmp_path):
     """SlaGuardDataStale for the default '*' pool joins engine and client request counts with
     ``or``; unparenthesised, ``>= 20`` bound only the client half and ``and`` bound tighter than

@@ -216,3 +216,16 @@ def test_hook_equals_vllms_own_logger_on_the_same_stream(driven, engine):
     assert val(s, c.REQUEST_TPOT.series("_count"), **ours) == (
         val(s, "vllm:request_time_per_output_token_seconds_count", **vllm_labels) - driven["one_token"][engine])
     assert not [k for k in s if k[0] == c.HOOK_ERRORS.series() and ("model", "parity") in k[1]]
+
+
+def test_admission_rejections_equal_vllms_own_counter(driven):
+    """vLLM >= 0.32 refuses requests at the API server (queue limits, HTTP 503) and tells only
+    aggregate loggers (StatLoggerManager.record_admission_rejection): through vLLM's own manager the
+    hook counts what vLLM's PrometheusStatLogger counts, per reason, under the pool's labels."""
+    s = driven["samples"]
+    theirs = {dict(lab)["reason"]: v for (n, lab), v in s.items()
+              if n == "vllm:admission_rejections_total" and ("model_name", "parity") in lab}
+    # the driver calls it 2, 3, ... times per reason of vLLM's ADMISSION_REASONS
+    assert sorted(theirs.values()) == list(range(2, 2 + len(theirs))) and len(theirs) >= 2
+    for reason, n in theirs.items():
+        assert val(s, c.ADMISSION_REJECTIONS.series(), model="parity", pool="decode", reason=reason) == n

@@ -416,3 +416,42 @@ def test_target_up_with_stale_samples_makes_the_pool_unknown_not_ok():
         assert _pool(rig.ev).status is Status.VIOLATED
     finally:
         rig.close()
+
+
+# ---------------------------------------------------------------- admission rejections (vLLM >= 0.32)
+def _refusing(served: int, refused: int):
+    """Per 5 s: ``served`` fast requests (0.2 s TTFT), ``refused`` refused by the API server's queue
+    limit (vLLM's record_admission_rejection -> slaguard_admission_rejections_total)."""
+    from exporters import contract as c
+
+    def tick(rng, e):
+        e.rec.metrics[c.ADMISSION_REJECTIONS].labels(e.model, e.pool, "max_num_queued_reqs").inc(refused)
+        return [(0.2, 0.01)] * served
+    return tick
+
+
+@pytest.mark.parametrize("served", [2, 0])
+def test_refused_requests_are_ttft_attainment_misses_not_a_silent_ok(served):
+    """A refused request never got a first token: with half (or all) of a prefill pool's requests
+    refused at admission (HTTP 503), TTFT attainment read 100 % (or, with none served, "0 requests":
+    unknown) and the pool "ok" while clients were turned away. Now they are misses, in the SLI
+    window, the ledger's burn windows and budget (store) and the one-shot check (LifetimeView)."""
+    from sla_guard.ingest.lifetime import LifetimeView
+
+    engines = [Engine(pool="prefill")]
+    store, ev, t = drive(engines, 600, _refusing(served, 2))
+    for view in (store, LifetimeView(store)):
+        ev.evaluate(view, t)
+        att = _slo(_pool(ev, pool="prefill"), "ttft_attainment")
+        assert att.value == pytest.approx(served / (served + 2)), view
+        assert att.status is Status.VIOLATED, (att.reason, view)
+        assert att.burn_rates["5m"] == pytest.approx(100 * 2 / (served + 2), rel=0.05)
+        assert "refused at admission" in att.reason
+        assert _pool(ev, pool="prefill").status is Status.VIOLATED
+
+
+def test_no_refusals_leave_attainment_unchanged():
+    """The zero series the hook creates at start change nothing."""
+    _, ev, _ = drive([Engine(pool="prefill")], 300, _refusing(2, 0))
+    att = _slo(_pool(ev, pool="prefill"), "ttft_attainment")
+    assert att.status is Status.OK and att.value == 1.0 and "refused" not in att.reason

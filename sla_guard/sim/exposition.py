@@ -73,6 +73,8 @@ class EngineMetrics(_Exposed):
         # Touch so every family has a sample from the start (as the hooks do on first record()).
         self.xfer_expired.inc(0)
         self.xfer_late.inc(0)
+        for reason in c.ADMISSION_REASONS:  # no queue limit is simulated: refusals stay 0, as the hook starts them
+            m[c.ADMISSION_REJECTIONS].labels(model, pool, reason)
         self.rec.kv_fetch_by_stage({"waiting_to_start": 0, "in_progress": 0, "completed_waiting": 0})
         self.rec.preempted(0)
         self.rec.spec_decode(0, 0, 0, [0] * num_spec, [0] * num_spec)
