@@ -61,6 +61,7 @@ class ModelLabels:
         self.limit = limit
         self._seen: set[str] = set()
         self._tentative: set[str] = set()
+        self._warned = False
 
     def __call__(self, model: object) -> str:
         if not isinstance(model, str) or not model or len(model) > MAX_MODEL_LABEL_CHARS:
@@ -70,6 +71,11 @@ class ModelLabels:
         if len(self._seen) < self.limit and len(self._tentative) < self.limit:
             self._tentative.add(model)
             return model
+        if not self._warned:  # once: the guard shows a pool "other", this says why
+            self._warned = True
+            log.warning("model %r and later new models are counted as model=%r: --max-models %d distinct "
+                        "models reached (LoRA adapters count each); raise --max-models to give each its own "
+                        "client-scope series", model, OTHER_MODEL, self.limit)
         return OTHER_MODEL
 
     def admit(self, model: object) -> None:

@@ -924,6 +924,27 @@ class SeriesStore:
         self._gseries[gid] -= 1
         self._series -= 1
 
+    def scraped_label_values(self, group: str, names: Iterable[str], keys: tuple[str, ...]) -> set[tuple[str, ...]]:
+        """The values of labels ``keys`` on the group's series of ``names`` that its latest scrape
+        wrote: the pools a page speaking for several (``honor_labels``) carried, so that its scraper
+        can mark each of them down when the target fails."""
+        out: set[tuple[str, ...]] = set()
+        with self._lock:
+            gid = self._gid.get((group,))
+            if gid is None:
+                return out
+            k = self._gcount[gid]
+            for name in names:
+                rows = self._grows[gid].get(name)
+                if not rows:
+                    continue
+                fam = self._families[name]
+                arr = np.asarray(rows)
+                arr = arr[fam.last_k[arr] == k]
+                cols = [fam.codes[key][arr].tolist() if key in fam.codes else [0] * len(arr) for key in keys]
+                out.update(tuple(self._words[code] for code in combo) for combo in set(zip(*cols, strict=True)))
+        return out
+
     # ------------------------------------------------------------------ stats
     def series_count(self) -> int:
         return self._series

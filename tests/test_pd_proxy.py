@@ -682,15 +682,20 @@ def test_a_client_reading_late_does_not_push_the_decode_leg_past_its_deadline(en
 
 # --- labels, balancing, robustness ----------------------------------------------------------------
 
-def test_model_label_is_bounded(engines, proxies):
+def test_model_label_is_bounded(engines, proxies, caplog):
+    """Past --max-models (LoRA adapters requested by name) models are counted as "other"; the
+    operator saw a pool "other" at the guard and nothing saying why: one warning names the flag."""
     p, d = engines("prefill"), engines("decode")
     px = proxies([p], [d], max_models=2)
-    for m in ("a", "b", "c", "a", "d", None):
-        body = {"prompt": "x"} if m is None else {"model": m, "prompt": "x"}
-        assert httpx.post(px.url + "/v1/completions", json=body, timeout=5).status_code == 200
+    with caplog.at_level(logging.WARNING, logger="pd_proxy.metrics"):
+        for m in ("a", "b", "c", "a", "d", None):
+            body = {"prompt": "x"} if m is None else {"model": m, "prompt": "x"}
+            assert httpx.post(px.url + "/v1/completions", json=body, timeout=5).status_code == 200
     s = scrape(px.url)
     by_model = {dict(ls)["model"]: v for (n, ls), v in s.items() if n == c.CLIENT_REQUESTS.exposed}
     assert by_model == {"a": 2, "b": 1, "other": 2, "unknown": 1}
+    warned = [r.getMessage() for r in caplog.records if "--max-models" in r.getMessage()]
+    assert len(warned) == 1 and "'c'" in warned[0] and "2" in warned[0], warned  # once, not per request
 
 
 def test_engine_pool_policies():

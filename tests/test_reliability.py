@@ -140,6 +140,8 @@ def test_oversized_exposition_is_abandoned(chunked):
         r.steps(2)
         assert r.errors("e0")["too_large"] >= 2
         assert r.pool(0).status is Status.UNKNOWN
+        # the limit and the field that raises it (it said only "body over 65536 bytes")
+        assert "source.max_body_bytes" in r.guard.source._state["e0"].last_error
         assert r.guard.source.store.range("pad_total", {}, 0, 1e12) == []
     finally:
         r.close()
@@ -241,9 +243,79 @@ def test_a_target_whose_slo_series_do_not_fit_the_store_is_down_not_left_out(tmp
         assert pool.status is Status.UNKNOWN and pool.reason == "1 of 2 targets down", (pool.status, pool.reason)
         assert slo.overall() is Status.UNKNOWN
         assert not e1.up and e1.errors["series_limit"] >= 1
-        assert "retention.max_series" in e1.last_error and "slaguard_request_t" in e1.last_error
+        assert "retention.max_series " in e1.last_error and "slaguard_request_t" in e1.last_error
+        assert "max_series_per_target" not in e1.last_error  # the limit that was hit, not both
     finally:
         loop.run_until_complete(guard.source.aclose())
+        loop.close()
+        for s in servers:
+            s.stop()
+
+
+def test_a_label_limit_on_the_slo_series_names_the_field_that_raises_it(rig):
+    """Series of the TTFT/TPOT histograms with more labels than ``max_labels_per_series`` (an
+    aggregator adding its own: namespace, pod, node...) refuse the page; the reason said only
+    "shorten label values (2048 characters at most) or drop labels", not the limit that was hit
+    nor the field that raises it."""
+    extra = ",".join(f'k8s_{i}="v{i}"' for i in range(12))
+    rig.servers[0].body = lambda: rig.engines[0].exposition().replace('model="m0"', f'model="m0",{extra}')
+    rig.steps(2)
+    st = rig.guard.source._state["e0"]
+    assert not st.up and st.errors["label_limit"] >= 1
+    assert "retention.max_labels_per_series" in st.last_error and "16" in st.last_error, st.last_error
+    assert rig.pool(0).status is Status.UNKNOWN
+
+
+@pytest.mark.parametrize("own_instance", [False, True])
+def test_a_multi_pool_target_over_its_series_limit_is_down_in_every_pool_it_speaks_for(own_instance):
+    """An aggregator (``honor_labels``, configured as m/prefill) speaks for a slow decode engine
+    beside a plain fast decode target. When its page outgrew ``max_series_per_target`` (an engine
+    added to it) the scrape failed, but its up=0 was written for m/prefill only: m/decode was
+    judged on the fast target alone and read "ok" (0.2 s against 2.5 s) while the slow engine
+    served 9 s. ``up`` is now written for every pool the page carried at its last good scrape
+    (and each ``instance`` a federating page labels its engines with)."""
+    slow, slow2, fast = (Engine(model="m", engine=e) for e in ("0", "1", "2"))
+    grown = [False]
+
+    def agg():
+        text = slow.exposition() + (slow2.exposition() if grown[0] else "")
+        return text.replace('model="m"', 'instance="pod-0",model="m"') if own_instance else text
+
+    servers = [Served(agg), Served(fast.exposition)]
+    cfg = parse_config({"source": {"mode": "scrape", "interval_s": 0.25, "timeout_s": 2, "targets": [
+        {"url": servers[0].url, "model": "m", "pool": "prefill", "name": "agg", "honor_labels": True},
+        {"url": servers[1].url, "model": "m", "pool": "decode", "name": "e1"}]},
+        "staleness_s": 1, "retention": {"slots": 32},
+        "slos": [{"objectives": [{"name": "ttft_mean", "indicator": "ttft", "objective": "mean",
+                                  "threshold_s": 2.5, "window": "2s", "min_requests": 3}]}]})
+    store = build_store(cfg)
+    now = [T0]
+    scraper = Scraper(cfg.source, store, clock=lambda: now[0])
+    ev = SLOEvaluator(cfg)
+    loop = asyncio.new_event_loop()
+
+    def step():
+        for e in (slow, slow2, fast):
+            for _ in range(4):
+                e.request(9.0 if e is not fast else 0.2, 0.01)
+        now[0] += 0.25
+        loop.run_until_complete(scraper.collect())
+        ev.evaluate(store, now[0])
+        return ev.pools[("m", "decode")]
+
+    try:
+        for _ in range(6):
+            pool = step()
+        assert pool.status is Status.VIOLATED, (pool.status, pool.reason)
+        store.max_series_per_group = store.series_count() // 2 + 10  # room for one engine's page
+        grown[0] = True
+        seen = [step() for _ in range(16)]  # 4 s: the 2 s window holds only the fast engine's data
+        assert all(p.status is Status.UNKNOWN and p.reason == "1 of 2 targets down" for p in seen), \
+            [(p.status, p.reason) for p in seen]
+        st = scraper._state["agg"]
+        assert not st.up and "retention.max_series_per_target" in st.last_error, st.last_error
+    finally:
+        loop.run_until_complete(scraper.aclose())
         loop.close()
         for s in servers:
             s.stop()
@@ -287,7 +359,9 @@ def test_series_of_removed_targets_go_stale_and_are_freed(tmp_path):
             store.collect_garbage()
             counts.append(store.series_count())
             statuses.append(ev.pools[("m", "decode")].status)
-        assert all(s is Status.VIOLATED for s in statuses[1:]), statuses
+        # never "ok" on the fast engine alone; a scrape past its 0.25 s deadline on a loaded machine
+        # reads unknown (honest), so a round or two may be unknown rather than violated
+        assert Status.OK not in statuses[1:] and statuses[1:].count(Status.VIOLATED) >= len(statuses) - 3, statuses
         assert store.dropped["series_limit"] == 0 and max(counts[4:]) <= 5 * counts[0] // 2, counts
         assert not store.instant(c.REQUEST_TTFT.series("_count"), {"instance": "pod-0"}, now[0])
     finally:

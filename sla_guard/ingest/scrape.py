@@ -51,18 +51,20 @@ class ScrapeFailed(Exception):
 
 
 _INDICATOR_COUNTS = frozenset({c.CLIENT_TTFT.series("_count"), c.CLIENT_TPOT.series("_count")})
+# the series whose (model, pool) make a pool the SLOs judge, engine and client scope
+_POOL_COUNTS = tuple(sorted({c.latency_metric(ind, scope).series("_count") for ind in ("ttft", "tpot")
+                             for scope in (None, c.Pool.CLIENT)}))
 # the series the SLOs are computed from: a page whose limits refused one of these is a failed
 # scrape (as Prometheus fails one over its sample_limit), not a pool judged without them
 _JUDGED = frozenset(c.latency_metric(ind, scope).series(part) for ind in ("ttft", "tpot")
                     for scope in (None, c.Pool.CLIENT) for part in ("_bucket", "_count", "_sum"))
 
 
-# why a page that lost (or broke) series of the SLOs' histograms is a failed scrape, and the fix
+# why a page that lost (or broke) series of the SLOs' histograms is a failed scrape, and the fix;
+# the limits' messages are completed by ``Scraper._limit_fix`` with the limit that was hit
 _REFUSED = {
-    "series_limit": ("series limit reached: series of {} not stored",
-                     "raise retention.max_series / max_series_per_target, or stop the label churn it counts"),
-    "label_limit": ("label limit reached: series of {} not stored",
-                    "shorten label values (2048 characters at most) or drop labels"),
+    "series_limit": ("series limit reached: series of {} not stored", ""),
+    "label_limit": ("label limit reached: series of {} not stored", ""),
     "non_finite": ("a NaN or +-Inf value in {} (a histogram's counts and sum are finite numbers)",
                    "fix the exporter's /metrics; the page is refused until then"),
     "out_of_order": ("a sample of {} stamped older than the last one of its series (a cache serving an older page?)",
@@ -100,6 +102,9 @@ class Scraper:
         self._metrics: ContractMetrics | None = None
         # adapter targets: the models the router's page carried at its last good scrape
         self._router_models: dict[str, frozenset[str]] = {}
+        # honor_labels targets: the (instance, model, pool) of the SLOs' series their page carried at
+        # its last good scrape
+        self._page_pools: dict[str, frozenset[tuple[str, ...]]] = {}
         self.rounds = 0
         self._discovery_counted = 0  # discovery.errors already added to guard_scrape_errors
 
@@ -119,6 +124,7 @@ class Scraper:
         for gone in set(self._state) - names:  # removed from discovery: forget it
             st = self._state.pop(gone)
             self._router_models.pop(gone, None)
+            self._page_pools.pop(gone, None)
             t_gone = self.clock() if now is None else now
             self.store.retire(gone, t_gone, keep)
             self.store.retire(gone + "#up", t_gone, keep)
@@ -178,7 +184,11 @@ class Scraper:
             if judged := sorted(n for n in res.limited if n in _JUDGED):
                 kind = res.limited[judged[0]]
                 what, fix = _REFUSED.get(kind, _REFUSED["label_limit"])
-                raise ScrapeFailed(kind, f"{what.format(', '.join(judged[:3]))}, so its pool cannot be judged; {fix}")
+                raise ScrapeFailed(kind, f"{what.format(', '.join(judged[:3]))}, so its pool cannot be judged; "
+                                         f"{fix or self._limit_fix(kind)}")
+            if honor and target.adapter is None:
+                found = self.store.scraped_label_values(name, _POOL_COUNTS, ("instance", "model", "pool"))
+                self._page_pools[name] = frozenset(k for k in found if all(k))
         except Exception as raised:
             # anything else the page made the parser or store raise is a failed scrape too, not a
             # target left up with its last data and no error (a bare ValueError once did that)
@@ -241,7 +251,8 @@ class Scraper:
                     raise ScrapeFailed("http_status", f"HTTP {resp.status_code}")
                 return await read_page(resp, limit)
         except PageTooLarge as err:
-            raise ScrapeFailed("too_large", str(err)) from err
+            raise ScrapeFailed("too_large", f"{err}; raise source.max_body_bytes ({limit}) or make the page "
+                                            f"smaller") from err
         except PageNotText as err:
             raise ScrapeFailed("parse", str(err)) from err
         except httpx.TimeoutException as err:
@@ -251,14 +262,35 @@ class Scraper:
         except httpx.HTTPError as err:
             raise ScrapeFailed("http", f"{type(err).__name__}: {err}") from err
 
+    def _limit_fix(self, kind: str) -> str:
+        """The limit a refused series hit and the field that raises it (``series_limit``: the
+        store's, when it is full, else the target's; ``label_limit``: either label bound)."""
+        st = self.store
+        if kind == "series_limit":
+            if st.series_count() >= st.max_series:
+                return (f"the store holds retention.max_series ({st.max_series}) series: raise it, "
+                        f"or stop the label churn it counts")
+            return (f"the target has retention.max_series_per_target ({st.max_series_per_group}) series: "
+                    f"raise it, or stop the label churn it counts")
+        return (f"more than retention.max_labels_per_series ({st.max_labels}) labels on a series (raise it, "
+                f"or drop labels) or a label value over {st.max_label_value_len} characters (shorten it)")
+
     def _up(self, name: str, target: Target, ts: float, value: float) -> None:
         """``up`` in the store (own group, so the target's staleness marker does not hide its
         up=0) for each (model, pool) the target speaks for: a router's page carries its own
         models, and an ``up`` under the target's model alone made every other model's pool
-        look target-less (unknown, then forgotten) and the target's model a pool without data."""
-        models = self._router_models.get(name) if target.adapter is not None else None
-        for model in sorted(models or (target.model,)):
-            self.store.append(UP, {"instance": name, "model": model, "pool": target.pool}, ts, value,
+        look target-less (unknown, then forgotten) and the target's model a pool without data.
+        An ``honor_labels`` page (an aggregator) speaks for its own pools, and its engines may carry
+        their own ``instance``: ``up`` goes under each (instance, model, pool) its last good page
+        carried, since its up=0 under its configured pool alone left the others judged "ok" on
+        their remaining targets."""
+        if target.adapter is not None:
+            models = self._router_models.get(name) or {target.model}
+            keys = {(name, model, target.pool) for model in models}
+        else:
+            keys = {(name, target.model, target.pool), *self._page_pools.get(name, ())}
+        for instance, model, pool in sorted(keys):
+            self.store.append(UP, {"instance": instance, "model": model, "pool": pool}, ts, value,
                               group=name + "#up", limited=False)
         if self._metrics is not None:
             self._metrics[c.GUARD_TARGET_UP].labels(name, target.model, target.pool).set(value)
