@@ -235,6 +235,15 @@ PREFIX_CACHE_HITS = _m("prefix_cache_hits_tokens", C,
                        "1", (*EL, "cache"), E)
 PREEMPTIONS = _m("preemptions", C, "Requests preempted (KV cache full).", "1", EL, E)
 ENGINE_STEPS = _m("engine_steps", C, "Scheduler steps recorded by the hook.", "1", EL, E)
+# Liveness of the hook's recording path (docs/hooks.md, "When the hook stops recording"). vLLM's own
+# generated-token counter is on the same /metrics; whenever it rises, vLLM called its loggers' record(),
+# so the hook's counters below must rise too. One of them standing still while it rises means the hook
+# stopped recording (its logger dropped by an elastic-EP rebuild, or record() failing every step): the
+# target's contract data is frozen, not idle, and the guard reads it as unknown (kind "hook_stalled").
+# An idle engine leaves both still. Not a contract metric: vLLM exports it, under its own labels.
+VLLM_GENERATION_TOKENS: Final = "vllm:generation_tokens_total"
+HOOK_RECORDED: Final = (GENERATION_TOKENS, ENGINE_STEPS)
+HOOK_LAG_S: Final = 2.0  # the hook's series lag vLLM's by one flush interval (SLA_GUARD_FLUSH_INTERVAL_S, 0.5 s)
 
 # --- speculative decoding --------------------------------------------------------------------
 SPEC_DRAFTS = _m("spec_decode_drafts", C, "Speculative-decoding drafts proposed.", "1", EL, E)

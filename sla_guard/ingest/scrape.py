@@ -14,12 +14,16 @@ histograms: that scrape failed (``series_limit`` / ``label_limit``). A target re
 discovery goes stale and its series are freed once no window reads them. A target with
 ``adapter:`` (a P/D router's own page: Dynamo, llm-d, production-stack) is translated onto the
 contract's client scope (``exporters.routers``) before it is stored; other targets keep the fast
-text path.
+text path. A page that carries vLLM's own series beside the contract's is checked for a hook
+that stopped recording (``_hook_stalled``): vLLM counting generated tokens while the hook's
+counters stand still is a failed scrape of kind ``hook_stalled``, since that target's contract
+data is frozen, not idle.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import time
@@ -105,6 +109,9 @@ class Scraper:
         # honor_labels targets: the (instance, model, pool) of the SLOs' series their page carried at
         # its last good scrape
         self._page_pools: dict[str, frozenset[tuple[str, ...]]] = {}
+        # per target: recent good scrapes' (time, vLLM's token counter, the hook's counters)
+        self._liveness: dict[str, collections.deque] = {}
+        self._stalled: dict[str, tuple[list, str]] = {}  # target -> (the hook's counters then, why)
         self.rounds = 0
         self._discovery_counted = 0  # discovery.errors already added to guard_scrape_errors
 
@@ -125,6 +132,8 @@ class Scraper:
             st = self._state.pop(gone)
             self._router_models.pop(gone, None)
             self._page_pools.pop(gone, None)
+            self._liveness.pop(gone, None)
+            self._stalled.pop(gone, None)
             t_gone = self.clock() if now is None else now
             self.store.retire(gone, t_gone, keep)
             self.store.retire(gone + "#up", t_gone, keep)
@@ -189,6 +198,8 @@ class Scraper:
             if honor and target.adapter is None:
                 found = self.store.scraped_label_values(name, _POOL_COUNTS, ("instance", "model", "pool"))
                 self._page_pools[name] = frozenset(k for k in found if all(k))
+            if target.adapter is None and (why := self._hook_stalled(name, ts)):
+                raise ScrapeFailed("hook_stalled", why)
         except Exception as raised:
             # anything else the page made the parser or store raise is a failed scrape too, not a
             # target left up with its last data and no error (a bare ValueError once did that)
@@ -196,6 +207,9 @@ class Scraper:
                 "internal", f"{type(raised).__name__}: {raised}")
             if not isinstance(raised, ScrapeFailed):
                 log.exception("scraping target %s", name)
+            if err.kind != "hook_stalled":  # a stall is judged across good scrapes only
+                self._liveness.pop(name, None)
+                self._stalled.pop(name, None)
             st.up = False
             st.last_error = redact_text(f"{err.kind}: {err}")  # httpx errors can quote the URL
             st.errors[err.kind] = st.errors.get(err.kind, 0) + 1
@@ -213,6 +227,58 @@ class Scraper:
         st.last_scrape = ts
         st.last_duration_s = time.perf_counter() - t0
         return st
+
+    def _by_engine(self, metric: str, name: str, ts: float) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for lab, v in self.store.instant(metric, {"instance": name}, ts).items():
+            e = dict(lab).get("engine", "")
+            out[e] = out.get(e, 0.0) + v
+        return out
+
+    def _hook_stalled(self, name: str, ts: float) -> str | None:
+        """Why the target's hook stopped recording, or None. vLLM's token counter (on the same page)
+        rising between two scrapes while a counter of the hook's stays the same (or absent for that
+        engine) from the first of them through this one means the hook missed steps vLLM recorded:
+        its logger was dropped (vLLM's elastic-EP rebuild builds its loggers again without plugins)
+        or its record() fails. The hook's counters may lag vLLM's by one flush interval, so vLLM's
+        rise must end at least ``HOOK_LAG_S`` before this scrape. Once stalled, the target stays so
+        until a hook counter moves (an engine that goes idle after the stall still has frozen
+        series). An idle engine moves neither; a page without vLLM's series (the sidecar, the
+        simulator) is not checked."""
+        witness = self._by_engine(c.VLLM_GENERATION_TOKENS, name, ts)
+        if not witness:
+            self._liveness.pop(name, None)
+            self._stalled.pop(name, None)
+            return None
+        hist = self._liveness.setdefault(name, collections.deque())
+        hist.append((ts, witness, [self._by_engine(m.series(), name, ts) for m in c.HOOK_RECORDED]))
+        held = self._stalled.get(name)
+        if held is not None:
+            if held[0] == hist[-1][2]:
+                return held[1]
+            del self._stalled[name]  # the hook records again (a restart): judged afresh
+        while len(hist) > 2 and ts - hist[2][0] >= c.HOOK_LAG_S:  # keep one pair at least HOOK_LAG_S back
+            hist.popleft()
+        if len(hist) < 3 or ts - hist[1][0] < c.HOOK_LAG_S:
+            return None
+        (t0, w0, _), (t1, w1, _) = hist[0], hist[1]
+        for e, v1 in sorted(w1.items()):
+            v0 = w0.get(e)
+            rose = v1 - v0 if v0 is not None and v1 >= v0 else v1  # a reset (vLLM's loggers rebuilt) counts from 0
+            if rose <= 0:
+                continue
+            for i, m in enumerate(c.HOOK_RECORDED):
+                if not any(h[2][i] for h in hist):
+                    continue  # the hook does not export this one (an older plugin): not evidence
+                if len({h[2][i].get(e) for h in hist}) == 1:
+                    why = (f"vLLM generated {rose:g} tokens on engine {e!r} between {t0:.0f} and {t1:.0f} "
+                           f"({c.VLLM_GENERATION_TOKENS}) but the sla-guard hook's {m.series()} did not move "
+                           f"through {ts:.0f}: the hook stopped recording (its stat logger dropped, e.g. by an "
+                           f"elastic-EP rebuild, or its record() failing: see {c.HOOK_ERRORS.series()}); this "
+                           f"target's contract data is frozen, not idle")
+                    self._stalled[name] = (hist[-1][2], why)
+                    return why
+        return None
 
     def _ingest_router(self, text: str, ts: float, name: str, target: Target) -> IngestResult:
         """A router page (``target.adapter``) -> contract client-scope samples -> the store.
