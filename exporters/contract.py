@@ -333,6 +333,9 @@ GUARD_EVALUATOR_ERRORS = _m("guard_evaluator_errors", C,
                             "leak checks of one process that raised (that process unknown, the others judged).",
                             "1", ("evaluator",), G)
 GUARD_STORE_BYTES = _m("guard_store_bytes", Ga, "Bytes held by the embedded series store's arrays.", "By", (), G)
+GUARD_STATE_SAVE_ERRORS = _m("guard_state_save_errors", C,
+                             "State saves that failed (disk full, read-only, locked): what the guard learned since "
+                             "its last save is only in memory until a save succeeds.", "1", (), G)
 GUARD_SLO_STATUS = _m("guard_slo_status", Ga,
                       "1 for the current status of an SLO (status=ok|at_risk|violated|unknown), else 0.",
                       "1", (*GUARD_SLO_LABELS, "status"), G)

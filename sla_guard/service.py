@@ -51,17 +51,24 @@ class Guard:
 
     def __init__(self, config: GuardConfig, source: Source, evaluators: Sequence[Evaluator] = (),
                  registry: CollectorRegistry | None = None, *, clock: Callable[[], float] = time.time,
-                 state: StateStore | None = None) -> None:
+                 state: StateStore | None = None, monotonic: Callable[[], float] = time.monotonic) -> None:
         self.config = config
         self.source = source
         self.registry = registry if registry is not None else CollectorRegistry()
         self.metrics = ContractMetrics(self.registry, components=(Component.GUARD,))
         self.clock = clock
+        # elapsed time (verdict age, the loop's schedule) is measured on ``monotonic``: the wall
+        # clock can be stepped (NTP, a VM resumed), and a step back made old verdicts read fresh
+        self.monotonic = monotonic
         self.evaluators: list[Evaluator] = []
         self.last_tick: TickResult | None = None
         self.ticks = 0
         self.started_at = clock()
+        self._started_mono = monotonic()
+        self._last_tick_mono: float | None = None  # ``monotonic`` when the last completed tick began
         self.expired_at: float | None = None
+        self._expired_ticks = -1  # ``ticks`` when verdicts were last expired
+        self._clock_behind = False  # the wall clock is before the last evaluation (stepped back)
         # crash-safe state (sla_guard.state): restored into each component as it is added,
         # saved after every tick; None: nothing persists
         self.state = state
@@ -134,6 +141,8 @@ class Guard:
                 with contextlib.suppress(Exception):
                     self._unsaved.setdefault(name, []).extend(drain())
         ok = self.state.save(parts, self._unsaved, now)
+        if not ok:  # on /metrics too: /v1/status needs the token, alerts need a series
+            self.metrics[c.GUARD_STATE_SAVE_ERRORS].inc()
         if ok:
             self._unsaved = {}
         else:  # keep the records, bounded, for the next try
@@ -158,6 +167,7 @@ class Guard:
         """Run every evaluator once on the view at ``now`` (default: the clock). Never raises
         for an evaluator's failure. ``view`` overrides the source's view for this tick."""
         now = self.clock() if now is None else float(now)
+        mono = self.monotonic()
         t0 = time.perf_counter()
         errors: dict[str, str] = {}
         view = self.source.view if view is None else view
@@ -179,6 +189,7 @@ class Guard:
             self.metrics[c.GUARD_SERIES].set(store.series_count())
             self.metrics[c.GUARD_STORE_BYTES].set(store.nbytes())
         self.last_tick = TickResult(now, dt, errors)
+        self._last_tick_mono = mono
         self.ticks += 1
         if self.state is not None:
             self.persist(now)
@@ -226,8 +237,11 @@ class Guard:
         return max(0.5, min(self.config.evaluation_interval_s, self.config.staleness_s / 2))
 
     def verdict_age(self, now: float | None = None) -> float:
-        """Seconds since the last *completed* tick began (since start-up if none completed)."""
-        now = self.clock() if now is None else now
+        """Seconds since the last *completed* tick began (since start-up if none completed). On the
+        monotonic clock; an explicit ``now`` (simulated time, tests) is compared with the tick's."""
+        if now is None:
+            last = self._last_tick_mono if self._last_tick_mono is not None else self._started_mono
+            return max(0.0, self.monotonic() - last)
         last = self.last_tick.at if self.last_tick is not None else self.started_at
         return max(0.0, now - last)
 
@@ -237,16 +251,20 @@ class Guard:
     def expire_if_stale(self, now: float | None = None) -> bool:
         """Turn every evaluator's verdicts to unknown when the last completed tick is older than
         ``staleness_s``, whatever froze it (a slow source, a hung evaluator). True if stale."""
-        now = self.clock() if now is None else now
         if not self.stale(now):
             self.expired_at = None
             return False
-        if self.expired_at is None or (self.last_tick is not None and self.expired_at < self.last_tick.at):
-            reason = (f"verdict is stale: last completed evaluation {self.verdict_age(now):.0f}s ago "
+        if self.expired_at is None or self._expired_ticks != self.ticks:  # once, and again after each tick
+            age = self.verdict_age(now)
+            now = self.clock() if now is None else now
+            reason = (f"verdict is stale: last completed evaluation {age:.0f}s ago "
                       f"(staleness bound {self.config.staleness_s:g}s)")
+            if self._clock_behind:
+                reason += "; the wall clock was stepped back behind the last evaluation"
             for ev in self.evaluators:
                 self._expire(ev, reason, now)
             self.expired_at = now
+            self._expired_ticks = self.ticks
             log.warning("%s", reason)
         return True
 
@@ -254,7 +272,7 @@ class Guard:
         """Collect every scrape interval and tick every evaluation interval until ``stop``.
         A watchdog beside the loop expires verdicts once they outlive ``staleness_s``."""
         scrape_every = getattr(self.config.source, "interval_s", self.config.evaluation_interval_s)
-        next_scrape = next_tick = self.clock()
+        next_scrape = next_tick = self.monotonic()  # the schedule: a wall-clock step must not move it
         # one dedicated thread for ticks: evaluators are CPU-bound numpy, run off the event loop
         # so scrapes and API requests go on; always the same thread, so its temporaries reuse one
         # malloc arena instead of fragmenting one per pool worker
@@ -279,15 +297,18 @@ class Guard:
 
     async def _loop(self, stop, scrape_every, next_scrape, next_tick, loop, pool) -> None:
         while not stop.is_set():
-            now = self.clock()
-            if now >= next_scrape:
+            mono = self.monotonic()
+            if mono >= next_scrape:
                 try:
-                    await self.collect(now)
+                    await self.collect(self.clock())
                 except Exception:  # a source bug: log, keep going, retry next round
                     log.exception("collect failed")
-                next_scrape = max(next_scrape + scrape_every, now)
-            now = self.clock()
-            if now >= next_tick:
+                next_scrape = max(next_scrape + scrape_every, mono)
+            mono = self.monotonic()
+            if mono >= next_tick:
+                next_tick = max(next_tick + self.config.evaluation_interval_s, mono)
+                if not self._wall_clock_ok(now := self.clock()):
+                    continue
                 # the tick runs in its thread while this loop waits on it or on ``stop``,
                 # whichever comes first: SIGTERM is honoured even during a hung tick
                 fut = loop.run_in_executor(pool, self.tick, now)
@@ -296,10 +317,24 @@ class Guard:
                 stopper.cancel()
                 if stop.is_set():
                     return
-                next_tick = max(next_tick + self.config.evaluation_interval_s, now)
-            delay = max(0.0, min(next_scrape, next_tick) - self.clock())
+            delay = max(0.0, min(next_scrape, next_tick) - self.monotonic())
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=delay)
+
+    def _wall_clock_ok(self, now: float) -> bool:
+        """False while the wall clock is before the last evaluation (stepped back): the store holds
+        samples stamped after ``now``, so an evaluation now would read data that old as current.
+        The tick is skipped (the verdicts then go stale, hence unknown) until the clock is past it."""
+        last = self.last_tick.at if self.last_tick is not None else None
+        behind = last is not None and now < last
+        if behind and not self._clock_behind:
+            log.warning("wall clock is %.1fs behind the last evaluation (stepped back?): evaluations wait until "
+                        "it passes %.3f; verdicts turn unknown after staleness_s (%gs)", last - now, last,
+                        self.config.staleness_s)
+        elif not behind and self._clock_behind:
+            log.warning("wall clock is past the last evaluation again: evaluations resume")
+        self._clock_behind = behind
+        return not behind
 
     # -- state for the API ---------------------------------------------------------------------
     def ready(self) -> bool:

@@ -113,6 +113,8 @@ def _foreign_table(conn: sqlite3.Connection) -> str | None:
     return None
 
 
+_SAVE_FIX = ("the guard keeps running and retries at every tick, but what it learns meanwhile is only in memory: "
+             "free disk space, make the file and its directory writable, or stop what holds the file")
 _FIX = ("another sla-guard or tool may hold it, or the file/directory is read-only, or the disk is full: fix "
         "that, or set state.path to another file (moving this one away starts fresh and forgets the error budgets)")
 
@@ -236,8 +238,14 @@ class StateStore:
         log.info("state: %s: added checksums to a version-1 file", ", ".join(missing))
 
     def _move_aside(self, why: str) -> None:
-        """Keep the bad file for a post-mortem, never crash the guard over it."""
-        dest = self.path.with_name(f"{self.path.name}.corrupt-{int(self.clock())}")
+        """Keep the bad file for a post-mortem, never crash the guard over it. A name already
+        taken (another file moved aside that second, or a clock stepped back) gets ``.1``, ``.2``:
+        ``os.replace`` overwrote the earlier copy, the only one left of what it held."""
+        base = dest = self.path.with_name(f"{self.path.name}.corrupt-{int(self.clock())}")
+        n = 0
+        while any(os.path.lexists(str(dest) + suffix) for suffix in ("", "-wal", "-shm")):
+            n += 1
+            dest = base.with_name(f"{base.name}.{n}")
         for suffix in ("", "-wal", "-shm"):
             src = Path(str(self.path) + suffix)
             if src.exists():
@@ -355,23 +363,28 @@ class StateStore:
         except sqlite3.DatabaseError as err:
             self.errors += 1
             if not _is_corrupt(err):  # disk full, locked, read-only: keep running, retry next save
-                self.problem = f"state save failed: {err}"
-                log.warning("%s", self.problem)
+                self._save_failed(err)
                 return False
             with contextlib.suppress(sqlite3.Error, StateUnavailable, OSError):
                 self.reset(f"{type(err).__name__}: {err}")  # the file went bad under us
             return False
         except (sqlite3.Error, StateUnavailable, OSError) as err:  # never raise into the tick
             self.errors += 1
-            self.problem = f"state save failed: {err}"
-            log.warning("%s", self.problem)
+            self._save_failed(err)
             return False
         self.saves += 1
         if self.problem is not None and self.problem.startswith("state save failed"):
             self.problem = None  # saving again: /v1/status kept reporting a disk-full that had ended
+            log.warning("state file %s: saving again", self.path)
         self.last_save_at = now
         self.last_save_ms = (time.perf_counter() - t0) * 1e3
         return True
+
+    def _save_failed(self, err: Exception) -> None:
+        """Name the file and the fix: "disk I/O error" alone (a full disk under RLIMIT_FSIZE) said
+        neither which file nor what to do."""
+        self.problem = f"state save failed: state file {self.path}: {type(err).__name__}: {err}; {_SAVE_FIX}"
+        log.warning("%s", self.problem)
 
     def _retain(self, c: sqlite3.Connection, now: float) -> None:
         """Age first (records and parts older than the longest SLO period), then size: oldest

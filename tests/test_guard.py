@@ -4,6 +4,7 @@ loopback targets."""
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ from prometheus_client import generate_latest
 from exporters import contract as c
 from sla_guard.compose import compose
 from sla_guard.config import parse_config
+from sla_guard.ingest.source import StoreSource
 from sla_guard.model import Status
 from sla_guard.service import Guard
 from sla_guard.store import SeriesStore
@@ -399,3 +401,58 @@ def test_serve_token_file_with_two_lines_is_refused_and_a_bom_is_dropped(tmp_pat
         if proc.poll() is None:
             proc.kill()
             proc.wait(5)
+
+
+def test_a_wall_clock_step_forward_does_not_make_a_fresh_verdict_stale():
+    """A VM resumed, or NTP stepped the host clock a day forward, just after a tick: verdict age was
+    wall now minus the tick's wall time, so a verdict milliseconds old read as a day stale (503 on
+    /readyz, every verdict expired) until the next tick. Age is measured on the monotonic clock."""
+    wall = [1_000_000.0]
+    guard = Guard(parse_config({"staleness_s": 60}), StoreSource(SeriesStore()), [Counting()],
+                  clock=lambda: wall[0])
+    guard.tick()
+    wall[0] += 86400.0
+    assert guard.verdict_age() < 60 and not guard.stale()
+    assert not guard.expire_if_stale()
+
+
+_FAST = {"source": {"mode": "scrape", "interval_s": 0.05, "timeout_s": 0.05}, "evaluation_interval_s": 0.05,
+         "staleness_s": 0.5}
+
+
+def test_a_wall_clock_step_back_neither_stops_the_loop_nor_keeps_old_verdicts_fresh():
+    """NTP stepped the host clock an hour back (or a VM came back from a snapshot): the serve loop
+    scheduled its next tick on the wall clock and slept that hour, while the watchdog read the
+    verdict's age as wall now minus the last tick, negative, so 0: the last verdicts (an "ok", a
+    replica count for KEDA) were served as fresh for the hour. Now the loop keeps its schedule on
+    the monotonic clock and does not evaluate at a wall time before its last evaluation (the store
+    holds samples stamped up to an hour ahead of it: data an hour old would read as current), so
+    the verdicts go stale; once the wall clock is past the last evaluation the ticks resume."""
+    offset = [0.0]
+    counting = Counting()
+    guard = Guard(parse_config(_FAST), StoreSource(SeriesStore()),
+                  [counting], clock=lambda: time.time() + offset[0])
+
+    async def until(what, predicate, limit_s=30.0):
+        deadline = time.monotonic() + limit_s
+        while not predicate():
+            assert time.monotonic() < deadline, f"never: {what}"
+            await asyncio.sleep(0.02)
+
+    async def go():
+        stop = asyncio.Event()
+        task = asyncio.create_task(guard.run(stop))
+        try:
+            await until("two ticks", lambda: guard.ticks >= 2)
+            offset[0] = -3600.0
+            await until("the old verdicts go stale", lambda: guard.stale())
+            before = guard.ticks
+            offset[0] = 0.0  # the wall clock is past the last evaluation again
+            await until("ticks resume", lambda: guard.ticks >= before + 2 and not guard.stale())
+        finally:
+            stop.set()
+            await task
+
+    asyncio.run(go())
+    nows = [now for _, now in counting.seen]
+    assert nows == sorted(nows)  # never evaluated at a wall time before an earlier evaluation

@@ -102,6 +102,25 @@ def test_corrupt_file_is_moved_aside_and_the_guard_says_so(tmp_path):
     assert guard.status()["state"]["moved_aside"] == st.moved_aside
 
 
+def test_a_second_corrupt_file_in_the_same_second_never_overwrites_the_first_one_moved_aside(tmp_path):
+    """The moved-aside name was ``<name>.corrupt-<unix second>``: a second damaged file moved aside
+    within that second (a restart loop on a failing disk, or a clock stepped back onto an earlier
+    second) replaced the first copy, the only one left of the state it held."""
+    p = tmp_path / "state.db"
+    kept = []
+    for body in (b"first damaged file " * 200, b"second damaged file " * 200):
+        p.write_bytes(body)
+        st = StateStore(p, clock=lambda: 1_700_000_000.0)
+        kept.append(st.moved_aside)
+        st.close()
+        p.unlink()
+    assert len(set(kept)) == 2
+    with open(kept[0], "rb") as f:
+        assert f.read().startswith(b"first damaged file")
+    with open(kept[1], "rb") as f:
+        assert f.read().startswith(b"second damaged file")
+
+
 def test_corrupted_pages_are_detected_on_open(tmp_path):
     p = tmp_path / "state.db"
     st = StateStore(p)
@@ -903,3 +922,44 @@ def test_a_version_1_file_without_checksums_is_migrated_and_loads_as_before(tmp_
     st = StateStore(tmp_path / "damaged.db")
     assert [r["n"] for r in st.tail("advisor", 10)] == [8] and st.unreadable == 1
     st.close()
+
+
+def test_a_full_disk_under_a_running_guard_is_named_on_metrics_and_the_log_and_saving_resumes(tmp_path):
+    """A real ``serve`` whose state file stops growing (``RLIMIT_FSIZE`` lowered on the running
+    process: the writes fail as on a full disk). It kept ticking, but the only signs were the
+    log line "state save failed: disk I/O error", naming neither the file nor the fix, and
+    ``/v1/status`` behind the token: nothing on ``/metrics`` to alert on."""
+    import resource
+
+    from guard_support import GuardProcess, Served
+
+    e = Engine(model="m", pool="decode")
+    srv = Served(e.exposition)
+    db = tmp_path / "state.db"
+    cfg = {**ATT, "source": {"mode": "scrape", "interval_s": 0.25, "timeout_s": 0.25,
+                             "targets": [{"url": srv.url, "model": "m", "pool": "decode", "name": "e0"}]},
+           "evaluation_interval_s": 0.25, "staleness_s": 30, "state": {"path": str(db)}}
+    g = GuardProcess(tmp_path, cfg, log_level="info")
+    try:
+        def state():  # and a request per look: a tick with nothing new writes nothing
+            e.request(0.2, 0.01)
+            return g.get("/v1/status").json()["state"]
+
+        g.wait_for("two saves", lambda: state()["saves"] >= 2)
+        size = max(db.stat().st_size, (tmp_path / "state.db-wal").stat().st_size)
+        hard = resource.prlimit(g.proc.pid, resource.RLIMIT_FSIZE)[1]
+        resource.prlimit(g.proc.pid, resource.RLIMIT_FSIZE, (size, hard))  # the file cannot grow: "full"
+        failing = g.wait_for("failed saves", lambda: (s := state())["errors"] >= 2 and s)
+        assert str(db) in failing["problem"] and "free disk space" in failing["problem"]
+        metric = "slaguard_guard_state_save_errors_total "
+        g.wait_for("the failures on /metrics", lambda: [ln for ln in g.get("/metrics", auth=False).text.splitlines()
+                                                        if ln.startswith(metric) and float(ln.split()[-1]) >= 2])
+        resource.prlimit(g.proc.pid, resource.RLIMIT_FSIZE, (hard, hard))
+        saves = failing["saves"]
+        g.wait_for("saving again", lambda: (s := state())["saves"] > saves and s["problem"] is None)
+    finally:
+        log = g.stop()
+        srv.stop()
+    assert f"state save failed: state file {db}" in log and "free disk space" in log
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
