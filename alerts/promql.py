@@ -84,17 +84,23 @@ def share_at_or_below(metric: Metric, threshold: float, window: str, labels: Seq
                       matchers: Sequence[str] = (), refused: Metric | None = None) -> str:
     """Share of observations <= threshold (an attainment SLI); the threshold must be a bucket bound.
 
-    Only series that have that bucket count in the denominator (``and ignoring (le)``): an engine
-    started without the threshold bucket (mid rolling restart to new SLA buckets) would otherwise
-    add its requests to the total and none to the good ones, every one of them an error (two
-    engines, one without the bucket: 50 % errors and a page), as the guard keeps them out too.
+    Only series whose threshold bucket holds as many samples in the window as their ``_count``
+    count, in the good ones and the total alike (``covered``): an engine started without the
+    threshold bucket (mid rolling restart to new SLA buckets) would otherwise add its requests to
+    the total and none to the good ones, every one of them an error (two engines, one without the
+    bucket: 50 % errors and a page), as the guard keeps them out too; and an engine upgraded to a
+    bucket set with the threshold (or without it any more) has the bucket for part of the window
+    only, its ``rate`` counting since the bucket appeared while ``_count``'s counts all of it (5 %
+    attainment and every burn alert on requests all in time). Such an engine is left out of the
+    window until the window has passed since the change.
 
     ``refused``: a counter of requests refused before they were observed (admission rejections):
     added to the total, none of them good; a pool without that series counts none."""
     at = (*matchers, le_matcher(threshold))
-    good = sum_by(labels, rate(metric, window, "_bucket", at))
-    total = sum_by(labels, f"{rate(metric, window, '_count', matchers)} and ignoring (le) "
-                           f"{rate(metric, window, '_bucket', at)}")
+    covered = (f"max without (le) (count_over_time({series(metric, '_bucket', at)}[{window}])) "
+               f">= count_over_time({series(metric, '_count', matchers)}[{window}])")
+    good = sum_by(labels, f"{rate(metric, window, '_bucket', at)} and ignoring (le) ({covered})")
+    total = sum_by(labels, f"{rate(metric, window, '_count', matchers)} and ({covered})")
     if refused is not None:
         total = plus_or_zero(total, sum_by(labels, rate(refused, window, matchers=matchers)))
     return ratio(good, total)

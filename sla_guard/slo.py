@@ -323,6 +323,9 @@ class SLOEvaluator:
         self.pools_over_limit = 0
         self.evaluated_at: float | None = None
         self.window_label: str | None = None
+        # (indicator, threshold, period, model, pool) -> {burn window: targets whose threshold
+        # bucket did not cover it}, from this tick's ``_long_windows`` (``_bucket_changes``)
+        self._changed_long: dict[tuple, dict[float, list[str]]] = {}
 
     def bind_metrics(self, metrics: ContractMetrics) -> None:
         self._metrics = metrics
@@ -530,6 +533,8 @@ class SLOEvaluator:
                     return _scoped(ind, lambda h: view.increase(h.series("_bucket"), m, w, now, by))
                 for mp, targets in _lacking(inc, thr).items():
                     per.setdefault(mp, {}).setdefault("lacking", {})[thr] = sorted(targets)
+                for mp, targets in _bucket_changes(view, ind, thr, (w,), now, self.known).get(w, {}).items():
+                    per.setdefault(mp, {}).setdefault("changed", {})[thr] = targets
             for lab, v in counts.items():
                 per.setdefault(_mp(lab), {})["count"] = v
             for lab, v in sums.items():
@@ -548,10 +553,15 @@ class SLOEvaluator:
         native = view.serves_long_windows
         if not native:
             self._feed_ledgers(view, now, plan)
+        self._changed_long = {}
         for ind, thr, period in plan.attainments:
             wins = plan.burn_windows(period)
             per: dict = {}
             if native:
+                changed = _bucket_changes(view, ind, thr, tuple(wins), now, self.known)
+                for w, by_pool in changed.items():
+                    for mp, targets in by_pool.items():
+                        self._changed_long.setdefault((ind, thr, period, *mp), {})[w] = targets
                 for w in wins:
                     buckets = _scoped(ind, lambda h, w=w: _bucket_increase(view, h.series(), w, now))
                     refused = _rejected(view.increase(REJECTED, {}, w, now, BY)) if ind is Indicator.TTFT else {}
@@ -560,6 +570,8 @@ class SLOEvaluator:
                         tot = b.get(math.inf)
                         if good is None or tot is None or not_cumulative(good, tot):
                             continue
+                        if w in self._changed_long.get((ind, thr, period, *_mp(lab)), {}):
+                            continue  # the bucket counted part of the window, +Inf all of it
                         n = refused.get(_mp(lab), 0.0)
                         per.setdefault(_mp(lab), {})[w] = (tot - good + n, tot + n)
             else:
@@ -667,6 +679,10 @@ class SLOEvaluator:
                         f"{len(lacking)} target(s) with requests ({', '.join(sorted(lacking)[:3])}): their requests "
                         f"cannot be judged; start them with {h.slo_threshold_env}={slo.threshold_s:g}")
             return r
+        changed = (data.get("changed") or {}).get(slo.threshold_s)
+        if changed:
+            r.reason = _changed_reason(slo, key, [parse_duration(slo.window)], changed)
+            return r
         if b and not_cumulative(le_count(b, slo.threshold_s), b.get(math.inf)):
             r.reason = (f"malformed histogram: its le={slo.threshold_s:g} bucket counts more requests than +Inf "
                         f"in {slo.window} (buckets must be cumulative); fix the engine's /metrics")
@@ -692,6 +708,16 @@ class SLOEvaluator:
             r.value, r.requests = good / tot, tot
         elif tot_p and tot_p >= slo.min_requests:
             r.value, r.requests, r.window = (tot_p - err_p) / tot_p, tot_p, self.window_label or slo.period
+        changed = self._changed_long.get((slo.indicator, slo.threshold_s, period, *key), {})
+        if changed:  # those windows are left out: a page burning over the windows the bucket covered still is one
+            r.status = attainment_status(r.budget_remaining, alerts, self.at_risk_budget)
+            if r.status is Status.VIOLATED:
+                r.reason = "burning " + ", ".join(f"{a.long}&{a.short}>{a.factor:g}" for a in alerts if a.firing)
+                return r
+            r.status = Status.UNKNOWN
+            targets = sorted({t for ts in changed.values() for t in ts})
+            r.reason = _changed_reason(slo, key, sorted(changed), targets)
+            return r
         if not tot_p or math.isnan(tot_p) or tot_p < slo.min_requests:
             r.reason = f"{0 if not tot_p or math.isnan(tot_p) else round(tot_p, 1)} requests in the " \
                        f"period so far, need >= {slo.min_requests}"
@@ -729,8 +755,8 @@ class SLOEvaluator:
             data = windowed.get((ind, parse_duration(s.window)), {}).get((pr.model, pr.pool), {})
             b = data.get("buckets") or {}
             good, tot = le_count(b, s.threshold_s), b.get(math.inf)
-            if (data.get("lacking") or {}).get(s.threshold_s) or good is None or tot is None \
-                    or not_cumulative(good, tot):
+            if (data.get("lacking") or {}).get(s.threshold_s) or (data.get("changed") or {}).get(s.threshold_s) \
+                    or good is None or tot is None or not_cumulative(good, tot):
                 return
             tot += data.get("rejected", 0.0)  # refused requests met neither threshold
             if not tot or tot < s.min_requests:
@@ -861,6 +887,49 @@ def _lacking(query: Callable[[Mapping[str, str], tuple[str, ...]], dict[Labels, 
 def _rejected(per_pool: Mapping[Labels, float]) -> dict[tuple[str, str], float]:
     """{(model, pool): admission rejections} of the engine pools (no client scope has them)."""
     return {_mp(lab): v for lab, v in per_pool.items() if dict(lab).get("pool") != c.Pool.CLIENT}
+
+
+UNCHECKED = "unchecked: the query failed"  # a target name that says the bucket check had no answer
+
+
+def _bucket_changes(view: MetricsView, ind: Indicator, thr: float, windows: tuple[float, ...], now: float,
+                    pools: set[tuple[str, str]]) -> dict[float, dict[tuple[str, str], list[str]]]:
+    """{window: {(model, pool): targets}} whose histogram child with requests in the window has no
+    ``le=thr`` bucket over all of it (``PrometheusView.uncovered_buckets``). Only a view whose
+    long windows are PromQL's own asks: the embedded store compares a histogram's buckets only
+    over what they all saw (``SeriesStore._comparable``). A failed query marks every window of
+    every pool of the family (``UNCHECKED``): a change it cannot rule out would read as errors."""
+    ask = getattr(view, "uncovered_buckets", None)
+    if ask is None:
+        return {}
+    out: dict[float, dict[tuple[str, str], set[str]]] = {}
+    for hist, client in zip(HIST[ind], (False, True), strict=True):
+        got = ask(hist.series(), thr, windows, now)
+        for w, children in (got.items() if got is not None else ((w, None) for w in windows)):
+            if children is None:  # the query failed: every pool of this family is unchecked
+                for mp in pools:
+                    if (mp[1] == c.Pool.CLIENT) == client:
+                        out.setdefault(w, {})[mp] = {UNCHECKED}
+                continue
+            for lab, v in children.items():
+                d = dict(lab)
+                if v > 0 and (d.get("pool") == c.Pool.CLIENT) == client:
+                    target = d.get("instance") or ",".join(f"{k}={x}" for k, x in lab if k not in BY)
+                    out.setdefault(w, {}).setdefault(_mp(lab), set()).add(target)
+    return {w: {mp: sorted(t) for mp, t in by_pool.items()} for w, by_pool in out.items()}
+
+
+def _changed_reason(slo: SLO, key: tuple[str, str], windows: list[float], targets: list[str]) -> str:
+    """Why an attainment objective's windows are not judged while its threshold bucket changes."""
+    h = c.latency_metric(slo.indicator.value, key[1])
+    if UNCHECKED in targets:
+        return (f"could not check that the le={slo.threshold_s:g} bucket of {h.name} covers the "
+                f"{', '.join(map(fmt_window, windows))} window(s) (the query failed; see the source's errors)")
+    return (f"the le={slo.threshold_s:g} bucket of {h.name} changed within the {', '.join(map(fmt_window, windows))} "
+            f"window(s) on {len(targets)} target(s) with requests ({', '.join(targets[:3])}): it appeared or vanished "
+            f"there (an engine restarted with another bucket set), so it counts part of the window and +Inf all of "
+            f"it; judged again once {fmt_window(max(windows))} has passed since the change (keep "
+            f"{h.slo_threshold_env}={slo.threshold_s:g} on every engine)")
 
 
 def _le_of(text: str) -> float:

@@ -382,6 +382,45 @@ def test_admission_rejections_are_ttft_attainment_misses_in_the_rules(tmp_path, 
 
 
 @needs_promtool
+def test_an_upgrade_adding_the_threshold_bucket_fires_no_burn_alert_and_a_real_violation_still_pages(tmp_path):
+    """Both engines are upgraded in place at 100m (a restart: counters from 0) to a bucket set
+    with le="2.5". d0 serves every request in time; d1's upgrade makes half of them slow. The
+    new bucket's ``rate`` counts since it appeared, ``_count``'s the whole window: 5 min after the
+    upgrade d0 read 94 % errors over 6h, 1d and 3d (76 % over 1d 30 min later) and paged (6h&30m)
+    with every request in time. An engine now counts in a window once its threshold bucket covered it: no
+    alert for d0, the short windows exact at once, and d1's page (1h&5m) once the hour has passed."""
+    lab = 'model="{}",pool="decode",engine="0",job="vllm",instance="{}"'
+    name = c.REQUEST_TTFT.series
+    old, new = 100, 80  # one-minute samples before and after the upgrade
+    series = []
+    for model, inst, good in (("m", "d0", 60), ("v", "d1", 30)):
+        every = f"1000+60x{old - 1} 60+60x{new - 1}"
+        series += [{"series": f"{name('_count')}{{{lab.format(model, inst)}}}", "values": every},
+                   {"series": f'{name("_bucket")}{{{lab.format(model, inst)},le="+Inf"}}', "values": every},
+                   {"series": f'{name("_bucket")}{{{lab.format(model, inst)},le="2.5"}}',
+                    "values": f"_x{old} {good}+{good}x{new - 1}"}]
+    rec = 'model_pool_slo:sli_error:ratio_rate{}{{model="{}",pool="decode",slo="ttft_attainment",slo_set="*/*"}}'
+    page = {"exp_labels": {"severity": "critical", "model": "v", "pool": "decode", "slo": "ttft_attainment",
+                           "slo_set": "*/*", "long_window": "1h", "short_window": "5m"},
+            "exp_annotations": {
+                "summary": "v/decode: TTFT error budget of SLO ttft_attainment burning 14.4x too fast",
+                "description": "50% of TTFT requests exceeded 2.5s over the last 1h (and the last 5m); target 0.99 "
+                               "over 30d. At this rate 2% of the 30d error budget is gone in 1h.",
+                "runbook_url": f"{GuardConfig().alertmanager.runbook_base_url}#slaguarderrorbudgetburn"}}
+    r = _promtool_test(tmp_path, {"slo.yaml": render_rules()["slo.yaml"]}, series, {
+        "promql_expr_test": [
+            {"expr": rec.format("5m", "m"), "eval_time": "130m", "exp_samples": [
+                {"labels": rec.format("5m", "m"), "value": 0}]},
+            {"expr": rec.format("1h", "m"), "eval_time": "130m", "exp_samples": []},
+            {"expr": rec.format("1d", "m"), "eval_time": "130m", "exp_samples": []}],
+        "alert_rule_test": [
+            *({"eval_time": f"{t}m", "alertname": "SlaGuardErrorBudgetBurn", "exp_alerts": []}
+              for t in (105, 130, 155)),
+            {"eval_time": "170m", "alertname": "SlaGuardErrorBudgetBurn", "exp_alerts": [page]}]})
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+@needs_promtool
 def test_data_stale_is_quiet_while_the_guard_judges_the_client_scope(tmp_path):
     """SlaGuardDataStale for the default '*' pool joins engine and client request counts with
     ``or``; unparenthesised, ``>= 20`` bound only the client half and ``and`` bound tighter than

@@ -25,7 +25,7 @@ import httpx
 import numpy as np
 
 from exporters import contract as c
-from exporters.label_text import string_literal
+from exporters.label_text import any_of_literal, le_spellings, string_literal
 from exporters.prometheus import ContractMetrics
 from exporters.redact import peer_text, redact_text, strip_userinfo
 from sla_guard import promql
@@ -61,6 +61,8 @@ RANGE_CACHE_MAX = 4096  # selectors whose samples ``range`` keeps (least recentl
 RANGE_BYTES_PER_SAMPLE = 48
 # labels that name one process whatever job or instance exported it (``check_duplicates``)
 DUPLICATE_IDENTITY = ("model", "pool", "engine", "role", "process", "process_pid", "start_time")
+# the label ``uncovered_buckets`` tells its windows apart by in its one answer
+WINDOW_LABEL = "sla_guard_window_s"
 
 
 LOG_EVERY_S = 60.0  # a failed query's kind is logged at most this often (``PrometheusView._log_error``)
@@ -504,6 +506,42 @@ class PrometheusView:
         """``sum by (le, by) (increase(metric_bucket[window]))`` as {group: {le: count}}."""
         name = promql.bucket_series(metric)
         return promql.split_le(self.increase(name, matchers, window_s, at, ("le", *by)))
+
+    def uncovered_buckets(self, metric: str, threshold: float, windows_s: tuple[float, ...],
+                          at: float) -> dict[float, dict[Labels, float]] | None:
+        """{window_s: {histogram child: its requests}} of the children with requests in a window
+        whose ``le=threshold`` bucket holds fewer samples there than their +Inf bucket: the
+        bucket appeared or vanished inside the window (an engine upgraded to another bucket
+        set), or never was there. ``increase`` of such a bucket counts only part of the window
+        while +Inf counts all of it: every request of the rest read as over the threshold (5 %
+        attainment, "violated", every request in time). One query for all windows; a window
+        without such a child is left out; None for the whole answer when the query failed."""
+        name = promql.bucket_series(metric)
+        thr = selector(name, {}, ",".join(x for x in (f"le=~{any_of_literal(le_spellings(threshold))}", self.extra)
+                                          if x))
+        inf = selector(name, {"le": "+Inf"}, self.extra)
+        parts = []
+        for w in windows_s:
+            d = duration(w)
+            covered = f"max without (le) (count_over_time({thr}[{d}])) >= ignoring (le) count_over_time({inf}[{d}])"
+            parts.append(f'label_replace((increase({inf}[{d}]) > 0) unless ignoring (le) ({covered}), '
+                         f'"{WINDOW_LABEL}", "{float(w)!r}", "", "")')
+        data = self.query(" or ".join(parts), at)
+        if data is None:
+            return None
+        out: dict[float, dict[Labels, float]] = {}
+        for item in _result(data, "vector"):
+            labels, point = _labels(item), _point(item.get("value"))
+            if labels is None or point is None:
+                continue
+            d = dict(labels)
+            try:
+                w = float(d.pop(WINDOW_LABEL))
+            except (KeyError, ValueError):
+                continue
+            d.pop("le", None)
+            out.setdefault(w, {})[tuple(sorted(d.items()))] = point[1]
+        return out
 
     def close(self) -> None:
         for pool in (self._pool, self._io):
