@@ -684,3 +684,137 @@ def test_counter_values_of_gone_series_are_forgotten_unless_their_target_is_down
         insts = [dict(lab)["instance"] for lab in counters.last]
         assert "down" in insts, insts  # unknown, not gone
         assert len(insts) <= resolve_pods + 1, insts
+
+
+def _churn_page(m: str, k: int) -> str:
+    """One model's engine page at tick ``k``: spec decode (overall and a position), prefix cache,
+    TPOT and the running batch, every counter steady."""
+    lab = f'model="{m}",pool="decode",engine="0"'
+    return "\n".join([
+        f"{c.REQUESTS_RUNNING.name}{{{lab}}} 8",
+        f"{c.SPEC_DRAFT_TOKENS.exposed}{{{lab}}} {3000 * k}",
+        f"{c.SPEC_ACCEPTED_TOKENS.exposed}{{{lab}}} {1800 * k}",
+        f'{c.SPEC_DRAFT_TOKENS_POS.exposed}{{{lab},position="0"}} {3000 * k}',
+        f'{c.SPEC_ACCEPTED_TOKENS_POS.exposed}{{{lab},position="0"}} {1800 * k}',
+        f'{c.PREFIX_CACHE_QUERIES.exposed}{{{lab},cache="local"}} {60000 * k}',
+        f'{c.PREFIX_CACHE_HITS.exposed}{{{lab},cache="local"}} {30000 * k}',
+        f'{c.REQUEST_TPOT.series("_sum")}{{{lab}}} {18.0 * k}',
+        f'{c.REQUEST_TPOT.series("_count")}{{{lab}}} {600 * k}',
+    ]) + "\n"
+
+
+def _saved_groups(state, name: str) -> int:
+    """Groups in a drift evaluator's last saved part (its CUSUMs, as ``encode`` wrote them)."""
+    part = state.load().get(name, {}).get("s")
+    return len(part["cusums"]["__d__"]) if part else 0
+
+
+def test_drift_state_of_models_that_come_and_go_is_forgotten_in_memory_and_in_the_state_file(tmp_path):
+    """LoRA adapters loaded and unloaded, pools renamed: every model/pool a drift detector ever saw
+    kept its CUSUM (~8 KB), accumulator and seen-clock in memory and in every save of the state
+    file for good (one new model every 10 min: 21 groups after 3.5 h with 2 alive, 160 after 8 h of
+    a 40-model churn, 5 MB rewritten a save). A group with no data for ``forget_after_s`` is
+    forgotten; in memory and on disk the detectors hold the live groups and the recently gone."""
+    from sla_guard.compose import compose
+    from sla_guard.ingest import build_store
+    from sla_guard.ingest.source import StoreSource
+    from sla_guard.state import StateStore
+
+    cfg = parse_config({"evaluation_interval_s": 60, "staleness_s": 300, "detectors": {"forget_after_s": 3600}})
+    store = build_store(cfg)
+    state = StateStore(tmp_path / "state.db")
+    root = compose(cfg, source=StoreSource(store), state=state, slo=False, advisor=False)
+    names = ("acceptance_drift", "acceptance_drift_per_position", "prefix_hit_drift", "tpot_drift")
+    evs = [root.guard.evaluator(n) for n in names]
+    try:
+        for k in range(1, 210 + 1):  # 3.5 h of 60 s ticks; model j lives from 10j to 10j + 20 min
+            t = T0 + 60.0 * k
+            for j in {k // 10, k // 10 - 1} - {-1}:
+                store.ingest_text(_churn_page(f"lora-{j}", k), t, {"instance": f"10.0.{j}.1:8000"}, group=f"g{j}")
+            root.guard.tick(t)
+        bound = 3600 // 600 + 3  # alive + gone for less than forget_after_s
+        for ev in evs:
+            assert len(ev.cusums) <= bound and len(ev._seen_at) <= bound and len(ev._acc) <= bound, ev.name
+            counters = (ev._n, ev._x) if hasattr(ev, "_x") else (ev._s, ev._n)
+            assert all(len(cnt.groups) <= bound for cnt in counters), ev.name
+            assert 0 < _saved_groups(state, ev.name) <= bound, ev.name
+            assert ev.forgotten >= 21 - bound, ev.name
+    finally:
+        state.close()
+
+
+def test_an_open_drift_finding_of_a_group_forgotten_is_resolved_not_dropped():
+    """A group forgotten (no data for ``forget_after_s``; here its target down all that time, so
+    ``series_gone`` never applied) takes its open finding with it only as a resolution that says
+    why (``no_data``): dropped silently, the finding stayed open with nothing left to judge it."""
+    from guard_support import Served
+
+    page = _Page()
+    srv = Served(page.text)
+    live = _Live({"e0": srv.url}, {"forget_after_s": 3600})
+    key = "acceptance_drift/m/decode"
+    try:
+        t = _drifted(live, page, T0, T0 + 2 * HOUR)
+        assert live.book.get(key).open
+        srv.mode = "error"
+        down = t
+        while t < down + 3600 + 120:
+            t += 60.0
+            live.step(t)
+        f = live.book.get(key)
+        assert not f.open and f.details["resolution"] == "no_data"
+        assert ("m", "decode") not in live.guard.evaluator("acceptance_drift").cusums
+    finally:
+        live.close()
+        srv.stop()
+
+
+def test_drift_groups_beyond_max_groups_are_not_judged_and_say_so(caplog):
+    """A label bomb (or more models than one guard covers) grew the drift state without a bound.
+    ``detectors.max_groups`` caps it: groups beyond it are not judged, the guard logs it naming
+    the setting and ``/v1/status`` counts them; once others are forgotten new ones are admitted."""
+    import logging
+
+    st = SeriesStore(slots=64, lookback_s=60.0)
+    cfg = DetectorsConfig.model_validate({"max_groups": 3, "forget_after_s": 3600})
+    ev = next(e for e in build_evaluators(FindingsBook(), cfg) if e.name == "acceptance_drift")
+    t = T0
+    with caplog.at_level(logging.WARNING, "sla_guard.detect.evaluators"):
+        for k in range(1, 11):
+            t = T0 + 60.0 * k
+            for j in range(5):
+                st.ingest_text(_churn_page(f"m{j}", k), t, {"instance": f"e{j}"}, group=f"g{j}")
+            ev.evaluate(st, t)
+    assert len(ev.cusums) == 3 and len(ev._acc) == 3 and ev.snapshot()["groups_over_limit"] == 2
+    assert sum("detectors.max_groups=3" in r.getMessage() for r in caplog.records) == 1
+    for k in range(11, 11 + 90):  # the first five go, two new come: admitted once the old are forgotten
+        t = T0 + 60.0 * k
+        for j in (5, 6):
+            st.ingest_text(_churn_page(f"m{j}", k), t, {"instance": f"e{j}"}, group=f"g{j}")
+        ev.evaluate(st, t)
+    assert sorted(ev.cusums) == [("m5", "decode"), ("m6", "decode")] and "groups_over_limit" not in ev.snapshot()
+
+
+def test_findings_series_of_models_long_gone_leave_the_guards_metrics():
+    """Each model that ever had a finding stayed a ``slaguard_guard_findings`` gauge (at 0) and an
+    ``opened_total`` counter series on the guard's /metrics for good: 2,000 adapters that each
+    drifted once left 2,000 of each while the history held 500. A (model, pool, detector) leaves
+    once no open finding or kept resolved one has it; one still kept reads 0 as before."""
+    m = ContractMetrics(CollectorRegistry(), components=[Component.GUARD])
+    book = FindingsBook(m, max_resolved=50)
+    for i in range(500):
+        labels = {"model": f"lora-{i}", "pool": "decode"}
+        book.raise_("acceptance_drift", f"acceptance_drift/lora-{i}/decode", "warning", "s", labels, {}, i)
+        book.raise_("acceptance_drift", f"acceptance_drift/lora-{i}/decode", "critical", "s", labels, {}, i + 0.2)
+        book.resolve(f"acceptance_drift/lora-{i}/decode", i + 0.5)
+    book.raise_("leak", "leak/x", "warning", "s", {"model": "lora-0", "pool": "decode"}, {}, 600.0)
+    g = m.registry.get_sample_value
+    exported = [(s.name, s.labels.get("model")) for fam in m.registry.collect() for s in fam.samples
+                if s.name in (c.GUARD_FINDINGS.name, c.GUARD_FINDINGS_TOTAL.exposed)]
+    assert len(exported) == 50 * 3 + 2, len(exported)  # kept: 2 severities + the counter; the open leak's
+    last = {"model": "lora-499", "pool": "decode", "detector": "acceptance_drift"}
+    assert g(c.GUARD_FINDINGS.name, {**last, "severity": "critical"}) == 0
+    assert g(c.GUARD_FINDINGS_TOTAL.exposed, last) == 1
+    leak = {"model": "lora-0", "pool": "decode", "detector": "leak"}
+    assert g(c.GUARD_FINDINGS.name, {**leak, "severity": "warning"}) == 1
+    assert g(c.GUARD_FINDINGS_TOTAL.exposed, {**last, "model": "lora-0"}) is None

@@ -293,10 +293,20 @@ class _DriftState:
         """Resolve the open finding of a group whose series are gone (its pool removed or renamed,
         spec decoding turned off) for longer than ``resolve_s``: its CUSUM keeps the open alarm, so
         it stayed open forever. Not while a target of that model/pool is down (data unknown). The
-        CUSUM is kept: if the series come back still drifted, the finding opens again."""
+        CUSUM is kept (for ``forget_after_s``, see ``_forget``): if the series come back still
+        drifted, the finding opens again. Only ``max_groups`` groups are tracked."""
         seen = self._seen_at
+        over = 0
         for k in present:
-            seen[k] = now
+            if k in seen or len(seen) < self.max_groups:
+                seen[k] = now
+            else:
+                over += 1
+        if over and not self.groups_over_limit:
+            log.warning("%s: %d model/pool groups beyond detectors.max_groups=%d are not judged (their drifts go "
+                        "unseen): raise max_groups, or lower forget_after_s if they are gone", self.name, over,
+                        self.max_groups)
+        self.groups_over_limit = over
         down = None
         for k, cus in self.cusums.items():
             if cus.alarm is None or now - seen.setdefault(k, now) <= self.params.resolve_s:
@@ -330,6 +340,28 @@ class _DriftState:
         gone = {lab for lab in gone if _lab(lab, "instance") not in down}
         for cnt in counters:
             cnt.forget(gone)
+
+    def _forget(self, now: float, *counters: _Counters) -> None:
+        """Drop every trace of a group with no series for ``forget_after_s`` (a LoRA adapter unloaded,
+        a pool renamed): kept, each group that ever reported stayed in memory and in every save of
+        the state file for good (~8 KB of CUSUM each: 1,000 churned models, 8 MB a detector). An
+        open finding of it is resolved (``no_data``), never dropped with it; if the group returns
+        its baseline is learned again."""
+        seen = self._seen_at
+        for k in self.cusums:
+            seen.setdefault(k, now)  # restored from the state file: its clock starts now
+        horizon = now - self.forget_after_s
+        for k in [k for k, t in seen.items() if t < horizon]:
+            del seen[k]
+            self.cusums.pop(k, None)
+            self._acc.pop(k, None)
+            f = self.book.get(self._key(k))
+            if f is not None and f.open:
+                self.book.resolve(f.key, now, {"resolution": "no_data"})
+            self.forgotten += 1
+        for cnt in counters:
+            if len(cnt.groups) > len(seen):
+                cnt.groups &= seen.keys()
 
     def claims(self, key: str) -> bool:
         """Whether this evaluator will judge (and so in time resolve) the open finding ``key``."""
@@ -407,7 +439,7 @@ class RateDriftEvaluator(_DriftState):
 
     def __init__(self, book: FindingsBook, name: str, detector: str, trials, successes, cfg: RateConfig,
                  sides: str, what: str, matchers: dict | None = None, by_position: bool = False,
-                 family: int = 1) -> None:
+                 family: int = 1, forget_after_s: float = 86400.0, max_groups: int = 2000) -> None:
         self.book, self.name, self.detector = book, name, detector
         self.trials, self.successes, self.cfg = trials, successes, cfg
         self.what, self.matchers = what, matchers or {}
@@ -419,6 +451,9 @@ class RateDriftEvaluator(_DriftState):
         self.cusums: dict[tuple, drift.RateCusum] = {}
         self._seen_at: dict[tuple, float] = {}  # group -> last tick its series were there (_sweep_gone)
         self._forget_at = -math.inf  # next look for counter series gone (_forget_gone)
+        self.forget_after_s, self.max_groups = forget_after_s, max_groups
+        self.groups_over_limit = 0  # groups present but not judged (max_groups)
+        self.forgotten = 0
 
     def evaluate(self, view: MetricsView, now: float) -> None:
         if not self.cfg.enabled:
@@ -435,7 +470,10 @@ class RateDriftEvaluator(_DriftState):
         dx = self._x.step(successes, self.by, now)
         self._sweep_gone(view, {tuple(_lab(lab, b) for b in self.by) for lab in trials}, now)
         self._forget_gone(view, now, self._n, self._x)
+        self._forget(now, self._n, self._x)
         for k, n in dn.items():
+            if k not in self._seen_at:
+                continue  # beyond max_groups
             acc = self._acc[k]
             acc[0] += n
             acc[1] += dx.get(k, 0.0)
@@ -476,7 +514,10 @@ class RateDriftEvaluator(_DriftState):
             self.book.resolve(key, now, {"after": cus.recent_rate()})
 
     def snapshot(self) -> dict:
-        return {"/".join(k): cus.snapshot() for k, cus in self.cusums.items()}
+        out = {"/".join(k): cus.snapshot() for k, cus in self.cusums.items()}
+        if self.groups_over_limit:  # no group key clashes: each holds a "/"
+            out["groups_over_limit"] = self.groups_over_limit
+        return out
 
 
 class TpotDriftEvaluator(_DriftState):
@@ -484,8 +525,12 @@ class TpotDriftEvaluator(_DriftState):
 
     name = "tpot_drift"
 
-    def __init__(self, book: FindingsBook, cfg: TpotConfig = TpotConfig()) -> None:
+    def __init__(self, book: FindingsBook, cfg: TpotConfig = TpotConfig(), forget_after_s: float = 86400.0,
+                 max_groups: int = 2000) -> None:
         self.book, self.cfg = book, cfg
+        self.forget_after_s, self.max_groups = forget_after_s, max_groups
+        self.groups_over_limit = 0  # groups present but not judged (max_groups)
+        self.forgotten = 0
         self.params = drift.LatencyDriftParams(interval_s=cfg.interval_s, warmup_s=cfg.warmup_s,
                                                arl0_s=cfg.arl0_days * drift.DAY)
         self._s, self._n = _Counters(), _Counters()
@@ -509,15 +554,19 @@ class TpotDriftEvaluator(_DriftState):
         dn = self._n.step(counts, by, now)
         self._sweep_gone(view, {tuple(_lab(lab, b) for b in by) for lab in counts}, now)
         self._forget_gone(view, now, self._s, self._n)
+        self._forget(now, self._s, self._n)
         for k, n in dn.items():
+            if k not in self._seen_at:
+                continue  # beyond max_groups
             self._acc[k][0] += ds.get(k, 0.0)
             self._acc[k][1] += n
         # the batch the interval's requests ran at: the engines' mean, averaged over the interval's ticks
         # (the value at its end alone reads a load change inside it as a slowdown at the new batch)
         per_pool: dict[tuple, list[float]] = defaultdict(list)
         for labels, v in view.instant(c.REQUESTS_RUNNING.name, {}, now).items():
-            if math.isfinite(v):
-                per_pool[tuple(_lab(labels, x) for x in by)].append(v)
+            k = tuple(_lab(labels, x) for x in by)
+            if math.isfinite(v) and k in self._seen_at:
+                per_pool[k].append(v)
         for k, vs in per_pool.items():
             self._running[k][0] += float(np.mean(vs))
             self._running[k][1] += 1
@@ -550,7 +599,10 @@ class TpotDriftEvaluator(_DriftState):
         return "/".join(("tpot_drift", *k))
 
     def snapshot(self) -> dict:
-        return {"/".join(k): cus.snapshot() for k, cus in self.cusums.items()}
+        out = {"/".join(k): cus.snapshot() for k, cus in self.cusums.items()}
+        if self.groups_over_limit:  # no group key clashes: each holds a "/"
+            out["groups_over_limit"] = self.groups_over_limit
+        return out
 
 
 class RestoredFindings:
@@ -584,18 +636,19 @@ class RestoredFindings:
 
 def build_evaluators(book: FindingsBook, cfg: DetectorsConfig) -> list:
     evs: list = [LeakEvaluator(book, cfg.leak)]
+    keep = {"forget_after_s": cfg.forget_after_s, "max_groups": cfg.max_groups}
     fam = 5 if cfg.acceptance.per_position else 1  # overall + up to 4 positions share the ARL0
     evs.append(RateDriftEvaluator(book, "acceptance_drift", "acceptance_drift", c.SPEC_DRAFT_TOKENS,
                                   c.SPEC_ACCEPTED_TOKENS, cfg.acceptance, "both", "spec-decode acceptance",
-                                  family=fam))
+                                  family=fam, **keep))
     if cfg.acceptance.per_position:
         evs.append(RateDriftEvaluator(book, "acceptance_drift_per_position", "acceptance_drift",
                                       c.SPEC_DRAFT_TOKENS_POS, c.SPEC_ACCEPTED_TOKENS_POS, cfg.acceptance, "both",
-                                      "spec-decode acceptance", by_position=True, family=fam))
+                                      "spec-decode acceptance", by_position=True, family=fam, **keep))
     evs.append(RateDriftEvaluator(book, "prefix_hit_drift", "prefix_hit_drift", c.PREFIX_CACHE_QUERIES,
                                   c.PREFIX_CACHE_HITS, cfg.prefix_hit, "down", "prefix-cache hit rate",
-                                  matchers={"cache": "local"}))
-    evs.append(TpotDriftEvaluator(book, cfg.tpot))
+                                  matchers={"cache": "local"}, **keep))
+    evs.append(TpotDriftEvaluator(book, cfg.tpot, **keep))
     evs.append(RestoredFindings(book, list(evs)))
     return evs
 

@@ -8,9 +8,10 @@ moving slope, and one Alertmanager alert.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import threading
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Iterable, Mapping
 
 from exporters import contract as c
@@ -28,6 +29,8 @@ class FindingsBook:
         self._max_resolved = max_resolved
         self._metrics = metrics
         self._gauge_keys: set[tuple[str, str, str, str]] = set()
+        self._severities: set[str] = set()  # of the gauges' label sets
+        self._refs: Counter[tuple[str, str, str]] = Counter()  # (model, pool, detector) -> findings kept
         self.version = 0  # bumps on every open / resolve / severity change
         self._dumped_version = -1
         self.restored: set[str] = set()  # keys reopened from the state file at start-up
@@ -52,7 +55,9 @@ class FindingsBook:
                 f = Finding(detector=detector, key=key, severity=severity, summary=summary,
                             labels=dict(labels), details=dict(details), opened_at=now, updated_at=now)
                 self._open[key] = f
-                self._resolved.pop(key, None)
+                if (gone := self._resolved.pop(key, None)) is not None:
+                    self._unref(_ref_key(gone))
+                self._refs[_ref_key(f)] += 1
                 self.version += 1
                 if self._metrics is not None:
                     self._metrics[c.GUARD_FINDINGS_TOTAL].labels(
@@ -61,7 +66,11 @@ class FindingsBook:
                 if f.severity != severity:
                     self.version += 1
                 f.severity, f.summary, f.updated_at = severity, summary, now
+                old = _ref_key(f)
                 f.labels = dict(labels)
+                if (new := _ref_key(f)) != old:  # moved to another model/pool: the old one's series may go
+                    self._refs[new] += 1
+                    self._unref(old)
                 f.details = dict(details)
             self._seq += 1
             self._changed_at[key] = self._seq
@@ -82,7 +91,7 @@ class FindingsBook:
                 f.details = {**f.details, **details}  # a new dict: readers iterate the old one unlocked
             self._resolved[key] = f
             while len(self._resolved) > self._max_resolved:
-                self._resolved.popitem(last=False)
+                self._unref(_ref_key(self._resolved.popitem(last=False)[1]))
             self.version += 1
             self._refresh_gauges()
             return f
@@ -139,6 +148,7 @@ class FindingsBook:
                     self._resolved[f.key] = f
             while len(self._resolved) > self._max_resolved:
                 self._resolved.popitem(last=False)
+            self._refs = Counter(_ref_key(f) for f in (*self._open.values(), *self._resolved.values()))
             self.restored = set(self._open)
             self.version += 1
             self._refresh_gauges()
@@ -161,6 +171,24 @@ class FindingsBook:
             return [*self._open.values(), *self._resolved.values()]
 
     # --- metrics ---------------------------------------------------------------------------
+    def _unref(self, k: tuple[str, str, str]) -> None:
+        """One finding fewer kept (open or in the history) for its (model, pool, detector): at none,
+        its series leave the guard's /metrics. Kept at 0, every model that ever had a finding (LoRA
+        adapters that come and go) stayed a gauge and a counter series there for good."""
+        self._refs[k] -= 1
+        if self._refs[k] > 0:
+            return
+        del self._refs[k]
+        if self._metrics is None:
+            return
+        for sev in self._severities:
+            if (gk := (*k, sev)) in self._gauge_keys:
+                self._gauge_keys.discard(gk)
+                with contextlib.suppress(KeyError):
+                    self._metrics[c.GUARD_FINDINGS].remove(*gk)
+        with contextlib.suppress(KeyError):
+            self._metrics[c.GUARD_FINDINGS_TOTAL].remove(*k)
+
     def _refresh_gauges(self) -> None:
         if self._metrics is None:
             return
@@ -174,6 +202,11 @@ class FindingsBook:
         for k, n in counts.items():
             g.labels(*k).set(n)
         self._gauge_keys |= counts.keys()
+        self._severities |= {k[3] for k in counts}
+
+
+def _ref_key(f: Finding) -> tuple[str, str, str]:
+    return f.labels.get("model", ""), f.labels.get("pool", ""), f.detector
 
 
 def finding_json(f: Finding) -> dict:

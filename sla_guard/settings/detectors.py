@@ -90,6 +90,16 @@ class DetectorsConfig(Strict):
     # not judged there (47 d per false alarm on the tuning seeds; 1.5-1.8 gave 39-47 d, 1.3 and 2.0 30 d)
     prefix_hit: RateConfig = Field(default_factory=lambda: RateConfig(**PREFIX_HIT_DEFAULTS))
     tpot: TpotConfig = Field(default_factory=TpotConfig)
+    # per model/pool state of the drift detectors under churn (LoRA adapters loaded and unloaded, pools renamed):
+    # kept, each group that ever reported stayed in memory and in every save of the state file
+    forget_after_s: float = Field(default=86400.0, ge=3600,
+                                  description="a drift detector's model/pool[/position] with no data this long is "
+                                              "forgotten: its baseline dropped (relearned if it returns), an open "
+                                              "finding resolved with resolution no_data")
+    max_groups: int = Field(default=2000, ge=1,
+                            description="model/pool[/position] groups each drift detector keeps state for; beyond "
+                                        "it new groups are not judged (logged, in /v1/status) until others are "
+                                        "forgotten")
 
     @field_validator("prefix_hit", mode="before")
     @classmethod
