@@ -104,10 +104,16 @@ class Guard:
     def add_state(self, name: str, component: Stateful) -> None:
         """Persist ``component`` under ``name`` (evaluators are added by their name; the findings
         book, which is not an evaluator, registers itself here) and restore it now from the
-        state file. A component that fails to restore starts empty: logged, never fatal."""
+        state file. A component that fails to restore starts empty: logged, never fatal. One with
+        ``bind_state(store, name)`` (the Alertmanager publisher, the advisor) is handed the store
+        too: it writes what it is about to send before sending it (a save after the tick is too
+        late for a crash in between)."""
         self._stateful[name] = component
         if self.state is None:
             return
+        bind = getattr(component, "bind_state", None)
+        if callable(bind):
+            bind(self.state, name)
         parts = self._saved.pop(name, {})
         records = self.state.tail(name, getattr(component, "state_tail", 0)) \
             if getattr(component, "state_tail", 0) else []

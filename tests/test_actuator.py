@@ -811,3 +811,136 @@ def test_the_shipped_rbac_grants_what_the_actuator_lists():
                for v in rule["verbs"] if "resourceNames" not in rule}
     assert ("autoscaling", "horizontalpodautoscalers", "list") in granted
     assert ("", "pods", "list") in granted
+
+
+IDLE = {"running": 0, "waiting": 0, "computed": 100, "prefills": 1}
+LESS = {"running": 4, "waiting": 6, "computed": 30_000, "prefills": 6, "ttft": 3.0}  # BUSY eased off
+
+
+def _life(url: str, db: str, t0: float, t1: float, prefill: list[dict], webhook: bool = False):
+    """One life of a guard (its state file, the advisor in active mode on the loopback API server,
+    or a webhook receiver, the default 60 s cooldown) over prefill replicas at the loads
+    ``prefill`` from ``t0``, ticked at ``t1``: the guard and its advisor."""
+    from sla_guard.config import GuardConfig
+    from sla_guard.service import Guard
+    from sla_guard.state import StateStore
+
+    act = WebhookActuator(Webhook(url=url, retries=0)) if webhook else _k8s_actuator(url)
+    ev = _active_evaluator(act, CollectorRegistry(), cooldown_s=60, stabilization_down_s=0,
+                           min_evidence_s=0, no_reversal_s=0, recurrence_horizon_s=0, window_s=30)
+    st = _store()
+    guard = Guard(GuardConfig(), None, [ev], state=StateStore(db))
+    engines = [Engine("prefill", f"p{i}") for i in range(len(prefill))] + [Engine("decode", "d0")]
+    _run(engines, st, t0, t1, d0=DECODE, **{f"p{i}": load for i, load in enumerate(prefill)})
+    guard.tick(t1, view=st)
+    return guard, ev
+
+
+_LIFE = """
+import sys
+sys.path.insert(0, sys.argv[1])
+import test_actuator as t
+t._life(sys.argv[2], sys.argv[3], 1000.0, 1060.0, [t.IDLE] * 4 if sys.argv[4] == "down" else [t.BUSY],
+        webhook=sys.argv[5] == "webhook")
+"""
+
+
+@contextmanager
+def _api_server_that_kills(**kw):
+    """The loopback API server (``k8s_server(**kw)``, also a webhook receiver) and ``life(db,
+    scenario, via)``: runs ``_LIFE`` in a real process, which the server SIGKILLs as soon as it has
+    stored that process's scale PATCH (or received its webhook POST), before answering it;
+    returns once the process is dead. ``calls.posts``: the webhook bodies."""
+    import io
+    import os
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    handler, state, calls = k8s_server(**kw)
+    calls.posts = []
+    victim: dict = {}
+
+    class Killing(handler):
+        def do_PATCH(self):
+            if "pid" not in victim:
+                return super().do_PATCH()
+            out, self.wfile = self.wfile, io.BytesIO()  # stored, the answer not yet sent
+            super().do_PATCH()
+            os.kill(victim.pop("pid"), signal.SIGKILL)
+            self.wfile = out
+            return None
+
+        def do_POST(self):
+            calls.posts.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+            if "pid" in victim:
+                os.kill(victim.pop("pid"), signal.SIGKILL)
+                return
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+    tests = str(Path(__file__).resolve().parent)
+    env = {**os.environ, "PYTHONPATH": str(Path(tests).parent)}
+    with serve(Killing) as (url, _):
+        def life(db: str, scenario: str, via: str = "kubernetes") -> None:
+            proc = subprocess.Popen([sys.executable, "-c", _LIFE, tests, url, db, scenario, via], env=env,
+                                    stderr=subprocess.PIPE, text=True)
+            victim["pid"] = proc.pid
+            try:
+                assert proc.wait(60) == -signal.SIGKILL, proc.stderr.read()[-3000:]
+            finally:
+                proc.kill()
+                proc.stderr.close()
+
+        yield url, state, calls, life
+
+
+@pytest.mark.parametrize("via", ["kubernetes", "webhook"])
+def test_a_guard_killed_just_after_a_scale_down_order_keeps_its_cooldown_and_the_decision(tmp_path, via):
+    """A real guard process scales idle prefill down 4 -> 3 and is SIGKILLed by the loopback API
+    server the moment it has stored the PATCH (or by the webhook receiver as the POST arrives),
+    before answering, so before the tick's save. Restarted 15 s later on the 3 replicas left, it
+    had forgotten the scale-down (cooldown clock, size it went down to) and took the next step
+    at once, 3 -> 2 within the 60 s cooldown; the decision that was applied was missing from
+    ``/v1/decisions``. The advisor's state and the decision (outcome unknown) are now written
+    before the order is sent."""
+    key = ("apps", "llm", "prefill-pool")
+    db = str(tmp_path / "state.db")
+    with _api_server_that_kills(grace=600) as (url, state, calls, life):
+        state[key] = 4
+
+        def orders() -> list[int]:
+            return [c["body"]["spec"]["replicas"] for c in calls] + [b["replicas"] for b in calls.posts]
+
+        life(db, "down", via)
+        assert orders() == [3]  # the scale-down reached the target
+        guard, ev = _life(url, db, 1045.0, 1075.0, [IDLE] * 3, webhook=via == "webhook")  # the drained one is gone
+        guard.state.close()
+    rec = _prefill(ev)
+    assert rec["t"] == 1075.0 and rec["direction"] == "none" and "hold_cooldown" in rec["reasons"], rec
+    assert orders() == [3]
+    died = [r for r in ev.history if r["pool"] == "prefill" and r["t"] == 1060.0]
+    assert [(r["current"], r["desired"], r["direction"]) for r in died] == [(4, 3, "down")]
+    assert died[0]["actuated"].startswith("unknown")
+
+
+def test_a_guard_killed_just_after_a_scale_up_patch_still_counts_the_replicas_ordered(tmp_path):
+    """A real guard process scales busy prefill up 1 -> 4 and is SIGKILLed by the loopback API
+    server as it stores the PATCH. Restarted, with the load eased off, it no longer knew the 3
+    replicas were ordered: it sized the pool on the 1 ready and ordered 'up' to 3, which set the
+    target from 4 down to 3, past every scale-down guardrail (a guard that had saved the order
+    held at 4, its stabilisation window). The order is now written ahead, counted as starting
+    after the restart and checked against the target's size at the next tick."""
+    key = ("apps", "llm", "prefill-pool")
+    db = str(tmp_path / "state.db")
+    with _api_server_that_kills(grace=600) as (url, state, calls, life):
+        state[key] = 1
+        life(db, "up")
+        assert state[key] == 4 and len(calls) == 1
+        guard, ev = _life(url, db, 1060.0, 1120.0, [LESS])
+        guard.state.close()
+    rec = _prefill(ev)
+    assert (rec["current"], rec["numbers"]["starting"], rec["direction"]) == (4, 3, "none"), rec
+    assert state[key] == 4 and len(calls) == 1

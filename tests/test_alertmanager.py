@@ -398,3 +398,106 @@ def test_an_external_url_that_is_no_http_url_is_refused_by_name():
     with pytest.raises(ConfigError, match=r"alertmanager\.external_url: .*https://sla-guard\.example\.com"):
         parse_config({"source": {"mode": "prometheus", "url": "http://prometheus:9090"},
                       "alertmanager": {"url": "http://alertmanager:9093", "external_url": "guard:8080"}})
+
+
+_LIFE = """
+import sys, time
+from sla_guard.compose import compose
+from sla_guard.config import AlertmanagerSettings, GuardConfig
+from sla_guard.ingest.source import StoreSource
+from sla_guard.state import StateStore
+from sla_guard.store import SeriesStore
+
+url, db, key, instance, order = sys.argv[1:]
+root = compose(GuardConfig(alertmanager=AlertmanagerSettings(url=url)), source=StoreSource(SeriesStore()),
+               state=StateStore(db), slo=False, advisor=False)
+lab = {"model": "m", "pool": "decode", "instance": instance, "process": "engine_core"}
+book, pub = root.findings, root.alerts
+for sev in ("warning", "critical"):  # two ticks: the leak found, then found critical
+    book.raise_("leak", key, sev, "grows", lab, {"slope_mib_per_h": 48.0}, time.time())
+    if sev == "warning" or order == "save-first":  # else the publisher's thread pushes before the tick saves
+        root.guard.persist(time.time())  # the tick's save; the publisher's thread pushes on its own
+    while pub._last_version != book.version:  # the critical push never completes: killed in it
+        time.sleep(0.01)
+    root.guard.persist(time.time())  # a later tick
+"""
+
+
+@pytest.mark.parametrize(("order", "after_restart"), [("save-first", "warning"), ("push-first", "resolved")])
+def test_a_guard_killed_just_after_a_push_resolves_what_it_pushed_after_the_restart(alertmanager, tmp_path, order,
+                                                                                    after_restart):
+    """A real guard process (compose, its state file, the publisher's own thread) found a leak
+    warning, sent and saved it, then found it critical; its publisher pushed the critical alert
+    (after that tick's save, or before it: the publisher has its own thread) and the process was
+    SIGKILLed (by a loopback proxy in front of the real Alertmanager, the moment Alertmanager had
+    accepted the push), before any save recorded the critical label set. After the restart the
+    finding turned warning (or resolved): the critical alert was known to no one and stayed
+    firing until Alertmanager's resolve_timeout. The label sets about to be pushed are now
+    written to the state file before the push."""
+    import http.server
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+    import threading
+
+    from sla_guard.compose import compose
+    from sla_guard.config import AlertmanagerSettings, GuardConfig
+    from sla_guard.ingest.source import StoreSource
+    from sla_guard.state import StateStore
+    from sla_guard.store import SeriesStore
+
+    key = f"leak/m/decode/host-k-{after_restart}/engine_core"
+    lab = {"model": "m", "pool": "decode", "instance": f"host-k-{after_restart}:8000", "process": "engine_core"}
+    victim: dict = {}
+
+    class Proxy(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            body = self.rfile.read(int(self.headers["Content-Length"]))
+            r = httpx.post(alertmanager + self.path, content=body, headers={"Content-Type": "application/json"},
+                           timeout=5)
+            if any(a["labels"]["severity"] == "critical" for a in json.loads(body)) and "pid" in victim:
+                os.kill(victim["pid"], signal.SIGKILL)  # accepted by Alertmanager, not yet answered
+                victim["killed"] = r.status_code
+                return
+            self.send_response(r.status_code)
+            self.send_header("Content-Length", str(len(r.content)))
+            self.end_headers()
+            self.wfile.write(r.content)
+
+        def log_message(self, *a):
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Proxy)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    proxy = f"http://127.0.0.1:{srv.server_port}"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    try:
+        proc = subprocess.Popen([sys.executable, "-c", _LIFE, proxy, str(tmp_path / "state.db"), key,
+                                 lab["instance"], order], env=env, stderr=subprocess.PIPE, text=True)
+        victim["pid"] = proc.pid
+        try:
+            assert proc.wait(30) == -signal.SIGKILL, proc.stderr.read()[-2000:]
+        finally:
+            proc.kill()
+            proc.stderr.close()
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    assert victim["killed"] == 200
+
+    def firing() -> set[str]:
+        return {a["labels"]["severity"] for a in _am_alerts(alertmanager) if a["labels"]["instance"] == lab["instance"]}
+
+    assert firing() == {"critical"}  # the push that died with the guard had reached Alertmanager
+    b = compose(GuardConfig(alertmanager=AlertmanagerSettings(url=alertmanager)), source=StoreSource(SeriesStore()),
+                state=StateStore(tmp_path / "state.db"), slo=False, advisor=False)
+    b.alerts.stop()  # ticked by the test, not its thread
+    if after_restart == "resolved":
+        b.findings.resolve(key, time.time())
+    else:
+        b.findings.raise_("leak", key, "warning", "grows", lab, {"slope_mib_per_h": 48.0}, time.time())
+    assert b.alerts.tick(time.time()) is True
+    b.guard.state.close()
+    assert firing() == ({"warning"} if after_restart == "warning" else set())

@@ -8,6 +8,8 @@ ever raises into the guard: an unreachable Alertmanager degrades alerting, not t
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import math
 import socket
@@ -42,6 +44,11 @@ RUNBOOK_ANCHORS = {
     "ttft_stage": "#ttft-stage-growth",
 }
 IDENTITY_LABELS = ("pool", "model", "instance", "process")
+
+
+def label_id(labels: dict) -> str:
+    """A short stable name for a label set (Alertmanager's identity of an alert)."""
+    return hashlib.sha256(json.dumps(labels, sort_keys=True).encode()).hexdigest()[:20]
 
 
 def _iso(ts: float) -> str:
@@ -203,17 +210,19 @@ class AlertPublisher:
         self.external_url = external_url
         self.max_pending = max_pending
         self._sent_resolved: set[str] = set()
-        # key -> the alert last delivered for each open finding: when its labels change (a leak
-        # turning critical), Alertmanager holds another alert, which is resolved, not left to expire
-        self._sent_open: dict[str, tuple[dict, float]] = {}  # key -> (alert, opened_at)
+        # label-set id -> (alert, opened_at) of every label set Alertmanager may hold as firing:
+        # one that no open finding carries any more (a leak turned critical, or resolved) is
+        # resolved at the next push, not left to Alertmanager's resolve_timeout
+        self._sent_open: dict[str, tuple[dict, float]] = {}
         # what Alertmanager may hold from before a restart: the findings the state file reopened
-        # (a file without this publisher's parts); state_load puts what was really sent over them
+        # (a file without this publisher's parts); state_load adds what was really sent
         for f in book.open_findings():
             if f.key in getattr(book, "restored", ()):
-                self._sent_open[f.key] = (to_alert(f, runbook_base_url, external_url), f.opened_at)
-        self._filed: set[str] = set()  # keys whose part may be in the state file
-        self._unfiling: set[str] = set()  # keys whose part the last dump deleted
-        self._dumped: dict[str, tuple] = {}  # key -> (labels, opened_at) as last dumped
+                a = to_alert(f, runbook_base_url, external_url)
+                self._sent_open[label_id(a["labels"])] = (a, f.opened_at)
+        self._store = None  # the state file, written before each push (bind_state)
+        self._state_name = ""
+        self._filed: set[str] = set()  # part names the state file holds
         self._last_push = -1e18
         self._last_version = -1
         self._failed = 0  # pushes failed in a row: the next waits 1, 2, 4 ... s, at most resend_s
@@ -245,45 +254,57 @@ class AlertPublisher:
         resolved = [f for f in self.book.resolved_findings() if f.key not in self._sent_resolved]
         resolved = resolved[-self.max_pending:]
         alerts = [to_alert(f, self.runbook_base_url, self.external_url) for f in [*open_, *resolved]]
-        labels = {f.key: a["labels"] for f, a in zip([*open_, *resolved], alerts, strict=True)}
-        alerts += [{**a, "endsAt": _iso(max(now, t))} for k, (a, t) in self._sent_open.items()
-                   if labels.get(k) != a["labels"]]
+        firing = {label_id(a["labels"]): (a, f.opened_at) for f, a in zip(open_, alerts, strict=False)}
+        in_batch = {label_id(a["labels"]) for a in alerts}
+        alerts += [{**a, "endsAt": _iso(max(now, t))} for i, (a, t) in self._sent_open.items() if i not in in_batch]
+        # written ahead: a crash between the push and the next save must not lose a label set
+        # Alertmanager holds (it would fire until its resolve_timeout, resolved by no one)
+        held = {**self._sent_open, **firing}
+        self._file(held)
         ok = self.client.send(alerts)
         self._last_push = now
         self._failed = 0 if ok else self._failed + 1
-        if ok:
-            self._last_version = version
-            self._sent_open = {f.key: (a, f.opened_at) for f, a in zip(open_, alerts, strict=False)}
-            self._sent_resolved |= {f.key for f in resolved}
-            open_keys = {f.key for f in open_}
-            self._sent_resolved -= open_keys  # a reopened key must be resolved again later
-            self._sent_resolved &= {f.key for f in self.book.resolved_findings()}  # bounded
+        if not ok:  # a failed push may still have reached Alertmanager (an answer lost)
+            self._sent_open = held
+            return ok
+        self._last_version = version
+        self._sent_open = firing
+        if firing.keys() != held.keys():
+            self._file(firing)  # what this push resolved leaves the file: it stays bounded
+        self._sent_resolved |= {f.key for f in resolved}
+        open_keys = {f.key for f in open_}
+        self._sent_resolved -= open_keys  # a reopened key must be resolved again later
+        self._sent_resolved &= {f.key for f in self.book.resolved_findings()}  # bounded
         return ok
 
     # --- crash-safe state (sla_guard.state.Stateful) ------------------------------------------
+    def bind_state(self, store, name: str) -> None:
+        """Write this publisher's parts to ``store`` (under component ``name``) itself, before
+        each push: the guard's save after the tick came too late for a push made in between."""
+        self._store, self._state_name = store, name
+
+    def _file(self, held: dict[str, tuple[dict, float]]) -> None:
+        """One part per label set Alertmanager may hold as firing (``s/<label id>``); the others
+        deleted. A failed write is counted by the store and shown on ``/v1/status``; the push
+        still goes (alerting matters more than what a crash then may leave firing)."""
+        if self._store is None:
+            return
+        parts: dict = {f"s/{i}": {"labels": a["labels"], "annotations": a.get("annotations", {}), "opened_at": t}
+                       for i, (a, t) in held.items()}
+        parts.update(dict.fromkeys(self._filed - parts.keys()))
+        if self._store.save({self._state_name: parts}):
+            self._filed = {n for n, v in parts.items() if v is not None}
+
     def state_dump(self, full: bool) -> dict:
-        """One part per label set sent as firing (``s/<key>``), written when it changes and deleted
-        when it leaves: only in memory, a severity sent before a restart was never resolved (the
-        finding changed or resolved while the guard was down or Alertmanager unreachable) and kept
-        firing until Alertmanager's resolve_timeout. Deletions as in ``FindingsBook.state_dump``."""
-        sent = self._sent_open  # rebound, never mutated, by tick() on the publisher thread
-        cur = {k: (a["labels"], t) for k, (a, t) in sent.items()}
-        if not full:
-            self._filed -= self._unfiling
-        write = cur.keys() if full else [k for k, v in cur.items() if self._dumped.get(k) != v]
-        out: dict = {f"s/{k}": {"labels": sent[k][0]["labels"], "annotations": sent[k][0].get("annotations", {}),
-                                "opened_at": sent[k][1]} for k in write}
-        self._unfiling = self._filed - cur.keys()
-        out.update({f"s/{k}": None for k in self._unfiling})
-        self._filed.update(write)
-        self._dumped = cur
-        return out
+        """Nothing: the parts are written by the publisher itself, ahead of each push (``_file``)."""
+        return {}
 
     def state_load(self, parts: dict, records: list[dict]) -> None:
-        """The label sets sent as firing before the restart: the next push resolves those that
-        no longer fire. A part that is not a label set of strings is skipped (Alertmanager
-        refuses the whole batch for one bad alert, and would for every push after)."""
-        self._filed |= {k[2:] for k in parts if k.startswith("s/")}
+        """The label sets sent as firing before the restart (added to those of the reopened
+        findings): the next push resolves those that no longer fire. A part that is not a label
+        set of strings is skipped (Alertmanager refuses the whole batch for one bad alert, and
+        would for every push after). Parts named by finding key (older files) load the same."""
+        self._filed |= {k for k in parts if k.startswith("s/")}
         for k, v in parts.items():
             if not (k.startswith("s/") and isinstance(v, dict)):
                 continue
@@ -295,7 +316,7 @@ class AlertPublisher:
             ann = v.get("annotations")
             ann = {a: b for a, b in ann.items() if isinstance(a, str) and isinstance(b, str)} \
                 if isinstance(ann, dict) else {}
-            self._sent_open[k[2:]] = ({"labels": labels, "annotations": ann, "startsAt": _iso(t)}, float(t))
+            self._sent_open[label_id(labels)] = ({"labels": labels, "annotations": ann, "startsAt": _iso(t)}, float(t))
 
     def _run(self) -> None:
         while not self._stop.wait(1.0):

@@ -25,7 +25,7 @@ from sla_guard.defaults import TPOT_SLO_S, TTFT_SLO_S
 from sla_guard.model import Finding, MetricsView, PoolRecommendation
 from sla_guard.scale.actuators import ActuationError, Actuator, CappedError, StandbyError, idempotency_key
 from sla_guard.scale.advisor import POOLS, Advisor, _Learned, to_recommendation
-from sla_guard.scale.guardrails import PoolMemory, without_data
+from sla_guard.scale.guardrails import Decision, PoolMemory, without_data
 from sla_guard.scale.learn import SPREAD_GRID, PrefillCapacity, StepModel, TpotSpread
 from sla_guard.settings.advisor import AdvisorConfig
 
@@ -50,6 +50,9 @@ class DecisionLog:
         except OSError as err:
             self.errors += 1
             log.warning("decision log %s: %s", self.path, err)
+
+
+UNKNOWN_OUTCOME = "unknown: the guard stopped before the outcome of this order was saved"
 
 
 class AdvisorEvaluator:
@@ -91,6 +94,9 @@ class AdvisorEvaluator:
         self.updated_at: float | None = None
         self._published: set[tuple[str, str]] = set()  # (model, pool) with replica gauges on /metrics
         self._said: dict[str, str] = {}  # pool -> the last line logged on its unschedulable replicas
+        self._store = None  # the state file, written before each order (bind_state)
+        self._state_name = ""
+        self._ordering: set[str] = set()  # names of the notes written ahead of orders (order/<model>/<pool>)
 
     @property
     def advisor(self) -> Advisor:
@@ -164,24 +170,32 @@ class AdvisorEvaluator:
                     grace = d.numbers.get("drain_grace_s")
                     if grace and hasattr(self.actuator, "drain_grace_s"):
                         self.actuator.drain_grace_s[pool] = float(grace)  # checked before a scale-down
+                    before = adv.pending.get(pool)
+                    elector = getattr(self.actuator, "elector", None)
+                    if elector is None or elector.is_leader():  # a standby orders nothing
+                        if getattr(self.actuator, "get_replicas", None) is not None:
+                            # written ahead as ordered: a restart checks it against the target's
+                            # size (_check_orders); a webhook's cannot be, so is not trusted after one
+                            adv.expect(pool, d.desired, now)
+                        self._write_ahead(key, adv, self._record(now, label, pool, d, UNKNOWN_OUTCOME))
                     try:
                         self.actuator.set_replicas(label, pool, d.desired, ikey)
                         adv.expect(pool, d.desired, now)
                         actuated = True
                     except StandbyError as err:  # a second guard: not an error, nothing ordered
+                        _unexpect(adv, pool, before)
                         actuated = str(err)
                     except ActuationError as err:
                         if isinstance(err, CappedError):  # patched, but to another size: count what holds
                             adv.expect(pool, err.applied, now)
+                        else:
+                            _unexpect(adv, pool, before)
                         actuated = f"error: {err}"
                         self.actuation_errors += 1
                         self._inc(c.GUARD_ACTUATION_ERRORS, label, pool, self.actuator.name)
                         log.warning("advisor: %s", err)
                 self._publish(rec, d.direction)
-                record = {"t": now, "model": label, "pool": pool, "mode": self.cfg.mode, "current": d.current,
-                          "desired": d.desired, "direction": d.direction, "action": d.action,
-                          "reasons": d.reasons, "confidence": d.confidence, "numbers": d.numbers,
-                          "actuated": actuated}
+                record = self._record(now, label, pool, d, actuated)
                 if pool in overridden:
                     record["overridden"] = overridden[pool]
                 self.log.append(record)
@@ -270,15 +284,44 @@ class AdvisorEvaluator:
             self.actuation_errors += 1
             self._inc(c.GUARD_ACTUATION_ERRORS, self.model, pool, self.actuator.name)  # type: ignore[union-attr]
 
+    def _record(self, now: float, model: str, pool: str, d: Decision, actuated: str | bool) -> dict:
+        """One decision record (the decision log, ``/v1/decisions``, the state's append stream)."""
+        return {"t": now, "model": model, "pool": pool, "mode": self.cfg.mode, "current": d.current,
+                "desired": d.desired, "direction": d.direction, "action": d.action, "reasons": d.reasons,
+                "confidence": d.confidence, "numbers": d.numbers, "actuated": actuated}
+
     # -- crash-safe state (sla_guard.state.Stateful) -------------------------------------------
+    def bind_state(self, store, name: str) -> None:
+        """The state file (component ``name``), written before each order (``_write_ahead``)."""
+        self._store, self._state_name = store, name
+
+    def _write_ahead(self, key: str, adv: Advisor, record: dict) -> None:
+        """Before an order goes out: the model's state as decided (cool-down and no-reversal
+        clocks, the size gone down to) and the decision, its outcome unknown, into the state
+        file. Saved only after the tick, a guard killed between the order and that save came
+        back without them: it took the next scale-down step at once, within the cool-down, and
+        ``/v1/decisions`` lacked the order the target had taken. The tick's save replaces the
+        note with the decision's record. A failed write is the store's (counted, on
+        ``/v1/status``): the order still goes."""
+        if self._store is None:
+            return
+        from sla_guard.state import encode
+
+        name = f"order/{record['model']}/{record['pool']}"
+        self._ordering.add(name)
+        self._store.save({self._state_name: {f"model/{key}": encode({k: getattr(adv, k) for k in _ADVISOR_STATE}),
+                                             name: record}})
+
     def state_dump(self, full: bool) -> dict:
         """Each model's learned capacities and guardrail memory (failed sizes, cool-downs, the
-        stabilisation history); the decisions go to the append stream (``state_records``)."""
+        stabilisation history); the decisions go to the append stream (``state_records``), in
+        the same save that deletes the notes written ahead of their orders."""
         from sla_guard.state import encode
 
         out: dict = {f"model/{m}": encode({k: getattr(a, k) for k in _ADVISOR_STATE})
                      for m, a in self.advisors.items()}
         out["meta"] = {"seen": dict(self._seen)}
+        out.update(dict.fromkeys(self._ordering))  # bounded: one name per model and pool
         return out
 
     def state_records(self) -> list[dict]:
@@ -306,6 +349,13 @@ class AdvisorEvaluator:
                 setattr(adv, k, v)
         self._seen.update((parts.get("meta") or {}).get("seen") or {})
         self.history.extend(records)
+        for name, note in sorted(parts.items()):  # orders the guard died in: their outcome is not known
+            if name.startswith("order/") and isinstance(note, dict) and isinstance(note.get("t"), int | float):
+                self._ordering.add(name)
+                log.warning("advisor: the guard stopped while ordering %s=%s (model %s); the outcome is not "
+                            "known", note.get("pool"), note.get("desired"), note.get("model"))
+                self.history.append(note)
+                self._records.append(note)
 
     def _inc(self, metric, *labels: str) -> None:
         if self.metrics is not None:
@@ -354,6 +404,14 @@ class AdvisorEvaluator:
         return {"mode": self.cfg.mode, "updated_at": at, "actuation_errors": self.actuation_errors,
                 "recommendations": [rec_json(r) for r in recs],
                 "restarts": [rec_json(r) for r in restarts]}
+
+
+def _unexpect(adv: Advisor, pool: str, before: tuple[int, float] | None) -> None:
+    """Put back the order ``pool`` had outstanding before one that did not go through."""
+    if before is None:
+        adv.pending.pop(pool, None)
+    else:
+        adv.pending[pool] = before
 
 
 # what an Advisor learns (and must not relearn after a restart); the rest is configuration
