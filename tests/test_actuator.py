@@ -180,7 +180,7 @@ def _matches(selector: str, labels: dict) -> bool:
 
 def k8s_server(fail_get: int | None = None, fail_patch: int | None = None, grace: int | None = None,
                cap: int | None = None, write_after_get: int | None = None, room: dict | None = None,
-               hpas: list[dict] | None = None, forbid: tuple[str, ...] = ()):
+               hpas: list[dict] | None = None, forbid: tuple[str, ...] = (), unavailable: set[str] | None = None):
     """Speaks GET/PATCH of the Deployment and LeaderWorkerSet scale subresources (the objects
     themselves are 404, as to a guard without ``get`` on them, unless ``grace``: then GET of the
     Deployment answers it with that ``terminationGracePeriodSeconds``); ``fail_get`` /
@@ -190,7 +190,8 @@ def k8s_server(fail_get: int | None = None, fail_patch: int | None = None, grace
     Each write bumps the object's ``resourceVersion``; a PATCH naming an older one gets 409, as
     from the real API server. It lists pods (``_pods``, with ``room``: key -> replicas the cluster
     can place, changed by the test as it goes) and the HPAs ``hpas`` of namespace llm; a list of
-    a resource in ``forbid`` gets 403, as to a Role without ``list`` on it. ``calls`` holds the
+    a resource in ``forbid`` gets 403, as to a Role without ``list`` on it, one in ``unavailable``
+    (changed by the test as it goes) 503, as from an API server restarting. ``calls`` holds the
     PATCHes; ``calls.lists`` the list requests (path and query)."""
     state = {("apps", "llm", "prefill-pool"): 2, ("lws", "llm", "decode-pool"): 1}
     calls = _Calls()
@@ -240,6 +241,10 @@ def k8s_server(fail_get: int | None = None, fail_patch: int | None = None, grace
                 self._reply(403, {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 403,
                                   "reason": "Forbidden", "message": f'{resource} is forbidden: User "system:'
                                   f'serviceaccount:monitoring:sla-guard" cannot list resource "{resource}"'})
+            elif resource in (unavailable or ()):
+                self._reply(503, {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 503,
+                                  "reason": "ServiceUnavailable", "message": "the server is currently unable to "
+                                  "handle the request"})
             elif resource == "pods":
                 items = [p for p in _pods(state, room) if _matches(q.get("labelSelector", ""), p["metadata"]["labels"])
                          and q.get("fieldSelector") in (None, "status.phase=" + p["status"]["phase"])]
@@ -775,6 +780,36 @@ def test_an_hpa_on_the_target_is_named_and_the_guard_does_not_fight_it(caplog, t
     # found (1) and two decisions refused (2)
     assert reg.get_sample_value(c.GUARD_ACTUATION_ERRORS.series(),
                                 {"model": "m", "pool": "prefill", "actuator": "kubernetes"}) == 3
+
+
+def test_a_failed_hpa_list_is_asked_again_soon_not_after_five_minutes():
+    """The first list of HPAs failed (an API server restarting: 503) and was next asked 300 s
+    later: a KEDA ScaledObject on the target went unseen for five minutes while the guard and it
+    set the size in turn. A failed list is now asked again after 15 s, then 30, 60 ... s; a list
+    that succeeds puts the check back on its 300 s period."""
+    hpas = [_hpa("keda-hpa-glm-prefill", "Deployment", "prefill-pool", keda="glm-prefill")]
+    down = {"horizontalpodautoscalers"}
+    handler, _, calls = k8s_server(hpas=hpas, unavailable=down)
+    clock = [0.0]
+    with serve(handler) as (url, _):
+        act = _k8s_actuator(url)
+        act.clock = lambda: clock[0]
+        first = act.check_autoscalers()  # 503: no answer
+        clock[0] = 10.0
+        early = act.check_autoscalers()  # not due yet
+        clock[0] = 15.0
+        second = act.check_autoscalers()  # 503 again: next after 30 s
+        clock[0] = 40.0
+        not_yet = act.check_autoscalers()
+        down.clear()  # the API server is back
+        clock[0] = 45.0
+        found = act.check_autoscalers()
+        clock[0] = 45.0 + 299.0
+        quiet = act.check_autoscalers()  # a good answer: the normal period again
+    hpa_lists = [x for x in calls.lists if x["path"].endswith("/horizontalpodautoscalers")]
+    assert first == early == second == not_yet == quiet == {}
+    assert list(found) == ["prefill"] and "keda-hpa-glm-prefill" in act.conflicts["prefill"]
+    assert len(hpa_lists) == 3
 
 
 def test_a_forbidden_hpa_list_is_warned_once_naming_the_rbac_rule(caplog):

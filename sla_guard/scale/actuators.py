@@ -48,6 +48,7 @@ LWS_WORKER_INDEX = "leaderworkerset.sigs.k8s.io/worker-index"
 LWS_GROUP_INDEX = "leaderworkerset.sigs.k8s.io/group-index"
 KEDA_SCALEDOBJECT_LABEL = "scaledobject.keda.sh/name"  # on the HPA a KEDA ScaledObject creates
 HPA_CHECK_S = 300.0  # how often the targets' namespaces are searched for an HPA on them
+HPA_RETRY_S = 15.0  # after a list that failed (not a 403): asked again after 15, 30, 60 ... s, at most HPA_CHECK_S
 
 
 class ActuationError(RuntimeError):
@@ -152,6 +153,7 @@ class KubernetesActuator:
         self.hpa_check_s = HPA_CHECK_S
         self.clock: Callable[[], float] = time.monotonic
         self._hpa_checked: float | None = None
+        self._hpa_failures = 0  # checks in a row with a list that failed (not a 403): the next comes sooner
         self._forbidden: set[str] = set()  # namespaces whose HPAs the guard may not list (warned once)
         self._selectors: dict[str, str] = {}  # pool -> the scale subresource's status.selector
         # pool -> seconds a replica needs to drain (the advisor's drain_grace_s: the longest
@@ -273,18 +275,20 @@ class KubernetesActuator:
         KEDA ScaledObject scales through one). Patches of such a pool are refused until a check
         finds the HPA gone: the guard and the HPA would set the size in turn. Returns what this
         check found (pool -> one line naming the HPA and the fix); nothing when no check was due.
-        A list that fails is no answer: the last one stands, and a 403 (the Role lacks ``list``
-        on horizontalpodautoscalers) is warned about once, naming the rule to add."""
+        A list that fails is no answer: the last one stands, asked again after 15 s (doubling to
+        ``hpa_check_s``); a 403 (the Role lacks ``list`` on horizontalpodautoscalers) is warned
+        about once, naming the rule to add."""
         now = self.clock()
-        if self._hpa_checked is not None and now - self._hpa_checked < self.hpa_check_s:
+        if self._hpa_checked is not None and now - self._hpa_checked < self._hpa_due_s():
             return {}
         self._hpa_checked = now
         found: dict[str, str] = {}
+        failed = False
         for ns in sorted({t.namespace for t in self.targets.values()}):
             try:
                 hpas = self._call(self.autoscaling.list_namespaced_horizontal_pod_autoscaler, ns).items or []
             except Exception as err:
-                self._hpa_list_failed(ns, err)
+                failed |= self._hpa_list_failed(ns, err)
                 continue
             self._forbidden.discard(ns)
             for pool, t in self.targets.items():
@@ -295,9 +299,19 @@ class KubernetesActuator:
                           and h.spec.scale_target_ref.name == t.name), None)
                 if h is not None:
                     found[pool] = self.conflicts[pool] = hpa_conflict(h, pool, t)
+        self._hpa_failures = self._hpa_failures + 1 if failed else 0
         return found
 
-    def _hpa_list_failed(self, ns: str, err: Exception) -> None:
+    def _hpa_due_s(self) -> float:
+        """Seconds between checks: ``hpa_check_s``, or sooner after a list that failed (an API server
+        restarting, a timeout): an HPA created meanwhile went unseen for 5 min, the two scaling in turn."""
+        if not self._hpa_failures:
+            return self.hpa_check_s
+        return min(self.hpa_check_s, HPA_RETRY_S * 2 ** (self._hpa_failures - 1))
+
+    def _hpa_list_failed(self, ns: str, err: Exception) -> bool:
+        """Log the failed list (a 403 once, naming the RBAC rule); True when it is worth asking again
+        soon (not a 403: that stays until the Role changes)."""
         if getattr(err, "status", None) == 403:
             if ns not in self._forbidden:
                 self._forbidden.add(ns)
@@ -305,10 +319,11 @@ class KubernetesActuator:
                             "so an HPA or KEDA ScaledObject scaling the same targets goes unseen (not read as none); "
                             "add to the guard's Role: apiGroups [\"autoscaling\"], resources "
                             "[\"horizontalpodautoscalers\"], verbs [\"list\"] (deploy/k8s/rbac.yaml)", ns)
-            return
+            return False
         log.warning("kubernetes actuator: listing the HorizontalPodAutoscalers of namespace %r failed (%s); "
                     "the last answer stands, asked again in %.0f s", ns, f"{type(err).__name__}: {err}"[:200],
-                    self.hpa_check_s)
+                    min(self.hpa_check_s, HPA_RETRY_S * 2 ** self._hpa_failures))
+        return True
 
     def set_replicas(self, model: str, pool: str, replicas: int, key: str) -> None:
         t = self._target(pool)
