@@ -125,6 +125,30 @@ class Guard:
         except Exception:
             log.exception("state: could not restore %s; it starts empty", name)
 
+    def _attach_state(self) -> None:
+        """A state file that could not be used at start (read-only, full, held by another guard:
+        ``StateStore.detached``) is tried again; once usable, what it holds is restored into every
+        component as at a start, on top of what was learned meanwhile (each ``state_load`` merges:
+        ledgers bucket by bucket and fed on from the later ``_last_feed``, so no request counts
+        twice; open findings of both; the file's detector baselines and advisor memory), and the
+        next save is full. Never a save first: that would replace the file's budgets with these."""
+        if not self.state.attach():
+            return
+        saved = self.state.load()
+        for name, comp in self._stateful.items():
+            parts = saved.pop(name, {})
+            tail = getattr(comp, "state_tail", 0)
+            records = self.state.tail(name, tail) if tail else []
+            if not parts and not records:
+                continue
+            try:
+                comp.state_load(parts, records)
+                log.info("state: restored %s (%d parts, %d records)", name, len(parts), len(records))
+            except Exception:
+                log.exception("state: could not restore %s; it keeps what it learned", name)
+        self._saved = saved  # components added later restore from it (add_state)
+        self._full_save = True
+
     def persist(self, now: float) -> bool:
         """One transaction with every component's changed parts and new records. A failed save
         makes the next one full (the parts dumped since were never written). So does half the
@@ -174,6 +198,8 @@ class Guard:
         for an evaluator's failure. ``view`` overrides the source's view for this tick."""
         now = self.clock() if now is None else float(now)
         mono = self.monotonic()
+        if self.state is not None and self.state.detached is not None:
+            self._attach_state()  # before the evaluators: no decision on a clock the file would restore
         t0 = time.perf_counter()
         errors: dict[str, str] = {}
         view = self.source.view if view is None else view

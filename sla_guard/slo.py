@@ -498,8 +498,8 @@ class SLOEvaluator:
             if len(self.known) < self.max_pools:
                 self.known.add((m, p))
                 self._last_seen[(m, p)] = float(t)
-        if meta.get("last_feed") is not None:
-            self._last_feed = float(meta["last_feed"])
+        if meta.get("last_feed") is not None:  # the later one: a file restored into a running guard
+            self._last_feed = max(float(meta["last_feed"]), self._last_feed or -math.inf)  # fed nothing twice
 
     # -- data gathering ------------------------------------------------------------------------
     @staticmethod

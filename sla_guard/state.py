@@ -25,7 +25,9 @@ damaged file (not a database, malformed, fails its integrity check) is moved asi
 serves that on ``/v1/status``. A file that is fine but unusable now (locked, read-only, disk full,
 newer schema) raises ``StateUnavailable`` at start instead: a fresh file would forget the budgets.
 So does a file another guard has open (``<name>.lock``, an ``flock`` held while the store is
-open): two guards writing one file would each restore the other's ledgers and findings.
+open): two guards writing one file would each restore the other's ledgers and findings. With
+``retry=True`` (``serve``) a condition that may end leaves the store ``detached`` instead: nothing
+read or written, ``attach`` tries again, and the guard restores the file before saving to it.
 """
 
 from __future__ import annotations
@@ -83,7 +85,14 @@ class Stateful(Protocol):
 class StateUnavailable(RuntimeError):
     """The state file exists but cannot be used now (locked by another process, read-only, disk
     full, written by a newer guard). Why an error and not a fresh file: starting fresh would
-    silently forget the error budgets and findings; ``serve`` prints this and exits 2."""
+    silently forget the error budgets and findings. ``retry``: a condition that may end while the
+    guard runs (a lock, read-only, full, I/O): ``serve`` then runs with persistence off and retries
+    (``StateStore(retry=True)``); otherwise (a newer schema, another program's file, a path that
+    cannot be a file) it prints this and exits 2."""
+
+    def __init__(self, msg: str, *, retry: bool = False) -> None:
+        super().__init__(msg)
+        self.retry = retry
 
 
 class _Corrupt(sqlite3.DatabaseError):
@@ -123,7 +132,7 @@ class StateStore:
     """One SQLite file; every method is safe to call from the tick thread and the API thread."""
 
     def __init__(self, path: str | Path, *, max_bytes: int = 256 * 1024 * 1024, retention_s: float = 31 * 86400.0,
-                 synchronous: str = "normal", clock=time.time) -> None:
+                 synchronous: str = "normal", clock=time.time, retry: bool = False) -> None:
         self.path = Path(path)
         self.max_bytes = int(max_bytes)
         self.retention_s = float(retention_s)
@@ -141,22 +150,62 @@ class StateStore:
         self._bad_records: set[int] = set()  # log rows already counted in unreadable
         self._conn: sqlite3.Connection | None = None
         self._lock_fd: int | None = None
+        # why the file is not in use (``retry=True`` and a condition that may end): nothing is read
+        # or written, the file is left as it is, and ``attach`` tries again
+        self.detached: str | None = None
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._connect(5.0)
+        except StateUnavailable as err:
+            if not (retry and err.retry):
+                raise
+            self.detached = str(err)
+            self.problem = f"persistence is off: {err}; the guard serves without it and retries at every tick"
+            log.error("%s", self.problem)
+
+    def _connect(self, busy_s: float) -> None:
+        """Lock and open the file (a damaged one is moved aside and a fresh one started)."""
+        try:
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+            except (FileExistsError, NotADirectoryError) as err:  # config: retrying will not help
+                raise StateUnavailable(f"state file {self.path} cannot be created ({err}): a part of the "
+                                       f"path is a file; set state.path to a file in a directory") from err
+            if self.path.is_dir():
+                raise StateUnavailable(f"state file {self.path} is a directory: set state.path to a file in it")
             self._lock_fd = self._take_lock()
             try:
-                self._conn = self._open()
+                self._conn = self._open(busy_s)
             except sqlite3.DatabaseError as err:
                 if not _is_corrupt(err):
                     raise
                 self._move_aside(f"{type(err).__name__}: {err}")
-                self._conn = self._open()
+                self._conn = self._open(busy_s)
         except (sqlite3.Error, OSError, StateUnavailable) as err:
             self._release_lock()
             if isinstance(err, StateUnavailable):
                 raise
             raise StateUnavailable(f"state file {self.path} cannot be used ({type(err).__name__}: {err}); "
-                                   f"{_FIX}") from err
+                                   f"{_FIX}", retry=True) from err
+
+    def attach(self) -> bool:
+        """Try again to use a file that could not be used at start (``detached``). True once it
+        is open and locked: the caller then restores from it (``load``, ``tail``) before saving,
+        so what the file holds is never overwritten by what was learned without it. Never raises;
+        the busy wait is short, as this runs on the tick thread."""
+        if self.detached is None:
+            return True
+        try:
+            self._connect(0.2)
+            self._conn.execute("PRAGMA busy_timeout=5000")
+        except StateUnavailable as err:
+            if str(err) != self.detached:
+                self.detached = str(err)
+                self.problem = f"persistence is off: {err}; the guard serves without it and retries at every tick"
+                log.error("%s", self.problem)
+            return False
+        self.detached = self.problem = None
+        log.warning("state file %s: usable again; restoring it and saving from now on", self.path)
+        return True
 
     def _take_lock(self) -> int:
         """An exclusive ``flock`` on ``<name>.lock`` for as long as this store is open (released
@@ -170,7 +219,8 @@ class StateStore:
             holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "a process"
             os.close(fd)
             raise StateUnavailable(f"state file {self.path} is in use by another sla-guard ({holder}; lock "
-                                   f"{lock_path}): each guard needs its own state.path, or stop the other") from None
+                                   f"{lock_path}): each guard needs its own state.path, or stop the other",
+                                   retry=True) from None
         except OSError:
             os.close(fd)
             raise
@@ -187,8 +237,8 @@ class StateStore:
             self._lock_fd = None
 
     # -- opening ---------------------------------------------------------------------------------
-    def _open(self) -> sqlite3.Connection:
-        conn = sqlite3.connect(str(self.path), timeout=5.0, isolation_level=None, check_same_thread=False)
+    def _open(self, busy_s: float = 5.0) -> sqlite3.Connection:
+        conn = sqlite3.connect(str(self.path), timeout=busy_s, isolation_level=None, check_same_thread=False)
         try:
             if foreign := _foreign_table(conn):
                 raise StateUnavailable(f"state file {self.path} is not an sla-guard state file (it has {foreign}); "
@@ -273,6 +323,8 @@ class StateStore:
         Columns are read as bytes and decoded row by row: one bad byte made sqlite3's own decoding
         raise out of the whole query, and ``serve`` died with a traceback at every start."""
         out: dict[str, dict[str, Any]] = {}
+        if self.detached is not None:
+            return out
         with self._lock:
             rows = self._conn.execute("SELECT CAST(component AS BLOB), CAST(part AS BLOB), CAST(value AS BLOB), crc "
                                       "FROM kv").fetchall()
@@ -297,6 +349,8 @@ class StateStore:
         stream name was damaged was left out by ``WHERE stream = ?``, neither of them reported."""
         want = stream.encode()
         out: list[dict] = []
+        if self.detached is not None:
+            return out
         bad = 0
         with self._lock:
             cur = self._conn.execute("SELECT id, CAST(stream AS BLOB), CAST(value AS BLOB), crc FROM log NOT INDEXED "
@@ -329,6 +383,9 @@ class StateStore:
         """One transaction: upsert/delete parts, append records, apply retention. False (logged,
         counted) when the write failed; the state in the file is then the previous commit's."""
         now = self.clock() if now is None else now
+        if self.detached is not None:  # never opened here: the guard restores the file first (attach)
+            self.errors += 1
+            return False
         t0 = time.perf_counter()
         kv_rows, deletes, log_rows = [], [], []
         for comp, ps in parts.items():
@@ -428,7 +485,7 @@ class StateStore:
         return {"path": str(self.path), "bytes": self.file_bytes(), "max_bytes": self.max_bytes,
                 "saves": self.saves, "errors": self.errors, "last_save_at": self.last_save_at,
                 "last_save_ms": self.last_save_ms, "trimmed": self.trimmed, "unreadable": self.unreadable,
-                "moved_aside": self.moved_aside, "problem": self.problem}
+                "moved_aside": self.moved_aside, "problem": self.problem, "persisting": self.detached is None}
 
     def close(self) -> None:
         with self._lock:
@@ -501,9 +558,10 @@ def decode(obj: Any, classes: Mapping[str, type] = {}, overrides: Mapping[str, A
     return {k: decode(v, classes, overrides) for k, v in obj.items()}
 
 
-def open_state(config) -> StateStore | None:
+def open_state(config, *, retry: bool = False) -> StateStore | None:
     """The store ``serve`` uses: ``config.state.path``, retention one day past the longest SLO
-    period (an older ledger bucket or decision can no longer change any verdict)."""
+    period (an older ledger bucket or decision can no longer change any verdict). ``retry``: see
+    ``StateStore``."""
     settings = getattr(config, "state", None)
     if settings is None or settings.path is None:
         return None
@@ -511,4 +569,4 @@ def open_state(config) -> StateStore | None:
 
     periods = [parse_duration(o.period) for s in config.slos for o in s.objectives] or [30 * 86400.0]
     return StateStore(settings.path, max_bytes=settings.max_bytes, retention_s=max(periods) + 86400.0,
-                      synchronous=settings.synchronous)
+                      synchronous=settings.synchronous, retry=retry)

@@ -400,6 +400,51 @@ def test_prometheus_unreachable_or_failing_is_unknown_and_counted():
     assert f'{c.GUARD_SCRAPE_ERRORS.exposed}{{kind="connect",target="prometheus"}}' in text
 
 
+class _SteppedClock:
+    """The ``time`` module with its wall clock and monotonic clock set by the test (a real clock
+    cannot be stepped in a test); everything else is the real module."""
+
+    def __init__(self, wall: float, mono: float) -> None:
+        import time
+
+        self._real, self.wall, self.mono = time, wall, mono
+
+    def time(self) -> float:
+        return self.wall
+
+    def monotonic(self) -> float:
+        return self.mono
+
+    def __getattr__(self, name: str):
+        return getattr(self._real, name)
+
+
+def test_a_prometheus_that_stopped_answering_is_unready_after_a_wall_clock_step_back(monkeypatch):
+    """Readiness compared the wall clock with the last answer: a Prometheus that stopped answering
+    60 s ago (staleness 30 s) read ready after the clock was stepped back an hour (NTP, a resumed
+    VM), and would have for the hour. Elapsed time is now measured on the monotonic clock."""
+    import json
+
+    from sla_guard.ingest import prometheus as prom
+
+    clock = _SteppedClock(T0, 1000.0)
+    monkeypatch.setattr(prom, "time", clock)
+    srv = Served(lambda: json.dumps({"status": "success", "data": {"resultType": "vector", "result": [
+        {"metric": {}, "value": [T0, "1"]}]}}))
+    cfg = parse_config({"source": {"mode": "prometheus", "url": srv.url, "timeout_s": 2}, "staleness_s": 30})
+    src = PrometheusSourceImpl(cfg.source, stale_after_s=cfg.staleness_s)
+    try:
+        assert src.view.query("vector(1)", T0) is not None and src.ready()
+        srv.mode = "error"  # stopped answering
+        clock.wall, clock.mono = T0 + 20, 1020.0
+        assert src.view.query("vector(1)", T0 + 20) is None and src.ready()  # within the bound
+        clock.wall, clock.mono = T0 + 60 - 3600, 1060.0  # 60 s on, and the wall clock stepped back 1 h
+        assert not src.ready()
+    finally:
+        src.view.close()
+        srv.stop()
+
+
 def test_targets_file_discovery_reloads(tmp_path):
     engines = [Engine(pool="prefill"), Engine(pool="decode")]
     servers = [Served(e.exposition) for e in engines]

@@ -963,3 +963,112 @@ def test_a_full_disk_under_a_running_guard_is_named_on_metrics_and_the_log_and_s
     assert f"state save failed: state file {db}" in log and "free disk space" in log
     with sqlite3.connect(db) as conn:
         assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+
+
+# -- a file that cannot be used at start: serve without persistence, retry, restore -----------------
+
+def test_a_held_file_at_start_leaves_the_guard_serving_and_is_restored_never_overwritten_once_free(tmp_path):
+    """Probe: a state file serve could not open (here held by another guard; a read-only volume,
+    a full disk: the same path) made serve exit 2: on Kubernetes a crash loop with no verdicts, no
+    metrics and no alerts, for a problem of persistence only. Now the guard runs with persistence
+    off (said on /v1/status and /metrics), never writes the file meanwhile, and once it is free
+    restores what it holds (the planted open finding) before saving again."""
+    import subprocess
+    import sys
+
+    from guard_support import GuardProcess, Served
+
+    db = tmp_path / "state.db"
+    holder = subprocess.Popen([sys.executable, "-c", "import sys\nfrom sla_guard.detect.findings import FindingsBook\n"
+                               "from sla_guard.state import StateStore\nb = FindingsBook()\n"
+                               f"b.raise_('leak', {KEY!r}, 'critical', 'grows', {{'model': 'm'}}, {{}}, {T0})\n"
+                               f"s = StateStore({str(db)!r}); s.save({{'findings': b.state_dump(True)}})\n"
+                               "print('open', flush=True); sys.stdin.read()"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    e = Engine(model="m", pool="decode")
+    srv = Served(e.exposition)
+    cfg = {**ATT, "source": {"mode": "scrape", "interval_s": 0.25, "timeout_s": 0.25,
+                             "targets": [{"url": srv.url, "model": "m", "pool": "decode", "name": "e0"}]},
+           "evaluation_interval_s": 0.25, "staleness_s": 30, "state": {"path": str(db)}}
+    g = None
+    try:
+        assert holder.stdout.readline().strip() == "open"
+        g = GuardProcess(tmp_path, cfg, log_level="info")
+        st = g.wait_for("ticks without persistence", lambda: (s := g.get("/v1/status").json())["ticks"] >= 2 and s)
+        assert st["state"]["persisting"] is False and st["state"]["saves"] == 0
+        assert str(db) in st["state"]["problem"] and "persistence is off" in st["state"]["problem"]
+        assert g.get("/readyz", auth=False).status_code == 200  # the verdicts are sound
+        metric = "slaguard_guard_state_save_errors_total "
+        assert [ln for ln in g.get("/metrics", auth=False).text.splitlines()
+                if ln.startswith(metric) and float(ln.split()[-1]) >= 1]
+        assert not g.get("/v1/findings").json()["findings"]
+        holder.stdin.close()  # the other guard exits: the lock is free
+        assert holder.wait(10) == 0
+        g.wait_for("persisting again", lambda: (s := g.get("/v1/status").json()["state"])["persisting"] and
+                   s["saves"] >= 1 and s["problem"] is None)
+        assert [f["key"] for f in g.get("/v1/findings").json()["findings"]] == [KEY]
+    finally:
+        holder.kill()
+        holder.wait()
+        log = g.stop() if g is not None else ""
+        srv.stop()
+    assert f"persistence is off: state file {db}" in log and "usable again" in log
+    saved = StateStore(db).load()
+    assert [k for k in saved["findings"] if k.startswith("o/")] == [f"o/{KEY}"]
+
+
+def test_a_detached_store_writes_nothing_and_a_restore_into_a_running_guard_counts_no_request_twice(tmp_path):
+    """While detached nothing reads or writes the file (the other guard's budgets stay as they
+    are); at attach the file's ledger and the one learned meanwhile are merged and the ledger feeds
+    on from the later ``_last_feed``: from the file's, it counted every request of the detached
+    period twice (more requests in the period than the engine served)."""
+    cfg = parse_config(ATT)
+    e = Engine()
+
+    def per_tick(rng, eng):
+        return [(0.2, 0.01)] * 4
+
+    _s, ev_a, t_a = drive([e], 1800, per_tick, cfg=cfg, ev=SLOEvaluator(cfg))
+    p = tmp_path / "state.db"
+    other = StateStore(p)
+    assert other.save({"slo": ev_a.state_dump(True)}, now=t_a)
+    before = other.load()
+    st = StateStore(p, retry=True)
+    assert st.detached and "in use by another sla-guard" in st.problem and not st.status()["persisting"]
+    assert st.load() == {} and st.tail("advisor", 10) == [] and not st.save({"slo": {"meta": {}}})
+    store_b = SeriesStore(slots=400, lookback_s=cfg.staleness_s)
+    ev_b = SLOEvaluator(cfg)
+    from sla_guard.ingest.source import StoreSource
+
+    guard = Guard(cfg, StoreSource(store_b), [ev_b], state=st)
+    _s, _ev, t_b = drive([e], 900, per_tick, cfg=cfg, ev=ev_b, store=store_b, t0=t_a + 5)
+    guard.tick(t_b + 1)  # still held: not saved, counted on /metrics
+    assert guard.metrics[c.GUARD_STATE_SAVE_ERRORS]._value.get() == 1
+    assert other.load() == before
+    other.close()
+    e.request(0.2, 0.01)
+    scrape_into(store_b, [e], t_b + 5)
+    guard.tick(t_b + 5)
+    assert st.detached is None and st.saves == 1 and st.problem is None
+    got = _slo(ev_b).period_requests
+    assert _slo(ev_a).period_requests < got <= len(e.sent_ttft), (got, len(e.sent_ttft))
+    st.close()
+    fresh = SLOEvaluator(cfg)
+    fresh.state_load(StateStore(p).load()["slo"], [])
+    assert fresh._last_feed == t_b + 5
+
+
+def test_a_newer_schema_or_a_path_that_cannot_be_a_file_still_refuses_to_start(tmp_path):
+    """Exiting stays right where waiting cannot help: a newer guard's file (a downgrade would lose
+    data) and a path under a file (the config's mistake)."""
+    from sla_guard.state import StateUnavailable
+
+    p = tmp_path / "state.db"
+    StateStore(p).close()
+    with sqlite3.connect(p) as newer:
+        newer.execute("PRAGMA user_version=3")
+    newer.close()
+    with pytest.raises(StateUnavailable, match="schema version 3"):
+        StateStore(p, retry=True)
+    with pytest.raises(StateUnavailable, match="a part of the path is a file"):
+        StateStore(p / "state.db", retry=True)

@@ -87,9 +87,9 @@ def run(args: argparse.Namespace) -> int:
     from sla_guard.compose import compose
     from sla_guard.state import StateUnavailable, open_state
 
-    try:
-        state = open_state(cfg)
-    except StateUnavailable as err:  # locked, read-only, full, newer schema: say which file and the fix
+    try:  # locked, read-only, full: serve with persistence off and retry (no crash loop over the file)
+        state = open_state(cfg, retry=True)
+    except StateUnavailable as err:  # newer schema, another program's file, not a file path: the config's
         print(f"state.path: {err}", file=sys.stderr)
         return 2
     if args.listen:  # the address alerts link back to (alertmanager.external_url unset)

@@ -141,6 +141,8 @@ class FindingsBook:
             for d in saved:
                 f = decode(d, {"Finding": Finding})
                 self._open[f.key] = f
+                self._resolved.pop(f.key, None)  # resolved meanwhile (a file restored into a running guard)
+                self.restored.add(f.key)  # not those opened meanwhile
             self._filed |= {k[2:] for k in parts if k.startswith("o/")}
             for d in parts.get("resolved") or []:
                 f = decode(d, {"Finding": Finding})
@@ -149,7 +151,6 @@ class FindingsBook:
             while len(self._resolved) > self._max_resolved:
                 self._resolved.popitem(last=False)
             self._refs = Counter(_ref_key(f) for f in (*self._open.values(), *self._resolved.values()))
-            self.restored = set(self._open)
             self.version += 1
             self._refresh_gauges()
 

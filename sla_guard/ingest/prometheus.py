@@ -198,7 +198,8 @@ class PrometheusView:
         self.errors: dict[str, int] = {}
         self._logged: dict[str, tuple[float, int]] = {}  # error kind -> (last logged, errors since)
         self.last_error: str | None = None
-        self.last_ok: float | None = None
+        self.last_ok: float | None = None  # wall clock, shown as the target's last scrape
+        self.last_ok_mono: float | None = None  # ``time.monotonic``: for how long since (``ready``)
         self.queries = 0
         # answers that were no data because the query failed (cached or not): an evaluator that
         # reads "no series" as "gone" compares it around its queries (``failed_queries``)
@@ -354,6 +355,7 @@ class PrometheusView:
             self._log_error(err.kind, msg)
             return None
         self.last_ok = time.time()
+        self.last_ok_mono = time.monotonic()
         self.last_error = None
         return body["data"]
 
@@ -631,9 +633,11 @@ class PrometheusSourceImpl:
 
     def ready(self) -> bool:
         """The server answered within the staleness bound (a server that stopped answering
-        makes the guard unready, as a stale verdict does)."""
-        last = self.view.last_ok
-        return last is not None and (self.stale_after_s is None or time.time() - last <= self.stale_after_s)
+        makes the guard unready, as a stale verdict does). Elapsed time on the monotonic clock: on
+        the wall clock a step back (NTP, a resumed VM) kept a server that stopped answering ready
+        for as long as the step."""
+        last = self.view.last_ok_mono
+        return last is not None and (self.stale_after_s is None or time.monotonic() - last <= self.stale_after_s)
 
     async def aclose(self) -> None:
         self.view.close()
