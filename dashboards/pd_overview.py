@@ -25,8 +25,13 @@ def client_panels(p: Panels, config: GuardConfig) -> None:
          mean_and_percentiles(c.CLIENT_TPOT, ["model"], cs), "s", sla=slo_thresholds(config, Indicator.TPOT), w=8)
     p.ts("Client requests by outcome", "Requests per second the router finished: ok, error (the service "
          "failed it: 5xx, 429, a failed leg), client_error (a 4xx that was the client's own mistake), aborted "
-         "(the client went away).",
-         [q(pq.sum_by(["model", "outcome"], pq.rate(c.CLIENT_REQUESTS, RATE, matchers=cs)), "{{model}} {{outcome}}")],
+         "(the client went away); and the streamed errors the guard counts as misses: before the first token "
+         "(client TTFT attainment), after it (client TPOT attainment).",
+         [q(pq.sum_by(["model", "outcome"], pq.rate(c.CLIENT_REQUESTS, RATE, matchers=cs)), "{{model}} {{outcome}}"),
+          q(pq.sum_by(["model"], pq.rate(c.CLIENT_FAILED_BEFORE_FIRST_TOKEN, RATE, matchers=cs)),
+            "{{model}} error before the first token (TTFT miss)"),
+          q(pq.sum_by(["model"], pq.rate(c.CLIENT_FAILED_AFTER_FIRST_TOKEN, RATE, matchers=cs)),
+            "{{model}} error after the first token (TPOT miss)")],
          "reqps", w=8)
     p.ts("Client request duration", "Arrival at the router to the last byte sent: mean, p50, p90, p99.",
          mean_and_percentiles(c.CLIENT_E2E, ["model"], cs), "s", w=12)

@@ -214,6 +214,19 @@ CLIENT_E2E = _m("client_e2e_seconds", Hi, "Client request duration: router arriv
                 "s", CL, R, buckets=LATENCY_BUCKETS)
 CLIENT_REQUESTS = _m("client_requests", C, f"Client requests by outcome={'|'.join(Outcome)}.", "1",
                      (*CL, "outcome"), R)
+# Streamed requests that ended in a server error (outcome=error) with no observation of an indicator
+# to show for it: before the first token a request is in no TTFT histogram, after it (stream cut,
+# stalled, error event) it has a TTFT but no TPOT. The guard and the rules count each as a miss of
+# that indicator's attainment, once. Not counted: non-streamed requests (no TTFT observed, ok or
+# not), several choices in one stream (no TPOT observed), client_error and aborted.
+CLIENT_FAILED_BEFORE_FIRST_TOKEN = _m(
+    "client_failed_before_first_token", C,
+    "Streamed client requests that ended in a server error before their first token (in no TTFT histogram); "
+    "the guard counts them as client TTFT attainment misses.", "1", CL, R)
+CLIENT_FAILED_AFTER_FIRST_TOKEN = _m(
+    "client_failed_after_first_token", C,
+    "Streamed single-choice client requests that ended in a server error after their first token (a TTFT "
+    "observed, no TPOT); the guard counts them as client TPOT attainment misses.", "1", CL, R)
 CLIENT_IN_FLIGHT = _m("client_requests_in_flight", Ga, "Client requests the router is serving now.", "1", CL, R,
                       multiprocess_mode="livesum")
 CLIENT_STAGE = _m("client_ttft_stage_seconds", Hi,

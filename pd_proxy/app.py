@@ -189,6 +189,7 @@ class DecodeStream:
                 for i in ev.choices:
                     choice = i if choice is None else choice
                     several = several or i != choice
+                self.stats.several = several
                 if ev.finished and not (self.want_usage or forced_usage):
                     held.append((raw, ev, received))
                 elif ev.step and not ev.finished:
@@ -380,7 +381,7 @@ class Proxy:
     async def _serve(self, request: Request, path: str, body: dict[str, Any], rid: str, headers: dict[str, str],
                      stats: RequestStats) -> Response:
         up = legs.upstream_headers(request.headers, rid)
-        streaming = bool(body.get("stream"))
+        streaming = stats.streamed = bool(body.get("stream"))
         leg = await _unless_client_leaves(request, self._prefill_leg(path, body, up))
         if leg is None or await request.is_disconnected():  # the client left during prefill: do not start decode
             stats.finish(Outcome.ABORTED)

@@ -125,6 +125,10 @@ class RequestStats:
         self.request_id = request_id
         self.wall0 = time.time() - (time.perf_counter() - t0)  # arrival on the wall clock, for spans
         self.ttft: tuple[float, float, float] | None = None  # ttft, prefill leg, decode first leg
+        # a streamed request (TTFT observed) and one streaming several choices (no TPOT observed): an error
+        # is charged to the indicator it left without an observation, once (finish)
+        self.streamed = False
+        self.several = False
         self.finished = False
         self._labels = metrics.labels(model)
         self._in_flight = None
@@ -165,6 +169,17 @@ class RequestStats:
             f[c.CLIENT_REQUESTS].labels(*self._labels, str(outcome)).inc()
             if outcome is not c.Outcome.ABORTED:
                 f[c.CLIENT_E2E].labels(*self._labels).observe(e2e)
+            if outcome is c.Outcome.ERROR and self.streamed:
+                # the service failed a streamed request: a TTFT miss if it never got a first token, else
+                # (its TTFT observed, its TPOT not) a TPOT miss; the guard adds these to the attainment SLIs
+                # (the histogram's child is made, at zero, if none exists: with every request failing there
+                # is no histogram to add the misses to, and the scope read "no data", not 0 %)
+                if self.ttft is None:
+                    f[c.CLIENT_FAILED_BEFORE_FIRST_TOKEN].labels(*self._labels).inc()
+                    f[c.CLIENT_TTFT].labels(*self._labels)
+                elif not self.several:
+                    f[c.CLIENT_FAILED_AFTER_FIRST_TOKEN].labels(*self._labels).inc()
+                    f[c.CLIENT_TPOT].labels(*self._labels)
         finally:  # whatever failed above, the request is no longer in flight
             if self._in_flight is not None:
                 self._in_flight.dec()

@@ -48,10 +48,17 @@ from sla_guard.model import Labels, MetricsView, Status
 HIST = {i: (c.latency_metric(i.value, None), c.latency_metric(i.value, c.Pool.CLIENT)) for i in Indicator}
 BY = ("model", "pool")
 T = TypeVar("T")
-# Requests an engine pool's API servers refused at a queue limit (HTTP 503): they got no first token,
-# so TTFT attainment counts them as misses (errors and requests); means and percentiles are over
-# the requests served.
+# Requests that missed an indicator without an observation in its histogram, per indicator: (the
+# engine pools' counter, the client scope's). An engine pool's API servers refused some at a queue
+# limit (HTTP 503): no first token. The proxy failed some streamed requests (outcome=error) before
+# their first token (no TTFT) or after it (stream cut or stalled: a TTFT, no TPOT). Attainment
+# counts them as misses (errors and requests), once; means and percentiles are over the requests
+# served.
 REJECTED = c.ADMISSION_REJECTIONS.series()
+UNOBSERVED: dict[Indicator, tuple[str | None, str | None]] = {
+    Indicator.TTFT: (REJECTED, c.CLIENT_FAILED_BEFORE_FIRST_TOKEN.series()),
+    Indicator.TPOT: (None, c.CLIENT_FAILED_AFTER_FIRST_TOKEN.series()),
+}
 
 log = logging.getLogger("sla_guard.slo")
 
@@ -541,9 +548,8 @@ class SLOEvaluator:
                 per.setdefault(_mp(lab), {})["sum"] = v
             for lab, b in buckets.items():
                 per.setdefault(_mp(lab), {})["buckets"] = b
-            if ind is Indicator.TTFT:
-                for mp, v in _rejected(view.increase(REJECTED, {}, w, now, BY)).items():
-                    per.setdefault(mp, {})["rejected"] = v
+            for mp, v in _rejected(ind, lambda m, w=w: view.increase(m, {}, w, now, BY)).items():
+                per.setdefault(mp, {})["rejected"] = v
             out[(ind, w)] = per
         return out
 
@@ -564,7 +570,7 @@ class SLOEvaluator:
                         self._changed_long.setdefault((ind, thr, period, *mp), {})[w] = targets
                 for w in wins:
                     buckets = _scoped(ind, lambda h, w=w: _bucket_increase(view, h.series(), w, now))
-                    refused = _rejected(view.increase(REJECTED, {}, w, now, BY)) if ind is Indicator.TTFT else {}
+                    refused = _rejected(ind, lambda m, w=w: view.increase(m, {}, w, now, BY))
                     for lab, b in buckets.items():
                         good = le_count(b, thr)
                         tot = b.get(math.inf)
@@ -607,10 +613,9 @@ class SLOEvaluator:
             for mp, targets in _lacking(delta, thr).items():  # their requests cannot be judged
                 if mp in total:
                     total[mp] -= sum(targets.values())
-            if ind is Indicator.TTFT:
-                for mp, n in _rejected(view.counter_delta(REJECTED, {}, t0, now, BY)).items():
-                    if mp in total:
-                        total[mp] += n
+            for mp, n in _rejected(ind, lambda m: view.counter_delta(m, {}, t0, now, BY)).items():
+                if mp in total:
+                    total[mp] += n
             for mp, tot in total.items():
                 if mp not in good or not_cumulative(good[mp], tot):
                     continue  # threshold is not a bucket / buckets not cumulative: reported per objective
@@ -738,7 +743,10 @@ class SLOEvaluator:
                 f"error budget {100 * (r.budget_remaining or 0):.0f}% left"
         if refused > 0:
             over = self.window_label or f"in {slo.window}"
-            note = f"{refused:.0f} requests refused at admission (HTTP 503, queue limit) {over}, counted as misses"
+            what = ("refused at admission (HTTP 503, queue limit)" if key[1] != c.Pool.CLIENT else
+                    "failed by the service before their first token" if slo.indicator is Indicator.TTFT else
+                    "failed by the service after their first token (stream cut or stalled)")
+            note = f"{refused:.0f} requests {what} {over}, counted as misses"
             r.reason = f"{r.reason}; {note}" if r.reason else note
         return r
 
@@ -884,9 +892,16 @@ def _lacking(query: Callable[[Mapping[str, str], tuple[str, ...]], dict[Labels, 
     return out
 
 
-def _rejected(per_pool: Mapping[Labels, float]) -> dict[tuple[str, str], float]:
-    """{(model, pool): admission rejections} of the engine pools (no client scope has them)."""
-    return {_mp(lab): v for lab, v in per_pool.items() if dict(lab).get("pool") != c.Pool.CLIENT}
+def _rejected(ind: Indicator, query: Callable[[str], dict[Labels, float]]) -> dict[tuple[str, str], float]:
+    """{(model, pool): requests that missed ``ind`` unobserved} (``UNOBSERVED``): the engine
+    pools' counter for every pool but client, the client scope's for pool client only, as
+    ``_scoped`` splits the histograms. ``query(series)`` is a counter query by (model, pool)."""
+    engine, client = UNOBSERVED.get(ind, (None, None))
+    out = {} if engine is None else \
+        {_mp(lab): v for lab, v in query(engine).items() if dict(lab).get("pool") != c.Pool.CLIENT}
+    if client is not None:
+        out.update((_mp(lab), v) for lab, v in query(client).items() if dict(lab).get("pool") == c.Pool.CLIENT)
+    return out
 
 
 UNCHECKED = "unchecked: the query failed"  # a target name that says the bucket check had no answer

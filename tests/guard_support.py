@@ -23,7 +23,7 @@ import httpx
 import numpy as np
 import uvicorn
 import yaml
-from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
 from exporters.contract import Component
 from exporters.prometheus import ContractMetrics, EngineRecorder, FinishedRequest
@@ -88,6 +88,8 @@ class Router:
         self._tpot = hist(c.CLIENT_TPOT).labels(**labels)
         stage = hist(c.CLIENT_STAGE)
         self._stage = {s.value: stage.labels(**labels, stage=s.value) for s in c.Stage}
+        self._failed = [Counter(m.name, m.help, list(m.labels), registry=self.registry).labels(**labels)
+                        for m in (c.CLIENT_FAILED_BEFORE_FIRST_TOKEN, c.CLIENT_FAILED_AFTER_FIRST_TOKEN)]
         self.sent_ttft: list[float] = []
 
     def request(self, ttft: float, tpot: float, prefill_leg: float | None = None,
@@ -100,6 +102,11 @@ class Router:
             self._stage["decode_first_leg"].observe(decode_first_leg)
             self._stage["proxy"].observe(ttft - prefill_leg - decode_first_leg)
         self.sent_ttft.append(ttft)
+
+    def failed(self, before_first_token: int, after_first_token: int) -> None:
+        """Streamed requests the service failed before / after their first token (no TTFT / no TPOT)."""
+        self._failed[0].inc(before_first_token)
+        self._failed[1].inc(after_first_token)
 
     def exposition(self) -> str:
         return generate_latest(self.registry).decode()

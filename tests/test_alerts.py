@@ -382,6 +382,34 @@ def test_admission_rejections_are_ttft_attainment_misses_in_the_rules(tmp_path, 
 
 
 @needs_promtool
+@pytest.mark.parametrize("failing", [True, False])
+def test_streamed_client_errors_are_attainment_misses_in_the_rules(tmp_path, failing):
+    """The proxy serves 100 streamed requests a minute, all in time, and fails 100 more before their first
+    token (every engine 503) and 100 after it (streams cut). The client scope's rules read 0 % errors and stayed
+    silent while clients got errors; they now count those as misses, as the guard does: TTFT for the first, TPOT
+    for the second (error ratio 0.5 each, both 1h&5m pages fire). None failed (the proxy has not exposed the
+    counters yet): ratio 0, no page."""
+    lab = 'model="m",pool="client",route="pd",router="px",job="proxy",instance="px0"'
+    cases = (("ttft_attainment", c.CLIENT_TTFT, "2.5", c.CLIENT_FAILED_BEFORE_FIRST_TOKEN),
+             ("tpot_attainment", c.CLIENT_TPOT, "0.02", c.CLIENT_FAILED_AFTER_FIRST_TOKEN))
+    series, tests = [], []
+    ratio = "model_pool_slo:sli_error:ratio_rate1h"
+    for slo, metric, le, failed in cases:
+        series += [{"series": f"{metric.series(part)}{{{lab}{x}}}", "values": "0+100x200"}
+                   for part, x in (("_count", ""), ("_bucket", f',le="{le}"'), ("_bucket", ',le="+Inf"'))]
+        if failing:
+            series.append({"series": f"{failed.series()}{{{lab}}}", "values": "0+100x200"})
+        page = (f'ALERTS{{alertname="SlaGuardErrorBudgetBurn",alertstate="firing",long_window="1h",model="m",'
+                f'slo="{slo}"}}')
+        tests += [{"expr": f'{ratio}{{slo="{slo}"}}', "eval_time": "150m", "exp_samples": [
+                      {"labels": f'{ratio}{{model="m",pool="client",slo="{slo}",slo_set="*/*"}}',
+                       "value": 0.5 if failing else 0}]},
+                  {"expr": f"count({page})", "eval_time": "150m", "exp_samples": [{"value": 1}] if failing else []}]
+    r = _promtool_test(tmp_path, {"slo.yaml": render_rules()["slo.yaml"]}, series, {"promql_expr_test": tests})
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+@needs_promtool
 def test_an_upgrade_adding_the_threshold_bucket_fires_no_burn_alert_and_a_real_violation_still_pages(tmp_path):
     """Both engines are upgraded in place at 100m (a restart: counters from 0) to a bucket set
     with le="2.5". d0 serves every request in time; d1's upgrade makes half of them slow. The

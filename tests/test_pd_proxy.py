@@ -514,6 +514,103 @@ def test_a_whole_answer_cut_short_is_a_502_and_its_engine_is_left_out(engines, p
     assert value(s, c.CLIENT_REQUESTS.exposed, outcome="error") == 1 and value(s, c.CLIENT_REQUESTS.exposed) == 3
 
 
+def test_streamed_errors_are_counted_once_as_misses_of_the_indicator_they_left_unobserved(engines, proxies):
+    """Which client-scope counter a failed request lands in: a streamed request the service failed before its
+    first token (every engine 503, a failed leg) is in no TTFT histogram and counts as failed before the first
+    token; one cut after its first token has a TTFT (observed, not counted again) and no TPOT, and counts as
+    failed after it. Not counted: a non-streamed error (no TTFT is observed for those at all), the client's own
+    4xx, ok streams."""
+    p, d = engines("prefill"), engines("decode")
+    px = proxies([p], [d])
+    body = {"model": "m", "prompt": "x", "stream": True}
+    before, after = c.CLIENT_FAILED_BEFORE_FIRST_TOKEN.exposed, c.CLIENT_FAILED_AFTER_FIRST_TOKEN.exposed
+    p.status, p.error = 503, VLLM_503
+    assert stream(px.url + "/v1/completions", body)[0].status_code == 503  # streamed, refused: TTFT miss
+    s = scrape(px.url)
+    assert (value(s, before), value(s, after)) == (1, 0)
+    # the histogram a miss is added to exists (at zero) though no request got a first token yet
+    assert (c.CLIENT_TTFT.name + "_count", frozenset({("model", "m"), ("pool", "client"), ("route", "pd"),
+                                                      ("router", ROUTER)})) in s
+    assert httpx.post(px.url + "/v1/completions", json={**body, "stream": False}, timeout=10).status_code == 503
+    p.status = 400  # the client's own mistake
+    assert stream(px.url + "/v1/completions", body)[0].status_code == 400
+    p.status = 200
+    px.proxy.prefill.answered(p.url)  # back in at once, whatever the 503s left
+    d.die_after = 1  # one token, then the decode engine's connection is cut: a 502 event mid-stream
+    r, events, _ = stream(px.url + "/v1/completions", body)
+    assert r.status_code == 200 and len(token_times(events)) == 1 and json.loads(events[-1][1])["error"]["code"] == 502
+    d.die_after = None
+    px.proxy.decode.answered(d.url)
+    assert stream(px.url + "/v1/completions", body)[1][-1][1] == "[DONE]"
+    s = scrape(px.url)
+    assert value(s, c.CLIENT_REQUESTS.exposed, outcome="error") == 3
+    assert (value(s, before), value(s, after)) == (1, 1)
+    assert value(s, c.CLIENT_TTFT.name + "_count") == 2 and value(s, c.CLIENT_TPOT.name + "_count") == 1
+
+
+def test_the_guard_judges_client_attainment_by_what_the_client_got_not_only_by_the_tokens_it_saw(engines, proxies):
+    """Half the streamed requests refused with 503 by every prefill engine, scraped through the real Scraper and
+    judged by the real evaluator: client TTFT attainment read 100 % "ok" (5 of 5 observed in time) while half
+    the clients got an error. Now it reads 50 % and violated; streams cut after their first token leave TTFT
+    as observed (in time, counted once) and are TPOT attainment misses, on the store and in a one-shot check
+    (LifetimeView) alike."""
+    from sla_guard.config import parse_config
+    from sla_guard.ingest.lifetime import LifetimeView
+    from sla_guard.ingest.scrape import Scraper
+    from sla_guard.model import Status
+    from sla_guard.slo import SLOEvaluator
+    from sla_guard.store import SeriesStore
+
+    p, d = engines("prefill"), engines("decode")
+    px = proxies([p], [d])
+    cfg = parse_config({"source": {"mode": "scrape", "timeout_s": 5, "targets": [
+        {"url": px.url + "/metrics", "model": "m", "pool": "client", "name": "proxy"}]},
+        "staleness_s": 60, "slos": [{"pool": "client", "objectives": [
+            {"name": f"{ind}_att", "indicator": ind, "objective": "attainment", "threshold_s": thr, "target": 0.99,
+             "min_requests": 4} for ind, thr in (("ttft", 2.5), ("tpot", 0.02))]}]})
+    store, ev, t0 = SeriesStore(slots=64, lookback_s=60), SLOEvaluator(cfg), 1_700_000_000.0
+    scraper = Scraper(cfg.source, store)
+
+    async def judged(t: float) -> dict:
+        await scraper.scrape_target(cfg.source.targets[0], t)
+        ev.evaluate(store, t)
+        return {s.slo: s for s in ev.pools[("m", "client")].slos}
+
+    async def run() -> None:
+        try:
+            await checks()
+        finally:
+            await scraper.aclose()
+
+    async def checks() -> None:
+        await judged(t0)
+        for i in range(10):  # every other request refused (503) by the only prefill engine
+            p.status, p.error = (503, VLLM_503) if i % 2 else (200, p.error)
+            px.proxy.prefill.answered(p.url)
+            stream(px.url + "/v1/completions", {"model": "m", "prompt": "x", "stream": True})
+        p.status = 200
+        px.proxy.prefill.answered(p.url)
+        await judged(t0 + 15)
+        for view in (store, LifetimeView(store)):
+            ev.evaluate(view, t0 + 15)
+            got = {s.slo: s for s in ev.pools[("m", "client")].slos}
+            assert got["ttft_att"].value == pytest.approx(0.5) and got["ttft_att"].requests == 10, view
+            assert got["ttft_att"].status is Status.VIOLATED, (got["ttft_att"].reason, view)
+            assert "5 requests failed by the service before their first token" in got["ttft_att"].reason
+            assert got["tpot_att"].status is Status.OK and got["tpot_att"].value == 1.0
+        for i in range(10):  # every other stream cut after its first token
+            d.die_after = 1 if i % 2 else None
+            px.proxy.decode.answered(d.url)
+            stream(px.url + "/v1/completions", {"model": "m", "prompt": "x", "stream": True})
+        got = await judged(t0 + 30)
+        # the cut streams' TTFTs were in time and count once each: 15 of 15 + 5 refused; TPOT: 10 of 10 + 5 cut
+        assert got["ttft_att"].value == pytest.approx(15 / 20) and got["ttft_att"].requests == 20
+        assert got["tpot_att"].value == pytest.approx(10 / 15) and got["tpot_att"].requests == 15
+        assert got["tpot_att"].status is Status.VIOLATED and "after their first token" in got["tpot_att"].reason
+
+    asyncio.run(run())
+
+
 def test_client_leaving_mid_stream_is_aborted_and_closes_the_decode_stream(engines, proxies):
     p, d = engines("prefill"), engines("decode")
     d.itl_s, d.tokens = 0.05, 400  # 20 s of tokens unless the proxy hangs up

@@ -94,6 +94,8 @@ def world():
                     restarted = True
                 for _ in range(int(local.integers(0, 6))):
                     e.request(float(local.lognormal(-0.5, 0.8)), float(local.uniform(0.004, 0.03)))
+                if isinstance(e, Router):  # streamed requests the proxy failed, without a TTFT / a TPOT
+                    e.failed(int(local.integers(0, 2)), int(local.integers(0, 2)))
                 if isinstance(e, Engine):
                     e.rec.scheduler(running=int(local.integers(0, 9)), waiting=0, kv_usage=float(local.uniform()))
 
@@ -317,6 +319,8 @@ def test_slo_evaluator_same_on_store_and_on_prometheus(world):
          "window": "20s", "min_requests": 3},
         {"name": "ttft_att", "indicator": "ttft", "objective": "attainment", "threshold_s": 2.5, "target": 0.9,
          "window": "20s", "min_requests": 3},
+        {"name": "tpot_att", "indicator": "tpot", "objective": "attainment", "threshold_s": 0.02, "target": 0.9,
+         "window": "20s", "min_requests": 3},
     ]}]})
     at = world["ats"][0]
     on_store, on_prom = SLOEvaluator(cfg), SLOEvaluator(cfg)
@@ -335,3 +339,8 @@ def test_slo_evaluator_same_on_store_and_on_prometheus(world):
             assert s.value is not None and o.value is not None, (key, s.slo, s.reason, o.reason)
             assert _close(s.value, o.value), (key, s.slo, s.value, o.value)
             assert _close(s.requests, o.requests), (key, s.slo)
+    # the client scope's streamed errors are misses on both: before the first token of TTFT, after it of TPOT
+    for ev in (on_store, on_prom):
+        client = {s.slo: s.reason for s in ev.pools[("m", "client")].slos}
+        assert "failed by the service before their first token" in client["ttft_att"], client
+        assert "failed by the service after their first token" in client["tpot_att"], client

@@ -502,11 +502,11 @@ def test_the_gpu_budget_holds_when_both_pools_grow_in_one_tick():
     assert loop.actions == [{"t": 15.0, "pool": "decode", "from": 2, "to": 4}]
 
 
-def _kv_bound_burst(crash: str, p: int = 1):
+def _kv_bound_burst(crash: str, p: int = 1, record: bool = False):
     """20 long requests into 1 decode replica with KV for 3 of them: 17 queue there for KV space
     while their prompts' KV waits on the prefill side; ``crash`` crashes at 15 s (back at 25 s)."""
     small = PROFILE.model_copy(update={"kv": PROFILE.kv.model_copy(update={"decode_capacity_tokens": 30_000})})
-    dep = Deployment(small, p, 1, record=False,
+    dep = Deployment(small, p, 1, record=record,
                      faults=FaultSchedule([{"kind": "crash", "replica": crash, "at_s": 15.0, "restart_after_s": 10.0}]))
     dep.submit(Trace("burst", tuple(TraceRequest(i * 0.2, 8000, 3000) for i in range(20))))
     return dep
@@ -525,6 +525,20 @@ def test_a_decode_crash_frees_the_prefill_kv_of_its_queue():
     dep.run_until(4000)
     assert sum(r.state == STOPPED for r in dep.replicas if r.pool == "prefill") == 1
     assert dep.gpu_hours() == pytest.approx((100 + 2 * 4000) * PROFILE.gpus_per_replica / 3600)
+
+
+def test_a_decode_crash_counts_its_errors_as_the_proxy_does_before_or_after_the_first_token():
+    """The simulated proxy records what sla-guard-proxy records: each request the crash failed is an error and,
+    as every simulated request streams, failed before its first token (a client TTFT attainment miss) or after
+    it (a TPOT miss), once."""
+    dep = _kv_bound_burst("d0", p=2, record=True)
+    dep.run_until(100)
+    client = dep.proxy.metrics.samples()
+    errors = _hist(client, c.CLIENT_REQUESTS, "", outcome="error")
+    before = sum(r.first_token < 0 for r in dep.aborted)
+    assert errors == len(dep.aborted) > before > 0
+    assert _hist(client, c.CLIENT_FAILED_BEFORE_FIRST_TOKEN, "") == before
+    assert _hist(client, c.CLIENT_FAILED_AFTER_FIRST_TOKEN, "") == errors - before
 
 
 def test_a_replica_that_crashes_while_draining_stays_gone():

@@ -698,7 +698,7 @@ class Deployment:
             self.in_flight -= 1
         m = self.proxy.metrics
         if m is not None:  # the error answer reaches the client one pass later
-            m.failed(Outcome.ERROR, self.now + self.to_client_s - r.arrival)
+            m.failed(Outcome.ERROR, self.now + self.to_client_s - r.arrival, first_token=r.first_token >= 0)
 
     def _to_decode_now(self, r: Req) -> None:
         self.to_decode(r, self.now)

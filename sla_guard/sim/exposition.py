@@ -161,6 +161,8 @@ class ClientMetrics(_Exposed):
             child = m[c.CLIENT_REQUESTS].labels(*labels, o.value)
             child.inc(0)
             self._outcome[o] = fast_inc(child)
+        self._failed = {before: fast_inc(m[fam].labels(*labels)) for before, fam in (
+            (True, c.CLIENT_FAILED_BEFORE_FIRST_TOKEN), (False, c.CLIENT_FAILED_AFTER_FIRST_TOKEN))}
         self._in_flight_gauge = m[c.CLIENT_IN_FLIGHT].labels(*labels)
         self._in_flight_gauge.set(0)
         self._in_flight = in_flight
@@ -180,10 +182,14 @@ class ClientMetrics(_Exposed):
         self.e2e.observe_many(e2e)
         self._outcome[c.Outcome.OK](len(e2e))
 
-    def failed(self, outcome: c.Outcome, e2e_s: float | None = None) -> None:
+    def failed(self, outcome: c.Outcome, e2e_s: float | None = None, first_token: bool = False) -> None:
         """One request that did not end ``ok``; ``e2e_s`` when the client got an answer (an
-        error status), none when it went away (``aborted``)."""
+        error status), none when it went away (``aborted``). An ``error`` counts, as the proxy
+        counts it, as failed before or after its first token (``first_token``): every simulated
+        request streams."""
         self._outcome[outcome](1)
+        if outcome is c.Outcome.ERROR:
+            self._failed[not first_token](1)
         if e2e_s is not None and outcome is not c.Outcome.ABORTED:
             self.e2e.observe(e2e_s)
 
