@@ -117,7 +117,8 @@ def guard_group(p: RuleParams) -> list[dict]:
         p.alert("SlaGuardTargetDown", f"{q.series(c.GUARD_TARGET_UP)} == 0", "warning", for_="5m",
                 summary="sla-guard cannot scrape {{ $labels.target }} (" + SCOPE + ")",
                 description=("The guard's last scrapes of {{ $labels.target }} failed for 5m; its SLOs read "
-                             "unknown, never ok."),
+                             "unknown, never ok. Why (the failure kind and the field to fix): the pool's reason in "
+                             "the guard's /v1/slo and `sla-guard check`, the target's last_error in /v1/targets."),
                 runbook="slaguardtargetdown"),
     ]}]
 

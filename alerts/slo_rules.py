@@ -234,7 +234,8 @@ def data_stale_alert(slo: SLO, own: dict[str, str], matchers: list[str], p: Rule
                 "the pool serves traffic",
         description=(f"For 15m the guard has had no usable data for '{slo.name}' (stale, missing or reset series, "
                      f"failed scrapes), while Prometheus counts at least {slo.min_requests} requests per "
-                     f"{slo.window} on the pool's engines."),
+                     f"{slo.window} on the pool's engines. Why: the pool's reason in the guard's /v1/slo "
+                     f"(down targets with their failure kind and the field to fix, or the failing source)."),
         runbook="slaguarddatastale")
 
 

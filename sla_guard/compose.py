@@ -70,7 +70,7 @@ def compose(config: GuardConfig, *, source: Source | None = None, state: StateSt
     guard = Guard(config, src, [], registry, clock=clock, state=state)
     src.bind_metrics(guard.metrics)
     if slo:
-        guard.add_evaluator(SLOEvaluator(config))
+        guard.add_evaluator(SLOEvaluator(config, targets=src.targets))  # a down pool says why
     for ev in extra_evaluators:
         guard.add_evaluator(ev)
     routers: list[APIRouter] = []

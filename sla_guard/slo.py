@@ -27,7 +27,7 @@ import dataclasses
 import json
 import logging
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import TypeVar
 
@@ -40,7 +40,7 @@ from sla_guard import promql
 from sla_guard.burn_windows import PAGE, burn_rules
 from sla_guard.burn_windows import burn_windows as _burn_windows
 from sla_guard.config import SLO, GuardConfig, Indicator, Objective, parse_duration
-from sla_guard.ingest.source import UP
+from sla_guard.ingest.source import UP, TargetState
 from sla_guard.model import Labels, MetricsView, Status
 
 # Each indicator's histogram in the engine pools and in the client scope (pool="client"):
@@ -304,8 +304,12 @@ class SLOEvaluator:
     name = "slo"
 
     def __init__(self, config: GuardConfig, *, at_risk_ratio: float = 0.9, at_risk_budget: float = 0.25,
-                 ledger_step_s: float = 60.0, max_pools: int = 1000, forget_after_s: float = 3600.0) -> None:
+                 ledger_step_s: float = 60.0, max_pools: int = 1000, forget_after_s: float = 3600.0,
+                 targets: Callable[[], Iterable[TargetState]] | None = None) -> None:
         self.config = config
+        # the source's targets (``Source.targets``): a pool with targets down says why they are
+        # down (their ``last_error``), not only how many, in the reason the operator reads first
+        self._targets = targets
         self.at_risk_ratio = at_risk_ratio
         self.at_risk_budget = at_risk_budget
         self.ledger_step_s = ledger_step_s
@@ -333,6 +337,7 @@ class SLOEvaluator:
         # (indicator, threshold, period, model, pool) -> {burn window: targets whose threshold
         # bucket did not cover it}, from this tick's ``_long_windows`` (``_bucket_changes``)
         self._changed_long: dict[tuple, dict[float, list[str]]] = {}
+        self._source_error: str | None = None  # the view's, at the last evaluation
 
     def bind_metrics(self, metrics: ContractMetrics) -> None:
         self._metrics = metrics
@@ -348,7 +353,7 @@ class SLOEvaluator:
                 d = dict(lab)
                 if "model" in d and "pool" in d:
                     seen.add((d["model"], d["pool"]))
-        health, up_targets = self._health(view, now)
+        health, up_targets, down_targets = self._health(view, now)
         seen |= set(health)
         over = 0
         for key in seen:
@@ -381,7 +386,9 @@ class SLOEvaluator:
                 d = dict(k)
                 if "instance" in d:
                     fresh_targets[i].setdefault((d.get("model"), d.get("pool")), set()).add(d["instance"])
-        source_error = view.last_error
+        source_error = self._source_error = view.last_error
+        causes = {t.name: t.last_error for t in self._targets() if not t.up and t.last_error} \
+            if self._targets is not None and down_targets else {}
 
         self.window_label = view.window_label
         plan = _Plan(self.config, self.known)
@@ -395,7 +402,7 @@ class SLOEvaluator:
             pr = PoolResult(model, pool, Status.UNKNOWN, up, total_t)
             gate = ""
             if total_t and up is not None and up < total_t:
-                gate = f"{total_t - up} of {total_t} targets down"
+                gate = f"{total_t - up} of {total_t} targets down{self._down_why(down_targets.get(key, []), causes)}"
             elif key in targetless:
                 gate = "no target left for this pool (removed from discovery); forgotten once its data is stale"
             for slo in self.config.slos_for(model, pool):
@@ -427,6 +434,10 @@ class SLOEvaluator:
         if self.pools_over_limit:
             out["reason"] = (f"{self.pools_over_limit} pools beyond max_pools={self.max_pools} are not judged "
                              f"(a label bomb, or more pools than one guard covers)")
+        elif not self.pools and self.evaluated_at is not None:
+            # nothing to judge says why: a source failing from the start showed no pool and no reason
+            out["reason"] = "no pool seen yet (no TTFT/TPOT series, no target's up)" + (
+                f"; source failing: {self._source_error}" if self._source_error else "")
         return out
 
     def overall(self) -> Status:
@@ -509,12 +520,32 @@ class SLOEvaluator:
             self._last_feed = max(float(meta["last_feed"]), self._last_feed or -math.inf)  # fed nothing twice
 
     # -- data gathering ------------------------------------------------------------------------
+    def _down_why(self, down: list[str], causes: Mapping[str, str]) -> str:
+        """`` (d1: timeout: no complete answer within 2s; d2: connect; +1 more)``: the down targets
+        with their failure kind, the first one's cause in full but bounded (its fix is at its end);
+        the whole of each is in /v1/targets. A target the source has no error for (Prometheus mode:
+        ``up`` is Prometheus's) is named, and where its cause is said."""
+        if not down:
+            return ""
+        known = [n for n in down if n in causes] + [n for n in down if n not in causes]
+        first, rest = known[0], known[1:]
+        parts = [f"{_short(first, 60)}: {_short(causes[first], 240)}" if first in causes else _short(first, 60)]
+        parts += [f"{_short(n, 60)}: {causes[n].split(':', 1)[0]}" if n in causes else _short(n, 60) for n in rest[:2]]
+        if len(rest) > 2:
+            parts.append(f"+{len(rest) - 2} more")
+        if not causes and getattr(self.config.source, "mode", "") == "prometheus":
+            parts.append("why: Prometheus's /targets page")
+        return f" ({'; '.join(parts)})"
+
     @staticmethod
     def _health(view: MetricsView, now: float) -> tuple[dict[tuple[str, str], tuple[int, int]],
-                                                          dict[tuple[str, str], set[str]]]:
-        """Per pool (targets up, targets), and the instances of the targets that are up."""
+                                                          dict[tuple[str, str], set[str]],
+                                                          dict[tuple[str, str], list[str]]]:
+        """Per pool (targets up, targets), the instances of the targets that are up, and those of
+        the targets that are down (sorted)."""
         out: dict[tuple[str, str], list[int]] = {}
         up: dict[tuple[str, str], set[str]] = {}
+        down: dict[tuple[str, str], set[str]] = {}
         for lab, v in view.instant(UP, {}, now).items():
             d = dict(lab)
             if "model" not in d or "pool" not in d:
@@ -522,9 +553,9 @@ class SLOEvaluator:
             cnt = out.setdefault((d["model"], d["pool"]), [0, 0])
             cnt[0] += int(v >= 1)
             cnt[1] += 1
-            if v >= 1 and "instance" in d:
-                up.setdefault((d["model"], d["pool"]), set()).add(d["instance"])
-        return {k: (a, b) for k, (a, b) in out.items()}, up
+            if "instance" in d:
+                (up if v >= 1 else down).setdefault((d["model"], d["pool"]), set()).add(d["instance"])
+        return {k: (a, b) for k, (a, b) in out.items()}, up, {k: sorted(v) for k, v in down.items()}
 
     def _windowed(self, view: MetricsView, now: float, plan: _Plan) -> dict:
         """{(indicator, window): {(model,pool): {'sum','count','buckets'}}} for mean/percentile
@@ -932,6 +963,18 @@ def _bucket_changes(view: MetricsView, ind: Indicator, thr: float, windows: tupl
                     target = d.get("instance") or ",".join(f"{k}={x}" for k, x in lab if k not in BY)
                     out.setdefault(w, {}).setdefault(_mp(lab), set()).add(target)
     return {w: {mp: sorted(t) for mp, t in by_pool.items()} for w, by_pool in out.items()}
+
+
+def _short(text: str, limit: int) -> str:
+    """``text`` in at most about ``limit`` characters: its start (what failed) and its end (the
+    errors of the scraper end with the fix: the config field to raise) around an ellipsis."""
+    if len(text) <= limit:
+        return text
+    head, tail = text[:limit * 2 // 5], text[len(text) - limit * 3 // 5 + 5:]
+    cut, start = head.rfind(" "), tail.find(" ")  # whole words, unless that loses more than 20
+    head = head[:cut] if cut >= len(head) - 20 else head
+    tail = tail[start + 1:] if 0 <= start < 20 else tail
+    return f"{head} ... {tail}"
 
 
 def _changed_reason(slo: SLO, key: tuple[str, str], windows: list[float], targets: list[str]) -> str:

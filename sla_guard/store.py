@@ -157,6 +157,8 @@ class IngestResult:
     # kind: the scraper fails a scrape that lost series the SLOs read, or carried such a value in
     # them, rather than judge a pool without them or on a broken count
     limited: dict[str, str] = field(default_factory=dict)
+    # why the page did not parse (the line and what is wrong with it), for the scrape's error
+    parse_error: str = ""
 
     def add(self, other: IngestResult) -> None:
         self.samples += other.samples
@@ -320,8 +322,8 @@ class SeriesStore:
                         self.dropped.update(stale)
                 return _out_of_order(res, order)
             samples, parse_errors = parse_exposition(exposition, oldest_s=oldest, order=order)
-        except ExpositionError:
-            res = IngestResult()
+        except ExpositionError as err:
+            res = IngestResult(parse_error=str(err))
             res.errors["parse"] += 1
             with self._lock:
                 self.dropped["parse"] += 1

@@ -38,7 +38,8 @@ def _cfg(servers, min_requests=5):
             "slos": [{"objectives": objectives}]}
 
 
-def _rows(stdout: str) -> dict[tuple[str, str], list[str]]:
+def _rows(stdout: str, key: tuple[int, int] = (1, 2)) -> dict[tuple[str, str], list[str]]:
+    """The table's cells by (pool, slo), or by the columns ``key`` names."""
     lines = stdout.strip().splitlines()
     head = lines[0]
     cols = [head.index(h) for h in ("MODEL", "POOL", "SLO", "OBJECTIVE", "VALUE", "REQUESTS", "WINDOW", "BUDGET",
@@ -46,7 +47,7 @@ def _rows(stdout: str) -> dict[tuple[str, str], list[str]]:
     out = {}
     for ln in lines[1:-1]:
         cells = [ln[a:b].strip() for a, b in zip(cols, [*cols[1:], None], strict=True)]
-        out[(cells[1], cells[2])] = cells
+        out[(cells[key[0]], cells[key[1]])] = cells
     return out
 
 
@@ -296,3 +297,41 @@ def test_a_reader_that_closes_early_ends_the_command_quietly(tmp_path, extra):
     finally:
         s.stop()
     assert r.returncode == 141 and r.stderr == "", r.stderr
+
+
+def test_check_says_why_each_pool_is_unknown(tmp_path):
+    """The table said "1 of 1 targets down" for a pool whose target timed out, served a malformed
+    page or went over a series limit; the cause was only on stderr, one line per target, apart
+    from the pool. Each pool's NOTE (and ``--json``'s reason) names its target's failure and fix,
+    and the exit is 2, never 0."""
+    e = Engine()
+    for _ in range(10):
+        e.request(0.2, 0.01)
+    slow, bad, big = Served(e.exposition), Served(lambda: "slaguard_oops{{{ 1\n"), Served(e.exposition)
+    slow.mode, slow.slow_s = "slow", 2.0
+    dead = f"http://127.0.0.1:{free_port()}/metrics"
+    cfg = _cfg([])
+    cfg["source"]["timeout_s"] = 0.5
+    cfg["source"]["targets"] = [{"url": u, "model": m, "pool": "decode", "name": m} for u, m in (
+        (slow.url, "slow"), (bad.url, "bad"), (big.url, "big"), (dead, "dead"))]
+    cfg["retention"] = {"max_series_per_target": 10}
+    try:
+        for extra in ((), ("--json",)):
+            r = _check(cfg, tmp_path, *extra)
+            assert r.returncode == 2, r.stdout + r.stderr
+            if extra:
+                import json
+
+                why = {p["model"]: p["reason"] for p in json.loads(r.stdout)["pools"]}
+            else:
+                why = {m: cells[9] for (m, _), cells in _rows(r.stdout, (0, 2)).items()}
+            assert why["slow"] == "1 of 1 targets down (slow: timeout: no complete answer within 0.5s)", why
+            assert why["bad"].startswith("1 of 1 targets down (bad: parse: malformed exposition"), why
+            assert "slaguard_oops{{{" in why["bad"], why
+            assert why["big"].startswith("1 of 1 targets down (big: series_limit: "), why
+            assert "retention.max_series_per_target (10)" in why["big"], why
+            assert why["dead"].startswith("1 of 1 targets down (dead: connect: "), why
+    finally:
+        for s in (slow, bad, big):
+            s.stop()
+

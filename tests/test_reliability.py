@@ -240,7 +240,9 @@ def test_a_target_whose_slo_series_do_not_fit_the_store_is_down_not_left_out(tmp
             step()
         e1 = guard.source._state["e1"]
         pool = slo.pools[("m", "decode")]
-        assert pool.status is Status.UNKNOWN and pool.reason == "1 of 2 targets down", (pool.status, pool.reason)
+        assert pool.status is Status.UNKNOWN, (pool.status, pool.reason)
+        assert pool.reason.startswith("1 of 2 targets down (e1: series_limit: ") and "retention.max_series " \
+            in pool.reason, pool.reason  # the cause and its fix where the operator looks first
         assert slo.overall() is Status.UNKNOWN
         assert not e1.up and e1.errors["series_limit"] >= 1
         assert "retention.max_series " in e1.last_error and "slaguard_request_t" in e1.last_error
@@ -310,7 +312,7 @@ def test_a_multi_pool_target_over_its_series_limit_is_down_in_every_pool_it_spea
         store.max_series_per_group = store.series_count() // 2 + 10  # room for one engine's page
         grown[0] = True
         seen = [step() for _ in range(16)]  # 4 s: the 2 s window holds only the fast engine's data
-        assert all(p.status is Status.UNKNOWN and p.reason == "1 of 2 targets down" for p in seen), \
+        assert all(p.status is Status.UNKNOWN and p.reason.startswith("1 of 2 targets down") for p in seen), \
             [(p.status, p.reason) for p in seen]
         st = scraper._state["agg"]
         assert not st.up and "retention.max_series_per_target" in st.last_error, st.last_error
@@ -575,6 +577,22 @@ def test_failing_prometheus_is_named_in_the_reason():
         assert "source failing" in pool.reason and "HTTP 500" in pool.reason, pool.reason
     finally:
         bad.stop()
+
+
+def test_a_prometheus_unreachable_from_the_start_is_named_in_the_verdict():
+    """With Prometheus unreachable from the first tick no pool was ever seen: /v1/slo and /v1/status
+    said "unknown" with no pools and no reason at all, the cause only in /v1/targets. The snapshot
+    says why, and ``check``'s table after its overall verdict."""
+    from sla_guard.commands.check import render_table
+
+    cfg = parse_config({"source": {"mode": "prometheus", "url": f"http://127.0.0.1:{free_port()}", "timeout_s": 0.5}})
+    guard = compose(cfg, detectors=False, advisor=False).guard
+    asyncio.run(guard.collect())
+    guard.tick()
+    snap = guard.evaluator("slo").snapshot()
+    assert snap["status"] == "unknown" and snap["pools"] == [], snap
+    assert "no pool seen yet" in snap["reason"] and "source failing: connect: " in snap["reason"], snap
+    assert render_table(snap).endswith(f"overall: unknown ({snap['reason']})")
 
 
 @pytest.mark.parametrize("chunked", [False, True])
@@ -868,3 +886,69 @@ def test_prometheus_clock_minutes_apart_is_queried_at_its_own_time(skew_s):
         loop.run_until_complete(guard.source.aclose())
         loop.close()
         srv.stop()
+
+
+def test_a_pool_with_targets_down_says_why_in_its_reason():
+    """A pool whose targets failed read "1 of 1 targets down" in /v1/status, /v1/slo and the check
+    table, while the cause and the field to fix (a timeout, a malformed line, a series limit, a
+    hook that stopped recording) were only in /v1/targets. The reason names each down target's
+    failure kind and the first one's cause, bounded, its fix kept."""
+    now = [T0]
+    eng = {k: Engine(model=k) for k in ("m", "p", "s", "h")}
+    vllm_tokens = [0]
+
+    def hooked() -> str:  # vLLM's own counter beside the hook's, as on a plugin page
+        return eng["h"].exposition() + ('# TYPE vllm:generation_tokens counter\n'
+                                        f'{c.VLLM_GENERATION_TOKENS}{{engine="0"}} {vllm_tokens[0]}\n')
+
+    srv = {"d0": Served(eng["m"].exposition), "d1": Served(eng["m"].exposition), "p0": Served(eng["p"].exposition),
+           "s0": Served(eng["s"].exposition), "h0": Served(hooked)}
+    targets = [{"url": s.url, "model": "m" if n[0] == "d" else n[0], "pool": "decode", "name": n}
+               for n, s in srv.items()]
+    targets.append({"url": f"http://127.0.0.1:{free_port()}/metrics", "model": "m", "pool": "decode", "name": "d2"})
+    cfg = parse_config({"source": {"mode": "scrape", "interval_s": 5, "timeout_s": 0.3, "targets": targets},
+                        "staleness_s": 60, "slos": [{"objectives": [
+                            {"name": "ttft_mean", "indicator": "ttft", "objective": "mean", "threshold_s": 2.5,
+                             "window": "1m", "min_requests": 1}]}]})
+    store = build_store(cfg)
+    scraper = Scraper(cfg.source, store, clock=lambda: now[0])
+    guard = compose(cfg, source=scraper, detectors=False, advisor=False, clock=lambda: now[0]).guard
+    loop = asyncio.new_event_loop()
+
+    def step(hook_records: bool = True) -> dict:
+        for k, e in eng.items():
+            for _ in range(4 if hook_records or k != "h" else 0):
+                e.request(0.2, 0.01)
+        vllm_tokens[0] += 32
+        now[0] += 5
+        loop.run_until_complete(guard.collect())
+        guard.tick()
+        return {p["model"]: p for p in guard.evaluator("slo").snapshot()["pools"]}
+
+    try:
+        for _ in range(3):
+            pools = step()
+        assert {m: p["status"] for m, p in pools.items()} == {**dict.fromkeys("psh", "ok"), "m": "unknown"}, pools
+        assert pools["m"]["reason"].startswith("1 of 3 targets down (d2: connect: "), pools
+        srv["d1"].mode, srv["d1"].slow_s = "slow", 1.0
+        srv["p0"].body = lambda: eng["p"].exposition() + "slaguard_oops{{{ 1\n"
+        store.max_series_per_group = 1  # no room for the series of a new engine label
+        srv["s0"].body = Engine(model="s", engine="1").exposition
+        for _ in range(3):
+            pools = step(hook_records=False)
+        reasons = {m: p["reason"] for m, p in pools.items()}
+        assert all(p["status"] == "unknown" for p in pools.values()), reasons
+        assert reasons["m"] == "2 of 3 targets down (d1: timeout: no complete answer within 0.3s; d2: connect)"
+        assert reasons["p"].startswith("1 of 1 targets down (p0: parse: malformed exposition"), reasons
+        assert "slaguard_oops{{{" in reasons["p"] and "fix the exporter's /metrics" in reasons["p"], reasons
+        assert reasons["s"].startswith("1 of 1 targets down (s0: series_limit: series limit reached"), reasons
+        assert "raise it" in reasons["s"] and "retention.max_series_per_target (1)" in reasons["s"], reasons
+        assert reasons["h"].startswith("1 of 1 targets down (h0: hook_stalled: the hook stopped recording"), reasons
+        assert max(len(r) for r in reasons.values()) <= 300, reasons
+        # every objective of the pool says it too (the check table's NOTE column)
+        assert all(s["reason"] == p["reason"] for p in pools.values() for s in p["slos"]), pools
+    finally:
+        loop.run_until_complete(scraper.aclose())
+        loop.close()
+        for s in srv.values():
+            s.stop()

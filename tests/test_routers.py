@@ -354,7 +354,8 @@ def test_every_model_behind_one_router_is_judged_and_the_targets_model_is_no_pha
             srv.mode = "error"
             await scrape(1090.0)
             assert {k: r.reason for k, r in slo.pools.items()} == {
-                (QWEN, "client"): "1 of 1 targets down", (LLAMA, "client"): "1 of 1 targets down"}
+                (QWEN, "client"): "1 of 1 targets down (dynamo-fe: http_status: HTTP 500)",
+                (LLAMA, "client"): "1 of 1 targets down (dynamo-fe: http_status: HTTP 500)"}
             await scr.aclose()
 
         asyncio.run(go())

@@ -10,6 +10,7 @@ import pytest
 from guard_support import Engine, drive, scrape_into
 
 from sla_guard.config import parse_config
+from sla_guard.ingest.source import TargetState
 from sla_guard.model import Status
 from sla_guard.slo import (
     Ledger,
@@ -455,3 +456,31 @@ def test_no_refusals_leave_attainment_unchanged():
     _, ev, _ = drive([Engine(pool="prefill")], 300, _refusing(2, 0))
     att = _slo(_pool(ev, pool="prefill"), "ttft_attainment")
     assert att.status is Status.OK and att.value == 1.0 and "refused" not in att.reason
+
+
+def test_a_pool_with_targets_down_names_them_and_their_causes_bounded():
+    """The reason said only how many targets were down. It names each down target with its failure
+    kind (the first one with its cause, cut in the middle past 240 characters so the fix at its end
+    stays), at most three, and in Prometheus mode, where the guard has no target's error, where to
+    look."""
+    engines = [Engine(engine=str(i)) for i in range(6)]
+    good = lambda rng, e: [(0.2, 0.01)] * 3  # noqa: E731
+    fix = "raise retention.max_series_per_target (50)"
+    causes = [TargetState(f"m/decode/{i}", "", "m", "decode", up=False,
+                          last_error=f"{kind}: {'x' * (300 if i == 1 else 10)} {fix}")
+              for i, kind in ((1, "series_limit"), (2, "timeout"), (3, "parse"), (4, "connect"), (5, "too_large"))]
+    store, ev, t = drive(engines, 60, good)
+    ev = SLOEvaluator(_cfg(), targets=lambda: causes)
+    t += 5
+    scrape_into(store, engines[:1], t)
+    scrape_into(store, engines[1:], t, up=False)
+    ev.evaluate(store, t)
+    reason = _pool(ev).reason
+    assert reason.startswith("5 of 6 targets down (m/decode/1: series_limit: xxx"), reason
+    assert reason.endswith(f" {fix}; m/decode/2: timeout; m/decode/3: parse; +2 more)"), reason
+    assert len(reason) < 360 and " ... " in reason, reason
+    # Prometheus mode: ``up`` is Prometheus's, the scrape errors are on its /targets page
+    prom = SLOEvaluator(_cfg(source={"mode": "prometheus", "url": "http://127.0.0.1:9090"}))
+    prom.evaluate(store, t)
+    assert _pool(prom).reason == ("5 of 6 targets down (m/decode/1; m/decode/2; m/decode/3; +2 more; "
+                                  "why: Prometheus's /targets page)"), _pool(prom).reason

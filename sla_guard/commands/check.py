@@ -63,7 +63,8 @@ def render_table(snapshot: dict) -> str:
                          f"..{100 * p['goodput_upper_bound']:.1f}%", "", "", "", "", "bounds from the marginals"))
     widths = [max(len(str(r[i])) for r in (head, *rows)) for i in range(len(head))]
     lines = ["  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in (head, *rows)]
-    lines.append(f"overall: {snapshot['status']}")
+    why = snapshot.get("reason")  # nothing judged, or pools left unjudged: why
+    lines.append(f"overall: {snapshot['status']}" + (f" ({why})" if why else ""))
     return "\n".join(lines)
 
 

@@ -188,8 +188,10 @@ class Scraper:
                 res = self.store.ingest_text(text, ts, labels, group=name, honor_labels=honor)
             else:  # a router's own page: only its client-scope translation is stored
                 res = self._ingest_router(text, ts, name, target)
-            if res.errors.get("parse"):
-                raise ScrapeFailed("parse", "malformed exposition")
+            if res.errors.get("parse"):  # the line that broke it: the pool's reason shows it
+                why = res.parse_error.removeprefix("malformed exposition: ")
+                raise ScrapeFailed("parse", f"malformed exposition{': ' + why if why else ''} "
+                                            f"(fix the exporter's /metrics)")
             if judged := sorted(n for n in res.limited if n in _JUDGED):
                 kind = res.limited[judged[0]]
                 what, fix = _REFUSED.get(kind, _REFUSED["label_limit"])
@@ -271,9 +273,10 @@ class Scraper:
                 if not any(h[2][i] for h in hist):
                     continue  # the hook does not export this one (an older plugin): not evidence
                 if len({h[2][i].get(e) for h in hist}) == 1:
-                    why = (f"vLLM generated {rose:g} tokens on engine {e!r} between {t0:.0f} and {t1:.0f} "
-                           f"({c.VLLM_GENERATION_TOKENS}) but the sla-guard hook's {m.series()} did not move "
-                           f"through {ts:.0f}: the hook stopped recording (its stat logger dropped, e.g. by an "
+                    # the conclusion first: a pool's reason shows this message's start and end
+                    why = (f"the hook stopped recording: vLLM generated {rose:g} tokens on engine {e!r} between "
+                           f"{t0:.0f} and {t1:.0f} ({c.VLLM_GENERATION_TOKENS}) but the sla-guard hook's "
+                           f"{m.series()} did not move through {ts:.0f} (its stat logger dropped, e.g. by an "
                            f"elastic-EP rebuild, or its record() failing: see {c.HOOK_ERRORS.series()}); this "
                            f"target's contract data is frozen, not idle")
                     self._stalled[name] = (hist[-1][2], why)
@@ -287,8 +290,8 @@ class Scraper:
         is counted as ``adapter_no_match`` (wrong adapter, or a renamed family)."""
         try:
             samples, _ = parse_exposition(text)
-        except ExpositionError:
-            res = IngestResult()
+        except ExpositionError as err:
+            res = IngestResult(parse_error=str(err))
             res.errors["parse"] += 1
             return res
         mapped = translate(samples, target.adapter, default_model=target.model)
