@@ -31,16 +31,19 @@ import contextlib
 import logging
 import math
 import signal
+import socket
 import sys
 import threading
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 import httpx
 import psutil
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
@@ -386,12 +389,42 @@ def build_registry(a: argparse.Namespace) -> CollectorRegistry:
     return reg
 
 
+# the longest a connection to the sidecar may stay silent while sending its request or taking the answer
+REQUEST_TIMEOUT_S = 10.0
+
+
+def serve_metrics(host: str, port: int, registry: CollectorRegistry,
+                  request_timeout_s: float = REQUEST_TIMEOUT_S) -> tuple[ThreadingWSGIServer, threading.Thread]:
+    """prometheus_client's threaded /metrics server (``start_http_server``) with a socket timeout on
+    every connection: there a half-open connection (a request never finished) held its thread
+    forever, 300 of them 300 threads. OSError if ``host:port`` cannot be listened on."""
+    family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+
+    class Server(ThreadingWSGIServer):
+        address_family = family
+
+        def handle_error(self, request, client_address) -> None:
+            if not isinstance(sys.exc_info()[1], TimeoutError):  # a silent client closed: not an error
+                super().handle_error(request, client_address)
+
+    class Handler(WSGIRequestHandler):
+        timeout = request_timeout_s  # StreamRequestHandler: each read and write of the connection
+
+        def log_message(self, format: str, *args: object) -> None:  # requests are not logged
+            pass
+
+    httpd = make_server(host, port, make_wsgi_app(registry), Server, handler_class=Handler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True, name="sidecar-metrics")
+    thread.start()
+    return httpd, thread
+
+
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     install_log_redaction(logging.INFO)  # --metrics-url may carry user:password@ or ?token=
     a = parse_args(argv)
     try:
-        server, _thread = start_http_server(a.port, addr=a.host, registry=build_registry(a))
+        server, _thread = serve_metrics(a.host, a.port, build_registry(a))
     except OSError as err:  # port taken, host not resolvable or not local: say so, not a traceback
         print(f"sla-guard-sidecar: error: --listen {a.listen}: cannot listen there ({err.strerror or err}); "
               "pass a free local HOST:PORT", file=sys.stderr)

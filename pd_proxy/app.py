@@ -34,6 +34,7 @@ import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.requests import ClientDisconnect
 
 from exporters import contract as c
 from pd_proxy import legs
@@ -351,12 +352,15 @@ class Proxy:
             self.metrics.rejected()
             return too_large
         parts, size = [], 0
-        async for part in request.stream():
-            size += len(part)
-            if size > limit:
-                self.metrics.rejected()
-                return too_large
-            parts.append(part)
+        try:
+            async for part in request.stream():
+                size += len(part)
+                if size > limit:
+                    self.metrics.rejected()
+                    return too_large
+                parts.append(part)
+        except ClientDisconnect:  # gone mid-body, or closed at --request-timeout: no request, and no traceback
+            return Response(status_code=499, headers=headers)
         try:
             body = json.loads(b"".join(parts))
             # what the legs cannot send on is the client's mistake, not a 500 counted as the service's error:

@@ -16,6 +16,7 @@ import math
 import uvicorn
 
 from exporters.redact import install_log_redaction
+from exporters.request_deadline import request_timeout_protocol
 from pd_proxy.app import build_app
 from pd_proxy.config import POLICIES, ProxyConfig
 
@@ -55,6 +56,9 @@ def parser() -> argparse.ArgumentParser:
                    help="total deadline of one /health probe (default %(default)g s)")
     p.add_argument("--max-models", type=int, default=d.max_models, metavar="N",
                    help="distinct model label values before the rest count as 'other' (default %(default)s)")
+    p.add_argument("--request-timeout", type=float, default=d.request_timeout_s, metavar="S",
+                   help="seconds a client has to send its whole request (headers and body); a slower one is "
+                        "disconnected (default %(default)g s)")
     p.add_argument("--max-body-bytes", type=int, default=d.max_body_bytes, metavar="N",
                    help="largest accepted request body; larger ones get 413 (default %(default)s)")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
@@ -70,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
                              decode_stall_timeout_s=args.decode_stall_timeout,
                              health_interval_s=args.health_interval, health_timeout_s=args.health_timeout,
                              max_models=args.max_models,
-                             max_body_bytes=args.max_body_bytes)
+                             max_body_bytes=args.max_body_bytes, request_timeout_s=args.request_timeout)
     except ValueError as e:
         parser().error(str(e))
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -81,5 +85,5 @@ def main(argv: list[str] | None = None) -> int:
     # (30 s cut decode streams that had --decode-timeout to run: the client saw the connection drop mid-answer)
     drain_s = math.ceil(config.prefill_timeout_s + config.decode_timeout_s)
     uvicorn.run(build_app(config), host=host, port=port, log_level=args.log_level,
-                timeout_graceful_shutdown=drain_s)
+                timeout_graceful_shutdown=drain_s, http=request_timeout_protocol(config.request_timeout_s))
     return 0

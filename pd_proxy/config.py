@@ -58,6 +58,10 @@ class ProxyConfig:
     # from the client's body, and clients must not be able to mint series.
     max_models: int = 16
     max_body_bytes: int = 16 * 1024 * 1024
+    # A client must deliver its whole request (headers and body) within this many seconds of connecting, or of
+    # its previous response, else the connection is closed: uvicorn alone waits forever, so slowloris clients
+    # held their connections for good. Room for --max-body-bytes over a slow link; the answer is not bounded.
+    request_timeout_s: float = 30.0
 
     def __post_init__(self) -> None:
         if not self.prefill or not self.decode:
@@ -84,6 +88,11 @@ class ProxyConfig:
             raise ValueError(
                 f"health_timeout_s (--health-timeout) must be a positive number of seconds, "
                 f"got {self.health_timeout_s!r}"
+            )
+        if not (0 < self.request_timeout_s < math.inf):
+            raise ValueError(
+                f"request_timeout_s (--request-timeout) must be a positive number of seconds, "
+                f"got {self.request_timeout_s!r}"
             )
         if self.max_models < 1 or self.max_body_bytes < 1:
             raise ValueError("max_models and max_body_bytes must be >= 1")

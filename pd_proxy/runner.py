@@ -8,6 +8,7 @@ import time
 
 import uvicorn
 
+from exporters.request_deadline import request_timeout_protocol
 from pd_proxy.app import build_app
 from pd_proxy.config import ProxyConfig
 from pd_proxy.metrics import ClientMetrics
@@ -17,8 +18,9 @@ class ProxyThread:
     def __init__(self, config: ProxyConfig, host: str = "127.0.0.1", port: int = 0,
                  metrics: ClientMetrics | None = None) -> None:
         self.app = build_app(config, metrics)
-        self.server = uvicorn.Server(uvicorn.Config(self.app, host=host, port=port, log_level="warning",
-                                                    lifespan="on"))
+        # the request deadline as the CLI has it (cli.main)
+        self.server = uvicorn.Server(uvicorn.Config(self.app, host=host, port=port, log_level="warning", lifespan="on",
+                                                    http=request_timeout_protocol(config.request_timeout_s)))
         self.host = host
         self.port = port
         self.thread = threading.Thread(target=self.server.run, name="sla-guard-proxy", daemon=True)

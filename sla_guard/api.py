@@ -14,7 +14,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import enum
 import hmac
@@ -29,6 +28,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from exporters.request_deadline import request_timeout_protocol
 from sla_guard.model import Status
 from sla_guard.service import Guard
 from sla_guard.slo import worst
@@ -95,53 +95,15 @@ class _TooLarge(Exception):
     pass
 
 
-def _request_timeout_protocol(timeout_s: float):
-    """uvicorn's h11 protocol plus a request deadline: a connection must deliver a complete
-    request (headers and body) within ``timeout_s`` of opening, or of its previous response,
-    else it is closed. uvicorn alone waits forever for headers, so half-open connections pile up."""
-    import h11
-    from uvicorn.protocols.http.h11_impl import H11Protocol
-
-    class RequestTimeoutH11(H11Protocol):
-        _request_timer: asyncio.TimerHandle | None = None
-
-        def _arm(self) -> None:
-            if self._request_timer is not None:
-                self._request_timer.cancel()
-            self._request_timer = self.loop.call_later(timeout_s, self._request_timeout)
-
-        def _request_timeout(self) -> None:
-            self._request_timer = None
-            if self.transport.is_closing():
-                return
-            if self.conn.their_state in (h11.IDLE, h11.SEND_BODY) and (
-                    self.cycle is None or self.cycle.response_complete or self.conn.their_state is h11.SEND_BODY):
-                self.transport.close()
-
-        def connection_made(self, transport) -> None:  # type: ignore[override]
-            super().connection_made(transport)
-            self._arm()
-
-        def on_response_complete(self) -> None:
-            super().on_response_complete()
-            self._arm()
-
-        def connection_lost(self, exc) -> None:
-            if self._request_timer is not None:
-                self._request_timer.cancel()
-            super().connection_lost(exc)
-
-    return RequestTimeoutH11
-
-
 def server_config(app, host: str, port: int, *, request_timeout_s: float = 10.0, idle_timeout_s: float = 5.0,
                   max_connections: int = 1024, shutdown_timeout_s: float = 5.0):
-    """The uvicorn settings ``sla-guard serve`` uses: a request (header + body) deadline, an idle
-    keep-alive timeout, a connection cap (503 beyond) and a bounded graceful shutdown."""
+    """The uvicorn settings ``sla-guard serve`` uses: a request (header + body) deadline (uvicorn
+    alone waits forever for headers, so half-open connections pile up), an idle keep-alive
+    timeout, a connection cap (503 beyond) and a bounded graceful shutdown."""
     import uvicorn
 
     return uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off", access_log=False,
-                          http=_request_timeout_protocol(request_timeout_s), timeout_keep_alive=idle_timeout_s,
+                          http=request_timeout_protocol(request_timeout_s), timeout_keep_alive=idle_timeout_s,
                           limit_concurrency=max_connections, timeout_graceful_shutdown=shutdown_timeout_s)
 
 

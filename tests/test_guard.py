@@ -292,6 +292,25 @@ def test_serve_refuses_a_token_variable_the_config_names_but_nobody_set(tmp_path
     assert r.returncode == 2 and "api.token_env: $NO_SUCH_TOKEN_VAR is not set" in r.stderr
 
 
+@pytest.mark.parametrize("value", ["", " \t "])
+def test_serve_refuses_the_default_token_variable_set_but_blank(tmp_path, value):
+    """$SLA_GUARD_TOKEN exported but blank (a Secret with an empty key, `export SLA_GUARD_TOKEN=`) is a
+    token someone meant to set: it read as unset and /v1 answered 200 to every client, with no
+    Authorization at all, on loopback. Unset, the default variable is still the documented dev mode."""
+    import os
+    import subprocess
+    import sys
+
+    f = tmp_path / "g.yaml"
+    f.write_text("source: {targets: [{url: 'http://127.0.0.1:9/metrics'}]}\n"
+                 "api: {listen: '127.0.0.1:1'}\n")  # never bound: the check comes first
+    root = str(Path(__file__).resolve().parents[1])  # cwd is tmp_path, where a state file may go
+    env = {**os.environ, "SLA_GUARD_TOKEN": value, "PYTHONPATH": root}
+    r = subprocess.run([sys.executable, "-m", "sla_guard.cli", "serve", "--config", str(f)], capture_output=True,
+                       text=True, timeout=30, env=env, cwd=tmp_path)
+    assert r.returncode == 2 and "api.token_env: $SLA_GUARD_TOKEN is set but empty" in r.stderr, r.stderr
+
+
 def test_serve_on_an_address_in_use_names_the_setting_and_exits_2(tmp_path):
     """uvicorn exits 3 when it cannot bind, after the guard logged that it was serving there."""
     import socket

@@ -13,6 +13,7 @@ Real CPU vLLM drives the proxy in tests/test_vllm_hooks.py (the P/D pair) and te
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -567,7 +568,8 @@ def test_the_guard_judges_client_attainment_by_what_the_client_got_not_only_by_t
         {"url": px.url + "/metrics", "model": "m", "pool": "client", "name": "proxy"}]},
         "staleness_s": 60, "slos": [{"pool": "client", "objectives": [
             {"name": f"{ind}_att", "indicator": ind, "objective": "attainment", "threshold_s": thr, "target": 0.99,
-             "min_requests": 4} for ind, thr in (("ttft", 2.5), ("tpot", 0.02))]}]})
+             # TPOT at 0.5 s, not 20 ms: the stand-in's tokens are ms apart, but not on a loaded machine
+             "min_requests": 4} for ind, thr in (("ttft", 2.5), ("tpot", 0.5))]}]})
     store, ev, t0 = SeriesStore(slots=64, lookback_s=60), SLOEvaluator(cfg), 1_700_000_000.0
     scraper = Scraper(cfg.source, store)
 
@@ -1288,6 +1290,9 @@ def test_config_rejects_bad_values():
     for bad in (0.0, -1.0, float("nan")):
         with pytest.raises(ValueError, match=r"health_timeout_s \(--health-timeout\) must be a positive"):
             ProxyConfig(prefill=("http://p",), decode=("http://d",), health_timeout_s=bad)
+    for bad in (0.0, -1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match=r"request_timeout_s \(--request-timeout\) must be a positive"):
+            ProxyConfig(prefill=("http://p",), decode=("http://d",), request_timeout_s=bad)
 
 
 def test_console_script_serves_health_and_metrics():
@@ -1819,3 +1824,39 @@ def test_a_first_chunk_over_the_event_bound_still_carries_the_first_token(engine
                        "prompt_token_ids": [1] * 10, "prompt_text": '{"text":"x", "content":"y"}'}).encode()
     assert not legs.inspect_event(b"data: " + role[:-20]).token
     assert legs.inspect_event(b"data: " + json.dumps({"choices": [{"index": 0, "text": "a"}]}).encode()[:-3]).token
+
+
+def test_half_open_and_dripped_requests_are_closed_after_the_request_timeout(engines, proxies):
+    """uvicorn alone waits forever for a request's headers and body: 20 slowloris connections (headers
+    never finished, or a body promised and never sent) were all still open 17 s later, each a socket and
+    a coroutine held. Each must now deliver its request within --request-timeout or be closed, and a body
+    cut short is no request: it was an "Exception in ASGI application" traceback per connection."""
+    p, d = engines("prefill"), engines("decode")
+    px = proxies([p], [d], request_timeout_s=1.0)
+    errors: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.ERROR)
+    handler.emit = errors.append  # type: ignore[method-assign]
+    logging.getLogger("uvicorn.error").addHandler(handler)  # uvicorn's loggers do not reach the root
+    socks = []
+    try:
+        for i in range(10):
+            s = socket.create_connection(("127.0.0.1", px.port), timeout=10)
+            if i % 2:
+                s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")  # headers never finished
+            else:
+                s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
+            socks.append(s)
+        closed = 0
+        for s in socks:
+            with contextlib.suppress(TimeoutError):
+                closed += s.recv(1024) == b""
+        assert closed == len(socks), f"{closed} of {len(socks)} slow requests closed"
+        assert p.requests == [] and d.requests == []
+        # a well-behaved client is still served
+        r = httpx.post(px.url + "/v1/completions", json={"model": "m", "prompt": "x"}, timeout=10)
+        assert r.status_code == 200, r.text
+        assert [e.getMessage() for e in errors] == []
+    finally:
+        logging.getLogger("uvicorn.error").removeHandler(handler)
+        for s in socks:
+            s.close()

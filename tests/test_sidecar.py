@@ -21,7 +21,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporters import contract as c
-from exporters.sidecar import SidecarCollector, map_exposition
+from exporters.sidecar import SidecarCollector, map_exposition, serve_metrics
 
 FIXTURE = (Path(__file__).parent / "fixtures" / "vllm_exposition.txt").read_text()
 SIDECAR = Path(sys.executable).parent / "sla-guard-sidecar"
@@ -253,13 +253,13 @@ def test_listen_address_in_use_or_unresolvable_names_the_flag_and_ipv6_is_accept
 
 
 def _serve_sidecar(vllm_url: str, **kw) -> tuple[str, object]:
-    """The collector behind prometheus_client's real threaded /metrics server, as main() runs it."""
-    from prometheus_client import CollectorRegistry, start_http_server
+    """The collector behind the real threaded /metrics server, as main() runs it."""
+    from prometheus_client import CollectorRegistry
 
     reg = CollectorRegistry()
     reg.register(SidecarCollector(vllm_url, "m", "decode", None, **kw))
     port = _free_port()
-    server, _ = start_http_server(port, addr="127.0.0.1", registry=reg)
+    server, _ = serve_metrics("127.0.0.1", port, reg)
     return f"http://127.0.0.1:{port}/metrics", server
 
 
@@ -277,6 +277,35 @@ def _sidecar_page(body: str) -> tuple[dict, str]:
 
 def _errors(samples: dict, kind: str) -> float:
     return one_or_zero(samples, c.HOOK_ERRORS.series(), kind=kind)
+
+
+def test_half_open_connections_are_closed_and_release_their_threads():
+    """prometheus_client's server gave each connection a thread with no timeout: 300 half-open
+    connections (a request line, never the rest) held 300 threads for good. Now a connection silent
+    for the request timeout is closed, and a scrape is still answered."""
+    import contextlib
+    import socket
+
+    from prometheus_client import CollectorRegistry
+
+    port = _free_port()
+    server, _ = serve_metrics("127.0.0.1", port, CollectorRegistry(), request_timeout_s=1.0)
+    socks = []
+    try:
+        for _ in range(10):
+            s = socket.create_connection(("127.0.0.1", port), timeout=10)
+            s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")  # headers never finished
+            socks.append(s)
+        closed = 0
+        for s in socks:
+            with contextlib.suppress(TimeoutError):
+                closed += s.recv(1024) == b""
+        assert closed == len(socks), f"{closed} of {len(socks)} half-open connections closed"
+        assert httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).status_code == 200
+    finally:
+        for s in socks:
+            s.close()
+        server.shutdown()
 
 
 def test_page_that_never_finishes_fails_at_the_total_deadline_without_queueing_scrapes():

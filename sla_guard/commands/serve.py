@@ -77,6 +77,11 @@ def run(args: argparse.Namespace) -> int:
             # without a word (the default $SLA_GUARD_TOKEN unset on loopback is the documented dev mode)
             raise ConfigError(f"api.token_env: ${cfg.api.token_env} is not set or empty; export it, or remove "
                               f"api.token_env to serve /v1 without a token on loopback")
+        if token is None and cfg.api.token_env and cfg.api.token_env in os.environ:
+            # exported but blank (a Secret with an empty key): someone meant to set a token, and reading
+            # it as unset opened /v1 to every client on loopback; only an unset default variable is dev mode
+            raise ConfigError(f"api.token_env: ${cfg.api.token_env} is set but empty; put the token in it, or "
+                              f"unset it to serve /v1 without a token on loopback")
     except ConfigError as err:
         print(err, file=sys.stderr)
         return 2
