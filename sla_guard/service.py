@@ -114,16 +114,20 @@ class Guard:
         bind = getattr(component, "bind_state", None)
         if callable(bind):
             bind(self.state, name)
-        parts = self._saved.pop(name, {})
-        records = self.state.tail(name, getattr(component, "state_tail", 0)) \
-            if getattr(component, "state_tail", 0) else []
+        self._restore(name, component, self._saved.pop(name, {}), "it starts empty")
+
+    def _restore(self, name: str, component: Stateful, parts: dict, otherwise: str) -> None:
+        """``component.state_load`` with its saved parts and the tail of its records; a failure is
+        logged (``otherwise`` says what the component keeps), never raised."""
+        tail = getattr(component, "state_tail", 0)
+        records = self.state.tail(name, tail) if tail else []
         if not parts and not records:
             return
         try:
             component.state_load(parts, records)
             log.info("state: restored %s (%d parts, %d records)", name, len(parts), len(records))
         except Exception:
-            log.exception("state: could not restore %s; it starts empty", name)
+            log.exception("state: could not restore %s; %s", name, otherwise)
 
     def _attach_state(self) -> None:
         """A state file that could not be used at start (read-only, full, held by another guard:
@@ -136,16 +140,7 @@ class Guard:
             return
         saved = self.state.load()
         for name, comp in self._stateful.items():
-            parts = saved.pop(name, {})
-            tail = getattr(comp, "state_tail", 0)
-            records = self.state.tail(name, tail) if tail else []
-            if not parts and not records:
-                continue
-            try:
-                comp.state_load(parts, records)
-                log.info("state: restored %s (%d parts, %d records)", name, len(parts), len(records))
-            except Exception:
-                log.exception("state: could not restore %s; it keeps what it learned", name)
+            self._restore(name, comp, saved.pop(name, {}), "it keeps what it learned")
         self._saved = saved  # components added later restore from it (add_state)
         self._full_save = True
 
