@@ -89,6 +89,14 @@ OK, ERROR, CLIENT_ERROR, ABORTED = c.Outcome.OK, c.Outcome.ERROR, c.Outcome.CLIE
 # https://docs.nvidia.com/dynamo/v1.7.0/reference/observability/metrics-catalog
 _DYN = "ai-dynamo/dynamo@79a21ca4f5200e76a2bcc19580eb6176298c7e59:lib/llm/src/http/service/metrics.rs"
 _DYN_CLIENT = "validation|not_found"  # error_type values of a 4xx answer (prometheus_names.rs)
+# error_type values set only from an HTTP error answer, given before any SSE stream exists (openai.rs
+# extract_error_type_from_response: 429/529 overload, 503 overload or, later, unavailable); once a stream
+# runs, disconnect.rs monitor_for_disconnects marks only internal, backend_error, truncated_stream, the
+# timeouts and cancelled. error_type values: prometheus_names.rs at 4415465e; ResponseMetricCollector in
+# metrics.rs at 0014908a25aecc8e9ce7455bbbaddf9f1521a1b4; openai.rs and disconnect.rs at the newest revision
+# the search index held (its commit not named there)
+_DYN_REFUSED = "overload|unavailable"
+_DYN_NOW = "ai-dynamo/dynamo@4415465e3e0d30b12163c3c3f15d49ed78b300a8:lib/runtime/src/metrics/prometheus_names.rs"
 DYNAMO = Adapter("dynamo", c.Route.PD, (
     # observed once per request at the first chunk with tokens: handler entry -> first token
     M("dynamo_frontend_time_to_first_token_seconds", c.CLIENT_TTFT, "model", ("model",), _DYN),
@@ -106,8 +114,20 @@ DYNAMO = Adapter("dynamo", c.Route.PD, (
                 # counts them (contract.outcome_of_status); overload is a 503
                 ((("status", "=", "error"), ("error_type", "=~", _DYN_CLIENT)), CLIENT_ERROR),
                 ((("status", "=", "error"), ("error_type", "!~", f"cancelled|{_DYN_CLIENT}")), ERROR))),
+    # streamed requests refused with an HTTP error: no stream, so no chunk with tokens and no TTFT
+    # observation, by construction; the other errors may fall before or after the first token
+    M("dynamo_frontend_requests_total", c.CLIENT_FAILED_BEFORE_FIRST_TOKEN, "model",
+      ("model", "endpoint", "request_type", "status", "error_type"), _DYN_NOW,
+      where=(("request_type", "=", "stream"), ("status", "=", "error"), ("error_type", "=~", _DYN_REFUSED)),
+      note="a lower bound: internal, backend_error, truncated_stream and the timeouts are not counted"),
     M("dynamo_frontend_inflight_requests", c.CLIENT_IN_FLIGHT, "model", ("model",), _DYN),
 ), unmapped=(
+    ("requests_total{request_type=\"stream\",status=\"error\"} (other error_type values)",
+     "internal, backend_error, truncated_stream, response_timeout, first_token_timeout (the request plane's "
+     "timer on a worker's stream) and intra_token_timeout are set while a stream runs, before or after its "
+     "first token as it happens: no exact failed_before/after_first_token"),
+    ("failed after the first token", "the frontend's TPOT is per token (inter_token_latency), and a stream "
+                                      "cut mid-way already has its gaps in it: no per-request TPOT to miss"),
     ("dynamo_frontend_queued_requests", "requests before their first token: a subset of in-flight, no contract metric"),
     ("dynamo_frontend_disconnected_clients", "a process-wide gauge without model; aborted requests come from "
                                              "requests_total{error_type=\"cancelled\"} instead"),

@@ -78,17 +78,50 @@ def test_dynamo_frontend_page_maps_exactly():
     assert get(out, c.CLIENT_TPOT, "_count", model=QWEN) == 55
     assert get(out, c.CLIENT_TPOT, "_sum", model=QWEN) == pytest.approx(0.65)
     assert buckets(out, c.CLIENT_TPOT, model=QWEN)["0.024"] == 50
-    assert get(out, c.CLIENT_E2E, "_count", model=QWEN) == 7
-    assert get(out, c.CLIENT_E2E, "_sum", model=QWEN) == pytest.approx(47.6)
-    # requests: success (4 chat stream + 1 completions) ok; cancelled aborted; internal error
-    for outcome, n in (("ok", 5), ("aborted", 1), ("error", 1)):
+    assert get(out, c.CLIENT_E2E, "_count", model=QWEN) == 11
+    assert get(out, c.CLIENT_E2E, "_sum", model=QWEN) == pytest.approx(47.7)
+    # requests: success (4 chat stream + 1 completions) ok; cancelled aborted; internal, overload (2 streamed,
+    # 1 unary) and unavailable error
+    for outcome, n in (("ok", 5), ("aborted", 1), ("error", 5)):
         assert get(out, c.CLIENT_REQUESTS, model=QWEN, outcome=outcome) == n
+    # the streams refused with an HTTP error (overload, unavailable) never had a first token
+    assert get(out, c.CLIENT_FAILED_BEFORE_FIRST_TOKEN, model=QWEN) == 3
     assert get(out, c.CLIENT_IN_FLIGHT, model=QWEN) == 2
     assert get(out, c.CLIENT_IN_FLIGHT, model=LLAMA) == 0
     # nothing else: queued, disconnected, per-worker gauges and token counters stay out
     assert {n for n, _, _ in out} == {m.series(s) for m in (c.CLIENT_TTFT, c.CLIENT_TPOT, c.CLIENT_E2E)
                                       for s in ("_bucket", "_sum", "_count")} | {
-        c.CLIENT_REQUESTS.series(), c.CLIENT_IN_FLIGHT.series()}
+        c.CLIENT_REQUESTS.series(), c.CLIENT_IN_FLIGHT.series(), c.CLIENT_FAILED_BEFORE_FIRST_TOKEN.series()}
+
+
+def test_dynamo_streams_refused_before_any_token_are_failed_before_first_token_and_nothing_else_is():
+    """Dynamo's frontend observes TTFT at the first chunk with tokens (metrics.rs
+    ResponseMetricCollector::observe_response), so a streamed request it fails before that is in no
+    TTFT histogram. Only two error_type values say "before the first token" by construction: overload
+    and unavailable are set from an HTTP error answer (openai.rs extract_error_type_from_response:
+    429/529, 503), given before any SSE stream exists; once the stream runs, disconnect.rs
+    monitor_for_disconnects marks only internal, backend_error, truncated_stream, the timeouts and
+    cancelled (ai-dynamo/dynamo lib/runtime/src/metrics/prometheus_names.rs at 4415465e3e0d30b12163c3c3f15d49ed78b300a8,
+    lib/llm/src/http/service/metrics.rs at 0014908a25aecc8e9ce7455bbbaddf9f1521a1b4; openai.rs and
+    disconnect.rs at a recent revision whose commit the search index did not name). Those can
+    fall on either side of the first token (first_token_timeout is the request plane's timer on a
+    worker's stream, set while the client's stream runs), as can internal: not counted. Unary requests: no
+    stream, not counted (as at the proxy); frontends before error_type: nothing says which, none."""
+    counts = {"overload": 2, "unavailable": 3, "internal": 5, "backend_error": 7, "truncated_stream": 11,
+              "response_timeout": 13, "first_token_timeout": 17, "intra_token_timeout": 19, "validation": 23,
+              "not_found": 29, "cancelled": 31}
+    text = ("# HELP dynamo_frontend_requests_total Total number of LLM requests processed\n"
+            "# TYPE dynamo_frontend_requests_total counter\n")
+    for et, n in counts.items():
+        for rt, k in (("stream", 1), ("unary", 100)):
+            text += (f'dynamo_frontend_requests_total{{endpoint="chat_completions",error_type="{et}",model="m",'
+                     f'request_type="{rt}",status="error"}} {n * k}\n')
+    out = translate_text(text, "dynamo")
+    assert get(out, c.CLIENT_FAILED_BEFORE_FIRST_TOKEN, model="m") == 2 + 3
+    assert not [n for n, _, _ in out if n == c.CLIENT_FAILED_AFTER_FIRST_TOKEN.series()]
+    old = ('dynamo_frontend_requests_total{endpoint="chat_completions",model="m",request_type="stream",'
+           'status="error"} 3\n')
+    assert not [n for n, _, _ in translate_text(old, "dynamo") if n == c.CLIENT_FAILED_BEFORE_FIRST_TOKEN.series()]
 
 
 def test_dynamo_frontend_without_error_type_label():
@@ -118,7 +151,7 @@ def test_dynamo_client_mistakes_are_client_error_as_at_the_proxy():
     for et, n in counts.items():
         text += (f'dynamo_frontend_requests_total{{endpoint="chat_completions",error_type="{et}",model="m",'
                  f'request_type="stream",status="error"}} {n}\n')
-    out = translate_text(text, "dynamo")
+    out = [s for s in translate_text(text, "dynamo") if s[0] == c.CLIENT_REQUESTS.series()]
     assert {lab["outcome"]: v for _, lab, v in out} == {"ok": 17, "client_error": 3 + 2, "error": 5 + 7 + 11,
                                                         "aborted": 13}
     # the recording rules use the same table: one rule per outcome, a sum, never an `or` of parts
@@ -310,6 +343,52 @@ def test_guard_scrapes_a_dynamo_frontend_and_judges_pool_client(monkeypatch, new
         assert res.value == pytest.approx(sum(new_ttft) / len(new_ttft))
     finally:
         srv.stop()
+
+
+def test_guard_counts_streams_a_dynamo_frontend_refused_as_client_ttft_attainment_misses(monkeypatch):
+    """Between two scrapes of a real loopback page in Dynamo's format, 4 streamed requests got their first
+    token in 0.5 s and 4 were refused by the frontend (2 overload, 2 unavailable: HTTP errors, no stream,
+    no TTFT observation), plus a refused unary request and a stream failed mid-way (internal), neither
+    counted. Through the real scraper and SLO evaluator, client TTFT attainment (1 s, a Dynamo boundary)
+    read 100 %, ok, while half the streaming clients got an error; it reads 4 of 8, violated (the 90 s
+    window starts 30 s before the first scrape, so increase() stretches every counter alike by 1.5)."""
+    from sla_guard.slo import SLOEvaluator
+
+    rb = _rebuild()
+    first = page("dynamo")
+    monkeypatch.setitem(rb.DYN_TTFT, "qwen", rb.DYN_TTFT["qwen"] + [0.5] * 4)
+    monkeypatch.setattr(rb, "DYN_REQ", [*rb.DYN_REQ, ("chat_completions", "stream", "success", "", 4),
+                                        ("chat_completions", "stream", "error", "overload", 2),
+                                        ("chat_completions", "stream", "error", "unavailable", 2),
+                                        ("completions", "unary", "error", "overload", 1),
+                                        ("chat_completions", "stream", "error", "internal", 1)])
+    current = {"text": first}
+    srv = Served(lambda: current["text"])
+    cfg = parse_config({"source": {"mode": "scrape", "timeout_s": 2, "targets": [
+        {"url": srv.url, "pool": "client", "adapter": "dynamo", "name": "dynamo-fe"}]},
+        "staleness_s": 60, "slos": [{"pool": "client", "objectives": [
+            {"name": "ttft_att", "indicator": "ttft", "objective": "attainment", "threshold_s": 1.0,
+             "target": 0.99, "window": "90s", "min_requests": 4}]}]})
+    store, ev, t0 = SeriesStore(), SLOEvaluator(cfg), 1000.0
+    scr = Scraper(cfg.source, store)
+
+    async def go():
+        try:
+            await scr.scrape_target(cfg.source.targets[0], t0)
+            current["text"] = rb.dynamo()
+            await scr.scrape_target(cfg.source.targets[0], t0 + 60)
+        finally:
+            await scr.aclose()
+
+    try:
+        asyncio.run(go())
+    finally:
+        srv.stop()
+    ev.evaluate(store, t0 + 60)
+    res = {s.slo: s for s in ev.pools[(QWEN, "client")].slos}["ttft_att"]
+    assert res.value == pytest.approx(0.5) and res.requests == pytest.approx(8 * 1.5), res
+    assert res.status is Status.VIOLATED, res
+    assert "6 requests failed by the service before their first token" in res.reason, res.reason
 
 
 def test_every_model_behind_one_router_is_judged_and_the_targets_model_is_no_phantom_pool(monkeypatch):
