@@ -134,8 +134,9 @@ class Guard:
         ``StateStore.detached``) is tried again; once usable, what it holds is restored into every
         component as at a start, on top of what was learned meanwhile (each ``state_load`` merges:
         ledgers bucket by bucket and fed on from the later ``_last_feed``, so no request counts
-        twice; open findings of both; the file's detector baselines and advisor memory), and the
-        next save is full. Never a save first: that would replace the file's budgets with these."""
+        twice; open findings of both; the file's detector baselines; advisor memory merged with the
+        orders and clocks of meanwhile), and the next save is full. Never a save first: that would
+        replace the file's budgets with these."""
         if not self.state.attach():
             return
         saved = self.state.load()

@@ -979,3 +979,84 @@ def test_a_guard_killed_just_after_a_scale_up_patch_still_counts_the_replicas_or
     rec = _prefill(ev)
     assert (rec["current"], rec["numbers"]["starting"], rec["direction"]) == (4, 3, "none"), rec
     assert state[key] == 4 and len(calls) == 1
+
+
+def _detached_life(url: str, db: str, prefill: list[dict]):
+    """A guard started while another holds its state file (a rolling update): persistence off,
+    the advisor in active mode on the loopback API server (60 s cooldown), prefill replicas at the
+    loads ``prefill`` from 1000 s, ticked at 1060 s: the guard, its advisor, the engines and the
+    series store, to go on with."""
+    from sla_guard.config import GuardConfig
+    from sla_guard.service import Guard
+    from sla_guard.state import StateStore
+
+    ev = _active_evaluator(_k8s_actuator(url), CollectorRegistry(), cooldown_s=60, stabilization_down_s=0,
+                           min_evidence_s=0, no_reversal_s=0, recurrence_horizon_s=0, window_s=30)
+    guard = Guard(GuardConfig(), None, [ev], state=StateStore(db, retry=True))
+    assert guard.state.detached
+    st = _store()
+    engines = [Engine("prefill", f"p{i}") for i in range(len(prefill))] + [Engine("decode", "d0")]
+    _run(engines, st, 1000, 1060, d0=DECODE, **{f"p{i}": load for i, load in enumerate(prefill)})
+    guard.tick(1060.0, view=st)
+    return guard, ev, engines, st
+
+
+def test_a_state_file_restored_into_a_running_guard_keeps_the_order_it_placed_meanwhile(tmp_path):
+    """A guard started in a rolling update serves without its state file (the old guard holds
+    it) and scales busy prefill up 1 -> 4. The old guard exits; at the next tick the file is
+    restored into the running guard, and its advisor memory (no order outstanding) replaced the
+    one learned meanwhile: with the load eased off the guard no longer knew the 3 replicas were
+    ordered and ordered 'up' to 3, setting the target from 4 down to 3. The two are merged now:
+    the newer outstanding order is kept, counted as starting."""
+    key = ("apps", "llm", "prefill-pool")
+    db = str(tmp_path / "state.db")
+    handler, state, calls = k8s_server()
+    with serve(handler) as (url, _):
+        state[key] = 1
+        old, _old_ev = _life(url, db, 880.0, 940.0, [IDLE])  # the file: its memory, no order; still held
+        assert not calls
+        guard, ev, engines, st = _detached_life(url, db, [BUSY])
+        assert _prefill(ev)["direction"] == "up" and state[key] == 4 and len(calls) == 1
+        old.state.close()  # the old guard is gone
+        _run(engines, st, 1060, 1120, p0=LESS, d0=DECODE)
+        guard.tick(1120.0, view=st)
+        assert guard.state.detached is None
+        guard.state.close()
+    rec = _prefill(ev)
+    assert (rec["current"], rec["numbers"]["starting"], rec["direction"]) == (4, 3, "none"), rec
+    assert state[key] == 4 and len(calls) == 1
+    from sla_guard.state import StateStore
+
+    saved = StateStore(db)
+    fresh = _active_evaluator(None, CollectorRegistry())
+    fresh.state_load(saved.load()["advisor"], [])
+    saved.close()
+    assert fresh.advisor.pending["prefill"] == (4, 1060.0)  # saved merged, for the next start
+
+
+def test_a_state_file_restored_into_a_running_guard_keeps_its_cooldown_and_decisions_in_order(tmp_path):
+    """A guard serving without its state file (held by the old guard) scales idle prefill down
+    4 -> 3 at 1060 s. Restored at 1075 s, the file's older clocks (the old guard's last action at
+    940 s) replaced its own and it took the next step at once, 3 -> 2 within the 60 s cooldown;
+    ``/v1/decisions`` listed the file's 940 s decision after the 1060 s one. The later clock is
+    kept now and the decisions are in time order."""
+    key = ("apps", "llm", "prefill-pool")
+    db = str(tmp_path / "state.db")
+    handler, state, calls = k8s_server(grace=600)
+    with serve(handler) as (url, _):
+        state[key] = 5
+        old, _old_ev = _life(url, db, 880.0, 940.0, [IDLE] * 5)  # the file: a scale-down 5 -> 4 at 940 s
+        assert [c["body"]["spec"]["replicas"] for c in calls] == [4]
+        guard, ev, engines, st = _detached_life(url, db, [IDLE] * 4)
+        assert state[key] == 3 and len(calls) == 2
+        old.state.close()
+        engines.pop(0)  # the drained one is gone
+        _run(engines, st, 1060, 1075, d0=DECODE, **{e.name: IDLE for e in engines if e.name.startswith("p")})
+        guard.tick(1075.0, view=st)
+        assert guard.state.detached is None
+        guard.state.close()
+    rec = _prefill(ev)
+    assert rec["t"] == 1075.0 and rec["direction"] == "none" and "hold_cooldown" in rec["reasons"], rec
+    assert state[key] == 3 and len(calls) == 2
+    ts = [r["t"] for r in ev.history]
+    assert ts == sorted(ts) and 940.0 in ts and 1060.0 in ts, ts

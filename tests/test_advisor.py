@@ -7,6 +7,7 @@ situation a guardrail is about."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -540,3 +541,47 @@ def test_a_negative_request_gauge_is_no_reading():
     decs, _ = adv.step(store, 1120, {"prefill": (1, 0), "decode": (2, 0)})
     assert decs["decode"].numbers["concurrency"] == 30
     assert "decode_over_provisioned" not in decs["decode"].reasons
+
+
+def test_a_state_restored_into_a_running_advisor_is_merged_and_a_fresh_one_takes_it_as_saved():
+    """At a start (nothing decided yet, the advisor looked at first) the saved state is taken as
+    it is. Restored into an advisor that decided meanwhile (``Guard._attach_state``), it replaced
+    that advisor's clocks, orders and learning; each is merged now: the later clock, the newer
+    order, both histories in time order, what it learned from the live data kept."""
+    cfg = AdvisorConfig.model_validate({"profile": {"prefill_tokens_per_s": 10_000, "decode_step_base_s": 0.01,
+                                                    "decode_step_per_request_s": 0.0002}, "window_s": 60})
+    engines = [Engine("prefill", "p0"), Engine("decode", "d0")]
+    busy = {"p0": {"running": 4, "waiting": 2, "computed": 50_000, "prefills": 5, "ttft": 1.0, "steps": 5},
+            "d0": {"running": 30, "waiting": 0, "steps": 250, "tpot": 0.02}}
+    store = _store()
+    _run(engines, store, 1000, 1200, **busy)
+    seed = AdvisorEvaluator(cfg, model=MODEL)
+    for t in range(1015, 1201, 15):
+        seed.evaluate(store, t)
+    seed.advisors["m"].pending["prefill"] = (3, 1100.0)
+    seed.advisors["m"].memory["prefill"].failed[1] = (1150.0, 5.0)
+    part = json.loads(json.dumps(seed.state_dump(True)))
+    at_start = AdvisorEvaluator(cfg, model=MODEL)
+    assert at_start.advisor.model == "m"  # looked at before the restore
+    at_start.state_load(part, [])
+    assert json.loads(json.dumps(at_start.state_dump(True))) == part
+
+    store = _store()
+    _run(engines, store, 1900, 2100, **busy)
+    running = AdvisorEvaluator(cfg, model=MODEL)
+    for t in range(2015, 2101, 15):
+        running.evaluate(store, t)
+    adv = running.advisors["m"]
+    adv.pending["prefill"] = (2, 2050.0)
+    mine = dataclasses.replace(adv.learned.prefill)
+    mem = adv.memory["prefill"]
+    clocks = (mem.last_action_t, mem.first_t)
+    running.state_load(part, [{"t": 1100.0, "model": "m", "pool": "prefill"}])
+    assert adv.pending["prefill"] == (2, 2050.0)  # the newer order
+    assert adv.learned.prefill == mine and mine.samples  # learned from the live data
+    assert mem.failed[1] == (1150.0, 5.0) and mem.first_t == 1015.0 and mem.last_action_t == clocks[0]
+    assert [t for t, _ in mem.history] == sorted(t for t, _ in mem.history) and mem.history[0][0] < 1200
+    ts = [r["t"] for r in running.history]
+    assert ts == sorted(ts) and ts[0] == 1100.0
+    running.evaluate(store, 2115)  # still steps
+    json.dumps(running.state_dump(True), allow_nan=False)

@@ -330,12 +330,20 @@ class AdvisorEvaluator:
         return out
 
     def state_load(self, parts: dict, records: list[dict]) -> None:
+        """At a start, the file's advisor memory and decisions. Restored into a running guard (a
+        file that could not be used at start, ``Guard._attach_state``) a model this guard has
+        decided on meanwhile is merged with the file's (``_merge_advisor``), not replaced: the
+        file's older clocks and orders made it forget an order it had placed (a later smaller
+        'up' cut the target) and step down inside its cooldown. Decisions are kept in time order."""
         from sla_guard.state import decode
 
+        running = bool(self.history)  # restored into a running guard: merged, in time order
         for name, value in parts.items():
-            if not name.startswith("model/") or len(self.advisors) >= self.max_models:
+            if not name.startswith("model/"):
                 continue
             model = name[len("model/"):]
+            if model not in self.advisors and len(self.advisors) >= self.max_models:
+                continue
             try:
                 state = {k: v for k, v in decode(value, _ADVISOR_CLASSES).items() if k in _ADVISOR_STATE}
                 problem = state_problem(state)
@@ -345,9 +353,13 @@ class AdvisorEvaluator:
                 log.warning("advisor: saved state of model %r not restored (%s); it learns afresh", model, problem)
                 continue
             adv = self._advisor_for(model)
+            if _decided(adv):
+                _merge_advisor(adv, state)
+                continue
             for k, v in state.items():
                 setattr(adv, k, v)
-        self._seen.update((parts.get("meta") or {}).get("seen") or {})
+        for m, t in ((parts.get("meta") or {}).get("seen") or {}).items():
+            self._seen[m] = max(t, self._seen[m]) if m in self._seen and isinstance(t, int | float) else t
         self.history.extend(records)
         for name, note in sorted(parts.items()):  # orders the guard died in: their outcome is not known
             if name.startswith("order/") and isinstance(note, dict) and isinstance(note.get("t"), int | float):
@@ -356,6 +368,8 @@ class AdvisorEvaluator:
                             "known", note.get("pool"), note.get("desired"), note.get("model"))
                 self.history.append(note)
                 self._records.append(note)
+        if running:
+            self.history = deque(sorted(self.history, key=_record_t), maxlen=self.history.maxlen)
 
     def _inc(self, metric, *labels: str) -> None:
         if self.metrics is not None:
@@ -412,6 +426,60 @@ def _unexpect(adv: Advisor, pool: str, before: tuple[int, float] | None) -> None
         adv.pending.pop(pool, None)
     else:
         adv.pending[pool] = before
+
+
+def _record_t(record: dict) -> float:
+    """A decision record's time, for ordering (one without a number first)."""
+    t = record.get("t")
+    return float(t) if isinstance(t, int | float) else -math.inf
+
+
+def _decided(adv: Advisor) -> bool:
+    """The advisor has decided since this guard started (a fresh one has nothing to merge)."""
+    return bool(adv.pending) or any(m.first_t is not None for m in adv.memory.values())
+
+
+def _merge_series(a: Iterable, b: Iterable, maxlen: int | None) -> deque:
+    """Two bounded (t, value) histories as one, in time order, each point once."""
+    return deque(sorted(dict.fromkeys(map(tuple, [*a, *b])), key=lambda p: p[0]), maxlen=maxlen)
+
+
+def _merge_advisor(adv: Advisor, state: dict) -> None:
+    """Merge a model's saved state (``state``) into the advisor of a running guard that has
+    decided meanwhile: each pool's clocks and histories (``PoolMemory.merge``), the newer
+    outstanding order of each pool, and what the guard learned from the live data where it learned
+    anything (its capacities and the utilisation target adapted on them, the newer TPOT spread),
+    the file's otherwise; histories of both in time order."""
+    for pool, mem in (state.get("memory") or {}).items():
+        if pool in adv.memory:
+            adv.memory[pool].merge(mem)
+        else:
+            adv.memory[pool] = mem
+    for pool, (want, since) in (state.get("pending") or {}).items():
+        if pool not in adv.pending or since > adv.pending[pool][1]:
+            adv.pending[pool] = (want, since)
+    mine, theirs = adv.learned, state.get("learned")
+    if theirs is not None:
+        if not mine.prefill.samples:
+            mine.prefill = theirs.prefill
+            adv.u_target = state.get("u_target", adv.u_target)
+        if not mine.decode.samples:
+            mine.decode = theirs.decode
+        if theirs.tpot_spread_t is not None and (mine.tpot_spread_t is None
+                                                 or theirs.tpot_spread_t > mine.tpot_spread_t):
+            mine.tpot_spread, mine.tpot_spread_t = theirs.tpot_spread, theirs.tpot_spread_t
+        for engine, t in theirs.first_seen.items():
+            mine.first_seen[engine] = min(t, mine.first_seen.get(engine, t))
+        if theirs.initial_engines is not None:
+            mine.initial_engines = (mine.initial_engines or set()) | set(theirs.initial_engines)
+        for key, hist in theirs.waiting_hist.items():
+            own = mine.waiting_hist.get(key)
+            mine.waiting_hist[key] = _merge_series(own or (), hist, (own if own is not None else hist).maxlen)
+        mine.running_hist = _merge_series(mine.running_hist, theirs.running_hist, mine.running_hist.maxlen)
+    if adv._accepted_len is None:
+        adv._accepted_len = state.get("_accepted_len")
+    if "_proven" in state:
+        adv._proven = _merge_series(adv._proven, state["_proven"], adv._proven.maxlen)
 
 
 # what an Advisor learns (and must not relearn after a restart); the rest is configuration

@@ -57,6 +57,26 @@ class PoolMemory:
     failed: dict[int, tuple[float, float]] = field(default_factory=dict)  # size -> (t, load it failed at)
     raw_long: list[tuple[float, int]] = field(default_factory=list)  # (t, raw desired) over the recurrence horizon
 
+    def merge(self, other: PoolMemory) -> None:
+        """Fold ``other`` (a state file restored into a running guard) into this memory: the later
+        of each clock and the histories of both in time order, so neither a scale-down nor an
+        order of either guard is forgotten (the file's older clocks replaced this guard's, and the
+        next scale-down step came inside the cooldown). Replicas starting now are this guard's."""
+        self.history = _union(self.history, other.history, WINDOW_POINTS)
+        self.loads = _union(self.loads, other.loads, WINDOW_POINTS)
+        self.raw_long = _union(self.raw_long, other.raw_long, LONG_POINTS)
+        for name in ("last_action_t", "last_up_t", "last_starting_t", "last_order_t"):
+            setattr(self, name, later(getattr(self, name), getattr(other, name)))
+        if other.last_down_t is not None and (self.last_down_t is None or other.last_down_t > self.last_down_t):
+            self.last_down_t, self.last_down_to, self.last_down_load = (other.last_down_t, other.last_down_to,
+                                                                        other.last_down_load)
+        if other.first_t is not None:  # the earlier: a full window was seen since
+            self.first_t = other.first_t if self.first_t is None else min(self.first_t, other.first_t)
+        self.start_s = max(self.start_s, other.start_s)
+        for size, (t, load) in other.failed.items():
+            if size not in self.failed or t > self.failed[size][0]:
+                self.failed[size] = (t, load)
+
     def remember_long(self, t: float, raw: int, horizon_s: float) -> None:
         record(self.raw_long, t, raw, 2 * horizon_s / (LONG_POINTS - 48), max)
         while self.raw_long and self.raw_long[0][0] < t - horizon_s:
@@ -146,6 +166,17 @@ class PoolMemory:
             return False
         self.failed[size] = (now, judged if load is None else min(judged, load))
         return True
+
+
+def later(a: float | None, b: float | None) -> float | None:
+    """The later of two clocks, either of them unset (None)."""
+    return b if a is None else a if b is None else max(a, b)
+
+
+def _union(a: list[tuple[float, int | float]], b: list[tuple[float, int | float]],
+           bound: int) -> list[tuple[float, int | float]]:
+    """Two (t, value) histories as one, in time order, each point once, the newest ``bound``."""
+    return sorted(dict.fromkeys(map(tuple, [*a, *b])), key=lambda p: p[0])[-bound:]
 
 
 @dataclass(slots=True)
