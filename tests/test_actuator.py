@@ -1060,3 +1060,41 @@ def test_a_state_file_restored_into_a_running_guard_keeps_its_cooldown_and_decis
     assert state[key] == 3 and len(calls) == 2
     ts = [r["t"] for r in ev.history]
     assert ts == sorted(ts) and 940.0 in ts and 1060.0 in ts, ts
+
+
+def test_a_state_file_attached_later_keeps_the_cooldown_of_an_order_made_without_it(tmp_path):
+    """A guard started while another process held its state file (persistence off, the file
+    restored into the running guard once usable): it scaled idle prefill down 3 -> 2 meanwhile.
+    Before: the restore put the file's advisor memory (from a life long before) over the running
+    one, the cooldown of that order was forgotten and the next tick took 2 -> 1 at once, 15 s into
+    the 60 s cooldown."""
+    from sla_guard.config import GuardConfig
+    from sla_guard.service import Guard
+    from sla_guard.state import StateStore
+
+    key = ("apps", "llm", "prefill-pool")
+    db = str(tmp_path / "state.db")
+    handler, state, _calls = k8s_server(grace=600)
+    with serve(handler) as (url, _):
+        state[key] = 4
+        guard, _ = _life(url, db, 1000.0, 1060.0, [IDLE] * 4)  # an earlier life: 4 -> 3, saved
+        guard.state.close()
+        assert state[key] == 3
+        holder = StateStore(db)  # another process holds the file as this guard starts
+        ev = _active_evaluator(_k8s_actuator(url), CollectorRegistry(), cooldown_s=60, stabilization_down_s=0,
+                               min_evidence_s=0, no_reversal_s=0, recurrence_horizon_s=0, window_s=30)
+        guard = Guard(GuardConfig(), None, [ev], state=StateStore(db, retry=True))
+        assert guard.state.detached
+        st = _store()
+        engines = [Engine("prefill", f"p{i}") for i in range(3)] + [Engine("decode", "d0")]
+        _run(engines, st, 5000.0, 5060.0, d0=DECODE, **{f"p{i}": IDLE for i in range(3)})
+        guard.tick(5060.0, view=st)
+        assert state[key] == 2  # ordered without the file
+        holder.close()  # the file is usable now: restored at the next tick
+        _run(engines[1:], st, 5060.0, 5075.0, d0=DECODE, **{f"p{i}": IDLE for i in range(1, 3)})
+        guard.tick(5075.0, view=st)
+        assert not guard.state.detached
+        guard.state.close()
+    rec = _prefill(ev)
+    assert rec["t"] == 5075.0 and rec["direction"] == "none" and "hold_cooldown" in rec["reasons"], rec
+    assert state[key] == 2

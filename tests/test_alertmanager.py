@@ -501,3 +501,78 @@ def test_a_guard_killed_just_after_a_push_resolves_what_it_pushed_after_the_rest
     assert b.alerts.tick(time.time()) is True
     b.guard.state.close()
     assert firing() == ({"warning"} if after_restart == "warning" else set())
+
+
+def test_a_state_file_attached_during_a_push_keeps_the_label_sets_it_restores(tmp_path):
+    """A guard started while another process held its state file restores it once usable, on its
+    tick thread, while the publisher's thread may be in a push. The file held a warning Alertmanager
+    still fires (the leak found critical since, that push never made). Before: the push in flight
+    replaced the publisher's memory with its own batch, dropping the warning just restored; the
+    next push deleted it from the file too, and it fired beside its critical until Alertmanager's
+    resolve_timeout. Here the loopback receiver runs the tick thread's restore while it holds a
+    push, before answering it."""
+    import http.server
+    import json
+    import threading
+
+    from sla_guard.compose import compose
+    from sla_guard.config import AlertmanagerSettings, GuardConfig
+    from sla_guard.ingest.source import StoreSource
+    from sla_guard.state import StateStore
+    from sla_guard.store import SeriesStore
+
+    pushes: list[list[dict]] = []
+    during: dict = {}
+
+    class Receiver(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            pushes.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+            if "restore" in during:
+                during.pop("restore")()  # the tick thread's restore, while this push is in flight
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *a):
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Receiver)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    url, db = f"http://127.0.0.1:{srv.server_port}", str(tmp_path / "state.db")
+    lab = {"model": "m", "pool": "decode", "instance": "host-a:8000", "process": "engine_core"}
+    key = "leak/m/decode/host-a:8000/engine_core"
+
+    def guard(store: StateStore):
+        root = compose(GuardConfig(alertmanager=AlertmanagerSettings(url=url)), source=StoreSource(SeriesStore()),
+                       state=store, slo=False, advisor=False)
+        root.alerts.stop()  # ticked by the test, not its thread
+        return root
+
+    try:
+        a = guard(StateStore(db))  # the earlier life: a warning pushed, then found critical, not pushed
+        a.findings.raise_("leak", key, "warning", "grows", lab, {"slope_mib_per_h": 48.0}, 1000.0)
+        assert a.alerts.tick(1000.0) is True
+        a.findings.raise_("leak", key, "critical", "grows", lab, {"slope_mib_per_h": 48.0}, 1010.0)
+        a.guard.persist(1010.0)
+        a.guard.state.close()
+        holder = StateStore(db)  # another process holds the file as the next guard starts
+        b = guard(StateStore(db, retry=True))
+        assert b.guard.state.detached
+        other = {**lab, "instance": "host-b:8000"}
+        b.findings.raise_("leak", "leak/m/decode/host-b:8000/engine_core", "warning", "grows", other, {}, 2000.0)
+
+        def restore() -> None:
+            holder.close()
+            b.guard._attach_state()  # what the next tick does first
+
+        during["restore"] = restore
+        assert b.alerts.tick(2000.0) is True
+        assert "restore" not in during and not b.guard.state.detached
+        assert b.alerts.tick(2001.0) is True  # the restored findings: pushed at once
+        b.guard.state.close()
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    sent = [(a["labels"]["instance"], a["labels"]["severity"], "endsAt" in a) for a in pushes[-1]]
+    assert ("host-a:8000", "warning", True) in sent, sent  # resolved: no longer held as firing
+    assert ("host-a:8000", "critical", False) in sent, sent

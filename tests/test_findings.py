@@ -818,3 +818,86 @@ def test_findings_series_of_models_long_gone_leave_the_guards_metrics():
     leak = {"model": "lora-0", "pool": "decode", "detector": "leak"}
     assert g(c.GUARD_FINDINGS.name, {**leak, "severity": "warning"}) == 1
     assert g(c.GUARD_FINDINGS_TOTAL.exposed, {**last, "model": "lora-0"}) is None
+
+
+def test_a_state_file_attached_later_resolves_the_findings_no_detector_judges(tmp_path):
+    """A guard started with its leak detector off while another process held its state file
+    (persistence off), the file restored into it once usable: the file's open leak finding was
+    reopened after the one look at restored findings (the first tick) and stayed open for good."""
+    from guard_support import Served
+
+    from sla_guard.state import StateStore
+
+    page = _Page()
+    srv = Served(page.text)
+    db = tmp_path / "state.db"
+    key = "leak/e0/m/decode/0/core"
+    try:
+        live = _Live({"e0": srv.url}, state=StateStore(db))
+        live.book.raise_("leak", key, "critical", "core RSS grows", {"model": "m", "pool": "decode"}, {}, T0)
+        live.guard.persist(T0)
+        live.close()
+        holder = StateStore(db)  # another process holds the file as the guard starts
+        live = _Live({"e0": srv.url}, {"leak": {"enabled": False}}, state=StateStore(db, retry=True))
+        assert live.guard.state.detached
+        t = T0
+        for _ in range(2):
+            page.advance(15.0)
+            t += 15.0
+            assert live.step(t).errors == {}
+        holder.close()  # usable now: restored at the next tick
+        for _ in range(2):
+            page.advance(15.0)
+            t += 15.0
+            assert live.step(t).errors == {}
+        assert not live.guard.state.detached
+        f = live.book.get(key)
+        live.close()
+    finally:
+        srv.stop()
+    assert f is not None and not f.open and f.details["resolution"] == "not_configured", f
+
+
+def test_a_state_file_attached_later_keeps_the_drift_state_of_a_finding_opened_meanwhile(tmp_path):
+    """A guard ran with persistence off (another process held its state file) and found an
+    acceptance drift; the file, from a life with no spec decoding, was then restored into it.
+    Before: the restore replaced every CUSUM with the file's (none), the open finding's alarm went
+    with it, and once its series were gone nothing ever resolved it."""
+    from guard_support import Served
+
+    from sla_guard.state import StateStore
+
+    page = _Page()
+    srv = Served(page.text)
+    db = tmp_path / "state.db"
+    key = "acceptance_drift/m/decode"
+    try:
+        page.spec = False
+        live = _Live({"e0": srv.url}, state=StateStore(db))
+        t = T0
+        for _ in range(40):  # an interval closes: the drift state (no group) is saved
+            t += 15.0
+            page.advance(15.0)
+            live.step(t)
+        live.close()
+        saved = StateStore(db)
+        assert "acceptance_drift" in saved.load()
+        saved.close()
+        holder = StateStore(db)
+        live = _Live({"e0": srv.url}, state=StateStore(db, retry=True))
+        assert live.guard.state.detached
+        page.spec = True
+        t = _drifted(live, page, t, t + 2 * HOUR)
+        assert live.book.get(key).open
+        holder.close()  # usable now: restored at the next tick
+        page.spec = False  # and the drifted series go
+        gone = t
+        while live.book.get(key).open and t < gone + 3 * HOUR:
+            t += 15.0
+            live.step(t)
+        assert not live.guard.state.detached
+        f = live.book.get(key)
+        live.close()
+    finally:
+        srv.stop()
+    assert not f.open and f.details["resolution"] == "series_gone", f

@@ -152,6 +152,7 @@ def guarded(monkeypatch, tmp_path, request):
             ev.evaluate(store, now[0])
         return scr.targets()[0], ev.snapshot()["pools"][0]
 
+    scrape.scraper = scr  # type: ignore[attr-defined]
     busy = lambda ttft=0.5: [(sched(), iteration(ttft)) for _ in range(5)]  # noqa: E731
     scrape(6, busy)  # half a minute of traffic (30 requests), all good
     yield eng, scrape, busy
@@ -236,6 +237,54 @@ def test_a_page_without_vllm_series_is_not_checked(monkeypatch, tmp_path):
             eng.step(sched(), iteration(0.5))
             asyncio.run(scr.collect())
         assert scr.targets()[0].up and not scr.targets()[0].errors
+    finally:
+        eng.srv.stop()
+        asyncio.run(scr.aclose())
+
+
+def test_a_long_stall_keeps_a_bounded_history(guarded):
+    """Before: while a target stayed stalled every good scrape's counters were appended to its
+    history and never dropped (the held verdict returned before the pruning): a hook dropped for a
+    day held 5760 snapshots of every engine's counters per target at a 15 s scrape interval."""
+    eng, scrape, busy = guarded
+    eng.attached = False
+    st, _ = scrape(3, busy, evaluate=False)
+    assert not st.up and (stalled := st.errors.get("hook_stalled"))
+    st, _ = scrape(40, busy, evaluate=False)
+    assert not st.up and st.errors["hook_stalled"] == stalled + 40
+    assert len(scrape.scraper._liveness["d0"]) <= 4, len(scrape.scraper._liveness["d0"])
+    eng.attached = True  # the hook records again: up, judged afresh
+    st, _ = scrape(4, busy, evaluate=False)
+    assert st.up
+
+
+def test_an_aggregator_page_with_its_engines_instances_is_checked(monkeypatch, tmp_path):
+    """An ``honor_labels`` target (an aggregator) whose page carries each engine's own ``instance``:
+    before, the check read vLLM's counter under the target's name only, found none, and the frozen
+    hook read up."""
+    eng = VllmServer("stall-aggregator", monkeypatch, tmp_path)
+    eng.srv.body = lambda: eng.page().replace("{", '{instance="10.0.0.7:8000",')
+    now = [1_700_000_000.0]
+    scr = Scraper(
+        ScrapeSource(
+            targets=[Target(url=eng.srv.url, model="m", pool="decode", name="agg", honor_labels=True)], timeout_s=2
+        ),
+        SeriesStore(),
+        clock=lambda: now[0],
+    )
+    try:
+        for _ in range(3):
+            now[0] += 5
+            eng.step(sched(), iteration(0.5))
+            asyncio.run(scr.collect())
+        assert scr.targets()[0].up
+        eng.attached = False
+        for _ in range(4):
+            now[0] += 5
+            eng.step(sched(), iteration(0.5))
+            asyncio.run(scr.collect())
+        st = scr.targets()[0]
+        assert not st.up and st.errors.get("hook_stalled"), st
     finally:
         eng.srv.stop()
         asyncio.run(scr.aclose())

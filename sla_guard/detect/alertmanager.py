@@ -223,6 +223,11 @@ class AlertPublisher:
         self._store = None  # the state file, written before each push (bind_state)
         self._state_name = ""
         self._filed: set[str] = set()  # part names the state file holds
+        # what ``state_load`` read, taken in by the next ``tick``: a file attached later is restored
+        # on the guard's tick thread while this publisher's thread may be in a push, whose end
+        # replaced ``_sent_open`` and ``_filed`` and so dropped what was restored meanwhile
+        self._loaded: tuple[dict[str, tuple[dict, float]], set[str]] = ({}, set())
+        self._load_lock = threading.Lock()
         self._last_push = -1e18
         self._last_version = -1
         self._failed = 0  # pushes failed in a row: the next waits 1, 2, 4 ... s, at most resend_s
@@ -242,6 +247,12 @@ class AlertPublisher:
 
     def tick(self, now: float) -> bool | None:
         """Push if due; returns the push result, or None when nothing was due."""
+        with self._load_lock:
+            (loaded, names), self._loaded = self._loaded, ({}, set())
+        if loaded or names:
+            self._sent_open = {**self._sent_open, **loaded}
+            self._filed |= names
+            self._last_version = -1  # pushed now: what no finding carries any more is resolved
         version = self.book.version
         since = now - self._last_push
         if since < 0:  # the wall clock stepped back (NTP, a VM resumed): waiting for it to catch up
@@ -304,7 +315,8 @@ class AlertPublisher:
         findings): the next push resolves those that no longer fire. A part that is not a label
         set of strings is skipped (Alertmanager refuses the whole batch for one bad alert, and
         would for every push after). Parts named by finding key (older files) load the same."""
-        self._filed |= {k for k in parts if k.startswith("s/")}
+        names = {k for k in parts if k.startswith("s/")}
+        loaded: dict[str, tuple[dict, float]] = {}
         for k, v in parts.items():
             if not (k.startswith("s/") and isinstance(v, dict)):
                 continue
@@ -316,7 +328,10 @@ class AlertPublisher:
             ann = v.get("annotations")
             ann = {a: b for a, b in ann.items() if isinstance(a, str) and isinstance(b, str)} \
                 if isinstance(ann, dict) else {}
-            self._sent_open[label_id(labels)] = ({"labels": labels, "annotations": ann, "startsAt": _iso(t)}, float(t))
+            loaded[label_id(labels)] = ({"labels": labels, "annotations": ann, "startsAt": _iso(t)}, float(t))
+        with self._load_lock:
+            self._loaded[0].update(loaded)
+            self._loaded[1].update(names)
 
     def _run(self) -> None:
         while not self._stop.wait(1.0):

@@ -375,7 +375,10 @@ class _DriftState:
             return
         d = decode(parts["s"], _DRIFT_CLASSES, {"params": self.params})
         self._next = d["next"]
-        self.cusums = d["cusums"]
+        mine, self.cusums = self.cusums, d["cusums"]
+        for k, cus in mine.items():  # a file restored into a running guard: what this one found stays judged
+            if k not in self.cusums or (cus.alarm is not None and self.cusums[k].alarm is None):
+                self.cusums[k] = cus  # (else an open finding's alarm went, and nothing resolved it)
 
 
 # --- rates -----------------------------------------------------------------------------------
@@ -618,13 +621,18 @@ class RestoredFindings:
         self.detectors = {"leak", "acceptance_drift", "prefix_hit_drift", "tpot_drift"}  # ttft_stage syncs its own
         self.done = False
         self.resolved: list[str] = []  # keys resolved as not configured
+        # restored keys already looked at: a state file attached later (``Guard._attach_state``)
+        # reopens its findings after the first tick, and they were never looked at
+        self._checked: set[str] = set()
 
     def evaluate(self, view: MetricsView, now: float) -> None:
-        if self.done:
+        new = self.book.restored - self._checked
+        if self.done and not new:
             return
         self.done = True
+        self._checked |= new
         for f in self.book.open_findings():
-            if f.key in self.book.restored and f.detector in self.detectors and not any(
+            if f.key in new and f.detector in self.detectors and not any(
                     ev.claims(f.key) for ev in self.evaluators):
                 self.book.restored.discard(f.key)
                 self.book.resolve(f.key, now, {"resolution": "not_configured"})

@@ -27,7 +27,7 @@ import collections
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import httpx
 
@@ -200,7 +200,7 @@ class Scraper:
             if honor and target.adapter is None:
                 found = self.store.scraped_label_values(name, _POOL_COUNTS, ("instance", "model", "pool"))
                 self._page_pools[name] = frozenset(k for k in found if all(k))
-            if target.adapter is None and (why := self._hook_stalled(name, ts)):
+            if target.adapter is None and (why := self._hook_stalled(name, ts, honor)):
                 raise ScrapeFailed("hook_stalled", why)
         except Exception as raised:
             # anything else the page made the parser or store raise is a failed scrape too, not a
@@ -230,14 +230,18 @@ class Scraper:
         st.last_duration_s = time.perf_counter() - t0
         return st
 
-    def _by_engine(self, metric: str, name: str, ts: float) -> dict[str, float]:
+    def _by_engine(self, metric: str, name: str, ts: float, instances: Iterable[str]) -> dict[str, float]:
+        """``metric`` summed per engine of the target's page (``<instance>/<engine>`` where an
+        ``honor_labels`` page names its engines' own instance)."""
         out: dict[str, float] = {}
-        for lab, v in self.store.instant(metric, {"instance": name}, ts).items():
-            e = dict(lab).get("engine", "")
-            out[e] = out.get(e, 0.0) + v
+        for inst in instances:
+            for lab, v in self.store.instant(metric, {"instance": inst}, ts).items():
+                e = dict(lab).get("engine", "")
+                e = e if inst == name else f"{inst}/{e}"
+                out[e] = out.get(e, 0.0) + v
         return out
 
-    def _hook_stalled(self, name: str, ts: float) -> str | None:
+    def _hook_stalled(self, name: str, ts: float, honor: bool = False) -> str | None:
         """Why the target's hook stopped recording, or None. vLLM's token counter (on the same page)
         rising between two scrapes while a counter of the hook's stays the same (or absent for that
         engine) from the first of them through this one means the hook missed steps vLLM recorded:
@@ -247,16 +251,23 @@ class Scraper:
         until a hook counter moves (an engine that goes idle after the stall still has frozen
         series). An idle engine moves neither; a page without vLLM's series (the sidecar, the
         simulator) is not checked."""
-        witness = self._by_engine(c.VLLM_GENERATION_TOKENS, name, ts)
+        # an honor_labels page (an aggregator) may carry its engines' own instance: read under those
+        # (under the target's name alone, the check found no vLLM series and never judged such a page)
+        instances = sorted({i for (i,) in self.store.scraped_label_values(name, (c.VLLM_GENERATION_TOKENS,),
+                                                                           ("instance",)) if i} or {name}) \
+            if honor else [name]
+        witness = self._by_engine(c.VLLM_GENERATION_TOKENS, name, ts, instances)
         if not witness:
             self._liveness.pop(name, None)
             self._stalled.pop(name, None)
             return None
         hist = self._liveness.setdefault(name, collections.deque())
-        hist.append((ts, witness, [self._by_engine(m.series(), name, ts) for m in c.HOOK_RECORDED]))
+        hist.append((ts, witness, [self._by_engine(m.series(), name, ts, instances) for m in c.HOOK_RECORDED]))
         held = self._stalled.get(name)
         if held is not None:
             if held[0] == hist[-1][2]:
+                while len(hist) > 1:  # nothing is judged while held: kept, they grew for as long as the stall
+                    hist.popleft()
                 return held[1]
             del self._stalled[name]  # the hook records again (a restart): judged afresh
         while len(hist) > 2 and ts - hist[2][0] >= c.HOOK_LAG_S:  # keep one pair at least HOOK_LAG_S back
