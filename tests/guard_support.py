@@ -118,6 +118,26 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def half_open(port: int, requests: list[bytes]) -> list[socket.socket]:
+    """One loopback connection to ``port`` per request in ``requests``, each sent and never finished
+    (a slowloris client: headers cut, or a body promised and not sent); the caller closes them."""
+    socks = []
+    for data in requests:
+        s = socket.create_connection(("127.0.0.1", port), timeout=10)
+        s.sendall(data)
+        socks.append(s)
+    return socks
+
+
+def closed_by_server(socks: list[socket.socket]) -> int:
+    """How many of ``socks`` the server closed (end of stream read within their 10 s timeout)."""
+    n = 0
+    for s in socks:
+        with contextlib.suppress(TimeoutError):
+            n += s.recv(1024) == b""
+    return n
+
+
 class _Server(http.server.ThreadingHTTPServer):
     allow_reuse_address = True  # a "restarted engine" binds the same port again
     daemon_threads = True

@@ -9,7 +9,6 @@ import contextlib
 import http.server
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -18,7 +17,7 @@ import time
 import httpx
 import pytest
 import yaml
-from guard_support import Engine, Served, Trickle, UvicornThread, free_port
+from guard_support import Engine, Served, Trickle, UvicornThread, closed_by_server, free_port, half_open
 from prometheus_support import PrometheusProcess, prometheus_binary
 
 from sla_guard.api import create_app, server_config
@@ -317,14 +316,8 @@ def test_api_closes_half_open_connections():
         time.sleep(0.02)
     socks = []
     try:
-        for _ in range(50):
-            s = socket.create_connection(("127.0.0.1", port), timeout=10)
-            s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")  # headers never finished
-            socks.append(s)
-        closed = 0
-        for s in socks:
-            with contextlib.suppress(TimeoutError):
-                closed += s.recv(1024) == b""
+        socks = half_open(port, [b"GET /healthz HTTP/1.1\r\nHost: x\r\n"] * 50)  # headers never finished
+        closed = closed_by_server(socks)
         assert closed == len(socks), f"{closed} of {len(socks)} half-open connections closed"
         # a well-behaved client still gets its answer
         assert httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=5).status_code == 200

@@ -13,7 +13,6 @@ Real CPU vLLM drives the proxy in tests/test_vllm_hooks.py (the P/D pair) and te
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import os
@@ -1831,6 +1830,8 @@ def test_half_open_and_dripped_requests_are_closed_after_the_request_timeout(eng
     never finished, or a body promised and never sent) were all still open 17 s later, each a socket and
     a coroutine held. Each must now deliver its request within --request-timeout or be closed, and a body
     cut short is no request: it was an "Exception in ASGI application" traceback per connection."""
+    from guard_support import closed_by_server, half_open
+
     p, d = engines("prefill"), engines("decode")
     px = proxies([p], [d], request_timeout_s=1.0)
     errors: list[logging.LogRecord] = []
@@ -1839,17 +1840,9 @@ def test_half_open_and_dripped_requests_are_closed_after_the_request_timeout(eng
     logging.getLogger("uvicorn.error").addHandler(handler)  # uvicorn's loggers do not reach the root
     socks = []
     try:
-        for i in range(10):
-            s = socket.create_connection(("127.0.0.1", px.port), timeout=10)
-            if i % 2:
-                s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")  # headers never finished
-            else:
-                s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
-            socks.append(s)
-        closed = 0
-        for s in socks:
-            with contextlib.suppress(TimeoutError):
-                closed += s.recv(1024) == b""
+        socks = half_open(px.port, [b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n",  # headers never finished
+                                    b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{"] * 5)
+        closed = closed_by_server(socks)
         assert closed == len(socks), f"{closed} of {len(socks)} slow requests closed"
         assert p.requests == [] and d.requests == []
         # a well-behaved client is still served

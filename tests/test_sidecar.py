@@ -283,23 +283,15 @@ def test_half_open_connections_are_closed_and_release_their_threads():
     """prometheus_client's server gave each connection a thread with no timeout: 300 half-open
     connections (a request line, never the rest) held 300 threads for good. Now a connection silent
     for the request timeout is closed, and a scrape is still answered."""
-    import contextlib
-    import socket
-
+    from guard_support import closed_by_server, half_open
     from prometheus_client import CollectorRegistry
 
     port = _free_port()
     server, _ = serve_metrics("127.0.0.1", port, CollectorRegistry(), request_timeout_s=1.0)
     socks = []
     try:
-        for _ in range(10):
-            s = socket.create_connection(("127.0.0.1", port), timeout=10)
-            s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")  # headers never finished
-            socks.append(s)
-        closed = 0
-        for s in socks:
-            with contextlib.suppress(TimeoutError):
-                closed += s.recv(1024) == b""
+        socks = half_open(port, [b"GET /metrics HTTP/1.1\r\nHost: x\r\n"] * 10)  # headers never finished
+        closed = closed_by_server(socks)
         assert closed == len(socks), f"{closed} of {len(socks)} half-open connections closed"
         assert httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).status_code == 200
     finally:
