@@ -122,19 +122,9 @@ def _rec(name: str, expr: str, own: dict[str, str]) -> dict:
     return {"record": name, "expr": expr, "labels": dict(own)}
 
 
-# The misses of each histogram that it holds no observation of, as the guard counts them
-# (sla_guard/slo.py ``UNOBSERVED``): an engine's admission rejections (a 503, no first token), the
-# proxy's streamed requests failed before their first token (no TTFT) or after it (no TPOT).
-_UNOBSERVED: dict[Metric, Metric] = {
-    c.REQUEST_TTFT: c.ADMISSION_REJECTIONS,
-    c.CLIENT_TTFT: c.CLIENT_FAILED_BEFORE_FIRST_TOKEN,
-    c.CLIENT_TPOT: c.CLIENT_FAILED_AFTER_FIRST_TOKEN,
-}
-
-
 def _refused(slo: SLO, metric: Metric) -> Metric | None:
     """The counter whose requests count as attainment misses of ``metric``, errors and requests both."""
-    return _UNOBSERVED.get(metric) if slo.objective is Objective.ATTAINMENT else None
+    return c.UNOBSERVED_MISSES.get(metric) if slo.objective is Objective.ATTAINMENT else None
 
 
 def _requests(slo: SLO, metric: Metric, window: str, matchers: list[str]) -> str:

@@ -227,6 +227,14 @@ CLIENT_FAILED_AFTER_FIRST_TOKEN = _m(
     "client_failed_after_first_token", C,
     "Streamed single-choice client requests that ended in a server error after their first token (a TTFT "
     "observed, no TPOT); the guard counts them as client TPOT attainment misses.", "1", CL, R)
+# Each latency histogram's misses that it holds no observation of: requests refused or failed
+# before the histogram could observe them. Attainment (the guard's and the generated rules') adds
+# them to the misses and to the requests, once; means and percentiles are over the requests served.
+UNOBSERVED_MISSES: Final[dict[Metric, Metric]] = {
+    REQUEST_TTFT: ADMISSION_REJECTIONS,
+    CLIENT_TTFT: CLIENT_FAILED_BEFORE_FIRST_TOKEN,
+    CLIENT_TPOT: CLIENT_FAILED_AFTER_FIRST_TOKEN,
+}
 CLIENT_IN_FLIGHT = _m("client_requests_in_flight", Ga, "Client requests the router is serving now.", "1", CL, R,
                       multiprocess_mode="livesum")
 CLIENT_STAGE = _m("client_ttft_stage_seconds", Hi,

@@ -49,16 +49,11 @@ HIST = {i: (c.latency_metric(i.value, None), c.latency_metric(i.value, c.Pool.CL
 BY = ("model", "pool")
 T = TypeVar("T")
 # Requests that missed an indicator without an observation in its histogram, per indicator: (the
-# engine pools' counter, the client scope's). An engine pool's API servers refused some at a queue
-# limit (HTTP 503): no first token. The proxy failed some streamed requests (outcome=error) before
-# their first token (no TTFT) or after it (stream cut or stalled: a TTFT, no TPOT). Attainment
-# counts them as misses (errors and requests), once; means and percentiles are over the requests
-# served.
-REJECTED = c.ADMISSION_REJECTIONS.series()
+# engine pools' counter, the client scope's) from ``c.UNOBSERVED_MISSES`` (an engine pool's
+# admission rejections; the proxy's streamed requests failed before / after their first token).
 UNOBSERVED: dict[Indicator, tuple[str | None, str | None]] = {
-    Indicator.TTFT: (REJECTED, c.CLIENT_FAILED_BEFORE_FIRST_TOKEN.series()),
-    Indicator.TPOT: (None, c.CLIENT_FAILED_AFTER_FIRST_TOKEN.series()),
-}
+    i: tuple(m.series() if (m := c.UNOBSERVED_MISSES.get(h)) else None for h in hists)  # type: ignore[misc]
+    for i, hists in HIST.items()}
 
 log = logging.getLogger("sla_guard.slo")
 
@@ -579,8 +574,8 @@ class SLOEvaluator:
                 per.setdefault(_mp(lab), {})["sum"] = v
             for lab, b in buckets.items():
                 per.setdefault(_mp(lab), {})["buckets"] = b
-            for mp, v in _rejected(ind, lambda m, w=w: view.increase(m, {}, w, now, BY)).items():
-                per.setdefault(mp, {})["rejected"] = v
+            for mp, v in _unobserved(ind, lambda m, w=w: view.increase(m, {}, w, now, BY)).items():
+                per.setdefault(mp, {})["unobserved"] = v
             out[(ind, w)] = per
         return out
 
@@ -601,7 +596,7 @@ class SLOEvaluator:
                         self._changed_long.setdefault((ind, thr, period, *mp), {})[w] = targets
                 for w in wins:
                     buckets = _scoped(ind, lambda h, w=w: _bucket_increase(view, h.series(), w, now))
-                    refused = _rejected(ind, lambda m, w=w: view.increase(m, {}, w, now, BY))
+                    refused = _unobserved(ind, lambda m, w=w: view.increase(m, {}, w, now, BY))
                     for lab, b in buckets.items():
                         good = le_count(b, thr)
                         tot = b.get(math.inf)
@@ -644,7 +639,7 @@ class SLOEvaluator:
             for mp, targets in _lacking(delta, thr).items():  # their requests cannot be judged
                 if mp in total:
                     total[mp] -= sum(targets.values())
-            for mp, n in _rejected(ind, lambda m: view.counter_delta(m, {}, t0, now, BY)).items():
+            for mp, n in _unobserved(ind, lambda m: view.counter_delta(m, {}, t0, now, BY)).items():
                 if mp in total:
                     total[mp] += n
             for mp, tot in total.items():
@@ -724,7 +719,7 @@ class SLOEvaluator:
                         f"in {slo.window} (buckets must be cumulative); fix the engine's /metrics")
             return r
         wins = longwin.get((slo.indicator, slo.threshold_s, period), {}).get(key, {})
-        refused = data.get("rejected", 0.0)
+        refused = data.get("unobserved", 0.0)
         if not all(math.isfinite(x) for x in (*b.values(), refused, *(n for pair in wins.values() for n in pair))):
             # Prometheus's increase() of a bucket counter that jumped to +Inf is +Inf: every burn
             # rate and the budget then read None, no row fired, and the pool was "ok"
@@ -797,7 +792,7 @@ class SLOEvaluator:
             if (data.get("lacking") or {}).get(s.threshold_s) or (data.get("changed") or {}).get(s.threshold_s) \
                     or good is None or tot is None or not_cumulative(good, tot):
                 return
-            tot += data.get("rejected", 0.0)  # refused requests met neither threshold
+            tot += data.get("unobserved", 0.0)  # refused requests met neither threshold
             if not tot or tot < s.min_requests:
                 return
             shares.append(good / tot)
@@ -923,7 +918,7 @@ def _lacking(query: Callable[[Mapping[str, str], tuple[str, ...]], dict[Labels, 
     return out
 
 
-def _rejected(ind: Indicator, query: Callable[[str], dict[Labels, float]]) -> dict[tuple[str, str], float]:
+def _unobserved(ind: Indicator, query: Callable[[str], dict[Labels, float]]) -> dict[tuple[str, str], float]:
     """{(model, pool): requests that missed ``ind`` unobserved} (``UNOBSERVED``): the engine
     pools' counter for every pool but client, the client scope's for pool client only, as
     ``_scoped`` splits the histograms. ``query(series)`` is a counter query by (model, pool)."""

@@ -619,7 +619,6 @@ class RestoredFindings:
     def __init__(self, book: FindingsBook, evaluators: list) -> None:
         self.book, self.evaluators = book, evaluators
         self.detectors = {"leak", "acceptance_drift", "prefix_hit_drift", "tpot_drift"}  # ttft_stage syncs its own
-        self.done = False
         self.resolved: list[str] = []  # keys resolved as not configured
         # restored keys already looked at: a state file attached later (``Guard._attach_state``)
         # reopens its findings after the first tick, and they were never looked at
@@ -627,9 +626,8 @@ class RestoredFindings:
 
     def evaluate(self, view: MetricsView, now: float) -> None:
         new = self.book.restored - self._checked
-        if self.done and not new:
+        if not new:
             return
-        self.done = True
         self._checked |= new
         for f in self.book.open_findings():
             if f.key in new and f.detector in self.detectors and not any(
@@ -639,7 +637,7 @@ class RestoredFindings:
                 self.resolved.append(f.key)
 
     def snapshot(self) -> dict:
-        return {"done": self.done, "resolved": list(self.resolved)}
+        return {"checked": len(self._checked), "resolved": list(self.resolved)}
 
 
 def build_evaluators(book: FindingsBook, cfg: DetectorsConfig) -> list:
