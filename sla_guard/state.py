@@ -158,9 +158,7 @@ class StateStore:
         except StateUnavailable as err:
             if not (retry and err.retry):
                 raise
-            self.detached = str(err)
-            self.problem = f"persistence is off: {err}; the guard serves without it and retries at every tick"
-            log.error("%s", self.problem)
+            self._detach(err)
 
     def _connect(self, busy_s: float) -> None:
         """Lock and open the file (a damaged one is moved aside and a fresh one started)."""
@@ -187,6 +185,12 @@ class StateStore:
             raise StateUnavailable(f"state file {self.path} cannot be used ({type(err).__name__}: {err}); "
                                    f"{_FIX}", retry=True) from err
 
+    def _detach(self, err: StateUnavailable) -> None:
+        """Persistence off, for ``err`` (logged, and on ``/v1/status``)."""
+        self.detached = str(err)
+        self.problem = f"persistence is off: {err}; the guard serves without it and retries at every tick"
+        log.error("%s", self.problem)
+
     def attach(self) -> bool:
         """Try again to use a file that could not be used at start (``detached``). True once it
         is open and locked: the caller then restores from it (``load``, ``tail``) before saving,
@@ -198,10 +202,8 @@ class StateStore:
             self._connect(0.2)
             self._conn.execute("PRAGMA busy_timeout=5000")
         except StateUnavailable as err:
-            if str(err) != self.detached:
-                self.detached = str(err)
-                self.problem = f"persistence is off: {err}; the guard serves without it and retries at every tick"
-                log.error("%s", self.problem)
+            if str(err) != self.detached:  # said once per cause
+                self._detach(err)
             return False
         self.detached = self.problem = None
         log.warning("state file %s: usable again; restoring it and saving from now on", self.path)

@@ -305,21 +305,15 @@ class AdvisorEvaluator:
         ``/v1/status``): the order still goes."""
         if self._store is None:
             return
-        from sla_guard.state import encode
-
         name = f"order/{record['model']}/{record['pool']}"
         self._ordering.add(name)
-        self._store.save({self._state_name: {f"model/{key}": encode({k: getattr(adv, k) for k in _ADVISOR_STATE}),
-                                             name: record}})
+        self._store.save({self._state_name: {f"model/{key}": _advisor_part(adv), name: record}})
 
     def state_dump(self, full: bool) -> dict:
         """Each model's learned capacities and guardrail memory (failed sizes, cool-downs, the
         stabilisation history); the decisions go to the append stream (``state_records``), in
         the same save that deletes the notes written ahead of their orders."""
-        from sla_guard.state import encode
-
-        out: dict = {f"model/{m}": encode({k: getattr(a, k) for k in _ADVISOR_STATE})
-                     for m, a in self.advisors.items()}
+        out: dict = {f"model/{m}": _advisor_part(a) for m, a in self.advisors.items()}
         out["meta"] = {"seen": dict(self._seen)}
         out.update(dict.fromkeys(self._ordering))  # bounded: one name per model and pool
         return out
@@ -426,6 +420,13 @@ def _unexpect(adv: Advisor, pool: str, before: tuple[int, float] | None) -> None
         adv.pending.pop(pool, None)
     else:
         adv.pending[pool] = before
+
+
+def _advisor_part(adv: Advisor) -> dict:
+    """What an advisor learned and remembers, encoded for the state file (``_ADVISOR_STATE``)."""
+    from sla_guard.state import encode
+
+    return encode({k: getattr(adv, k) for k in _ADVISOR_STATE})
 
 
 def _record_t(record: dict) -> float:
