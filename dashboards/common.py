@@ -19,6 +19,7 @@ from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.models import common as cm
 from grafana_foundation_sdk.models import dashboard as dm
 
+from alerts import promql as pq
 from exporters import contract as c
 from sla_guard.config import SLO, GuardConfig, Indicator, Objective
 
@@ -81,6 +82,42 @@ def _targets(panel, queries: Sequence[pb.Dataquery]):
     return panel
 
 
+def special_map(match: dm.SpecialValueMatch, text: str, color: str) -> dm.SpecialValueMap:
+    """Grafana shows NaN and null as "NaN" / an empty tile in the base threshold colour (green):
+    map them to words and a colour of their own."""
+    return dm.SpecialValueMap(options=dm.DashboardSpecialValueMapOptions(
+        match=match, result=dm.ValueMappingResult(text=text, color=color)))
+
+
+def value_map(value: str, text: str, color: str) -> dm.ValueMap:
+    return dm.ValueMap(options={value: dm.ValueMappingResult(text=text, color=color)})
+
+
+def up_thresholds() -> db.ThresholdsConfig:
+    """Red below 1 (nothing reporting), green from 1."""
+    return db.ThresholdsConfig().mode(dm.ThresholdsMode.ABSOLUTE).steps(
+        [dm.Threshold(value=None, color="red"), dm.Threshold(value=1, color="green")])
+
+
+def engines_reporting(matchers: Sequence[str]) -> str:
+    """Engines with a current sample per pool, and 0 for a pool seen in the dashboard's range
+    whose engines all went silent: a silent pool drops out of every other panel (its series are
+    stale), so without this it just vanished, no different from a pool never deployed."""
+    anchor = pq.series(c.REQUESTS_RUNNING, matchers=matchers)
+    return f"count by (pool) ({anchor}) or (0 * count by (pool) (last_over_time({anchor}[$__range])))"
+
+
+def guards() -> str:
+    """Guards Prometheus has a current sample from (``guard_series``, exported from start); empty when none."""
+    return f"count({pq.series(c.GUARD_SERIES)})"
+
+
+def guard_reporting() -> str:
+    """``guards()``, 0 when none: the verdicts and findings panels are empty both when the guard is
+    down and when it has nothing to say; this says which."""
+    return f"{guards()} or vector(0)"
+
+
 def sla_thresholds(*values: float) -> cb.ThresholdsConfigBuilder | db.ThresholdsConfig:
     steps = [dm.Threshold(value=None, color="green")]
     steps += [dm.Threshold(value=v, color="red") for v in sorted(set(values))]
@@ -115,13 +152,23 @@ class Panels:
 
     def stat(self, title: str, description: str, queries: Sequence[pb.Dataquery], unit: str = "short", *,
              w: int = 6, h: int = 5, thresholds: Sequence[float] = (), text_name: bool = False,
-             colors: Sequence[tuple[str, str]] = ()) -> None:
+             colors: Sequence[tuple[str, str]] = (), up: bool = False, no_value: str = "",
+             mappings: Sequence[dm.ValueMapping] = ()) -> None:
+        """``up``: red below 1, green from 1 (a count of things reporting); ``no_value``: the text
+        when the query returns nothing (Grafana's default "No data" says not why)."""
         p = (sb.Panel().id(self.ids()).title(title).description(description).datasource(DATASOURCE)
              .unit(unit).span(w).height(h).graph_mode(cm.BigValueGraphMode.AREA)
-             .color_mode(cm.BigValueColorMode.BACKGROUND if (thresholds or colors) else cm.BigValueColorMode.VALUE)
+             .color_mode(cm.BigValueColorMode.BACKGROUND if (thresholds or colors or up)
+                         else cm.BigValueColorMode.VALUE)
              .reduce_options(cb.ReduceDataOptions().calcs(["lastNotNull"]).values(False)))
         if thresholds:
             p = p.thresholds(sla_thresholds(*thresholds))
+        if up:
+            p = p.thresholds(up_thresholds())
+        if no_value:
+            p = p.no_value(no_value)
+        if mappings:
+            p = p.mappings(list(mappings))
         if text_name:
             p = p.text_mode(cm.BigValueTextMode.NAME).graph_mode(cm.BigValueGraphMode.NONE)
         for regex, color in colors:

@@ -25,6 +25,24 @@ CI checks each query below against a real Prometheus scraping the simulated P/D 
 query must return data as an instant and as a range query. The one exception is the DCGM GPU
 utilization series, which only exists where NVIDIA's DCGM exporter runs (the compose `vllm`
 profile); the test checks that its query is valid.
+
+Under faults a panel shows no value, or says what is missing, never a reassuring one.
+`tests/test_dashboards_faults.py` backfills two hours of a small fleet into a real Prometheus and
+evaluates every query as Grafana sends it: engines gone for 30 minutes (their series go stale:
+every panel for that pool is empty or its lines end, none reads 0 or 100 %; *Engines reporting*
+reads 0 in red); an idle pool (0/0 ratios are NaN: a gap on time series, "no requests" in blue
+on the mean stats); a counter reset (`rate()` absorbs it: mean TPOT stays exact); a threshold
+bucket that appeared within the rate window (the *Goodput* share lines leave that engine out
+until the window has passed, as the rules do, instead of 50 % with every request in time); the
+guard down (*SLO status* and *Open findings* empty with a text saying so, *Guard reporting* 0 in
+red). The only `or vector(0)` is *Guard reporting*'s, where 0 is the truth.
+
+Fixed after that review: the *Goodput* TTFT share left out requests the API servers refused
+(HTTP 503 at a queue limit), so a pool refusing half its requests read 100 %; it now counts them
+as misses, as the guard and the rules do (50 %). The mean TTFT/TPOT stats drew an idle pool's NaN
+as "NaN" on green, and a pool whose engines were all down just vanished from them; *Open findings*
+read "No data" both when the guard was down and when it had no finding yet. *Engines reporting*
+and *Guard reporting* are new.
 """
 
 

@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 from alerts import promql as pq
-from dashboards.common import GUARD_SEL, RATE, Panels, dashboard, q
+from dashboards.common import GUARD_SEL, RATE, Panels, dashboard, guard_reporting, guards, q, value_map
 from exporters import contract as c
 from sla_guard.config import GuardConfig
 
 UID = "sla-guard-guard"
+
+
+def open_findings(matchers: tuple[str, ...]) -> str:
+    """Open findings per detector and severity, or one "none open" 0 while the guard reports: the
+    guard exports a detector's gauge only once it had a finding, so a guard with none and a guard
+    that is down both read empty, and "No data" said neither."""
+    none = f'label_replace(0 * {guards()}, "detector", "none open", "", "")'
+    return f"{pq.sum_by(['detector', 'severity'], pq.series(c.GUARD_FINDINGS, matchers=matchers))} or on () {none}"
 
 
 def build(config: GuardConfig) -> dict:
@@ -15,9 +23,10 @@ def build(config: GuardConfig) -> dict:
 
     def panels(p: Panels) -> None:
         p.row("Findings and SLOs")
-        p.stat("Open findings", "Open findings by detector and severity.",
-               [q(pq.sum_by(["detector", "severity"], pq.series(c.GUARD_FINDINGS, matchers=g)),
-                  "{{detector}} {{severity}}", instant=True)], w=8, thresholds=[1])
+        p.stat("Open findings", "Open findings by detector and severity; \"none open\" (0) while the guard "
+               "reports and has none for this selection, empty when the guard is not reporting.",
+               [q(open_findings(g), "{{detector}} {{severity}}", instant=True)], w=8, thresholds=[1],
+               no_value="Guard not reporting")
         p.ts("Findings opened", "Findings opened per hour by detector.",
              [q(pq.sum_by(["pool", "detector"], pq.increase(c.GUARD_FINDINGS_TOTAL, "1h", matchers=g)),
                 "{{pool}} {{detector}}")], w=16)
@@ -35,6 +44,10 @@ def build(config: GuardConfig) -> dict:
              [q(pq.sum_by(["pool", "direction", "reason"], pq.increase(c.GUARD_SCALING_DECISIONS, "1h", matchers=g)),
                 "{{pool}} {{direction}} {{reason}}")], w=12)
         p.row("Guard health")
+        p.stat("Guard reporting", "Guard processes with a current sample; 0 (red) when the guard is down or "
+               "not scraped: every other panel here is then empty or ends.",
+               [q(guard_reporting(), "guards", instant=True)], w=24, h=3, up=True,
+               mappings=[value_map("0", "guard not reporting", "red")])
         p.ts("Evaluation time", "Time one evaluation tick takes: p50 and p99.",
              [q(pq.quantile(x, c.GUARD_EVAL_DURATION, RATE, ["instance"]), f"{{{{instance}}}} p{x * 100:g}")
               for x in (0.5, 0.99)], "s", w=8)

@@ -2,14 +2,30 @@
 
 from __future__ import annotations
 
+from grafana_foundation_sdk.models import dashboard as dm
+
 from alerts import promql as pq
 from alerts.slo_rules import window_name
-from dashboards.common import GUARD_SEL, RATE, Panels, dashboard, mean_slo, q, sel, slo_thresholds
+from dashboards.common import (
+    GUARD_SEL,
+    RATE,
+    Panels,
+    dashboard,
+    engines_reporting,
+    guard_reporting,
+    mean_slo,
+    q,
+    sel,
+    slo_thresholds,
+    special_map,
+    value_map,
+)
 from dashboards.latency import mean_and_percentiles
 from exporters import contract as c
 from sla_guard.config import GuardConfig, Indicator
 
 UID = "sla-guard-pd-overview"
+NO_VERDICT = "No verdict: the guard is not reporting, or no SLO covers this selection"
 
 
 def client_panels(p: Panels, config: GuardConfig) -> None:
@@ -54,16 +70,28 @@ def build(config: GuardConfig) -> dict:
     def panels(p: Panels) -> None:
         p.row("SLA status")
         p.stat("SLO status (guard)", "Current status of every SLO per pool as the guard evaluates it "
-               "(ok, at_risk, violated, unknown).",
+               "(ok, at_risk, violated, unknown). Empty when the guard is not reporting: see Guard reporting.",
                [q(f"max by (pool, slo, status) ({pq.series(c.GUARD_SLO_STATUS, matchers=GUARD_SEL)} == 1)",
                   "{{pool}} {{slo}}: {{status}}", instant=True)],
-               w=12, text_name=True,
+               w=12, text_name=True, no_value=NO_VERDICT,
                colors=[(".*violated", "red"), (".*at_risk", "orange"), (".*unknown", "text"), (".*: ok", "green")])
         for slo, metric, title in ((ttft_mean, c.REQUEST_TTFT, "Mean TTFT"), (tpot_mean, c.REQUEST_TPOT, "Mean TPOT")):
             window = window_name(slo.window) if slo else "5m"  # '1.5h' is no PromQL range
-            p.stat(f"{title} ({window}) per pool", f"Request-weighted mean over {window}; red above the SLA.",
+            p.stat(f"{title} ({window}) per pool", f"Request-weighted mean over {window}; red above the SLA; "
+                   "\"no requests\" for an idle pool (0/0). A pool whose engines are all silent is missing "
+                   "here: see Engines reporting.",
                    [q(pq.mean(metric, window, ["pool"], s), "{{pool}}", instant=True)], "s",
-                   thresholds=[slo.threshold_s] if slo else ())
+                   thresholds=[slo.threshold_s] if slo else (), no_value="No engine reporting",
+                   mappings=[special_map(dm.SpecialValueMatch.NULL_AND_NAN, "no requests", "blue")])
+        p.stat("Engines reporting", "Engines with a current sample per pool; 0 (red) for a pool seen in the "
+               "dashboard's time range whose engines are all down or not scraped: its latency panels are "
+               "empty, which is not the same as an idle pool (\"no requests\").",
+               [q(engines_reporting(s), "{{pool}}", instant=True)], w=16, h=4, up=True,
+               no_value="No engine in the time range")
+        p.stat("Guard reporting", "Guard processes with a current sample; 0 (red) when the guard is down or "
+               "not scraped: the verdicts, findings and recommendations panels are then empty or stale.",
+               [q(guard_reporting(), "guards", instant=True)], w=8, h=4, up=True,
+               mappings=[value_map("0", "guard not reporting", "red")])
         client_panels(p, config)
         p.row("Latency per pool")
         p.ts("TTFT per pool", "Time to first token: mean, p50, p90, p99 per pool; dashed lines are the SLAs.",
@@ -88,10 +116,15 @@ def build(config: GuardConfig) -> dict:
         for slo, metric in ((ttft_mean, c.REQUEST_TTFT), (tpot_mean, c.REQUEST_TPOT)):
             # a mean threshold need not be a bucket bound: le="1.8" matches no series, a line never drawn
             if slo and pq.has_bucket(metric, slo.threshold_s, getattr(config.engine_buckets, slo.indicator.value)):
-                good.append(q(pq.share_at_or_below(metric, slo.threshold_s, RATE, ["pool"], s),
+                # refused requests (HTTP 503 at a queue limit) are TTFT misses, as the guard and the
+                # rules count them: left out, a pool refusing half its requests read 100 %
+                good.append(q(pq.share_at_or_below(metric, slo.threshold_s, RATE, ["pool"], s,
+                                                   refused=c.UNOBSERVED_MISSES.get(metric)),
                               f"{{{{pool}}}} {slo.indicator.value.upper()} <= {slo.threshold_s:g}s"))
         p.ts("Goodput", "Share of requests meeting both TTFT and TPOT thresholds (guard), and the share "
-             "within each threshold from the histogram buckets.", good, "percentunit", w=24)
+             "within each threshold from the histogram buckets (requests the API servers refused count as "
+             "TTFT misses, as the guard counts them; an engine whose threshold bucket appeared or went within "
+             "the window is left out until the window has passed).", good, "percentunit", w=24)
 
     return dashboard(UID, "sla-guard / P/D overview",
                      "Per-pool SLA view of a prefill/decode-disaggregated vLLM deployment.", panels)
