@@ -106,6 +106,16 @@ def share_at_or_below(metric: Metric, threshold: float, window: str, labels: Seq
     return ratio(good, total)
 
 
+def outcome_ratio(metric: Metric, label: str, failed: str, counted: Sequence[str], window: str,
+                  labels: Sequence[str], matchers: Sequence[str] = ()) -> str:
+    """Share of requests whose ``label`` is ``failed`` among those whose ``label`` is one of
+    ``counted`` (an availability SLI's error ratio), request-weighted over ``window``; 0, not
+    nothing, for a group that never failed one (no ``failed`` series yet)."""
+    total = sum_by(labels, rate(metric, window, matchers=[*matchers, f"{label}=~{any_of_literal(counted)}"]))
+    failures = sum_by(labels, rate(metric, window, matchers=[*matchers, f'{label}="{failed}"']))
+    return ratio(f"{failures} or {total} * 0", total)
+
+
 def plus_or_zero(base: str, extra: str) -> str:
     """``base + extra`` where a group of ``base`` without ``extra`` (a deployment whose engines do not
     export it) keeps its value: plain ``+`` drops it."""

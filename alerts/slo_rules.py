@@ -4,7 +4,8 @@ Per SLO and (model, pool) the rules record, over every window an alert needs:
 
 - ``model_pool_slo:sli_requests:rate<w>``        requests per second (the zero-traffic guard);
 - ``model_pool_slo:sli_error:ratio_rate<w>``     attainment SLOs: share of requests over the
-  threshold, counted from the histogram bucket whose ``le`` is the threshold;
+  threshold, counted from the histogram bucket whose ``le`` is the threshold; for availability
+  (client scope), share of requests the service failed (``contract.AVAILABILITY_*`` outcomes);
 - ``model_pool_slo:sli_latency_seconds:mean<w>`` / ``:quantile<w>`` mean and percentile SLOs.
 
 Each series and alert carries ``slo`` (the objective's name) and ``slo_set`` (``<model>/<pool>``
@@ -27,17 +28,22 @@ from exporters import contract as c
 from exporters.contract import Metric
 from exporters.label_text import any_of_literal, string_literal
 from sla_guard.burn_windows import burn_rules
-from sla_guard.config import SLO, GuardConfig, Objective, SLOSet, parse_duration
+from sla_guard.config import SLO, GuardConfig, Indicator, Objective, SLOSet, parse_duration
 
 LABELS = ("model", "pool")
 SLO_LABELS = ("model", "pool", "slo")
 CLIENT = c.Pool.CLIENT.value
+# availability's requests: the outcomes it counts (the client's own 4xx and aborts are in neither part)
+COUNTED = f"outcome=~{any_of_literal(c.AVAILABILITY_COUNTED)}"
 
 
 def scoped(slo: SLO, pool: str, matchers: list[str], build: Callable[[Metric, list[str]], str]) -> str:
     """``build(metric, matchers)`` over the families an SLO set of ``pool`` reads: the engine
     histograms for an engine pool, the client histograms for ``client``, and for ``*`` both,
-    joined with ``or`` (each family held to its own pools, so nothing counts twice)."""
+    joined with ``or`` (each family held to its own pools, so nothing counts twice). Availability
+    reads the client scope's outcome counter (its sets are client sets)."""
+    if slo.indicator is Indicator.AVAILABILITY:
+        return build(c.CLIENT_REQUESTS, matchers)
     engine, client = c.latency_metric(slo.indicator.value, None), c.latency_metric(slo.indicator.value, CLIENT)
     if pool == CLIENT:
         return build(client, matchers)
@@ -128,6 +134,8 @@ def _refused(slo: SLO, metric: Metric) -> Metric | None:
 
 
 def _requests(slo: SLO, metric: Metric, window: str, matchers: list[str]) -> str:
+    if metric is c.CLIENT_REQUESTS:
+        return q.sum_by(LABELS, q.rate(metric, window, matchers=[*matchers, COUNTED]))
     served = q.sum_by(LABELS, q.rate(metric, window, "_count", matchers))
     refused = _refused(slo, metric)
     return served if refused is None else q.plus_or_zero(served, q.sum_by(LABELS, q.rate(refused, window,
@@ -141,7 +149,11 @@ def slo_recording_rules(slo: SLO, own: dict[str, str], matchers: list[str], p: R
         sw = p.window(w)
         rules.append(_rec(f"model_pool_slo:sli_requests:rate{w}", scoped(
             slo, pool, matchers, lambda m, ms, sw=sw: _requests(slo, m, sw, ms)), own))
-        if slo.objective is Objective.ATTAINMENT:
+        if slo.indicator is Indicator.AVAILABILITY:
+            rules.append(_rec(f"model_pool_slo:sli_error:ratio_rate{w}", scoped(
+                slo, pool, matchers, lambda m, ms, sw=sw: q.outcome_ratio(
+                    m, "outcome", c.AVAILABILITY_FAILED, c.AVAILABILITY_COUNTED, sw, LABELS, ms)), own))
+        elif slo.objective is Objective.ATTAINMENT:
             good = scoped(slo, pool, matchers, lambda m, ms, sw=sw: q.share_at_or_below(
                 m, slo.threshold_s, sw, LABELS, ms, refused=_refused(slo, m)))
             rules.append(_rec(f"model_pool_slo:sli_error:ratio_rate{w}", f"1 - ({good})", own))
@@ -166,8 +178,10 @@ def _traffic_guard(slo: SLO, own: dict[str, str], window: str, matchers: list[st
 
 
 def slo_alert_rules(slo: SLO, own: dict[str, str], matchers: list[str], p: RuleParams) -> list[dict]:
-    ind = slo.indicator.value.upper()
-    thr = f"{slo.threshold_s:g}s"
+    avail = slo.indicator is Indicator.AVAILABILITY
+    ind = "Availability" if avail else slo.indicator.value.upper()
+    thr = "" if avail else f"{slo.threshold_s:g}s"
+    missed = f"requests failed (outcome={c.AVAILABILITY_FAILED})" if avail else f"{ind} requests exceeded {thr}"
     scope = "{{ $labels.model }}/{{ $labels.pool }}"
     if slo.objective is Objective.ATTAINMENT:
         budget = round(1 - (slo.target or 0), 10)
@@ -185,7 +199,7 @@ def slo_alert_rules(slo: SLO, own: dict[str, str], matchers: list[str], p: RuleP
                 "SlaGuardErrorBudgetBurn", expr, row.severity, for_="0s",
                 labels={**own, "long_window": row.long, "short_window": row.short},
                 summary=f"{scope}: {ind} error budget of SLO {slo.name} burning {factor:g}x too fast",
-                description=(f"{{{{ $value | humanizePercentage }}}} of {ind} requests exceeded {thr} over the "
+                description=(f"{{{{ $value | humanizePercentage }}}} of {missed} over the "
                              f"last {row.long} (and the last {row.short}); target {slo.target:g} over "
                              f"{slo.period}. At this rate {row.budget_fraction:.0%} of the {slo.period} error "
                              f"budget is gone in {row.long}."),
@@ -213,8 +227,9 @@ def data_stale_alert(slo: SLO, own: dict[str, str], matchers: list[str], p: Rule
     for it: the guard, not the pool, lacks data. A pool that serves nothing for an indicator (TPOT
     on prefill engines) is unknown by design and stays quiet."""
     status = q.series(c.GUARD_SLO_STATUS, matchers=[f'slo="{slo.name}"', 'status="unknown"', *matchers])
-    served = scoped(slo, pool, matchers,
-                    lambda m, ms: q.sum_by(LABELS, q.increase(m, p.window(slo.window), "_count", ms)))
+    served = scoped(slo, pool, matchers, lambda m, ms: q.sum_by(LABELS, (
+        q.increase(m, p.window(slo.window), matchers=[*ms, COUNTED]) if m is c.CLIENT_REQUESTS
+        else q.increase(m, p.window(slo.window), "_count", ms))))
     # parenthesised: '*' joins engine and client counts with `or`, which binds looser than `and`
     # and `>=` (the client half alone fired, the guard's status and the bound left out)
     return p.alert(
@@ -271,9 +286,9 @@ def slo_groups(config: GuardConfig, p: RuleParams) -> list[dict]:
         suffix = "" if (sset.model, sset.pool) == ("*", "*") else f"-{sset.model}-{sset.pool}".replace("*", "all")
         records, alerts = [], []
         for slo in sset.objectives_for(sset.pool):  # the guard's objectives (default SLAs: prefill TTFT only)
-            metric = c.latency_metric(slo.indicator.value, sset.pool)
-            if slo.objective is Objective.ATTAINMENT and not q.has_bucket(metric, slo.threshold_s,
-                                                                          engine_buckets(config, slo)):
+            metric = None if slo.threshold_s is None else c.latency_metric(slo.indicator.value, sset.pool)
+            if metric is not None and slo.objective is Objective.ATTAINMENT \
+                    and not q.has_bucket(metric, slo.threshold_s, engine_buckets(config, slo)):
                 raise GenerationError(
                     f"slos[{i}] objective {slo.name!r}: threshold_s {slo.threshold_s} is not a bucket of "
                     f"{metric.name}; start the engines with {metric.slo_threshold_env}={slo.threshold_s} and declare "

@@ -218,7 +218,8 @@ CLIENT_REQUESTS = _m("client_requests", C, f"Client requests by outcome={'|'.joi
 # to show for it: before the first token a request is in no TTFT histogram, after it (stream cut,
 # stalled, error event) it has a TTFT but no TPOT. The guard and the rules count each as a miss of
 # that indicator's attainment, once. Not counted: non-streamed requests (no TTFT observed, ok or
-# not), several choices in one stream (no TPOT observed), client_error and aborted.
+# not: their errors are availability's, below), several choices in one stream (no TPOT observed),
+# client_error and aborted.
 CLIENT_FAILED_BEFORE_FIRST_TOKEN = _m(
     "client_failed_before_first_token", C,
     "Streamed client requests that ended in a server error before their first token (in no TTFT histogram); "
@@ -235,6 +236,11 @@ UNOBSERVED_MISSES: Final[dict[Metric, Metric]] = {
     CLIENT_TTFT: CLIENT_FAILED_BEFORE_FIRST_TOKEN,
     CLIENT_TPOT: CLIENT_FAILED_AFTER_FIRST_TOKEN,
 }
+# The availability SLI, an error ratio over CLIENT_REQUESTS: the requests the service failed
+# (outcome=error, streamed or not) over those it answered or failed. client_error and aborted are
+# the client's doing and count in neither, the rule the streamed-failure counters above follow.
+AVAILABILITY_FAILED: Final = Outcome.ERROR
+AVAILABILITY_COUNTED: Final = (Outcome.OK, Outcome.ERROR)
 CLIENT_IN_FLIGHT = _m("client_requests_in_flight", Ga, "Client requests the router is serving now.", "1", CL, R,
                       multiprocess_mode="livesum")
 CLIENT_STAGE = _m("client_ttft_stage_seconds", Hi,

@@ -95,6 +95,7 @@ class ClientMetrics:
         self.registry = registry if registry is not None else CollectorRegistry()
         self.families = ContractMetrics(self.registry, components=(c.Component.ROUTER,), env=env)
         self.model_label = ModelLabels(max_models)
+        self._primed: set[str] = set()  # models whose counters exist at 0 (bounded by the model labels)
         # per-request spans over OTLP when SLA_GUARD_OTLP_ENDPOINT is set (joinable with the engines')
         self.otel = OtelMirror.from_env(env)
 
@@ -109,6 +110,20 @@ class ClientMetrics:
 
     def request(self, model: str, t0: float, request_id: str = "") -> RequestStats:
         return RequestStats(self, model, t0, request_id)
+
+    @never_raises
+    def prime(self, model: str) -> None:
+        """Make ``model``'s counters that the SLIs read exist at 0 before their first count: Prometheus's
+        ``increase()`` over a series that appears at 1 counts nothing, so the first failed request of a
+        model was lost to the availability SLI and the TTFT/TPOT misses in Prometheus mode and the rules."""
+        if model in self._primed:
+            return
+        self._primed.add(model)
+        f = self.families
+        for outcome in c.AVAILABILITY_COUNTED:
+            f[c.CLIENT_REQUESTS].labels(*self.labels(model), str(outcome))
+        for m in (c.UNOBSERVED_MISSES[c.CLIENT_TTFT], c.UNOBSERVED_MISSES[c.CLIENT_TPOT]):
+            f[m].labels(*self.labels(model))
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
@@ -136,6 +151,7 @@ class RequestStats:
 
     @never_raises
     def _start(self) -> None:
+        self.metrics.prime(self.model)
         self._in_flight = self.metrics.families[c.CLIENT_IN_FLIGHT].labels(*self._labels)
         self._in_flight.inc()
 

@@ -36,6 +36,7 @@ from pydantic import (
     Field,
     Tag,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -62,6 +63,9 @@ class ConfigError(ValueError):
 class Indicator(StrEnum):
     TTFT = "ttft"
     TPOT = "tpot"
+    # the share of requests the service did not fail (client scope only: ``contract.AVAILABILITY_*``);
+    # an attainment objective without a latency threshold
+    AVAILABILITY = "availability"
 
 
 class Objective(StrEnum):
@@ -109,7 +113,8 @@ class SLO(Strict):
     name: str = Field(pattern=r"^[a-z][a-z0-9_]*$")
     indicator: Indicator = Field(strict=False)  # YAML gives the value ('ttft'), not the enum
     objective: Objective = Field(strict=False)
-    threshold_s: float = Field(gt=0, description="latency threshold in seconds")
+    threshold_s: float | None = Field(default=None, gt=0,
+                                      description="latency threshold in seconds (ttft, tpot; not availability)")
     percentile: float | None = Field(default=None, gt=0, lt=1, description="e.g. 0.9 for p90")
     target: float | None = Field(default=None, gt=0, lt=1, description="attainment target, e.g. 0.99")
     window: str = Field(default="5m", description="evaluation window for mean/percentile SLOs")
@@ -141,6 +146,21 @@ class SLO(Strict):
             raise ValueError(f"objective '{self.objective.value}' does not use {' or '.join(unused)}: remove "
                              f"it, or choose objective "
                              f"{' / '.join(repr(o.value) for o in (Objective.PERCENTILE, Objective.ATTAINMENT))}")
+        if self.indicator is Indicator.AVAILABILITY:
+            # an error ratio: a request fails by its outcome, not its latency
+            if self.objective is not Objective.ATTAINMENT:
+                raise ValueError(f"indicator 'availability' has no {self.objective.value}: it is the share of "
+                                 f"requests the service did not fail; use objective 'attainment' with a target "
+                                 f"(e.g. 0.999)")
+            if self.threshold_s is not None:
+                raise ValueError("indicator 'availability' does not use threshold_s: a request counts as failed "
+                                 "by its outcome (outcome=\"error\"), not its latency; remove threshold_s")
+            if self.target is None:
+                raise ValueError("objective 'attainment' needs 'target' (e.g. 0.999)")
+            return self
+        if self.threshold_s is None:
+            raise ValueError(f"indicator '{self.indicator.value}' needs threshold_s (in seconds, e.g. "
+                             f"{2.5 if self.indicator is Indicator.TTFT else 0.02})")
         # beyond the histograms' last finite bucket (TTFT 160 s, TPOT 2.5 s) no SLA is meant in
         # seconds: 2500 for a 2.5 s TTFT, or 20 for a 20 ms TPOT, would judge every breach "ok"
         from exporters.contract import TPOT_BUCKETS, TTFT_BUCKETS
@@ -185,6 +205,19 @@ class SLOSet(Strict):
     def _some(cls, v: list[SLO]) -> list[SLO]:
         if not v:
             raise ValueError("no objectives: list at least one, or leave 'objectives' out for the default SLAs")
+        return v
+
+    @field_validator("objectives")
+    @classmethod
+    def _availability_on_the_client(cls, v: list[SLO], info: ValidationInfo) -> list[SLO]:
+        # vLLM counts no request its API server failed (the 500 of a dead engine core): only a
+        # router's outcome counter (the client scope) is an honest error ratio
+        pool = info.data.get("pool", "*")
+        for i, o in enumerate(v):
+            if o.indicator is Indicator.AVAILABILITY and pool != "client":
+                raise ValueError(f"objective {i} ({o.name}): indicator 'availability' is measured on the client "
+                                 f"scope only (the proxy's or router's request outcomes; vLLM counts no request "
+                                 f"its API server failed), not on pool {pool!r}: put it in a set with pool: client")
         return v
 
     def objectives_for(self, pool: str) -> list[SLO]:
@@ -837,8 +870,8 @@ def deployment_problems(cfg: GuardConfig) -> list[Problem]:
     env = {Indicator.TTFT: "SLA_GUARD_TTFT_SLO_S", Indicator.TPOT: "SLA_GUARD_TPOT_SLO_S"}
     for si, s in enumerate(cfg.slos):
         for oi, o in enumerate(s.objectives):
-            if o.objective is not Objective.ATTAINMENT:
-                continue
+            if o.objective is not Objective.ATTAINMENT or o.threshold_s is None:
+                continue  # (availability has no threshold)
             ind = o.indicator
             known = [*defaults[ind], *getattr(cfg.engine_buckets, ind.value)]
             if any(math.isclose(o.threshold_s, b, rel_tol=1e-9) for b in known):

@@ -5,7 +5,9 @@ Objectives come from the config's SLO spec (``sla_guard.config.SLO``):
 - ``mean``: ``increase(x_sum[w]) / increase(x_count[w])`` summed over the pool's engines;
 - ``percentile``: ``histogram_quantile(p, sum by (le) (rate(x_bucket[w])))``;
 - ``attainment``: share of requests at or under the threshold (counted from the bucket whose
-  upper bound *is* the threshold, so the threshold must be a bucket boundary), with an error
+  upper bound *is* the threshold, so the threshold must be a bucket boundary) or, for the
+  ``availability`` indicator (client scope only), share of requests the service did not fail
+  (``contract.AVAILABILITY_*`` outcomes of the router's request counter), with an error
   budget over the period and the SRE workbook's multi-window multi-burn-rate verdicts, from the
   table the generated alert rules use too (``sla_guard.burn_windows``): fixed windows 1h & 5m,
   6h & 30m (critical), 1d & 2h, 3d & 6h (warning), factors scaled by the period (30d: 14.4, 6,
@@ -43,9 +45,11 @@ from sla_guard.config import SLO, GuardConfig, Indicator, Objective, parse_durat
 from sla_guard.ingest.source import UP, TargetState
 from sla_guard.model import Labels, MetricsView, Status
 
-# Each indicator's histogram in the engine pools and in the client scope (pool="client"):
-# the SLO sets address both the same way, by (model, pool).
-HIST = {i: (c.latency_metric(i.value, None), c.latency_metric(i.value, c.Pool.CLIENT)) for i in Indicator}
+# Each latency indicator's histogram in the engine pools and in the client scope (pool="client"):
+# the SLO sets address both the same way, by (model, pool). Availability has none: it counts outcomes.
+AVAIL = Indicator.AVAILABILITY
+HIST = {i: (c.latency_metric(i.value, None), c.latency_metric(i.value, c.Pool.CLIENT)) for i in Indicator
+        if i is not AVAIL}
 BY = ("model", "pool")
 T = TypeVar("T")
 # Requests that missed an indicator without an observation in its histogram, per indicator: (the
@@ -66,6 +70,23 @@ def _scoped(ind: Indicator, query: Callable[[c.Metric], dict[Labels, T]]) -> dic
     out = {lab: v for lab, v in query(engine).items() if dict(lab).get("pool") != c.Pool.CLIENT}
     out.update((lab, v) for lab, v in query(client).items() if dict(lab).get("pool") == c.Pool.CLIENT)
     return out
+
+
+def _outcomes(query: Callable[[str, tuple[str, ...]], dict[Labels, float]],
+              ) -> dict[tuple[str, str], tuple[float, float]]:
+    """{(model, pool): (failed, counted)} requests of the client scope's outcome counter, the
+    availability SLI's errors and total (``contract.AVAILABILITY_*``). ``query(series, by)`` is a
+    counter query (``increase`` or ``counter_delta``): resets and windows as for every other counter."""
+    out: dict[tuple[str, str], tuple[float, float]] = {}
+    for lab, v in query(c.CLIENT_REQUESTS.series(), (*BY, "outcome")).items():
+        d = dict(lab)
+        if d.get("pool") != c.Pool.CLIENT or d.get("outcome") not in c.AVAILABILITY_COUNTED:
+            continue
+        err, tot = out.get(_mp(lab), (0.0, 0.0))
+        out[_mp(lab)] = (err + v * (d["outcome"] == c.AVAILABILITY_FAILED), tot + v)
+    return out
+
+
 SEVERITY_ORDER = {Status.VIOLATED: 3, Status.UNKNOWN: 2, Status.AT_RISK: 1, Status.OK: 0}
 
 
@@ -249,7 +270,7 @@ class SLOResult:
     slo: str
     indicator: str
     objective: str
-    threshold_s: float
+    threshold_s: float | None  # None: availability
     status: Status
     value: float | None = None
     requests: float | None = None
@@ -333,6 +354,7 @@ class SLOEvaluator:
         # bucket did not cover it}, from this tick's ``_long_windows`` (``_bucket_changes``)
         self._changed_long: dict[tuple, dict[float, list[str]]] = {}
         self._source_error: str | None = None  # the view's, at the last evaluation
+        self._availability = any(o.indicator is AVAIL for s in config.slos for o in s.objectives)
 
     def bind_metrics(self, metrics: ContractMetrics) -> None:
         self._metrics = metrics
@@ -342,8 +364,11 @@ class SLOEvaluator:
         # pools seen now (any indicator's count series) plus pools seen before or configured
         current: dict[Indicator, dict[Labels, float]] = {
             i: _scoped(i, lambda h: view.instant(h.series("_count"), {}, now)) for i in HIST}
+        if self._availability:  # one query more per tick, only for a config that reads it
+            current[AVAIL] = {lab: v for lab, v in view.instant(c.CLIENT_REQUESTS.series(), {}, now).items()
+                              if dict(lab).get("pool") == c.Pool.CLIENT}
         seen: set[tuple[str, str]] = set()
-        for i in HIST:
+        for i in current:
             for lab in current[i]:
                 d = dict(lab)
                 if "model" in d and "pool" in d:
@@ -373,10 +398,10 @@ class SLOEvaluator:
                 self._last_seen.pop(key, None)
                 for lk in [k for k in self._ledgers if k[3:] == key]:
                     del self._ledgers[lk]
-        fresh = {i: {(dict(k).get("model"), dict(k).get("pool")) for k in current[i]} for i in HIST}
+        fresh = {i: {(dict(k).get("model"), dict(k).get("pool")) for k in current[i]} for i in current}
         # targets of each pool with a current sample per indicator (where samples name one)
-        fresh_targets: dict[Indicator, dict[tuple[str, str], set[str]]] = {i: {} for i in HIST}
-        for i in HIST:
+        fresh_targets: dict[Indicator, dict[tuple[str, str], set[str]]] = {i: {} for i in current}
+        for i in current:
             for k in current[i]:
                 d = dict(k)
                 if "instance" in d:
@@ -557,6 +582,10 @@ class SLOEvaluator:
         and the attainment SLI window."""
         out: dict = {}
         for ind, w in plan.windows:
+            if ind is AVAIL:
+                out[(ind, w)] = {mp: {"count": tot, "good": tot - err} for mp, (err, tot) in
+                                 _outcomes(lambda m, by, w=w: view.increase(m, {}, w, now, by)).items()}
+                continue
             sums = _scoped(ind, lambda h, w=w: view.increase(h.series("_sum"), {}, w, now, BY))
             counts = _scoped(ind, lambda h, w=w: view.increase(h.series("_count"), {}, w, now, BY))
             buckets = _scoped(ind, lambda h, w=w: _bucket_increase(view, h.series(), w, now))
@@ -589,7 +618,11 @@ class SLOEvaluator:
         for ind, thr, period in plan.attainments:
             wins = plan.burn_windows(period)
             per: dict = {}
-            if native:
+            if native and ind is AVAIL:
+                for w in wins:
+                    for mp, pair in _outcomes(lambda m, by, w=w: view.increase(m, {}, w, now, by)).items():
+                        per.setdefault(mp, {})[w] = pair
+            elif native:
                 changed = _bucket_changes(view, ind, thr, tuple(wins), now, self.known)
                 for w, by_pool in changed.items():
                     for mp, targets in by_pool.items():
@@ -619,6 +652,10 @@ class SLOEvaluator:
         if now <= t0:
             return
         for ind, thr, period in plan.attainments:
+            if ind is AVAIL:
+                for mp, (err, tot) in _outcomes(lambda m, by: view.counter_delta(m, {}, t0, now, by)).items():
+                    self._ledger((ind, thr, period, *mp), period, now, tot - err, tot)
+                continue
             deltas = _scoped(ind, lambda h: view.counter_delta(h.series("_bucket"), {}, t0, now, (*BY, "le")))
             good: dict[tuple[str, str], float] = {}
             total: dict[tuple[str, str], float] = {}
@@ -645,14 +682,17 @@ class SLOEvaluator:
             for mp, tot in total.items():
                 if mp not in good or not_cumulative(good[mp], tot):
                     continue  # threshold is not a bucket / buckets not cumulative: reported per objective
-                key = (ind, thr, period, *mp)
-                led = self._ledgers.get(key)
-                if led is None:
-                    if len(self._ledgers) >= self.max_pools * 4:
-                        continue
-                    led = self._ledgers[key] = Ledger(period, self.ledger_step_s)
-                led.add(now, good[mp], tot)
+                self._ledger((ind, thr, period, *mp), period, now, good[mp], tot)
         self._last_feed = now
+
+    def _ledger(self, key: tuple, period: float, now: float, good: float, total: float) -> None:
+        """Add one tick's counts to ``key``'s ledger (made on first use, up to the bound)."""
+        led = self._ledgers.get(key)
+        if led is None:
+            if len(self._ledgers) >= self.max_pools * 4:
+                return
+            led = self._ledgers[key] = Ledger(period, self.ledger_step_s)
+        led.add(now, good, total)
 
     # -- one objective -------------------------------------------------------------------------
     def _one(self, slo: SLO, key, gate: str, fresh, windowed, longwin, source_error: str | None = None) -> SLOResult:
@@ -720,10 +760,12 @@ class SLOEvaluator:
             return r
         wins = longwin.get((slo.indicator, slo.threshold_s, period), {}).get(key, {})
         refused = data.get("unobserved", 0.0)
-        if not all(math.isfinite(x) for x in (*b.values(), refused, *(n for pair in wins.values() for n in pair))):
+        if not all(math.isfinite(x) for x in (*b.values(), refused, data.get("good", 0.0),
+                                              *(n for pair in wins.values() for n in pair))):
             # Prometheus's increase() of a bucket counter that jumped to +Inf is +Inf: every burn
             # rate and the budget then read None, no row fired, and the pool was "ok"
-            r.reason = (f"bucket counts of {slo.indicator.value} that are not finite numbers (+Inf or NaN): "
+            what = "request counts" if slo.indicator is AVAIL else "bucket counts"
+            r.reason = (f"{what} of {slo.indicator.value} that are not finite numbers (+Inf or NaN): "
                         f"a broken exporter's counter; fix its /metrics")
             return r
         err_p, tot_p = wins.get(period, (math.nan, math.nan))
@@ -732,7 +774,10 @@ class SLOEvaluator:
         r.burn_rates = {fmt_window(w): _num(burn_rate(e, t, slo.target)) for w, (e, t) in sorted(wins.items())}
         r.budget_remaining = _num(budget_remaining(err_p, tot_p, slo.target))
         r.period_requests = _num(tot_p)
-        good, tot = (le_count(b, slo.threshold_s), b.get(math.inf)) if b else (None, None)
+        if slo.indicator is AVAIL:
+            good, tot = data.get("good"), data.get("count")
+        else:
+            good, tot = (le_count(b, slo.threshold_s), b.get(math.inf)) if b else (None, None)
         if tot is not None:
             tot += refused
         if tot and good is not None and tot >= slo.min_requests:
@@ -767,6 +812,10 @@ class SLOEvaluator:
             firing = [f"{a.long}&{a.short}>{a.factor:g}" for a in alerts if a.firing]
             r.reason = ("burning " + ", ".join(firing)) if firing else \
                 f"error budget {100 * (r.budget_remaining or 0):.0f}% left"
+        if slo.indicator is AVAIL and tot and good is not None and tot > good:
+            over = self.window_label or f"in {slo.window}"
+            note = f"{tot - good:.0f} of {tot:.0f} requests failed by the service (outcome=error) {over}"
+            r.reason = f"{r.reason}; {note}" if r.reason else note
         if refused > 0:
             over = self.window_label or f"in {slo.window}"
             what = ("refused at admission (HTTP 503, queue limit)" if key[1] != c.Pool.CLIENT else
@@ -851,7 +900,7 @@ class _Plan:
 
     def __init__(self, config: GuardConfig, pools) -> None:
         windows: set[tuple[Indicator, float]] = set()
-        att: set[tuple[Indicator, float, float]] = set()
+        att: set[tuple[Indicator, float | None, float]] = set()
         # attainment thresholds per (indicator, SLI window): checked on every target of a pool
         thresholds: dict[tuple[Indicator, float], set[float]] = {}
         objs: list[SLO] = []
@@ -861,7 +910,8 @@ class _Plan:
             windows.add((s.indicator, parse_duration(s.window)))
             if s.objective is Objective.ATTAINMENT:
                 att.add((s.indicator, s.threshold_s, parse_duration(s.period)))
-                thresholds.setdefault((s.indicator, parse_duration(s.window)), set()).add(s.threshold_s)
+                if s.threshold_s is not None:  # (availability counts outcomes, no bucket)
+                    thresholds.setdefault((s.indicator, parse_duration(s.window)), set()).add(s.threshold_s)
         self.windows = sorted(windows)
         self.thresholds = thresholds
         self.attainments = sorted(att)
@@ -882,7 +932,7 @@ def _json_key(key: tuple) -> str:
 def _key_from_json(kj: str) -> tuple | None:
     try:
         ind, thr, period, model, pool = json.loads(kj)
-        return Indicator(ind), float(thr), float(period), model, pool
+        return Indicator(ind), None if thr is None else float(thr), float(period), model, pool
     except (ValueError, TypeError):
         return None
 

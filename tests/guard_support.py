@@ -90,6 +90,9 @@ class Router:
         self._stage = {s.value: stage.labels(**labels, stage=s.value) for s in c.Stage}
         self._failed = [Counter(m.name, m.help, list(m.labels), registry=self.registry).labels(**labels)
                         for m in (c.CLIENT_FAILED_BEFORE_FIRST_TOKEN, c.CLIENT_FAILED_AFTER_FIRST_TOKEN)]
+        outcomes = Counter(c.CLIENT_REQUESTS.name, c.CLIENT_REQUESTS.help, list(c.CLIENT_REQUESTS.labels),
+                           registry=self.registry)
+        self._outcome = {o.value: outcomes.labels(**labels, outcome=o.value) for o in c.Outcome}
         self.sent_ttft: list[float] = []
 
     def request(self, ttft: float, tpot: float, prefill_leg: float | None = None,
@@ -102,11 +105,17 @@ class Router:
             self._stage["decode_first_leg"].observe(decode_first_leg)
             self._stage["proxy"].observe(ttft - prefill_leg - decode_first_leg)
         self.sent_ttft.append(ttft)
+        self._outcome["ok"].inc()
 
     def failed(self, before_first_token: int, after_first_token: int) -> None:
         """Streamed requests the service failed before / after their first token (no TTFT / no TPOT)."""
         self._failed[0].inc(before_first_token)
         self._failed[1].inc(after_first_token)
+        self._outcome["error"].inc(before_first_token + after_first_token)
+
+    def ended(self, outcome: str, n: int = 1) -> None:
+        """``n`` more requests with ``outcome`` and nothing else observed (non-streamed, or the client's)."""
+        self._outcome[outcome].inc(n)
 
     def exposition(self) -> str:
         return generate_latest(self.registry).decode()

@@ -546,3 +546,40 @@ def test_fractional_slo_windows_generate_rules_prometheus_loads(tmp_path):
                              {"expr": 'count(ALERTS{alertname="SlaGuardTTFTMeanHigh",alertstate="firing"})',
                               "eval_time": "100m", "exp_samples": [{"labels": "{}", "value": 1}]}]})
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+AVAILABILITY = GuardConfig(slos=[SLOSet(), SLOSet(pool="client", objectives=[SLO(
+    name="availability", indicator="availability", objective="attainment", target=0.999)])])
+
+
+@needs_promtool
+@pytest.mark.parametrize(("errors", "ratio_value", "pages"), [("0+10000x200", 0.5, 4), ("0+10x200", 0.0005, 0)])
+def test_availability_burns_its_budget_on_failed_requests_and_not_on_the_clients_own(tmp_path, errors, ratio_value,
+                                                                                     pages):
+    """A 99.9 % availability objective of the client scope, through promtool: the proxy fails half its
+    requests (outcome=error, streamed or not): error ratio 0.5, all four burn rows fire. It fails 0.05 %
+    (burn 0.5): nothing fires, though as many requests again were the clients' own 4xx and aborted ones, which
+    count in neither part of the ratio."""
+    lab = 'model="m",pool="client",route="pd",router="px",job="proxy",instance="px0"'
+    ok = "0+10000x200" if ratio_value == 0.5 else "0+19990x200"
+    series = [{"series": f'{c.CLIENT_REQUESTS.series()}{{{lab},outcome="{o}"}}', "values": v}
+              for o, v in (("ok", ok), ("error", errors), ("client_error", "0+10000x200"),
+                           ("aborted", "0+10000x200"))]
+    ratio = "model_pool_slo:sli_error:ratio_rate1h"
+    page = 'ALERTS{alertname="SlaGuardErrorBudgetBurn",alertstate="firing",slo="availability"}'
+    r = _promtool_test(tmp_path, {"slo.yaml": render_rules(AVAILABILITY)["slo.yaml"]}, series, {
+        "promql_expr_test": [
+            {"expr": f'round({ratio}{{slo="availability"}} * 1e4, 0.01)', "eval_time": "150m", "exp_samples": [
+                {"labels": '{model="m",pool="client",slo="availability",slo_set="*/client"}',
+                 "value": ratio_value * 1e4}]},
+            {"expr": f"count({page})", "eval_time": "150m", "exp_samples": [{"value": pages}] if pages else []}]})
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_availability_rules_read_the_outcome_counter_and_say_what_failed():
+    rules = render_rules(AVAILABILITY)["slo.yaml"]
+    burn = next(r for r in alert_rules({"slo.yaml": rules}) if r["labels"].get("slo") == "availability"
+                and r["alert"] == "SlaGuardErrorBudgetBurn")
+    assert "> 0.0144\n" in burn["expr"]  # 14.4 x the 0.1 % budget (30 days, 1h & 5m)
+    assert "requests failed (outcome=error)" in burn["annotations"]["description"]
+    assert 'outcome=~"error|ok"' in rules and "client_error" not in rules

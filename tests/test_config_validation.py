@@ -175,6 +175,17 @@ def _dup_set(cfg: dict, tmp_path: Path) -> None:
     cfg["slos"].append(copy.deepcopy(cfg["slos"][1]))
 
 
+AVAILABILITY = {"name": "availability", "indicator": "availability", "objective": "attainment", "target": 0.999}
+
+
+def _availability(pool: str, **change: Any) -> Callable[[dict, Path], None]:
+    """A set for ``pool`` with the availability objective, changed by ``change`` (None drops a field)."""
+    def mutate(cfg: dict, tmp_path: Path) -> None:
+        o = {k: v for k, v in {**AVAILABILITY, **change}.items() if v is not None}
+        cfg["slos"].append({"model": "m", "pool": pool, "objectives": [o]})
+    return mutate
+
+
 def _prom(url: str, **extra: Any) -> Callable[[dict, Path], None]:
     def mutate(cfg: dict, tmp_path: Path) -> None:
         cfg["source"] = {"mode": "prometheus", "url": url, **extra}
@@ -221,6 +232,16 @@ VARIANTS: list[tuple[str, Callable[[dict, Path], None], str, str]] = [
      _both(_set("slos.0.objectives.3.threshold_s", 2.7), _set("engine_buckets", {"tpot": [2.7]})),
      "slos.0.objectives.3.threshold_s", "SLA_GUARD_TTFT_SLO_S"),
     ("duplicate-slo-name", _dup_slo, "slos.0.objectives.5.name", "rename"),
+    # availability: an error ratio of the client scope's outcomes, with no latency threshold
+    ("availability-on-an-engine-pool", _availability("decode"), "slos.2.objectives", "pool: client"),
+    ("availability-on-every-pool", _availability("*"), "slos.2.objectives", "pool: client"),
+    ("availability-with-a-threshold", _availability("client", threshold_s=2.5), "slos.2.objectives.0",
+     "remove threshold_s"),
+    ("availability-as-a-mean", _availability("client", objective="mean", target=None), "slos.2.objectives.0",
+     "use objective 'attainment'"),
+    ("availability-without-target", _availability("client", target=None), "slos.2.objectives.0", "0.999"),
+    ("latency-without-threshold", _set("slos.0.objectives.0.threshold_s", None), "slos.0.objectives.0",
+     "needs threshold_s"),
     ("duplicate-slo-set", _dup_set, "slos.2", "merge"),
     ("zero-window", _set("slos.0.objectives.0.window", "0s"), "slos.0.objectives.0.window", "greater than zero"),
     ("zero-period", _set("slos.0.objectives.3.period", "0d"), "slos.0.objectives.3.period", "greater than zero"),
@@ -423,6 +444,16 @@ def test_declared_engine_bucket_makes_a_threshold_usable(tmp_path):
     cfg["slos"][0]["objectives"][3]["threshold_s"] = 2.7
     cfg["engine_buckets"] = {"ttft": [2.7]}
     assert load_config(_write(tmp_path, cfg)).engine_buckets.ttft == [2.7]
+
+
+def test_availability_of_the_client_scope_loads(tmp_path):
+    """No threshold, so no bucket to check; a file is checked as ``serve`` would run it."""
+    from sla_guard.config import Indicator
+
+    cfg = base_config(tmp_path)
+    _availability("client")(cfg, tmp_path)
+    o = load_config(_write(tmp_path, cfg)).slos_for("m", "client")[0]
+    assert o.indicator is Indicator.AVAILABILITY and o.threshold_s is None and o.target == 0.999
 
 
 def test_unset_timeout_follows_a_short_interval(tmp_path):

@@ -49,7 +49,8 @@ class Engine:
     (vLLM's ``--enable-force-include-usage``), ``abort_after`` tokens (vLLM's ending of a request its
     engine aborted), ``fingerprint`` (vLLM's ``system_fingerprint``, placed where vLLM places it), ``die_after``
     tokens then the connection cut mid-body (a chunked stream without its last chunk: the process died),
-    ``health_status`` of ``GET /health`` (vLLM: 200, 503 once its engine core is dead), ``chunked`` (a stream sent
+    ``health_status`` of ``GET /health`` (vLLM: 200, 503 once its engine core is dead), ``whole_status`` of a
+    non-streamed answer (its body ``error``; streams still 200), ``chunked`` (a stream sent
     as uvicorn sends it: HTTP/1.1 chunked, ended cleanly with its last chunk). A whole answer honours
     ``stall_after`` as its headers, then ``stall_s`` of silence, then its body; ``cut_body`` sends only half of its
     200 body, then closes the connection: ``"length"`` under its whole Content-Length, ``"close"`` with none
@@ -80,6 +81,7 @@ class Engine:
         self.chunked = False
         self.cut_body: str | None = None  # "length" or "close", see above
         self.health_status = 200
+        self.whole_status = 200
         self.health_gets = 0
         self.hung_up = threading.Event()
         self.active = 0
@@ -153,6 +155,9 @@ class Engine:
             self._send(h, 200, json.dumps(out).encode(), "application/json")
             return
         if not body.get("stream"):
+            if self.whole_status != 200:
+                self._send(h, self.whole_status, *self.error)
+                return
             msg = {"message": {"role": "assistant", "content": "hello world"}} if chat else {"text": "hello world"}
             out = {"id": "d", "choices": [{"index": 0, **msg}], "usage": {"completion_tokens": self.tokens}}
             if self.abort_after is not None:
@@ -612,6 +617,75 @@ def test_the_guard_judges_client_attainment_by_what_the_client_got_not_only_by_t
     asyncio.run(run())
 
 
+VLLM_500 = (json.dumps({"error": {"message": "EngineCore encountered an issue. See stack trace (above) for the root "
+                                              "cause.", "type": "InternalServerError", "param": None,
+                                   "code": 500}}).encode(), "application/json")  # vLLM's EngineDeadError answer
+
+
+def test_non_streamed_requests_the_service_failed_spend_an_availability_error_budget(engines, proxies):
+    """Every non-streamed request fails (the decode engine answers it 500, as vLLM does once its engine core is
+    dead) while every streamed one is served in time. Scraped through the real Scraper and judged by the real
+    evaluator, the client scope read "ok": a non-streamed request observes no TTFT, so its errors reached no
+    objective. The availability objective (requests failed / requests answered or failed) reads 50 % and
+    violated, on the store and in a one-shot check (LifetimeView) alike; the client's own 4xx (a body that is
+    not JSON) is counted in neither its failures nor its requests."""
+    from sla_guard.commands.check import render_table
+    from sla_guard.config import parse_config
+    from sla_guard.ingest.lifetime import LifetimeView
+    from sla_guard.ingest.scrape import Scraper
+    from sla_guard.model import Status
+    from sla_guard.slo import SLOEvaluator
+    from sla_guard.store import SeriesStore
+
+    p, d = engines("prefill"), engines("decode")
+    px = proxies([p], [d])
+    d.whole_status, d.error = 500, VLLM_500
+    cfg = parse_config({"source": {"mode": "scrape", "timeout_s": 5, "targets": [
+        {"url": px.url + "/metrics", "model": "m", "pool": "client", "name": "proxy"}]},
+        "staleness_s": 60, "slos": [{"pool": "client", "objectives": [
+            {"name": "ttft_mean", "indicator": "ttft", "objective": "mean", "threshold_s": 2.5, "min_requests": 4},
+            {"name": "ttft_att", "indicator": "ttft", "objective": "attainment", "threshold_s": 2.5,
+             "target": 0.99, "min_requests": 4},
+            {"name": "avail", "indicator": "availability", "objective": "attainment", "target": 0.999,
+             "min_requests": 4}]}]})
+    store, ev, t0 = SeriesStore(slots=64, lookback_s=60), SLOEvaluator(cfg), 1_700_000_000.0
+    scraper = Scraper(cfg.source, store)
+
+    async def judged(t: float) -> dict:
+        await scraper.scrape_target(cfg.source.targets[0], t)
+        ev.evaluate(store, t)
+        return {s.slo: s for s in ev.pools[("m", "client")].slos}
+
+    async def run() -> None:
+        try:
+            await checks()
+        finally:
+            await scraper.aclose()
+
+    async def checks() -> None:
+        await judged(t0)
+        body = {"model": "m", "prompt": "x"}
+        for _ in range(10):
+            assert stream(px.url + "/v1/completions", {**body, "stream": True})[1][-1][1] == "[DONE]"
+            assert httpx.post(px.url + "/v1/completions", json=body, timeout=10).status_code == 500
+            px.proxy.decode.answered(d.url)
+        assert httpx.post(px.url + "/v1/completions", content=b"not json", timeout=10).status_code == 400
+        await judged(t0 + 15)
+        for view in (store, LifetimeView(store)):
+            ev.evaluate(view, t0 + 15)
+            got = {s.slo: s for s in ev.pools[("m", "client")].slos}
+            assert got["ttft_mean"].status is Status.OK and got["ttft_att"].status is Status.OK  # what it read before
+            assert got["avail"].value == pytest.approx(0.5) and got["avail"].requests == 10 + 10, view
+            assert got["avail"].status is Status.VIOLATED, (got["avail"].reason, view)
+            assert "10 of 20 requests failed by the service" in got["avail"].reason
+            assert ev.pools[("m", "client")].status is Status.VIOLATED
+        assert got["avail"].period_requests == 20 and got["avail"].budget_remaining == pytest.approx(1 - 0.5 / 0.001)
+        row = next(line for line in render_table(ev.snapshot()).splitlines() if " avail " in line)
+        assert "99.9% availability" in row and "50.00%" in row and "violated" in row, row
+
+    asyncio.run(run())
+
+
 def test_client_leaving_mid_stream_is_aborted_and_closes_the_decode_stream(engines, proxies):
     p, d = engines("prefill"), engines("decode")
     d.itl_s, d.tokens = 0.05, 400  # 20 s of tokens unless the proxy hangs up
@@ -790,7 +864,10 @@ def test_model_label_is_bounded(engines, proxies, caplog):
             body = {"prompt": "x"} if m is None else {"model": m, "prompt": "x"}
             assert httpx.post(px.url + "/v1/completions", json=body, timeout=5).status_code == 200
     s = scrape(px.url)
-    by_model = {dict(ls)["model"]: v for (n, ls), v in s.items() if n == c.CLIENT_REQUESTS.exposed}
+    by_model: dict[str, float] = {}
+    for (n, ls), v in s.items():
+        if n == c.CLIENT_REQUESTS.exposed:  # every outcome (ok and error exist from a model's first request)
+            by_model[dict(ls)["model"]] = by_model.get(dict(ls)["model"], 0.0) + v
     assert by_model == {"a": 2, "b": 1, "other": 2, "unknown": 1}
     warned = [r.getMessage() for r in caplog.records if "--max-models" in r.getMessage()]
     assert len(warned) == 1 and "'c'" in warned[0] and "2" in warned[0], warned  # once, not per request
@@ -1853,3 +1930,21 @@ def test_half_open_and_dripped_requests_are_closed_after_the_request_timeout(eng
         logging.getLogger("uvicorn.error").removeHandler(handler)
         for s in socks:
             s.close()
+
+
+def test_a_models_failure_counters_exist_at_zero_from_its_first_request(engines, proxies):
+    """Prometheus's increase() over a series that appears at 1 counts nothing: a model whose first failure
+    made its outcome="error" series (or its failed-before/after-first-token counter) lost that failure to the
+    availability SLI and the TTFT/TPOT misses in Prometheus mode and in the rules. They now exist at 0 from
+    the model's first request, whatever it ends in."""
+    p, d = engines("prefill"), engines("decode")
+    px = proxies([p], [d])
+    assert httpx.post(px.url + "/v1/completions", json={"model": "m", "prompt": "x"}, timeout=10).status_code == 200
+    got = scrape(px.url)
+    def one(name: str, **labels: str) -> list[float]:  # the samples themselves: absent is not 0 here
+        return [v for (n, ls), v in got.items() if n == name and set(labels.items()) <= ls]
+
+    assert one(c.CLIENT_REQUESTS.series(), model="m", outcome=str(c.Outcome.OK)) == [1.0]
+    assert one(c.CLIENT_REQUESTS.series(), model="m", outcome=str(c.Outcome.ERROR)) == [0.0]
+    for m in (c.CLIENT_FAILED_BEFORE_FIRST_TOKEN, c.CLIENT_FAILED_AFTER_FIRST_TOKEN):
+        assert one(m.series(), model="m") == [0.0], m.name

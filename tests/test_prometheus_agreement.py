@@ -96,6 +96,9 @@ def world():
                     e.request(float(local.lognormal(-0.5, 0.8)), float(local.uniform(0.004, 0.03)))
                 if isinstance(e, Router):  # streamed requests the proxy failed, without a TTFT / a TPOT
                     e.failed(int(local.integers(0, 2)), int(local.integers(0, 2)))
+                    # non-streamed requests failed (availability only) and the clients' own 4xx (counted nowhere)
+                    e.ended("error", int(local.integers(0, 3)))
+                    e.ended("client_error", int(local.integers(0, 3)))
                 if isinstance(e, Engine):
                     e.rec.scheduler(running=int(local.integers(0, 9)), waiting=0, kv_usage=float(local.uniform()))
 
@@ -310,7 +313,7 @@ def test_extrapolated_rate_is_exact_on_prometheus_own_samples(world):
 
 
 def test_slo_evaluator_same_on_store_and_on_prometheus(world):
-    cfg = parse_config({"slos": [{"objectives": [
+    objectives = [
         {"name": "ttft_mean", "indicator": "ttft", "objective": "mean", "threshold_s": 2.5, "window": "20s",
          "min_requests": 3},
         {"name": "tpot_mean", "indicator": "tpot", "objective": "mean", "threshold_s": 0.02, "window": "20s",
@@ -321,7 +324,10 @@ def test_slo_evaluator_same_on_store_and_on_prometheus(world):
          "window": "20s", "min_requests": 3},
         {"name": "tpot_att", "indicator": "tpot", "objective": "attainment", "threshold_s": 0.02, "target": 0.9,
          "window": "20s", "min_requests": 3},
-    ]}]})
+    ]
+    avail = {"name": "avail", "indicator": "availability", "objective": "attainment", "target": 0.9,
+             "window": "20s", "min_requests": 3}
+    cfg = parse_config({"slos": [{"objectives": objectives}, {"pool": "client", "objectives": [*objectives, avail]}]})
     at = world["ats"][0]
     on_store, on_prom = SLOEvaluator(cfg), SLOEvaluator(cfg)
     on_store.evaluate(world["store"], at)
@@ -344,3 +350,9 @@ def test_slo_evaluator_same_on_store_and_on_prometheus(world):
         client = {s.slo: s.reason for s in ev.pools[("m", "client")].slos}
         assert "failed by the service before their first token" in client["ttft_att"], client
         assert "failed by the service after their first token" in client["tpot_att"], client
+        assert "requests failed by the service (outcome=error)" in client["avail"], client
+    # availability is the share of ok in ok + error: the clients' own 4xx are in neither
+    avail = {s.slo: s for s in on_store.pools[("m", "client")].slos}["avail"]
+    ok, err, mine = (sum(world["store"].increase(c.CLIENT_REQUESTS.series(), {"outcome": o}, 20.0, at, ()).values())
+                     for o in ("ok", "error", "client_error"))
+    assert mine > 0 and err > 0 and avail.value == pytest.approx(ok / (ok + err), rel=1e-9)

@@ -484,3 +484,45 @@ def test_a_pool_with_targets_down_names_them_and_their_causes_bounded():
     prom.evaluate(store, t)
     assert _pool(prom).reason == ("5 of 6 targets down (m/decode/1; m/decode/2; m/decode/3; +2 more; "
                                   "why: Prometheus's /targets page)"), _pool(prom).reason
+
+
+# ---------------------------------------------------------------- availability (client scope)
+def test_client_availability_counts_failed_requests_through_a_restart_and_is_never_ok_without_evidence():
+    """Per 5 s the router answers 3 requests, fails 1 (outcome=error) and sees 5 client_error and 5 aborted.
+    Availability is 3 of 4, whatever the client did; the proxy restarts mid-way (its counters back to zero)
+    and the period's ledger neither loses nor doubles a request; the ledger survives a restart of the guard
+    (state); and a target down or too few requests read unknown, never ok."""
+    from guard_support import Router
+
+    from sla_guard.store import SeriesStore
+
+    def cfg(min_requests: int):
+        return _cfg(slos=[{"pool": "client", "objectives": [
+            {"name": "avail", "indicator": "availability", "objective": "attainment", "target": 0.999,
+             "period": "1d", "min_requests": min_requests}]}])
+    router, steps = Router(), iter(range(10_000))
+
+    def tick(rng, e):
+        if next(steps) == 30:
+            e.__init__()  # the proxy restarted: a new registry, every counter from zero
+        for outcome, n in (("ok", 3), ("error", 1), ("client_error", 5), ("aborted", 5)):
+            e.ended(outcome, n)
+        return []
+
+    store, ev, t = drive([router], 600, tick, cfg=cfg(20))
+    avail = _slo(_pool(ev, pool="client"), "avail")
+    assert avail.value == pytest.approx(0.75) and avail.status is Status.VIOLATED, avail.reason
+    assert avail.period_requests == 120 * 4  # every scrape after the first, across the reset
+    assert avail.budget_remaining == pytest.approx(1 - 0.25 / 0.001)
+    assert avail.burn_rates["1h"] == pytest.approx(250)
+    restored = SLOEvaluator(cfg(20))
+    restored.state_load(ev.state_dump(True), [])
+    restored.evaluate(store, t)
+    assert _slo(_pool(restored, pool="client"), "avail").period_requests == 480
+    scrape_into(store, [router], t + 5, up=False)
+    ev.evaluate(store, t + 5)
+    assert _slo(_pool(ev, pool="client"), "avail").status is Status.UNKNOWN
+    _, few, _ = drive([Router()], 60, lambda rng, e: e.ended("ok", 1) or [], cfg=cfg(1000),
+                      store=SeriesStore(slots=400, lookback_s=60))
+    assert _slo(_pool(few, pool="client"), "avail").status is Status.UNKNOWN
+    assert "need >= 1000" in _slo(_pool(few, pool="client"), "avail").reason

@@ -38,6 +38,8 @@ def _fmt_value(indicator: str, objective: str, v: float | None) -> str:
 
 def _fmt_objective(s: dict) -> str:
     thr = s["threshold_s"]
+    if thr is None:  # availability: a share of requests, no latency
+        return f"{100 * s['target']:g}% {s['indicator']}"
     thr_s = f"{thr * 1000:g} ms" if thr < 1 else f"{thr:g} s"
     if s["objective"] == "mean":
         return f"mean {s['indicator']} <= {thr_s}"
