@@ -80,6 +80,25 @@ def kv_saturation_group(p: RuleParams) -> list[dict]:
     ]}]
 
 
+def hook_group(p: RuleParams) -> list[dict]:
+    """vLLM counting tokens on an engine whose sla-guard hook stands still: that engine's contract
+    series are frozen (they read as an idle engine, a frozen attainment as "ok"), so every other
+    rule on them is blind. The expression is the guard's own (``alerts.promql.hook_stalled``)."""
+    expr = q.hook_stalled(c.HOOK_STALL_WINDOW_S * p.time_scale, c.HOOK_STALL_SETTLE_S * p.time_scale)
+    hooks = ", ".join(m.series() for m in c.HOOK_RECORDED)
+    return [{"name": "sla-guard-hook", "rules": [
+        p.alert("SlaGuardHookStalled", expr, "warning", for_="5m",
+                summary=f"{SCOPE}: the sla-guard hook stopped recording on {{{{ $labels.instance }}}} "
+                        "engine {{ $labels.engine }}",
+                description=(f"vLLM generated {{{{ $value | humanize }}}} tokens on this engine in "
+                             f"{q.duration(c.HOOK_STALL_WINDOW_S)} while a counter of the hook's ({hooks}) stood "
+                             "still (its logger dropped by an elastic-EP scale-up, or record() failing: see "
+                             f"{c.HOOK_ERRORS.series()}): the engine's SLA series are frozen, not idle. Restart "
+                             "its API server."),
+                runbook="slaguardhookstalled"),
+    ]}]
+
+
 def host_memory_group(p: RuleParams) -> list[dict]:
     win, floor = p.rss_window, p.rss_floor_window
     offset = p.window(f"{int(parse_duration(win) - parse_duration(floor))}s")
@@ -126,7 +145,7 @@ def guard_group(p: RuleParams) -> list[dict]:
 def component_groups(p: RuleParams) -> dict[str, list[dict]]:
     """File stem -> groups."""
     return {
-        "engine": [*spec_decode_group(p), *kv_transfer_group(p), *kv_saturation_group(p)],
+        "engine": [*spec_decode_group(p), *kv_transfer_group(p), *kv_saturation_group(p), *hook_group(p)],
         "host": host_memory_group(p),
         "guard": guard_group(p),
     }

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 from prometheus_client.utils import floatToGoString
 
+from exporters import contract as c
 from exporters.contract import Kind, Metric
 from exporters.label_text import any_of_literal, le_spellings
 
@@ -97,8 +98,7 @@ def share_at_or_below(metric: Metric, threshold: float, window: str, labels: Seq
     ``refused``: a counter of requests refused before they were observed (admission rejections):
     added to the total, none of them good; a pool without that series counts none."""
     at = (*matchers, le_matcher(threshold))
-    covered = (f"max without (le) (count_over_time({series(metric, '_bucket', at)}[{window}])) "
-               f">= count_over_time({series(metric, '_count', matchers)}[{window}])")
+    covered = bucket_covered(metric, threshold, window, matchers)
     good = sum_by(labels, f"{rate(metric, window, '_bucket', at)} and ignoring (le) ({covered})")
     total = sum_by(labels, f"{rate(metric, window, '_count', matchers)} and ({covered})")
     if refused is not None:
@@ -116,6 +116,18 @@ def outcome_ratio(metric: Metric, label: str, failed: str, counted: Sequence[str
     return ratio(f"{failures} or {total} * 0", total)
 
 
+def bucket_covered(metric: Metric, threshold: float, window: str, matchers: Sequence[str] = ()) -> str:
+    """The histogram children (labels without ``le``) whose ``le=threshold`` bucket holds as many
+    samples over ``window`` as their ``_count``: the bucket was there all the window. One that
+    appeared or vanished inside it (an engine restarted with another bucket set) counts part of the
+    window while ``_count`` counts all of it. The rules (``share_at_or_below``) count a child in a
+    window only once covered; the guard leaves the windows of the others unjudged
+    (``PrometheusView.uncovered_buckets``)."""
+    at = (*matchers, le_matcher(threshold))
+    return (f"max without (le) (count_over_time({series(metric, '_bucket', at)}[{window}])) "
+            f">= count_over_time({series(metric, '_count', matchers)}[{window}])")
+
+
 def plus_or_zero(base: str, extra: str) -> str:
     """``base + extra`` where a group of ``base`` without ``extra`` (a deployment whose engines do not
     export it) keeps its value: plain ``+`` drops it."""
@@ -126,3 +138,39 @@ def has_bucket(metric: Metric, threshold: float, extra: Sequence[float] = ()) ->
     """``threshold`` is a bucket bound of ``metric``: a contract bucket, or one of ``extra`` (the
     config's ``engine_buckets``, which the engines add through ``SLA_GUARD_*_SLO_S``)."""
     return any(abs(b - threshold) < 1e-12 for b in (*metric.buckets, *extra))
+
+
+# the series that name one engine of one scraped page (vLLM's labels and the hook's share ``engine``)
+HOOK_ENGINE = ("job", "instance", "engine")
+
+
+def duration(seconds: float) -> str:
+    """A PromQL duration, in the largest unit it is a whole number of (300 -> '5m', 1.5 -> '1500ms')."""
+    ms = round(seconds * 1000)
+    for unit, size in (("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1000)):
+        if ms and ms % size == 0:
+            return f"{ms // size}{unit}"
+    return f"{ms}ms"
+
+
+def hook_stalled(window_s: float, settle_s: float, matchers: Sequence[str] = ()) -> str:
+    """One series per engine whose sla-guard hook stopped recording, valued at vLLM's tokens: vLLM's
+    own generated-token counter rose over the ``window_s`` that ended ``settle_s`` ago while the
+    hook's counter (each of ``HOOK_RECORDED``) of that engine did not rise over both, or is missing
+    for it, on a page (``job``, ``instance``) that exports that counter. An idle engine moves neither;
+    a page without vLLM's series (the sidecar) or without the hook's counter (an older plugin) is
+    not evidence. The page's ``model`` and ``pool`` come from the hook's series (an engine that
+    vLLM added after the hook stopped has none of its own); one series per engine, whichever counter
+    stood still (``or`` keeps the first); one query for the whole fleet."""
+    ident = ", ".join(HOOK_ENGINE)
+    both = duration(window_s + settle_s)
+    vllm = f"{c.VLLM_GENERATION_TOKENS}{{{', '.join(matchers)}}}" if matchers else c.VLLM_GENERATION_TOKENS
+    rose = f"sum by ({ident}) (increase({vllm}[{duration(window_s)}] offset {duration(settle_s)})) > 0"
+    parts = []
+    for m in c.HOOK_RECORDED:
+        hook_rose = f"sum by ({ident}) ({increase(m, both, matchers=matchers)}) > 0"
+        page = (f"topk by (job, instance) (1, group by (job, instance, model, pool) "
+                f"(last_over_time({series(m, matchers=matchers)}[{both}])))")
+        parts.append(f"(({rose}) unless on ({ident}) ({hook_rose}))\n"
+                     f"  * on (job, instance) group_left (model, pool) {page}")
+    return "\nor\n".join(parts)

@@ -375,6 +375,7 @@ class SLOEvaluator:
                     seen.add((d["model"], d["pool"]))
         health, up_targets, down_targets = self._health(view, now)
         seen |= set(health)
+        stalls = _hook_stalls(view, now)
         over = 0
         for key in seen:
             if key in self.known or len(self.known) < self.max_pools:
@@ -425,6 +426,8 @@ class SLOEvaluator:
                 gate = f"{total_t - up} of {total_t} targets down{self._down_why(down_targets.get(key, []), causes)}"
             elif key in targetless:
                 gate = "no target left for this pool (removed from discovery); forgotten once its data is stale"
+            elif stalls and key in stalls:
+                gate = stalls[key]
             for slo in self.config.slos_for(model, pool):
                 g = gate
                 have = fresh_targets[slo.indicator].get(key)
@@ -433,6 +436,9 @@ class SLOEvaluator:
                     g = (f"{len(silent)} of {len(up_targets[key])} targets up without current "
                          f"{slo.indicator.value} data (stale timestamps or missing series): {', '.join(silent[:3])}")
                 pr.slos.append(self._one(slo, key, g, fresh, windowed, longwin, source_error))
+            if stalls is None and pool != c.Pool.CLIENT:  # a stalled hook not ruled out: its frozen data may read ok
+                pr.slos = [dataclasses.replace(s, status=Status.UNKNOWN, reason=HOOK_UNCHECKED, alerts=[])
+                           if s.status in (Status.OK, Status.AT_RISK) else s for s in pr.slos]
             self._goodput(pr, windowed)
             pr.status = worst(s.status for s in pr.slos) if pr.slos else Status.UNKNOWN
             # the pool says why it is not ok: its gate, else its worst objective's reason
@@ -981,6 +987,36 @@ def _unobserved(ind: Indicator, query: Callable[[str], dict[Labels, float]]) -> 
 
 
 UNCHECKED = "unchecked: the query failed"  # a target name that says the bucket check had no answer
+HOOK_UNCHECKED = ("could not check that the sla-guard hook records on this pool's engines (the query failed; "
+                  "see the source's errors)")
+
+
+def _hook_stalls(view: MetricsView, now: float) -> dict[tuple[str, str], str] | None:
+    """{(model, pool): why} of the pools with an engine whose sla-guard hook stopped recording
+    (``PrometheusView.hook_stalls``): its series are frozen, so the pool is unknown, not idle or ok.
+    None when the query failed. Only a view over Prometheus asks: the scraper checks each page as it
+    reads it (``Scraper._hook_stalled``) and fails that target's scrape instead."""
+    ask = getattr(view, "hook_stalls", None)
+    if ask is None:
+        return {}
+    got = ask(now)
+    if got is None:
+        return None
+    by_pool: dict[tuple[str, str], list[dict]] = {}
+    for row in got:
+        by_pool.setdefault((str(row.get("model", "")), str(row.get("pool", ""))), []).append(row)
+    out = {}
+    for mp, rows in by_pool.items():
+        rows.sort(key=lambda r: (-float(r["tokens"]), str(r.get("instance")), str(r.get("engine"))))
+        first = rows[0]
+        where = f"{first.get('instance', '?')} engine {first.get('engine', '?')!s}"
+        more = f" (+{len(rows) - 1} more engines)" if len(rows) > 1 else ""
+        out[mp] = (f"hook_stalled: the hook stopped recording on {_short(where, 80)}{more}: vLLM generated "
+                   f"{float(first['tokens']):.0f} tokens there in {fmt_window(c.HOOK_STALL_WINDOW_S)} "
+                   f"({c.VLLM_GENERATION_TOKENS}) while a counter of the hook's stood still (its logger dropped by "
+                   f"an elastic-EP scale-up, or record() failing: see {c.HOOK_ERRORS.series()}); its data is frozen, "
+                   f"not idle: restart that API server")
+    return out
 
 
 def _bucket_changes(view: MetricsView, ind: Indicator, thr: float, windows: tuple[float, ...], now: float,
@@ -995,7 +1031,7 @@ def _bucket_changes(view: MetricsView, ind: Indicator, thr: float, windows: tupl
         return {}
     out: dict[float, dict[tuple[str, str], set[str]]] = {}
     for hist, client in zip(HIST[ind], (False, True), strict=True):
-        got = ask(hist.series(), thr, windows, now)
+        got = ask(hist, thr, windows, now)
         for w, children in (got.items() if got is not None else ((w, None) for w in windows)):
             if children is None:  # the query failed: every pool of this family is unchecked
                 for mp in pools:

@@ -24,8 +24,9 @@ from dataclasses import dataclass, field
 import httpx
 import numpy as np
 
+from alerts import promql as rules_promql
 from exporters import contract as c
-from exporters.label_text import any_of_literal, le_spellings, string_literal
+from exporters.label_text import string_literal
 from exporters.prometheus import ContractMetrics
 from exporters.redact import peer_text, redact_text, strip_userinfo
 from sla_guard import promql
@@ -509,25 +510,23 @@ class PrometheusView:
         name = promql.bucket_series(metric)
         return promql.split_le(self.increase(name, matchers, window_s, at, ("le", *by)))
 
-    def uncovered_buckets(self, metric: str, threshold: float, windows_s: tuple[float, ...],
+    def uncovered_buckets(self, metric: c.Metric, threshold: float, windows_s: tuple[float, ...],
                           at: float) -> dict[float, dict[Labels, float]] | None:
-        """{window_s: {histogram child: its requests}} of the children with requests in a window
-        whose ``le=threshold`` bucket holds fewer samples there than their +Inf bucket: the
-        bucket appeared or vanished inside the window (an engine upgraded to another bucket
-        set), or never was there. ``increase`` of such a bucket counts only part of the window
-        while +Inf counts all of it: every request of the rest read as over the threshold (5 %
-        attainment, "violated", every request in time). One query for all windows; a window
-        without such a child is left out; None for the whole answer when the query failed."""
-        name = promql.bucket_series(metric)
-        thr = selector(name, {}, ",".join(x for x in (f"le=~{any_of_literal(le_spellings(threshold))}", self.extra)
-                                          if x))
-        inf = selector(name, {"le": "+Inf"}, self.extra)
+        """{window_s: {histogram child: its requests}} of the children of histogram ``metric`` with
+        requests in a window whose ``le=threshold`` bucket does not cover it
+        (``alerts.promql.bucket_covered``, which the attainment rules use too): the bucket appeared
+        or vanished inside the window (an engine upgraded to another bucket set), or never was
+        there. ``increase`` of such a bucket counts only part of the window while ``_count`` counts
+        all of it: every request of the rest read as over the threshold (5 % attainment,
+        "violated", every request in time). One query for all windows; a window without such a
+        child is left out; None for the whole answer when the query failed."""
+        m = (self.extra,) if self.extra else ()
         parts = []
         for w in windows_s:
             d = duration(w)
-            covered = f"max without (le) (count_over_time({thr}[{d}])) >= ignoring (le) count_over_time({inf}[{d}])"
-            parts.append(f'label_replace((increase({inf}[{d}]) > 0) unless ignoring (le) ({covered}), '
-                         f'"{WINDOW_LABEL}", "{float(w)!r}", "", "")')
+            uncovered = (f"({rules_promql.increase(metric, d, '_count', m)} > 0) "
+                         f"unless ({rules_promql.bucket_covered(metric, threshold, d, m)})")
+            parts.append(f'label_replace({uncovered}, "{WINDOW_LABEL}", "{float(w)!r}", "", "")')
         data = self.query(" or ".join(parts), at)
         if data is None:
             return None
@@ -541,8 +540,27 @@ class PrometheusView:
                 w = float(d.pop(WINDOW_LABEL))
             except (KeyError, ValueError):
                 continue
-            d.pop("le", None)
             out.setdefault(w, {})[tuple(sorted(d.items()))] = point[1]
+        return out
+
+    def hook_stalls(self, at: float) -> list[dict[str, str | float]] | None:
+        """The engines whose sla-guard hook stopped recording (``alerts.promql.hook_stalled``, the
+        ``SlaGuardHookStalled`` rule's expression): vLLM's own token counter rose over the
+        ``HOOK_STALL_WINDOW_S`` that ended ``HOOK_STALL_SETTLE_S`` ago while a counter of the hook's
+        on the same page stood still. Each as its labels (job, instance, engine, model, pool) and
+        ``tokens`` (vLLM's rise); one query for the whole fleet; None when the query failed."""
+        expr = rules_promql.hook_stalled(c.HOOK_STALL_WINDOW_S, c.HOOK_STALL_SETTLE_S,
+                                         (self.extra,) if self.extra else ())
+        data = self.query(expr, at)
+        if data is None:
+            return None
+        out: list[dict[str, str | float]] = []
+        for item in _result(data, "vector"):
+            labels, point = _labels(item), _point(item.get("value"))
+            if labels is not None and point is not None:
+                out.append({**dict(labels), "tokens": point[1]})
+        if out:
+            self.count_error("hook_stalled")
         return out
 
     def close(self) -> None:

@@ -1,0 +1,172 @@
+"""A hook that stopped recording, read through a REAL Prometheus (Prometheus mode).
+
+An hour of five engines are backfilled into a real Prometheus, every sample written by the
+test. On "stall" the sla-guard hook stops recording at 20 min (vLLM's elastic-EP scale-up drops its
+logger): vLLM's own ``vllm:generation_tokens_total`` keeps rising, the hook's counters and TTFT
+histogram stand still. The scraper catches that on the page (``hook_stalled``); in Prometheus mode
+the pool's mean TTFT over 30 min read "ok" on the frozen requests before the stall (and, once the
+window passed them, "0 requests"). "idle" moves nothing, "healthy" moves both, "sidecar" has no
+vLLM series, "old" is an older plugin without ``slaguard_engine_steps_total``: none of them is a
+stall."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+import yaml
+from prometheus_support import PrometheusProcess, prometheus_binary
+
+from exporters import contract as c
+from sla_guard.config import parse_config
+from sla_guard.ingest.prometheus import PrometheusView
+from sla_guard.model import Status
+from sla_guard.slo import SLOEvaluator
+
+pytestmark = [
+    pytest.mark.prometheus,
+    pytest.mark.skipif(prometheus_binary() is None, reason="prometheus binary not installed (scripts/setup.sh --full)"),
+]
+
+STEP = 15  # seconds between scrapes
+SCRAPES = 60 * 60 // STEP
+STALL = 20 * 60 // STEP  # the scrape from which the stalled hook records nothing
+TTFT = c.latency_metric("ttft", None)
+MODELS = ("stall", "idle", "healthy", "sidecar", "old")
+SLOS = [{"model": "*", "pool": "decode", "objectives": [
+    {"name": "ttft_mean", "indicator": "ttft", "objective": "mean", "threshold_s": 2.5, "window": "30m",
+     "min_requests": 1}]}]
+
+
+def _history(base: float) -> str:
+    """Each engine serves 2 requests (0.2 s TTFT, 64 tokens) a scrape while it is busy."""
+    lines: list[str] = []
+
+    def counter(name: str, labels: str, values: list[float]) -> None:
+        lines.extend(f"{name}{{{labels}}} {v:g} {base + STEP * i:.0f}" for i, v in enumerate(values))
+
+    for model in MODELS:
+        hook = f'instance="{model}:8000",job="engines",model="{model}",pool="decode",engine="0"'
+        vllm = f'instance="{model}:8000",job="engines",model_name="{model}",engine="0"'
+        busy = model != "idle"
+        recorded = [min(i, STALL) if model == "stall" else i if busy else 0 for i in range(SCRAPES)]
+        if model != "sidecar":
+            counter(c.VLLM_GENERATION_TOKENS, vllm, [64 * i if busy else 0 for i in range(SCRAPES)])
+        counter(c.GENERATION_TOKENS.series(), hook, [64 * n for n in recorded])
+        if model != "old":
+            counter(c.ENGINE_STEPS.series(), hook, [8 * n for n in recorded])
+        for le in ("2.5", "+Inf"):
+            counter(TTFT.series("_bucket"), f'{hook},le="{le}"', [2 * n for n in recorded])
+        counter(TTFT.series("_count"), hook, [2 * n for n in recorded])
+        counter(TTFT.series("_sum"), hook, [0.4 * n for n in recorded])
+    return "\n".join([f"# TYPE {TTFT.series()} histogram", *lines, "# EOF", ""])
+
+
+@pytest.fixture(scope="module")
+def fleet():
+    base = float(int(time.time()) - 3 * 3600)  # Prometheus takes the backfill as history
+    prom = PrometheusProcess([], interval_s=15.0, history=_history(base))
+    try:
+        prom.wait_ready(60)
+        yield prom, base
+    finally:
+        prom.stop()
+
+
+class _Failing(httpx.HTTPTransport):
+    """The real transport, but queries starting with ``fail`` get a connection error."""
+
+    def __init__(self, fail: str) -> None:
+        super().__init__()
+        self.fail = fail
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        if request.url.params.get("query", "").startswith(self.fail):
+            raise httpx.ConnectError("store unavailable", request=request)
+        return super().handle_request(request)
+
+
+def _judge(prom: PrometheusProcess, at: float,
+           transport: httpx.BaseTransport | None = None) -> tuple[dict, PrometheusView]:
+    view = PrometheusView(prom.url, timeout_s=30, transport=transport)
+    ev = SLOEvaluator(parse_config({"slos": SLOS}))
+    try:
+        ev.evaluate(view, at)
+    finally:
+        view.close()
+    return {m: ev.pools[(m, "decode")] for m in MODELS}, view
+
+
+def test_prometheus_holds_what_the_stall_looks_like(fleet):
+    """The data themselves: at 35 min vLLM counted 1,280 tokens on "stall" in the last 5 min while
+    the hook's counters did not move; the pool's TTFT requests over 30 min are all from before."""
+    prom, base = fleet
+    at = base + 35 * 60
+    sel = 'instance="stall:8000"'
+    vllm = prom.query(f"increase({c.VLLM_GENERATION_TOKENS}{{{sel}}}[5m])", at)
+    hook = prom.query(f"increase({c.ENGINE_STEPS.series()}{{{sel}}}[5m])", at)
+    reqs = prom.query(f"increase({TTFT.series('_count')}{{{sel}}}[30m])", at)
+    assert float(vllm[0]["value"][1]) == pytest.approx(1280), vllm
+    assert float(hook[0]["value"][1]) == 0.0, hook
+    assert float(reqs[0]["value"][1]) == pytest.approx(2 * 15 * 60 / STEP), reqs
+
+
+def test_a_stalled_hook_reads_unknown_naming_the_engine_and_the_fix(fleet):
+    """Before: "stall" read ok (mean 0.2 s over the 30 min, every request from before the stall)
+    at 35 min, and at 55 min "0 requests in 30m", an idle pool. Now unknown, hook_stalled, naming
+    the engine and the fix; the other pools are judged as before."""
+    prom, base = fleet
+    pools, view = _judge(prom, base + 35 * 60)
+    stall = pools["stall"]
+    assert stall.status is Status.UNKNOWN, (stall.status, stall.reason)
+    assert view.errors == {"hook_stalled": 1}, view.last_error
+    assert stall.reason.startswith("hook_stalled: the hook stopped recording on stall:8000 engine 0: vLLM generated "
+                                   "1280 tokens there in 5m"), stall.reason
+    assert "restart that API server" in stall.reason and c.VLLM_GENERATION_TOKENS in stall.reason, stall.reason
+    assert all(s.reason == stall.reason for s in stall.slos), stall.slos
+    assert {m: p.status for m, p in pools.items() if m != "stall"} == {
+        "idle": Status.UNKNOWN, "healthy": Status.OK, "sidecar": Status.OK, "old": Status.OK}, pools
+    assert "0 requests in 30m" in pools["idle"].reason, pools["idle"].reason
+    # twenty minutes on, the frozen requests have left the window: not "0 requests", still the stall
+    stall = _judge(prom, base + 55 * 60)[0]["stall"]
+    assert stall.reason.startswith("hook_stalled: "), (stall.status, stall.reason)
+
+
+def test_before_the_stall_settles_nothing_is_stalled(fleet):
+    """At 20.5 min the hook's last rise is inside the window: not (yet) a stall."""
+    prom, base = fleet
+    pools, view = _judge(prom, base + 20 * 60 + 30)
+    assert view.errors == {}, view.last_error
+    assert pools["stall"].status is Status.OK, pools["stall"].reason
+
+
+def test_an_unanswered_stall_check_is_unknown_not_ok(fleet):
+    """Where the stall query fails, a frozen pool is not ruled out: no pool reads ok."""
+    prom, base = fleet
+    pools, view = _judge(prom, base + 35 * 60, _Failing("((sum by (job, instance, engine) (increase("))
+    assert view.failed_queries == 1, view.last_error
+    healthy = pools["healthy"]
+    assert healthy.status is Status.UNKNOWN and "could not check that the sla-guard hook" in healthy.reason, healthy
+    assert "0 requests in 30m" in pools["idle"].reason, pools["idle"].reason  # its own reason kept
+
+
+def test_check_reads_the_stall_through_prometheus(tmp_path):
+    """`sla-guard check` with a Prometheus source (a subprocess, as users run it) judges at its own
+    now: the same hour backfilled to end now, and the stalled pool's row names the stall."""
+    prom = PrometheusProcess([], interval_s=15.0, history=_history(float(int(time.time()) - SCRAPES * STEP + 20)))
+    try:
+        prom.wait_ready(60)
+        f = tmp_path / "guard.yaml"
+        f.write_text(yaml.safe_dump({"source": {"mode": "prometheus", "url": prom.url, "timeout_s": 10},
+                                     "slos": SLOS}))
+        r = subprocess.run([sys.executable, "-m", "sla_guard.cli", "check", "--config", str(f)],
+                           capture_output=True, text=True, timeout=120)
+    finally:
+        prom.stop()
+    rows = {line.split()[0]: line for line in r.stdout.splitlines()[1:] if line.split()[0] in MODELS}
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "unknown  hook_stalled: the hook stopped recording on stall:8000 engine 0" in rows["stall"], r.stdout
+    assert rows["healthy"].split()[-1] == "ok", r.stdout
