@@ -147,6 +147,12 @@ class DecodeStream:
         # Usage in a decode step the proxy did not ask for (it drops continuous_usage_stats) is how it shows.
         forced_usage = False
         finished = aborted = False
+        # vLLM 0.32 sends each choice that generated text a last chunk with its finish_reason (the stream's last
+        # text rides on it) before [DONE], or an error event: a choice with text and no finish_reason at [DONE]
+        # lost its ending on the way (see _unfinished). Not judged when an event could not be read.
+        texted: set[int] = set()
+        ended: set[int] = set()
+        opaque = False
         # A choice's last chunk (finish_reason), held until the usage chunk the proxy drops for a client that did not
         # ask for it: vLLM put the system_fingerprint there (include_usage on), where it would have put it on these.
         held: list[tuple[bytes, legs.Event, float]] = []
@@ -179,6 +185,9 @@ class DecodeStream:
                 ev = legs.inspect_event(raw)
                 errored = errored or ev.error
                 finished, aborted = finished or ev.finished, aborted or ev.aborted
+                texted.update(ev.choices)
+                ended.update(ev.ended)
+                opaque = opaque or ev.opaque
                 if ev.completion_tokens is not None:
                     tokens = ev.completion_tokens
                     forced_usage = forced_usage or ev.step
@@ -216,6 +225,10 @@ class DecodeStream:
                         self.stats.first_token(first_at - self.stats.t0, self.prefill_leg_s,
                                                received - self.sent_at)
                 handed = loop.time()
+                if ev.done and not done and not errored and not opaque and (lost := sorted(texted - ended)):
+                    # told before [DONE], as vLLM reports an error in a stream (clients stop reading at [DONE])
+                    yield self._unfinished(lost)
+                    errored = True
                 yield raw
                 blocked += loop.time() - handed
                 if ev.done and not done:
@@ -245,6 +258,18 @@ class DecodeStream:
                 # Judged as a broken stream: the engine is left out and the client is told, not left to guess.
                 self.pool.failed(self.lease.url, "decode stream ended without [DONE]")
                 yield self._failure(502, "upstream_invalid", "decode stream ended without [DONE] (cut short)")
+
+    def _unfinished(self, lost: list[int]) -> bytes:
+        """The error event for a stream whose [DONE] came while choices ``lost`` had text and no finish_reason:
+        the answer lost its last chunk (and the text on it) between vLLM and the proxy, or the engine is not vLLM's
+        server. The engine is not left out: it ran the request to its [DONE] and answers; a hop or server that drops
+        endings would drop them whichever engine served."""
+        which = ", ".join(map(str, lost[:5])) + (f" (+{len(lost) - 5} more)" if len(lost) > 5 else "")
+        log.warning("decode engine %s ended a stream with [DONE] but choice(s) %s had no finish_reason",
+                    display_url(self.lease.url), which)
+        self.outcome = Outcome.ERROR
+        return legs.sse_error_event(f"decode stream ended without a finish_reason for choice(s) {which} (cut short)",
+                                    "upstream_invalid", 502, "decode", display_url(self.lease.url))
 
     async def close(self) -> None:
         """Idempotent; runs once the response is over, whichever way it ended."""

@@ -200,12 +200,15 @@ class Event:
     choices: tuple[int, ...] = ()  # the indices of the choices that carry text (n > 1, a list of prompts)
     step: bool = False  # carries choices, with text or not: a decode step's output (the EOS step's has no text)
     finished: bool = False  # a choice carries a finish_reason
+    ended: tuple[int, ...] = ()  # the indices of the choices that carry a finish_reason
     aborted: bool = False  # a choice finished with "abort": the engine dropped the request
+    opaque: bool = False  # data the proxy could not read (an event over MAX_EVENT_BYTES, cut; not JSON)
     fingerprint: Any = None  # the chunk's system_fingerprint (vLLM: on the usage chunk when include_usage is on)
 
 
 _NOTHING = Event()
-_CUT_TOKEN = Event(token=True, step=True)
+_OPAQUE = Event(opaque=True)
+_CUT_TOKEN = Event(token=True, step=True, opaque=True)
 
 
 def inspect_event(raw: bytes) -> Event:
@@ -223,7 +226,7 @@ def inspect_event(raw: bytes) -> Event:
         # the head of an event over MAX_EVENT_BYTES, cut mid-JSON: vLLM's first chunk of an echo with logprobs
         # (the prompt's, recomputed on decode) passes 4 MiB at ~20k prompt tokens; it carries the first token,
         # which was missed (TTFT taken at the next chunk, TPOT 0 s with one more)
-        return _CUT_TOKEN if _CUT_TEXT.search(data, 0, _CUT_HEAD_BYTES) else _NOTHING
+        return _CUT_TOKEN if _CUT_TEXT.search(data, 0, _CUT_HEAD_BYTES) else _OPAQUE
     if not isinstance(obj, dict):
         return _NOTHING
     if obj.get("error"):
@@ -236,10 +239,12 @@ def inspect_event(raw: bytes) -> Event:
     if not isinstance(choices, list):
         choices = []
     with_text = tuple(_index(ch, i) for i, ch in enumerate(choices) if _has_text(ch))
-    reasons = {r for ch in choices if isinstance(ch, dict) and isinstance(r := ch.get("finish_reason"), str)}
+    ending = [(_index(ch, i), r) for i, ch in enumerate(choices)
+              if isinstance(ch, dict) and isinstance(r := ch.get("finish_reason"), str)]
+    reasons = {r for _, r in ending}
     return Event(token=bool(with_text), usage_only=tokens is not None and not choices, completion_tokens=tokens,
-                 choices=with_text, step=bool(choices), finished=bool(reasons), aborted=ABORT in reasons,
-                 fingerprint=obj.get("system_fingerprint"))
+                 choices=with_text, step=bool(choices), finished=bool(reasons), ended=tuple(i for i, _ in ending),
+                 aborted=ABORT in reasons, fingerprint=obj.get("system_fingerprint"))
 
 
 def with_fingerprint(raw: bytes, fingerprint: Any) -> bytes:

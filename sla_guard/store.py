@@ -436,6 +436,7 @@ class SeriesStore:
         born: list[tuple[_Family, int]] = []
         flist = self._flist
         volatile = False
+        on_page = 0  # series of this page stored so far: what the per-target limit counts
         for i, (text, name, ltext, value) in enumerate(raw):
             h = int(hashes[i])
             if h in seen:
@@ -452,7 +453,7 @@ class SeriesStore:
                 key = _series_key(name, labels, extra, honor_labels)
                 loc = self._index.get(key)
                 if loc is None:
-                    loc = self._new_series(key, gid, res, text_hash=h)
+                    loc = self._new_series(key, gid, res, text_hash=h, on_page=on_page)
                     if loc is None:
                         continue
                     born.append(loc)
@@ -461,9 +462,11 @@ class SeriesStore:
                     res.errors["duplicate"] += 1  # the same series from another target
                     volatile = True  # depends on the other target, not on this page
                     continue
+            on_page += 1
             _stage(writes, nans, *loc, value, i, res)
         self._commit_scrape(gid, slot, t, writes, nans, res)
         self._bucket_changes(gid, t, born, created, sum(len(w[1]) for w in writes.values()) + len(nans))
+        self._evict_gone(gid, t, res)
         if cache.recent or (cache.vals < 0).any():
             cache.merge()
         # drops that the text alone decides recur identically; any other (NaN, series limit) may not
@@ -515,6 +518,7 @@ class SeriesStore:
             seen: set[tuple[str, Labels]] = set()
             nans: list[tuple[_Family, int]] = []
             born: list[tuple[_Family, int]] = []
+            on_page = 0  # series of this page stored so far: what the per-target limit counts
             samples_l = samples if isinstance(samples, list) else list(samples)
             for name, labels, value in samples_l:
                 key = _series_key(name, labels, extra, honor_labels)
@@ -524,13 +528,15 @@ class SeriesStore:
                 seen.add(key)
                 loc = self._index.get(key)
                 if loc is None:
-                    loc = self._new_series(key, gid, res)
+                    loc = self._new_series(key, gid, res, on_page=on_page)
                     if loc is None:
                         continue
                     born.append(loc)
+                on_page += 1
                 _stage(writes, nans, *loc, value, 0, res)
             self._commit_scrape(gid, slot, t, writes, nans, res)
             self._bucket_changes(gid, t, born, created, sum(len(w[1]) for w in writes.values()) + len(nans))
+            self._evict_gone(gid, t, res)
             if self._coarse is not None and self._coarse_due(gid, t):
                 fwd = [x for x in samples_l if x[0] in self.coarse_names]
                 if fwd:
@@ -789,17 +795,22 @@ class SeriesStore:
         return slot
 
     def _new_series(self, key: tuple[str, Labels], gid: int, res: IngestResult,
-                    text_hash: int | None = None, *, limited: bool = True) -> tuple[_Family, int] | None:
+                    text_hash: int | None = None, *, limited: bool = True,
+                    on_page: int | None = None) -> tuple[_Family, int] | None:
         """A new row. Series from a scrape (``text_hash`` given) are found through their group's scrape
         cache only; others through ``_index``. Keeping one map per series (not both) matters at
         hundreds of thousands of series. ``limited=False``: counted, never refused by the series
-        limits (see ``append``)."""
+        limits (see ``append``). ``on_page``: the series a page being stored has stored so far; the
+        per-group limit counts those, not the group's series its pages no longer carry (an engine
+        restarted under new labels: its old series counted until the ring let them go, hours, and
+        refused the new ones; ``_evict_gone`` bounds those instead)."""
         name, labels = key
         if len(labels) > self.max_labels or any(len(v) > self.max_label_value_len for _, v in labels):
             res.errors["label_limit"] += 1
             res.limited.setdefault(name, "label_limit")
             return None
-        if limited and (self._series >= self.max_series or self._gseries[gid] >= self.max_series_per_group):
+        held = self._gseries[gid] if on_page is None else on_page
+        if limited and (self._series >= self.max_series or held >= self.max_series_per_group):
             res.errors["series_limit"] += 1
             res.limited.setdefault(name, "series_limit")
             return None
@@ -847,6 +858,37 @@ class SeriesStore:
         if self._writes_since_gc >= 256 and (t - self._last_gc_t >= 10.0 or self._writes_since_gc >= 100_000):
             self._last_gc_t = t
             self.collect_garbage()
+
+    def _evict_gone(self, gid: int, t: float, res: IngestResult) -> None:
+        """Keep at most ``max_series_per_group`` of the group's series that its page at ``t`` did
+        not carry, freeing those gone longest first. They stay for the windows that span a restart
+        under new labels (the ring frees them after ``slots`` scrapes); this bounds a target that
+        changes its labels at every scrape to twice its limit after each scrape (its page's series
+        plus as many it no longer serves), three times during one (a page of new series on top).
+        A page the full store (``max_series``) refused series frees all of them: what the target
+        serves now comes before what it served, and its next page fits. Caller holds the lock."""
+        limit = 0 if res.errors["series_limit"] and self._series >= self.max_series else self.max_series_per_group
+        if self._gseries[gid] <= limit:
+            return
+        k = self._gcount[gid]
+        gone: list[tuple[int, int, int]] = []  # (last write, family id, row)
+        for name, rows in self._grows[gid].items():
+            if rows:
+                fam = self._families[name]
+                arr = np.asarray(rows)
+                away = (fam.last_k[arr] != k) & (fam.nan_t[arr] != t)
+                gone.extend(zip(fam.last_k[arr[away]].tolist(), [fam.fid] * int(away.sum()),
+                                arr[away].tolist(), strict=True))
+        if len(gone) <= limit:
+            return
+        gone.sort()
+        freed: dict[int, set[int]] = {}
+        for _, fid, row in gone[:len(gone) - limit]:
+            self._free(self._flist[fid], row, unlist=False)
+            freed.setdefault(fid, set()).add(row)
+        for fid, rows in freed.items():
+            name = self._flist[fid].name
+            self._grows[gid][name] = [r for r in self._grows[gid][name] if r not in rows]
 
     def collect_garbage(self) -> int:
         """Free series with no sample left in their ring or none within retention, and those of a
@@ -906,7 +948,8 @@ class SeriesStore:
             fam.version += 1
         self._vocab_limit = max(65_536, 2 * len(self._words))
 
-    def _free(self, fam: _Family, row: int) -> None:
+    def _free(self, fam: _Family, row: int, *, unlist: bool = True) -> None:
+        """Free one row; ``unlist=False``: the caller takes it out of ``_grows`` (in bulk)."""
         gid = int(fam.group[row])
         if not fam.has_text[row]:
             self._index.pop((fam.name, self._row_labels(fam, row)), None)
@@ -921,7 +964,7 @@ class SeriesStore:
         fam.free.append(row)
         fam.version += 1
         rows = self._grows[gid].get(fam.name)
-        if rows is not None:
+        if rows is not None and unlist:
             rows.remove(row)
         self._gseries[gid] -= 1
         self._series -= 1

@@ -182,7 +182,8 @@ class StandInEngine:
                         "remote_block_ids": [1, 2], "remote_host": "10.0.0.1", "remote_port": 5600}}
                     data, ctype = json.dumps(out).encode(), "application/json"
                 elif body.get("stream"):
-                    data, ctype = b'data: {"choices":[{"text":"hi"}]}\n\ndata: [DONE]\n\n', "text/event-stream"
+                    data = b'data: {"choices":[{"index":0,"text":"hi","finish_reason":"length"}]}\n\ndata: [DONE]\n\n'
+                    ctype = "text/event-stream"
                 else:
                     data, ctype = json.dumps({"choices": [{"text": "hello world"}]}).encode(), "application/json"
                 self.send_response(200)
@@ -235,7 +236,7 @@ def test_pd_proxy_follows_the_nixl_protocol(proxy):
     with httpx.stream("POST", f"{url}/v1/chat/completions", timeout=10,
                       json={"model": "m", "messages": [], "max_completion_tokens": 9, "stream": True}) as s:
         text = "".join(s.iter_text())
-    assert "[DONE]" in text and '"hi"' in text
+    assert "[DONE]" in text and '"hi"' in text and "error" not in text
     assert p.requests[1]["stream"] is False and p.requests[1]["max_completion_tokens"] == 1
     assert d.requests[1]["stream"] is True and d.requests[1]["kv_transfer_params"]["remote_block_ids"] == [1, 2]
     # the client scope on the proxy's /metrics, as Prometheus in the stack scrapes it

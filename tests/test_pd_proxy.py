@@ -72,6 +72,9 @@ class Engine:
         self.send_done = True
         self.first_chunk_extra: dict = {}  # more fields of chat's first (role) chunk
         self.eos = False  # end as vLLM does at EOS: one more step, no text, finish_reason, counted in usage
+        # else as vLLM does at max_tokens: the last token's chunk carries the finish_reason (None: a stream whose
+        # endings were lost, [DONE] without any)
+        self.finish: str | None = "length"
         self.force_usage = False  # vLLM's should_include_usage when forced: usage in every chunk, and the usage chunk
         self.abort_after: int | None = None  # the engine aborts the request (shutdown, fault) after this many tokens
         # vLLM 0.32 (--fingerprint-mode full by default): in a whole answer; in a stream, on the usage chunk when
@@ -204,8 +207,13 @@ class Engine:
             if self.stall_after is not None and i == self.stall_after:
                 time.sleep(self.stall_s)
             steps.append(time.perf_counter())
+            last = i == tokens - 1 and self.abort_after is None and not self.eos and self.finish
             for k in range(n):
                 choice = {"index": k, "delta": {"content": f"t{i} "}} if chat else {"index": k, "text": f"t{i} "}
+                fp = {}
+                if last:
+                    choice["finish_reason"] = self.finish
+                    fp = {"system_fingerprint": self.fingerprint} if self.fingerprint and not include else {}
                 if not chat and i == 0 and body.get("echo"):  # the prompt, and its logprobs, with the first token
                     words = body["prompt"].split(" ")
                     choice["text"] = body["prompt"] + choice["text"]
@@ -214,7 +222,7 @@ class Engine:
                                               "top_logprobs": [{w: -0.25, " x": -1.5} for w in words],
                                               "text_offset": list(range(len(words)))}
                 usage = {"prompt_tokens": 3, "completion_tokens": i + 1, "total_tokens": 4 + i} if continuous else None
-                event({"id": "d", "choices": [choice], "usage": usage})
+                event({"id": "d", "choices": [choice], "usage": usage, **fp})
         # vLLM's ending at EOS, or of an aborted request: a chunk without text (none when nothing was generated)
         ending = "abort" if self.abort_after is not None else "stop" if self.eos else None
         if ending and tokens:
@@ -1948,3 +1956,57 @@ def test_a_models_failure_counters_exist_at_zero_from_its_first_request(engines,
     assert one(c.CLIENT_REQUESTS.series(), model="m", outcome=str(c.Outcome.ERROR)) == [0.0]
     for m in (c.CLIENT_FAILED_BEFORE_FIRST_TOKEN, c.CLIENT_FAILED_AFTER_FIRST_TOKEN):
         assert one(m.series(), model="m") == [0.0], m.name
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+def test_done_after_text_without_a_finish_reason_is_an_answer_cut_short(engines, proxies, path):
+    """vLLM 0.32 ends every choice that generated text with a chunk carrying its finish_reason (the last text
+    rides on it; ``chat_completion/serving.py`` and ``completion/serving.py`` send it whatever the delta), or with
+    an error event, and only then ``[DONE]``. A ``[DONE]`` after text that no finish_reason closed is an answer
+    that lost its ending on the way: the proxy relayed it as a whole answer, counted ok, TPOT observed. The client
+    now gets vLLM's in-stream error form before ``[DONE]`` (an SDK stops reading at ``[DONE]``) and the request is
+    an error; the engine, which ran the request to its end and answers, is not left out. Whole streams of several
+    choices, with usage asked for or not (continuous too), and vLLM's EOS ending stay ok (tool calls: below)."""
+    p, d = engines("prefill"), engines("decode")
+    px = proxies([p], [d])
+    chat = "chat" in path
+    base = {"model": "m", "stream": True,
+            **({"messages": [{"role": "user", "content": "x"}]} if chat else {"prompt": "x"})}
+    d.finish = None
+    r, events, _ = stream(px.url + path, base)
+    assert r.status_code == 200 and len(token_times(events)) == 5 and events[-1][1] == "[DONE]"
+    err = json.loads(events[-2][1])["error"]
+    assert (err["type"], err["code"], err["leg"]) == ("upstream_invalid", 502, "decode"), err
+    assert "finish_reason" in err["message"], err
+    s = scrape(px.url)
+    assert value(s, c.CLIENT_REQUESTS.exposed, outcome="error") == 1
+    assert value(s, c.CLIENT_TPOT.exposed + "_count") == 0
+    assert px.proxy.health()["left_out"]["decode"] == {}  # it ran the request to its end: not left out
+    # legitimate endings: each choice closed by its finish_reason, n > 1, usage chunks, continuous usage
+    d.finish = "length"
+    cases = [{}, {"n": 3}, {"stream_options": {"include_usage": True}},
+             {"n": 2, "stream_options": {"include_usage": True, "continuous_usage_stats": True}}]
+    for extra in cases:
+        r, events, _ = stream(px.url + path, {**base, **extra})
+        assert r.status_code == 200 and events[-1][1] == "[DONE]", extra
+        assert not any('"error"' in e for _, e in events), (extra, events[-3:])
+    d.finish, d.eos = None, True  # vLLM at EOS: one more step, no text, its finish_reason
+    r, events, _ = stream(px.url + path, base)
+    assert not any('"error"' in e for _, e in events)
+    s = scrape(px.url)
+    assert value(s, c.CLIENT_REQUESTS.exposed, outcome="ok") == len(cases) + 1
+    assert value(s, c.CLIENT_REQUESTS.exposed, outcome="error") == 1
+
+
+def test_the_end_of_a_stream_is_judged_per_choice_and_not_on_events_it_could_not_read():
+    """Which choices a chunk ends (tool calls end with "tool_calls"; a list of prompts numbers its choices on),
+    and an event over MAX_EVENT_BYTES, relayed in pieces unread, says nothing of endings (it is never judged)."""
+    tool = {"choices": [{"index": 1, "delta": {"tool_calls": [{"index": 0, "function": {"arguments": "{}"}}]},
+                         "finish_reason": "tool_calls"}]}
+    ev = legs.inspect_event(b"data: " + json.dumps(tool).encode())
+    assert ev.choices == (1,) and ev.ended == (1,) and not ev.opaque
+    ev = legs.inspect_event(b'data: {"choices":[{"index":4,"text":"","finish_reason":"stop"}]}')
+    assert ev.choices == () and ev.ended == (4,)
+    assert legs.inspect_event(b'data: {"choices":[{"index":0,"text":"a"').opaque  # a cut head
+    assert legs.inspect_event(b'data: {"choices":[{"index":0,"delta":{"role":"assistant"').opaque
+    assert not legs.inspect_event(b"data: [DONE]").opaque and not legs.inspect_event(b": keep-alive").opaque

@@ -196,7 +196,8 @@ def test_label_cardinality_bomb_is_bounded(rig):
     rig.steps(6)
     st = rig.guard.source.store
     assert rig.errors("e1")["series_limit"] > 0
-    assert st.series_count() < 2_000 + 1_000
+    # its page's 2,000 plus at most 2,000 series it no longer serves (kept for windows spanning a restart)
+    assert st.series_count() < 2 * 2_000 + 1_000
     assert rig.pool(0).status is Status.OK  # the well-behaved target is unaffected
     assert rig.guard.source._state["e1"].up  # only a family no SLO reads was refused: still judged
     assert rig.guard.last_tick.errors == {}
@@ -952,3 +953,65 @@ def test_a_pool_with_targets_down_says_why_in_its_reason():
         loop.close()
         for s in srv.values():
             s.stop()
+
+
+@pytest.mark.parametrize("limit", ["max_series_per_target", "max_series"])
+def test_an_engine_restarted_with_new_labels_near_its_series_limit_is_judged_at_once(limit):
+    """An engine restarted under a new ``engine`` label (a rolling update, a crash loop) while its
+    target held 90 % of ``max_series_per_target``: its old incarnation's series, no longer on the
+    page, still counted against the limit until the ring let them go (``slots`` scrapes and the next
+    collection: 123 scrapes here, 1,531 (2.1 h) at the defaults), so the new incarnation's TTFT/TPOT
+    series were refused (``series_limit``) and the target read down, its pool unknown, for that long.
+    The limit now counts the series of the page being stored; series no longer on it stay readable by
+    the windows that span the restart. With the whole store at 90 % of ``max_series`` the first page
+    after the restart is still refused, and frees the target's old series: the next one fits."""
+    slots = 64
+    eng = Engine(model="m", pool="decode", engine="0")
+    srv = Served(lambda: eng.exposition())
+    cfg = parse_config({"source": {"mode": "scrape", "interval_s": 0.25, "timeout_s": 2, "targets": [
+        {"url": srv.url, "model": "m", "pool": "decode", "name": "e0"}]},
+        "staleness_s": 1, "retention": {"slots": slots},
+        "slos": [{"objectives": [{"name": "ttft_mean", "indicator": "ttft", "objective": "mean",
+                                  "threshold_s": 2.5, "window": "2s", "min_requests": 1}]}]})
+    store = build_store(cfg)
+    now = [T0]
+    scraper = Scraper(cfg.source, store, clock=lambda: now[0])
+    ev = SLOEvaluator(cfg)
+    loop = asyncio.new_event_loop()
+
+    def step() -> tuple[str | None, int, Status]:
+        """One request, one scrape, one evaluation: (the target's error, series refused, verdict)."""
+        eng.request(0.2, 0.01)
+        now[0] += 0.25
+        was = scraper._state["e0"].errors.get("series_limit", 0) if "e0" in scraper._state else 0
+        st = loop.run_until_complete(scraper.scrape_target(cfg.source.targets[0]))
+        refused = st.errors.get("series_limit", 0) - was
+        ev.evaluate(store, now[0])
+        return st.last_error, refused, ev.pools[("m", "decode")].status
+
+    try:
+        err, _, _ = step()
+        assert err is None, err
+        if limit == "max_series":
+            store.max_series = int(store.series_count() / 0.9)  # the store holds 90 % of its limit
+        else:
+            store.max_series_per_group = int(store.series_count() / 0.9)  # the target holds 90 % of its limit
+        before = [step() for _ in range(8)]
+        assert before[-1] == (None, 0, Status.OK), before[-1]
+        restart_at = now[0]
+        eng.engine = "1"  # restarted: the same page under a new engine label
+        eng.restart()
+        after = [step()]
+        if limit == "max_series":  # the store full: this page refused, the target's old series freed
+            assert after.pop()[1] > 0
+        else:  # the old incarnation's series are kept for the windows that span the restart
+            ttft = c.latency_metric("ttft", None).series("_count")
+            assert "0" in {dict(k).get("engine") for k in store.instant(ttft, {}, restart_at)}
+        after += [step() for _ in range(2 * slots)]
+        bad = [i for i, (err, refused, status) in enumerate(after) if err or refused or status is not Status.OK]
+        assert not bad, (f"{len(bad)} of {len(after)} scrapes after the restart refused series or read "
+                         f"{after[bad[0]][2].value}: {after[bad[0]][:2]}")
+    finally:
+        loop.run_until_complete(scraper.aclose())
+        loop.close()
+        srv.stop()

@@ -287,3 +287,34 @@ def test_known_series_with_a_bad_value_fails_the_page():
     assert s.ingest_text('x{a="1"} 1\n', 1.0, {}, group="e").samples == 1
     r = s.ingest_text('x{a="1"} one\n', 2.0, {}, group="e")
     assert r.errors["parse"] == 1 and r.samples == 0
+
+
+@pytest.mark.parametrize("path", ["text", "samples"])
+def test_a_target_churning_its_labels_stays_within_twice_its_series_limit(path):
+    """The per-target limit counts the series of the page being stored (an engine restarted under
+    new labels is not refused for its old incarnation's series, which windows spanning the restart
+    still read). A target that changes every label at every scrape is bounded all the same: after
+    each scrape it holds its page's series plus at most ``max_series_per_group`` it no longer
+    serves, those gone longest freed first; a page over the limit is still cut at it."""
+    limit, page = 100, 90
+    st = SeriesStore(slots=1000, max_series=10_000, max_series_per_group=limit)
+    extra = {"instance": "t", "model": "m", "pool": "decode"}
+
+    def scrape(incarnation: int, t: float, n: int = page):
+        if path == "text":
+            text = "".join(f'a_total{{pid="{incarnation}",i="{i}"}} {t}\n' for i in range(n))
+            return st.ingest_text(text, t, extra, group="t")
+        return st.ingest_samples([("a_total", {"pid": str(incarnation), "i": str(i)}, t) for i in range(n)], t,
+                                 extra, group="t")
+
+    for k in range(30):  # a crash loop: new labels at every scrape
+        res = scrape(k, float(k))
+        assert res.samples == page and not res.errors, (k, res.errors)
+        assert st.series_count() <= page + limit
+        # the newest incarnations are the ones kept: a window spanning the last restart reads both
+        pids = {dict(lab)["pid"] for lab in st.instant("a_total", {}, float(k))}
+        assert pids == {str(k)}
+        if k >= 2:
+            assert len(st.range("a_total", {"pid": str(k - 1)}, 0, k)) == page
+    res = scrape(99, 100.0, n=3 * limit)  # a label bomb: cut at the limit, as before
+    assert res.samples == limit and res.errors["series_limit"] == 2 * limit

@@ -350,8 +350,8 @@ class Scraper:
             if st.series_count() >= st.max_series:
                 return (f"the store holds retention.max_series ({st.max_series}) series: raise it, "
                         f"or stop the label churn it counts")
-            return (f"the target has retention.max_series_per_target ({st.max_series_per_group}) series: "
-                    f"raise it, or stop the label churn it counts")
+            return (f"the target's page has more than retention.max_series_per_target ({st.max_series_per_group}) "
+                    f"series: raise it, or drop series from the page")
         return (f"more than retention.max_labels_per_series ({st.max_labels}) labels on a series (raise it, "
                 f"or drop labels) or a label value over {st.max_label_value_len} characters (shorten it)")
 
