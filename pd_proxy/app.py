@@ -1,5 +1,5 @@
 """The proxy as a FastAPI app: one handler for /v1/completions and /v1/chat/completions, plus
-/metrics (the client scope) and /health.
+/metrics (the client scope), /health (liveness) and /readyz (readiness).
 
 Why the request path looks the way it does:
 
@@ -599,8 +599,26 @@ class Proxy:
         self._probes = []
 
     # -- the rest ----------------------------------------------------------------------------------
+    def readiness(self) -> dict[str, Any]:
+        """Can this proxy serve a request now: is an engine of each pool in service (``EnginePool.service``)? A proxy
+        whose pool has none (its engines dead, or out of its reach: a partition of its node) fails every request; a
+        readiness probe on /readyz takes it out of the load balancer while replicas that reach their engines serve."""
+        probed = self.config.health_interval_s > 0
+        pools = {name: pool.service(probed) for name, pool in (("prefill", self.prefill), ("decode", self.decode))}
+        empty = [name for name, engines in pools.items() if not any(ok for ok, _ in engines.values())]
+        out: dict[str, Any] = {"status": "not_ready" if empty else "ready", "router": self.config.router}
+        if empty:
+            out["reason"] = f"no {' or '.join(empty)} engine in service"
+        for name, engines in pools.items():
+            out[name] = _shown({u: {"in_service": ok, "why": why} for u, (ok, why) in engines.items()})
+        return out
+
     def health(self) -> dict[str, Any]:
-        return {"status": "ok", "router": self.config.router, "policy": self.config.policy,
+        """Liveness: answered (200) while the process serves; ``status`` says whether it is ready (see readiness)."""
+        ready = self.readiness()
+        return {"status": "ok" if ready["status"] == "ready" else "not_ready", "ready": ready["status"] == "ready",
+                **({"reason": ready["reason"]} if "reason" in ready else {}),
+                "router": self.config.router, "policy": self.config.policy,
                 "in_flight": {"prefill": _shown(self.prefill.in_flight()), "decode": _shown(self.decode.in_flight())},
                 "left_out": {"prefill": _shown(self.prefill.ejected()), "decode": _shown(self.decode.ejected())},
                 "probes": {"interval_s": self.config.health_interval_s,
@@ -686,5 +704,10 @@ def build_app(config: ProxyConfig, metrics: ClientMetrics | None = None,
     @app.get("/health")
     async def health() -> dict[str, Any]:
         return proxy.health()
+
+    @app.get("/readyz")
+    async def ready() -> JSONResponse:
+        body = proxy.readiness()
+        return JSONResponse(body, status_code=200 if body["status"] == "ready" else 503)
 
     return app

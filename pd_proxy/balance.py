@@ -17,6 +17,13 @@ hung stops getting requests before one of them waits out its deadline. A 200 onl
 time out, nor resets the failures in a row. vLLM's /health answers 200 while its API server runs and the engine
 core is not dead, which a stalled engine still does, so whatever real traffic saw stands until a real request
 is answered again (the passive rule above).
+
+Readiness (``service``, the proxy's ``GET /readyz``): is there an engine a request could use? With probes on, the probe
+decides (held: no; a 200: yes; not probed yet: unknown, so no), because a time out is a per-request judgement that a
+blip (one failed call), an overload (503s) or a stall every proxy replica sees alike can set: counted, readiness would
+flap with each, on every replica at once. Without a probe verdict (probes off, or a /health that says nothing), a
+single failure's time out still counts as in service; an engine that failed again on its next try
+(``READY_FAILURES`` in a row) is out of service until its time out is over, when the next request may try it.
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ log = logging.getLogger("pd_proxy")
 
 EJECT_S = 1.0
 EJECT_MAX_S = 10.0
+READY_FAILURES = 2  # failures in a row before a time out counts against readiness (without a probe verdict)
 
 
 class Lease:
@@ -88,6 +96,32 @@ class EnginePool:
             u: {"state": state, "detail": detail, "age_s": round(now - at, 3)}
             for u, (state, detail, at) in self._health.items()
         }
+
+    def service(self, probed: bool) -> dict[str, tuple[bool, str]]:
+        """Each engine: in service (could a request use it?) and why; ``probed``: are /health probes on
+        (see the module doc)."""
+        now = self._clock()
+        out: dict[str, tuple[bool, str]] = {}
+        for u in self.urls:
+            state, detail, _ = self._health.get(u, ("", "", 0.0))
+            failures, left = self._failures[u], self._out_until[u] - now
+            if u in self._held:
+                out[u] = (False, f"held until /health answers 200 ({detail})")
+            elif state == "up":
+                out[u] = (True, "/health answers 200")
+            elif probed and not state:
+                out[u] = (False, "not probed yet")
+            elif not failures:
+                out[u] = (True, "no failure")
+            else:
+                row = f"{failures} failure{'s' * (failures > 1)} in a row"
+                if left <= 0:
+                    out[u] = (True, f"{row}, time out over: the next request tries it")
+                elif failures < READY_FAILURES:
+                    out[u] = (True, f"left out {left:.3g} s more after {row}: a blip, not counted")
+                else:
+                    out[u] = (False, f"left out {left:.3g} s more after {row}")
+        return out
 
     def acquire(self, tried: Collection[str] = ()) -> Lease:
         """An engine not in ``tried``, preferring those not left out; when every one is left out (the whole

@@ -11,9 +11,11 @@ import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import threading
+import time
 import tomllib
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -243,3 +245,38 @@ def test_pd_proxy_follows_the_nixl_protocol(proxy):
     metrics = httpx.get(f"{url}/metrics", timeout=5).text
     assert 'slaguard_client_requests_total{model="m",outcome="ok",pool="client",route="pd",router="pd-proxy"} 2.0' \
         in metrics
+
+
+def test_pd_proxy_healthcheck_is_readiness_and_fails_while_no_decode_engine_is_reachable(proxy):
+    """The healthcheck GOT /health, 200 whatever the engines: `docker compose ps` showed the proxy healthy while every
+    request failed. It asks /readyz: the service's own check command, run against the real proxy, passes while both
+    pools have an engine in service and fails while the decode engine is unreachable; /health stays 200 (liveness)."""
+    test = SERVICES["pd-proxy"]["healthcheck"]["test"]
+    assert test[:3] == ["CMD", "python", "-c"] and "http://127.0.0.1:8000/readyz" in test[3]
+
+    def check(base: str) -> int:
+        return subprocess.run([sys.executable, "-c", test[3].replace("http://127.0.0.1:8000", base)],
+                              capture_output=True, timeout=30).returncode
+
+    url, _, _ = proxy
+    deadline = time.monotonic() + 30
+    while check(url) != 0:  # once the first /health probes are in (unknown before: not ready)
+        assert time.monotonic() < deadline, httpx.get(f"{url}/readyz", timeout=5).text
+        time.sleep(0.1)
+    p = StandInEngine("prefill")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}"
+    config = ProxyConfig(prefill=(p.url,), decode=(dead,), router="pd-proxy", health_interval_s=0.1)
+    try:
+        with ProxyThread(config) as server:
+            while "held" not in (why := httpx.get(f"{server.url}/readyz", timeout=5).json()["decode"][dead]["why"]):
+                assert time.monotonic() < deadline, why  # its /health refused: held out
+                time.sleep(0.1)
+            assert check(server.url) != 0
+            r = httpx.get(f"{server.url}/readyz", timeout=5)
+            assert r.status_code == 503 and r.json()["reason"] == "no decode engine in service"
+            assert httpx.get(f"{server.url}/health", timeout=5).status_code == 200
+    finally:
+        p.httpd.shutdown()
+        p.httpd.server_close()

@@ -1274,6 +1274,112 @@ def test_a_health_200_does_not_bring_back_an_engine_real_traffic_saw_stall(engin
     assert len(bad.requests) == 1 and len(good.requests) == 3
 
 
+def test_engine_pool_service_counts_what_a_request_could_use_and_not_a_single_failure():
+    """Readiness (GET /readyz) asks each pool for an engine in service. A single failed call's 1 s time out is a blip:
+    counted, every failed request flipped readiness. An engine out again after its next try (2 failures in a row) is
+    out of service until its time out is over. With probes on, the probe decides: held (failed /health) is out, a 200
+    is in, not probed yet is unknown, so out; a /health that says nothing (404) falls back to the failures."""
+    now = [0.0]
+    pool = EnginePool(["u1", "u2"], "round-robin", clock=lambda: now[0])
+    assert all(ok for ok, _ in pool.service(probed=False).values())
+    pool.failed("u1", "refused")
+    ok, why = pool.service(probed=False)["u1"]
+    assert ok and "1 failure" in why  # a blip: still in service
+    now[0] = 1.0
+    pool.failed("u1", "refused")  # its try after the time out failed too
+    ok, why = pool.service(probed=False)["u1"]
+    assert not ok and "2 failures in a row" in why and "2 s" in why
+    now[0] = 3.0  # the time out is over: the next request tries it, so a request could use it
+    assert pool.service(probed=False)["u1"][0]
+    pool.answered("u1")
+    assert pool.service(probed=False)["u1"] == (True, "no failure")
+    # probes on
+    probed = pool.service(probed=True)
+    assert probed["u1"] == (False, "not probed yet") and probed["u2"] == (False, "not probed yet")
+    pool.probe_ok("u1")
+    pool.probe_failed("u2", "ConnectError: refused")
+    probed = pool.service(probed=True)
+    assert probed["u1"] == (True, "/health answers 200")
+    assert not probed["u2"][0] and "ConnectError: refused" in probed["u2"][1]
+    for _ in range(3):  # requests fail on u1 while its /health says 200 (a stall): the probe decides
+        now[0] += 20
+        pool.failed("u1", "stalled")
+    assert pool.service(probed=True)["u1"][0]
+    pool.probe_unknown("u2", "answered 404")  # no verdict: still held by the failed probe
+    assert not pool.service(probed=True)["u2"][0]
+    pool.answered("u2")  # a real answer lifts the hold; /health says nothing: the failures decide
+    assert pool.service(probed=True)["u2"] == (True, "no failure")
+
+
+def test_ready_is_503_naming_the_pool_when_every_decode_engine_is_down_while_health_stays_200(engines, proxies):
+    """/health answered 200 {"status": "ok"} with every decode engine dead, each request a 502: a readiness probe on it
+    kept sending this proxy traffic it could only fail. /readyz answers 503 with the pool and each engine's state;
+    /health stays 200 (liveness: a restart would not bring the engines back) but no longer says ok. Once an engine
+    is back, /readyz is 200 again."""
+    p, d1, d2 = engines("prefill"), engines("decode", "d1"), engines("decode", "d2")
+    px = proxies([p], [d1, d2], health_interval_s=0.1, health_timeout_s=2.0)
+    deadline = time.monotonic() + 30
+    while (r := httpx.get(px.url + "/readyz", timeout=5)).status_code != 200:  # once the first probes are in
+        assert time.monotonic() < deadline, r.text
+        time.sleep(0.05)
+    assert r.json()["status"] == "ready" and r.json()["decode"][d1.url] == {"in_service": True,
+                                                                           "why": "/health answers 200"}
+    port = int(d1.url.rsplit(":", 1)[1])
+    d1.close()  # the engine dies
+    d2.health_status = 503  # vLLM: its engine core is dead
+    while (r := httpx.get(px.url + "/readyz", timeout=5)).status_code != 503:
+        assert time.monotonic() < deadline, r.text
+        time.sleep(0.05)
+    ready = r.json()
+    assert ready["status"] == "not_ready" and ready["reason"] == "no decode engine in service"
+    assert not ready["decode"][d1.url]["in_service"]  # its /health refused (or cut, if a probe was on its way)
+    assert ready["decode"][d1.url]["why"].startswith("held until /health answers 200 (")
+    assert ready["decode"][d2.url] == {"in_service": False, "why": "held until /health answers 200 (answered 503)"}
+    assert ready["prefill"][p.url]["in_service"]
+    h = httpx.get(px.url + "/health", timeout=5)
+    assert h.status_code == 200 and h.json()["status"] == "not_ready" and h.json()["ready"] is False
+    engines("decode", "back", port=port)  # restarted
+    while (r := httpx.get(px.url + "/readyz", timeout=5)).status_code != 200:
+        assert time.monotonic() < deadline, r.text
+        time.sleep(0.05)
+    assert not r.json()["decode"][d2.url]["in_service"] and r.json()["decode"][d1.url]["in_service"]
+    h = httpx.get(px.url + "/health", timeout=5).json()
+    assert h["status"] == "ok" and h["ready"] is True
+
+
+def test_ready_does_not_flap_on_one_failed_request_without_probes(engines, proxies):
+    """Without probes, readiness has only what requests saw. One failed call leaves its engine out 1 s: counted,
+    every failed request would flip readiness off and on. It turns 503 once the engine failed again on its next try
+    (2 failures in a row), and 200 again when its time out is over, so that a request can try it (nothing else would:
+    turn the probes on for a readiness that holds). The proxy's clock is driven by the test: no timing race."""
+    p = engines("prefill")
+    port = closed_port()
+    px = proxies([p], [f"http://127.0.0.1:{port}"])
+    now = [1000.0]
+    px.proxy.decode._clock = lambda: now[0]
+    body = {"model": "m", "prompt": "x"}
+
+    def ready() -> httpx.Response:
+        return httpx.get(px.url + "/readyz", timeout=5)
+
+    assert ready().status_code == 200  # probes off: nothing known against the engines
+    assert httpx.post(px.url + "/v1/completions", json=body, timeout=10).status_code == 502
+    now[0] += 0.5
+    assert httpx.post(px.url + "/v1/completions", json=body, timeout=10).status_code == 502  # the same outage
+    r = ready()
+    assert r.status_code == 200 and "1 failure" in r.json()["decode"][f"http://127.0.0.1:{port}"]["why"]
+    now[0] += 0.5  # time out over: the next request tries it, and fails again
+    assert httpx.post(px.url + "/v1/completions", json=body, timeout=10).status_code == 502
+    r = ready()
+    assert r.status_code == 503 and r.json()["reason"] == "no decode engine in service"
+    assert "2 failures in a row" in r.json()["decode"][f"http://127.0.0.1:{port}"]["why"]
+    now[0] += 2.0
+    assert ready().status_code == 200  # its time out is over: a request may try it
+    engines("decode", port=port)  # back
+    assert httpx.post(px.url + "/v1/completions", json=body, timeout=10).status_code == 200
+    assert ready().json()["decode"][f"http://127.0.0.1:{port}"] == {"in_service": True, "why": "no failure"}
+
+
 def test_many_concurrent_requests_with_clients_leaving_return_every_in_flight_count_to_zero(engines, proxies):
     """200 requests at once over asyncio, streamed and not, one in five clients leaving part-way, a dead
     engine in each pool: each that stayed is served, and no lease is kept (an engine avoided or preferred

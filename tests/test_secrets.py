@@ -394,6 +394,7 @@ def test_pd_proxy_logs_show_no_engine_credentials(level):
         assert r.status_code == 400
         assert_clean("the proxy's error body", r.text)
         assert_clean("the proxy's /health", httpx.get(f"http://127.0.0.1:{port}/health", timeout=30).text)
+        assert_clean("the proxy's /readyz", httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=30).text)
     finally:
         proc.send_signal(signal.SIGINT)
         stdout, rest = proc.communicate(timeout=60)
