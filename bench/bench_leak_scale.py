@@ -17,11 +17,18 @@ Printed, old and new side by side:
 2. **the evaluator**: ``LeakEvaluator.evaluate`` over the first tick (every process is new: all
    checked at once) and the next bucket_s / 15 s ticks (each process checked once, spread by its
    hash), store reads included: CPU per tick (max) and per cycle.
+3. **the reads**: the evaluator before the change that reads only the due processes' RSS
+   (``sla_guard/detect/evaluators.py`` as of ``--before-reads``: every process's ``lookback_s`` of
+   RSS and every engine's load at every tick) and now, both on the current detector, over the same
+   store and ticks (``--cycles`` bucket cycles after the first tick): CPU per tick, the reads alone
+   (``range``/``last_times`` of RSS and load) per tick, and the verdicts, bucket clocks, hysteresis
+   clocks and findings of the two compared after every tick.
 
 The old detector is ``sla_guard/detect/leak.py`` as of ``--before`` (default: the last commit
 before the change), read with ``git show``; run from a git checkout.
 
     .venv/bin/python bench/bench_leak_scale.py [--engines 250] [--hours 13] [--slots 0] [--rounds 3]
+        [--cycles 2] [--skip-detector]
 """
 
 from __future__ import annotations
@@ -45,6 +52,7 @@ from sla_guard.settings.detectors import LeakConfig
 
 REPO = Path(__file__).resolve().parent.parent
 BEFORE = "1c33dff"  # the last commit before the leak checks got faster
+BEFORE_READS = "9348e39"  # the last commit before the evaluator read only the due processes' RSS
 INTERVAL = 15.0
 T0 = 1.7e9
 PROCS = (
@@ -55,11 +63,11 @@ PROCS = (
 )
 
 
-def old_leak(rev: str):
-    """``sla_guard/detect/leak.py`` at ``rev`` as a module of its own."""
+def old_leak(rev: str, path: str = "sla_guard/detect/leak.py", name: str = "leak_before"):
+    """``path`` (default ``sla_guard/detect/leak.py``) at ``rev`` as a module of its own."""
     try:
         src = subprocess.run(
-            ["git", "-C", str(REPO), "show", f"{rev}:sla_guard/detect/leak.py"],
+            ["git", "-C", str(REPO), "show", f"{rev}:{path}"],
             check=True,
             capture_output=True,
             text=True,
@@ -67,21 +75,22 @@ def old_leak(rev: str):
         ).stdout
     except (OSError, subprocess.SubprocessError) as err:
         sys.exit(
-            f"--before {rev}: cannot read sla_guard/detect/leak.py at {rev} with git ({err}); run from a "
-            "git checkout that holds that commit, or name another with --before REV"
+            f"{rev}: cannot read {path} at {rev} with git ({err}); run from a git checkout that holds "
+            "that commit, or name another with --before REV / --before-reads REV"
         )
-    spec = importlib.util.spec_from_loader("leak_before", loader=None)
+    spec = importlib.util.spec_from_loader(name, loader=None)
     mod = importlib.util.module_from_spec(spec)
-    sys.modules["leak_before"] = mod  # dataclasses look their module up
-    exec(compile(src, f"leak.py@{rev}", "exec"), mod.__dict__)
+    sys.modules[name] = mod  # dataclasses look their module up
+    exec(compile(src, f"{Path(path).name}@{rev}", "exec"), mod.__dict__)
     return mod
 
 
-def fill(engines: int, hours: float, slots: int):
-    """The guard's store with ``hours`` of 15 s scrapes of every engine; (store, scrape(t), last t)."""
+def fill(engines: int, hours: float, slots: int, extra: int = 40):
+    """The guard's store with ``hours`` of 15 s scrapes of every engine; (store, scrape(t), last t).
+    ``extra``: how many scrapes past the last ``scrape(k)`` can add (the ticks of parts 2 and 3)."""
     cfg = {"retention": {"slots": slots}} if slots else {}
     store = build_store(parse_config(cfg))
-    n = int(hours * 3600 / INTERVAL) + 40  # and the ticks of part 2
+    n = int(hours * 3600 / INTERVAL) + extra
     series, loads = [], []
     for e in range(engines):
         for p in range(len(PROCS)):
@@ -204,6 +213,79 @@ def evaluator_cycle(store, scrape, last: int, old) -> None:
     )
 
 
+class Reads:
+    """``store`` as the evaluator sees it, with the CPU of its RSS and load reads counted."""
+
+    def __init__(self, store) -> None:
+        self.store, self.cpu = store, 0.0
+
+    def __getattr__(self, name: str):
+        attr = getattr(self.store, name)
+        if name not in ("range", "last_times"):
+            return attr
+
+        def timed(metric, *args, **kw):
+            t0 = time.process_time()
+            try:
+                return attr(metric, *args, **kw)
+            finally:
+                if metric in (c.PROCESS_RSS.name, c.REQUESTS_RUNNING.name):
+                    self.cpu += time.process_time() - t0
+
+        return timed
+
+
+def state_of(ev) -> dict:
+    """What a tick leaves behind: verdicts, bucket and hysteresis clocks, findings."""
+    from sla_guard.detect.findings import finding_json
+
+    return {
+        "verdicts": {k: v.as_dict() for k, v in ev.verdicts.items()},
+        "last_bucket": dict(ev._last_bucket),
+        "ok_since": dict(ev._ok_since),
+        "findings": [finding_json(f) for f in ev.book.all()],
+    }
+
+
+def reads_cycle(store, scrape, first: int, cycles: int, old_ev) -> None:
+    """Part 3: the evaluator before and after reading only the due processes, same store, same
+    ticks; everything it leaves compared after every tick."""
+    evs = {
+        "old": old_ev.LeakEvaluator(FindingsBook(), LeakConfig(limit_bytes=64e9)),
+        "new": evaluators.LeakEvaluator(FindingsBook(), LeakConfig(limit_bytes=64e9)),
+    }
+    views = {side: Reads(store) for side in evs}
+    ticks = cycles * int(leak.LeakParams().bucket_s / INTERVAL)
+    cpu: dict[str, list[float]] = {"old": [], "new": []}
+    reads: dict[str, list[float]] = {"old": [], "new": []}
+    same_ticks, checked = 0, 0
+    for k in range(first, first + ticks + 1):
+        if k > first:
+            scrape(k)
+        for side, ev in evs.items():
+            views[side].cpu = 0.0
+            t0 = time.process_time()
+            ev.evaluate(views[side], T0 + k * INTERVAL)
+            cpu[side].append(time.process_time() - t0)
+            reads[side].append(views[side].cpu)
+        a, b = state_of(evs["old"]), state_of(evs["new"])
+        same_ticks += same(a, b)
+        checked += len(a["verdicts"])
+    n = len(evs["new"].verdicts)
+    for side in ("old", "new"):
+        rest, rd = cpu[side][1:], reads[side][1:]
+        print(
+            f"reads {side}  {ticks} ticks after the first: evaluator {1e3 * sum(rest) / ticks:6.1f} ms a tick "
+            f"(max {1e3 * max(rest):4.0f}), of which RSS/load reads {1e3 * sum(rd) / ticks:6.1f} ms a tick"
+        )
+    print(
+        f"reads old/new: reads {sum(reads['old'][1:]) / sum(reads['new'][1:]):5.1f}x, evaluator "
+        f"{sum(cpu['old'][1:]) / sum(cpu['new'][1:]):5.2f}x per tick; ticks with identical verdicts, clocks "
+        f"and findings {same_ticks}/{ticks + 1} ({n} processes, "
+        f"{sum(f['state'] == 'open' for f in state_of(evs['new'])['findings'])} findings open)"
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--engines", type=int, default=250)
@@ -211,16 +293,24 @@ def main() -> None:
     ap.add_argument("--slots", type=int, default=0, help="main ring slots (0: the config's default)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--before", default=BEFORE, help="git revision of the old detector")
+    ap.add_argument("--before-reads", default=BEFORE_READS, help="git revision of the evaluator reading every process")
+    ap.add_argument("--cycles", type=int, default=2, help="bucket cycles of part 3")
+    ap.add_argument("--skip-detector", action="store_true", help="only part 3 (the reads)")
     a = ap.parse_args()
     old = old_leak(a.before)
+    old_ev = old_leak(a.before_reads, "sla_guard/detect/evaluators.py", "evaluators_before")
     t0 = time.perf_counter()
-    store, scrape, last = fill(a.engines, a.hours, a.slots)
+    part3 = a.cycles * int(leak.LeakParams().bucket_s / INTERVAL)
+    store, scrape, last = fill(a.engines, a.hours, a.slots, 40 + part3)
     print(
         f"store: {a.engines} engines x {len(PROCS)} processes, {a.hours:g} h of 15 s scrapes, "
         f"{a.slots or 'default'} slots (filled in {time.perf_counter() - t0:.0f} s); old = leak.py@{a.before}"
     )
-    one_check(store, T0 + last * INTERVAL, old, a.rounds)
-    evaluator_cycle(store, scrape, last, old)
+    if not a.skip_detector:
+        one_check(store, T0 + last * INTERVAL, old, a.rounds)
+        evaluator_cycle(store, scrape, last, old)
+        last += int(leak.LeakParams().bucket_s / INTERVAL)
+    reads_cycle(store, scrape, last, a.cycles, old_ev)
 
 
 if __name__ == "__main__":

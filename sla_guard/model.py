@@ -44,7 +44,9 @@ class MetricsView(Protocol):
     zero-filled values; evaluators turn absence into Status.UNKNOWN.
 
     Implemented by ``SeriesStore`` (the embedded store), ``PrometheusView`` and ``LifetimeView``
-    (one-shot ``check``); evaluators read nothing else and probe nothing."""
+    (one-shot ``check``); evaluators read nothing else and probe nothing, except that the leak
+    evaluator reads a subset of the series where the view can (``SeriesStore.last_times`` and
+    ``range(..., where=)``; ``evaluators.reads_subsets``)."""
 
     # True when ``increase`` answers any window up to an SLO period itself (Prometheus's
     # retention; a lifetime view's "since start"); False for the bounded embedded store, whose

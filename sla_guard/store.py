@@ -1141,21 +1141,59 @@ class SeriesStore:
             kept = rows[keep]
             return dict(zip(self._rows_labels(fam, kept), vals[keep].tolist(), strict=True))
 
-    def range(self, metric: str, matchers: Mapping[str, str], start: float, end: float) -> list[Series]:
-        """Raw samples of each matching series in [start, end] (closed, like a range selector)."""
+    def range(self, metric: str, matchers: Mapping[str, str], start: float, end: float,
+              where: Callable[[Labels], bool] | None = None) -> list[Series]:
+        """Raw samples of each matching series in [start, end] (closed, like a range selector).
+        ``where``: only the series whose labels it accepts are read (the same samples, in the same
+        order, as the full answer holds for them): the leak detector reads the 12 h of only the
+        processes due for a check, not of all of them at every tick."""
         with self._lock:
             fam = self._families.get(metric)
             rows = self._rows(fam, matchers) if fam is not None else np.empty(0, dtype=np.int64)
+            labels = self._rows_labels(fam, rows) if len(rows) else []
+            if where is not None and len(rows):
+                keep = [i for i, lab in enumerate(labels) if where(lab)]
+                rows, labels = rows[keep], [labels[i] for i in keep]
             tt, vv = self._window(fam, rows, start, end) if len(rows) else (None, None)
             out = []
-            labels = self._rows_labels(fam, rows) if len(rows) else []
             for i in range(len(rows)):
                 m = ~np.isnan(vv[i]) & ~np.isnan(tt[i])
                 if m.any():
                     out.append(Series(labels[i], tt[i][m].copy(), vv[i][m].astype(np.float64)))
         if self._coarse is None or metric not in self.coarse_names:
             return out
-        return _merge_tiers(self._coarse.range(metric, matchers, start, end), out)
+        return _merge_tiers(self._coarse.range(metric, matchers, start, end, where), out)
+
+    def last_times(self, metric: str, matchers: Mapping[str, str], start: float, end: float) -> dict[Labels, float]:
+        """{labels: time of its last sample in [start, end]} of each matching series with one, in
+        the order of ``range``: ``s.t[-1]`` of each series ``range`` answers, without copying
+        their samples (at a thousand processes' 12 h of RSS ~40 ms a tick, when the leak detector
+        needs only the last time of most of them to see that they are not due)."""
+        with self._lock:
+            fam = self._families.get(metric)
+            rows = self._rows(fam, matchers) if fam is not None else np.empty(0, dtype=np.int64)
+            out: dict[Labels, float] = {}
+            if len(rows):
+                lo = max(start, self._newest - self.retention_s)  # as ``_window``
+                # each group's last scrape in the window, and each row's value there: most rows have one
+                g = fam.group[rows]
+                ug, inv = np.unique(g, return_inverse=True)
+                gt = self._gtimes[ug]
+                gt = np.where((gt >= lo) & (gt <= end), gt, -np.inf)
+                slot = gt.argmax(axis=1)
+                last = gt[np.arange(len(ug)), slot][inv]
+                miss = np.flatnonzero(np.isnan(fam.values[rows, slot[inv]]) & np.isfinite(last))
+                if len(miss):  # no value in that scrape (absent, NaN): the row's last one before it
+                    tt = self._gtimes[g[miss]]
+                    ok = (tt >= lo) & (tt <= end) & ~np.isnan(fam.values[rows[miss]])
+                    last[miss] = np.where(ok, tt, -np.inf).max(axis=1)
+                has = np.flatnonzero(np.isfinite(last))
+                out = dict(zip(self._rows_labels(fam, rows[has]), last[has].tolist(), strict=True))
+        if self._coarse is None or metric not in self.coarse_names:
+            return out
+        merged = {lab: out.pop(lab, t) for lab, t in self._coarse.last_times(metric, matchers, start, end).items()}
+        merged.update(out)  # as ``_merge_tiers``: coarse series first, then those only in the main ring
+        return merged
 
     def increase(self, metric: str, matchers: Mapping[str, str], window_s: float, at: float,
                  by: tuple[str, ...] = ()) -> dict[Labels, float]:

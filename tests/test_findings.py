@@ -20,7 +20,7 @@ from sla_guard.detect.evaluators import (
     build_evaluators,
     router,
 )
-from sla_guard.detect.findings import FindingsBook
+from sla_guard.detect.findings import FindingsBook, finding_json
 from sla_guard.ingest.source import UP
 from sla_guard.service import Guard
 from sla_guard.settings.detectors import DetectorsConfig
@@ -704,9 +704,8 @@ def _churn_page(m: str, k: int) -> str:
 
 
 def _saved_groups(state, name: str) -> int:
-    """Groups in a drift evaluator's last saved part (its CUSUMs, as ``encode`` wrote them)."""
-    part = state.load().get(name, {}).get("s")
-    return len(part["cusums"]["__d__"]) if part else 0
+    """Groups a drift evaluator's saved state holds (one part each)."""
+    return sum(p.startswith("g/") for p in state.load().get(name, {}))
 
 
 def test_drift_state_of_models_that_come_and_go_is_forgotten_in_memory_and_in_the_state_file(tmp_path):
@@ -901,3 +900,60 @@ def test_a_state_file_attached_later_keeps_the_drift_state_of_a_finding_opened_m
     finally:
         srv.stop()
     assert not f.open and f.details["resolution"] == "series_gone", f
+
+
+class _Counted:
+    """A view of ``store`` that counts the series each ``range`` answers, by metric; with
+    ``whole=True`` it has no ``last_times`` (a Prometheus source's view: every series read)."""
+
+    def __init__(self, store: SeriesStore, whole: bool = False) -> None:
+        self.store, self.whole, self.series = store, whole, {}
+
+    def __getattr__(self, name: str):
+        if name == "last_times" and self.whole:
+            raise AttributeError(name)
+        return getattr(self.store, name)
+
+    def range(self, metric, *args, **kw):
+        out = self.store.range(metric, *args, **kw)
+        self.series[metric] = self.series.get(metric, 0) + len(out)
+        return out
+
+
+def test_the_leak_evaluator_reads_the_rss_of_only_the_processes_due_with_the_same_verdicts():
+    """Each process is checked once per 5-min bucket, but the evaluator read every process's 12 h
+    of RSS (and every engine's load) at every tick: at 1,000 processes ~60 ms of reads a tick for
+    the ~1/20 due. From the guard's store it now reads the last sample times of all and the
+    samples of only the due processes (and their engines' load); the verdicts, clocks and findings
+    are those of the whole read (what a Prometheus source's view still gets, kept incrementally)."""
+    n = 12
+    st = SeriesStore(slots=200, lookback_s=120.0, coarse_names=[c.PROCESS_RSS.name, c.REQUESTS_RUNNING.name],
+                     coarse_step_s=300.0, coarse_slots=200)
+    cfg = DetectorsConfig().leak.model_copy(update={"limit_bytes": 64e9, "warmup_s": 600.0})
+    part, whole = _Counted(st), _Counted(st, whole=True)
+    evs = {"part": LeakEvaluator(FindingsBook(), cfg), "whole": LeakEvaluator(FindingsBook(), cfg)}
+    rng = np.random.default_rng(8)
+    rss_per_tick, load_per_tick = [], []
+    for k in range(1, 4 * 60 + 1):  # 4 h of 60 s ticks
+        t = T0 + 60.0 * k
+        for i in range(n):
+            eng = {**LAB, "instance": f"e{i}"}
+            grow = max(0.0, t - T0 - HOUR) * 200 * MIB / HOUR if i % 6 == 1 else 0.0
+            for proc in ("APIServer", "EngineCore_DP0"):
+                st.append(c.PROCESS_RSS.name, {**eng, "process": proc}, t, 6e9 + rng.normal(0, 3 * MIB) + grow,
+                          group=f"e{i}")
+            st.append(c.REQUESTS_RUNNING.name, eng, t, 8.0 + rng.normal(0, 1.0), group=f"e{i}")
+        part.series.clear()
+        for name, ev in evs.items():
+            ev.evaluate({"part": part, "whole": whole}[name], t)
+        rss_per_tick.append(part.series.get(c.PROCESS_RSS.name, 0))
+        load_per_tick.append(part.series.get(c.REQUESTS_RUNNING.name, 0))
+        a, b = evs["part"], evs["whole"]
+        assert {k: v.as_dict() for k, v in a.verdicts.items()} == {k: v.as_dict() for k, v in b.verdicts.items()}
+        assert a._last_bucket == b._last_bucket and a._ok_since == b._ok_since
+        assert [finding_json(f) for f in a.book.all()] == [finding_json(f) for f in b.book.all()]
+    assert rss_per_tick[0] == 2 * n  # first sight: every process at once
+    # then each process's RSS once per 5-min bucket (5 ticks), its engine's load with it
+    assert max(rss_per_tick[1:]) < n and sum(rss_per_tick[-60:]) == 2 * n * 12, rss_per_tick
+    assert max(load_per_tick[1:]) <= max(rss_per_tick[1:])
+    assert {f.key.split("/")[1] for f in evs["part"].book.open_findings()} == {f"e{i}" for i in range(1, n, 6)}

@@ -4,6 +4,7 @@ SQLite file; a corrupt file is moved aside; retention bounds the file; the advis
 
 from __future__ import annotations
 
+import json
 import math
 import sqlite3
 
@@ -412,6 +413,179 @@ def test_drift_cusum_round_trip(tmp_path):
         st.append(c.SPEC_ACCEPTED_TOKENS.exposed, lab, t, x, group="e")
         fresh.evaluate(st, t)
     assert fresh_book.open_findings() == []
+
+
+def _json(obj) -> str:
+    """``obj`` as the state file stores it (a list and a tuple alike)."""
+    return json.dumps(json.loads(json.dumps(encode(obj))))
+
+
+def test_drift_state_writes_each_group_once_per_turn_and_an_alarm_at_once(tmp_path):
+    """Every CUSUM changes at every interval (its windows move), and the drift evaluators wrote
+    one part of all their groups each interval: ~80 KB a model/pool, 8 MiB and 1-2 s of the tick
+    each minute at 100 groups. Each group is its own part now, written once per DRIFT_SAVE_S
+    (its turn set by a hash), at once when its alarm opens (in the save that opens the finding),
+    and deleted when the group is forgotten; the file restores each group as last written, with
+    its alarm, so the restored finding is still judged."""
+    from sla_guard.detect.evaluators import DRIFT_SAVE_S
+
+    book = FindingsBook()
+    cfg = RateConfig(warmup_s=600, interval_s=60)
+
+    def evaluator(b: FindingsBook) -> RateDriftEvaluator:
+        return RateDriftEvaluator(b, "acceptance_drift", "acceptance_drift", c.SPEC_DRAFT_TOKENS,
+                                  c.SPEC_ACCEPTED_TOKENS, cfg, "both", "acceptance", forget_after_s=1800)
+
+    ev = evaluator(book)
+    groups = 12
+    rng = np.random.default_rng(4)
+    st = SeriesStore(slots=400, lookback_s=120.0)
+    state = StateStore(tmp_path / "state.db")
+    n, x = np.zeros(groups), np.zeros(groups)
+    written: list[set[str]] = []  # group parts written by each save
+    share: list[float] = []  # bytes written by each save, of all the groups' state
+    last: dict[str, object] = {}  # each group part as last written
+    drop_at, opened_in = T0 + 63 * 60, None  # its alarm opens between two of its turns
+    key = "acceptance_drift/m0/decode"
+    for k in range(1, 141):
+        t = T0 + 60.0 * k
+        for g in range(groups if k <= 100 else groups - 1):  # the last group is gone from k = 100
+            lab = {"model": f"m{g}", "pool": "decode", "engine": "0"}
+            n[g] += 2000
+            x[g] += rng.binomial(2000, 0.4 if g == 0 and t >= drop_at else 0.7)
+            st.append(c.SPEC_DRAFT_TOKENS.exposed, lab, t, n[g], group=f"e{g}")
+            st.append(c.SPEC_ACCEPTED_TOKENS.exposed, lab, t, x[g], group=f"e{g}")
+        was_open = book.get(key) is not None and book.get(key).open
+        ev.evaluate(st, t)
+        parts = ev.state_dump(k == 1)
+        assert state.save({"acceptance_drift": parts, "findings": book.state_dump(k == 1)}, now=t)
+        written.append({p for p, v in parts.items() if p.startswith("g/") and v is not None})
+        share.append(len(json.dumps(parts)) / len(json.dumps(encode(ev.cusums))))  # of all groups' state
+        last.update({p: v for p, v in parts.items() if p.startswith("g/")})
+        if opened_in is None and not was_open and book.get(key) is not None:
+            opened_in = k
+    turn = int(DRIFT_SAVE_S // 60)
+    steady = written[20:60]  # past the first save and warm-up, before the drop
+    assert max(share[20:60]) < 0.5, share  # each save writes a few groups, not all of them
+    for j in range(len(steady) - turn + 1):  # every group once in any DRIFT_SAVE_S
+        seen = [p for w in steady[j:j + turn] for p in w]
+        assert sorted(seen) == sorted(set(seen)) and len(seen) == groups, j
+    # the alarm is written in the save whose findings hold it open
+    assert opened_in is not None and '["m0","decode"]' in "".join(written[opened_in - 1])
+    # the group forgotten (its series gone for forget_after_s) is deleted from the file
+    saved = state.load()["acceptance_drift"]
+    assert "s" not in saved and not any(p.startswith('g/["m11"') for p in saved)
+    assert {p: v for p, v in saved.items() if p.startswith("g/")} == {p: v for p, v in last.items() if v is not None}
+    # a restart: each group as last written, the open finding's alarm with it
+    fresh_book, both = FindingsBook(), state.load()
+    state.close()
+    fresh_book.state_load(both["findings"], [])
+    fresh = evaluator(fresh_book)
+    fresh.state_load(both["acceptance_drift"], [])
+    assert set(fresh.cusums) == set(ev.cusums) and fresh._next == ev._next
+    assert fresh.cusums[("m0", "decode")].alarm is not None and fresh.claims(key)
+    assert fresh_book.get(key).open
+    assert all(_json(fresh.cusums[tuple(k)]) == json.dumps(v) for k, v in
+               ((json.loads(p[2:]), v) for p, v in last.items() if v is not None))
+
+
+_DRIFT_LIFE = """
+import sys
+from exporters import contract as c
+from sla_guard.compose import compose
+from sla_guard.config import parse_config
+from sla_guard.ingest import build_store
+from sla_guard.ingest.source import StoreSource
+from sla_guard.state import StateStore
+
+db, k0, drop = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+cfg = parse_config({"evaluation_interval_s": 60, "staleness_s": 300,
+                    "detectors": {"acceptance": {"warmup_s": 600, "per_position": False}}})
+store = build_store(cfg)
+root = compose(cfg, source=StoreSource(store), state=StateStore(db), slo=False, advisor=False)
+acc = 0.0
+for k in range(k0, k0 + 100000):
+    t = 1.7e9 + 60.0 * k
+    for g in range(16):
+        lab = f'model="m{g}",pool="decode",engine="0"'
+        p = 0.35 if g < 2 and k >= drop else 0.7  # two groups' acceptance drops at tick ``drop``
+        acc_g = 3000.0 * 0.7 * min(k, drop) + 3000.0 * p * max(0, k - drop) + (k * 7919 * (g + 1)) % 97
+        store.ingest_text(f"{c.SPEC_DRAFT_TOKENS.exposed}{{{lab}}} {3000.0 * k}\\n"
+                          f"{c.SPEC_ACCEPTED_TOKENS.exposed}{{{lab}}} {acc_g}\\n"
+                          f"{c.REQUESTS_RUNNING.name}{{{lab}}} 8\\n", t, {"instance": f"e{g}"}, group=f"e{g}")
+    root.guard.tick(t)
+    print(k, flush=True)
+"""
+
+
+def test_drift_state_killed_at_any_moment_restores_each_group_whole_with_its_alarm(tmp_path):
+    """kill -9 of a process running the guard's drift detectors (16 model/pools, simulated 60 s
+    intervals, two groups drifting) at seeded-random moments, each life restarting from the file
+    the last one left: every time the file passes ``integrity_check``, every part loads (none
+    unreadable), every group's CUSUM decodes whole, and every open drift finding has its group's
+    alarm (the finding is judged, not resolved as ``not_configured``)."""
+    import subprocess
+    import sys
+    import time
+
+    from sla_guard.compose import compose
+    from sla_guard.ingest import build_store
+    from sla_guard.ingest.source import StoreSource
+
+    db = tmp_path / "state.db"
+    rng = np.random.default_rng(7)
+    k0, lives, opened = 0, 6, 0
+    for life in range(lives):
+        proc = subprocess.Popen([sys.executable, "-c", _DRIFT_LIFE, str(db), str(k0), "60"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        first = proc.stdout.readline()  # restored and ticking
+        assert first, proc.stderr.read()
+        time.sleep(float(rng.uniform(0.5, 2.5)))
+        proc.kill()
+        out = first + proc.stdout.read()
+        proc.wait(10)
+        k0 = int(out.split()[-1]) + 5  # the next life resumes 5 min later (a restart's downtime)
+        state = StateStore(db)
+        assert state.integrity() == "ok"
+        saved = state.load()
+        assert state.unreadable == 0
+        state.close()
+        cfg = parse_config({"detectors": {"acceptance": {"warmup_s": 600, "per_position": False}}})
+        root = compose(cfg, source=StoreSource(build_store(cfg)), slo=False, advisor=False)
+        ev = root.guard.evaluator("acceptance_drift")
+        ev.state_load(saved["acceptance_drift"], [])
+        root.findings.state_load(saved["findings"], [])
+        assert len(ev.cusums) == 16 and all(isinstance(cus, drift.RateCusum) for cus in ev.cusums.values())
+        for f in root.findings.open_findings():
+            assert ev.claims(f.key), (life, f.key)
+            opened += 1
+    assert k0 > 120 and opened > 0, (k0, opened)  # lives reached past the drop, with findings open at a kill
+
+
+def test_drift_state_of_the_single_part_layout_still_loads(tmp_path):
+    """A file written before one part per group (all CUSUMs in part ``s``) restores, and the next
+    full save replaces that part with one per group."""
+    book = FindingsBook()
+    cfg = RateConfig(warmup_s=600, interval_s=60)
+    ev = RateDriftEvaluator(book, "acceptance_drift", "acceptance_drift", c.SPEC_DRAFT_TOKENS,
+                            c.SPEC_ACCEPTED_TOKENS, cfg, "both", "acceptance")
+    for g in range(3):
+        cus = ev.cusums.setdefault((f"m{g}", "decode"), drift.RateCusum(ev.params))
+        for k in range(30):
+            cus.update(T0 + 60 * k, 1000.0, 700.0 + g)
+    ev._next = T0 + 1800
+    state = StateStore(tmp_path / "state.db")
+    assert state.save({"acceptance_drift": {"s": encode({"next": ev._next, "cusums": ev.cusums})}}, now=T0)
+    fresh = RateDriftEvaluator(FindingsBook(), "acceptance_drift", "acceptance_drift", c.SPEC_DRAFT_TOKENS,
+                               c.SPEC_ACCEPTED_TOKENS, cfg, "both", "acceptance")
+    fresh.state_load(state.load()["acceptance_drift"], [])
+    assert fresh._next == ev._next and {k: _json(v) for k, v in fresh.cusums.items()} == {
+        k: _json(v) for k, v in ev.cusums.items()}
+    assert state.save({"acceptance_drift": fresh.state_dump(True)}, now=T0 + 60)
+    parts = state.load()["acceptance_drift"]
+    assert "s" not in parts and sorted(p for p in parts if p.startswith("g/")) == [
+        f'g/["m{g}","decode"]' for g in range(3)]
+    state.close()
 
 
 # -- the advisor ----------------------------------------------------------------------------------

@@ -226,6 +226,51 @@ def test_coarse_tier_extends_range_for_selected_names():
     assert len(s2.t) == 50 + 2 and s2.t[-1] == 30.0 * 99
 
 
+def test_last_times_and_a_subset_range_answer_as_the_whole_range_does():
+    """``last_times`` (the time of each series' last sample) and ``range(..., where=)`` (a subset
+    of the series) let the leak detector read the 12 h of RSS of only the processes due for a
+    check: both must answer what ``range`` of every series answers for them, in its order, over
+    the ring, the coarse tier, NaN samples, a series missing from scrapes, a stale page, a
+    target gone and a group id reused."""
+    rss = c.PROCESS_RSS.name
+    st = SeriesStore(slots=12, retention_s=2000.0, coarse_names=[rss], coarse_step_s=30, coarse_slots=60)
+    rng = np.random.default_rng(1)
+    for i in range(300):
+        t = 1000.0 + 5 * i
+        for e in range(6):
+            if e == 5 and i > 150:
+                continue  # a target gone: its series only in the coarse tier, then nowhere
+            lines = []
+            for p in ("api", "core", "w0"):
+                if e == 2 and p == "w0" and 100 < i < 250:
+                    continue  # missing from its page for a while
+                v = "NaN" if (e == 3 and p == "core" and i % 7 == 0) else f"{1e9 + e * 1e6 + rng.normal(0, 1e5):.0f}"
+                lines.append(f'{rss}{{process="{p}"}} {v}')
+            st.ingest_text("\n".join(lines) + "\n", t, {"instance": f"e{e}"}, group=f"e{e}")
+        if i == 200:
+            st.mark_stale("e4", t + 1)
+        if i == 220:
+            st.retire("e5", t, keep_s=1.0)
+            st.collect_garbage()
+        if i == 230:  # a new target takes the retired one's group id
+            st.ingest_text(f'{rss}{{process="api"}} 5e8\n', t + 2, {"instance": "e9"}, group="e9")
+    windows = [(1000.0, 2500.0), (1500.0, 2480.0), (2300.0, 2490.0), (0.0, 1200.0), (2494.0, 2494.0), (3000.0, 4000.0),
+               (1000.0, 2000.0), (1000.0, 2015.0)]  # the last two end at a scrape without e2's w0 and e3's core
+    for start, end in windows:
+        whole = st.range(rss, {}, start, end)
+        assert list(st.last_times(rss, {}, start, end).items()) == [(s.labels, s.t[-1]) for s in whole], (start, end)
+        for matchers in ({}, {"process": "core"}, {"instance": "e2"}):
+            assert st.last_times(rss, matchers, start, end) == {
+                s.labels: s.t[-1] for s in st.range(rss, matchers, start, end)}
+        for pick in ({"e0", "e3"}, {"e2", "e5", "e9"}, set()):
+            part = st.range(rss, {}, start, end, where=lambda lab, pick=pick: dict(lab)["instance"] in pick)
+            want = [s for s in whole if dict(s.labels)["instance"] in pick]
+            assert [s.labels for s in part] == [s.labels for s in want]
+            for a, b in zip(part, want, strict=True):
+                assert np.array_equal(a.t, b.t) and np.array_equal(a.v, b.v)
+    assert st.last_times("no_such_metric", {}, 0.0, 1e9) == {}
+
+
 def _all_samples(store: SeriesStore, names, start: float, end: float) -> dict:
     out = {}
     for n in names:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import logging
 import math
 import zlib
@@ -46,6 +47,14 @@ def failed_queries(view: MetricsView) -> int:
     """How many of ``view``'s queries have failed so far (a Prometheus source; the guard's own
     store never fails): "no series" from a failed query is unknown data, never "gone"."""
     return getattr(view, "failed_queries", 0)
+
+
+def reads_subsets(view: MetricsView) -> bool:
+    """Whether ``view`` reads some of a metric's series without the others (the guard's own store:
+    ``last_times`` and ``range(..., where=)``). A Prometheus source keeps what its ``range`` read
+    and re-reads only the last minutes of each selector: it is read whole, one selector per metric
+    (a selector per process would be a read each, and a first read of 12 h each)."""
+    return callable(getattr(view, "last_times", None))
 
 
 # --- leak ------------------------------------------------------------------------------------
@@ -93,32 +102,48 @@ class LeakEvaluator:
         seen: set[str] = set()
         failed = failed_queries(view)
         down = self._down_instances(view, now)
-        rss = view.range(c.PROCESS_RSS.name, {}, now - self.lookback_s, now)
+        start = now - self.lookback_s
+        rss: dict | None = None
+        if reads_subsets(view):  # the guard's store: the last sample times now, the samples of the due below
+            last = view.last_times(c.PROCESS_RSS.name, {}, start, now)
+        else:
+            rss = {s.labels: s for s in view.range(c.PROCESS_RSS.name, {}, start, now)}
+            last = {lab: float(s.t[-1]) for lab, s in rss.items() if len(s.t)}
         if failed_queries(view) != failed:
             # Prometheus did not answer (503, timeout, too_large): every process read as gone and
             # each open leak finding was resolved "series_gone", to reopen at the next answer
             return
-        context = None  # every engine's load and every process's start, read once when needed
-        for s in rss:
-            lab = dict(s.labels)
+        due: list[tuple] = []  # (labels, their dict, key, bucket) of the processes checked this tick
+        pending: dict[str, int] = {}  # key -> bucket of those (two series of one key: the first is checked)
+        for labels, t_last in last.items():
+            lab = dict(labels)
             key = "leak/" + "/".join(lab.get(k, "") for k in ("instance", "model", "pool", "engine", "process"))
-            if len(s.t) == 0:
-                continue
-            if now - float(s.t[-1]) > self.params.max_gap_s and lab.get("instance", "") not in down:
+            if now - t_last > self.params.max_gap_s and lab.get("instance", "") not in down:
                 continue  # gone (see _down_instances): its finding resolves below, not in lookback_s (12 h)
             seen.add(key)
-            bucket = self._bucket(key, float(s.t[-1]))
-            if self._last_bucket.get(key) == bucket and key in self.verdicts:
+            bucket = self._bucket(key, t_last)
+            if pending.get(key, self._last_bucket.get(key)) == bucket and (key in pending or key in self.verdicts):
                 continue  # the floor only changes once per bucket
+            pending[key] = bucket
+            due.append((labels, lab, key, bucket))
+        if due:
+            # every engine's load and every process's start, read once (not read: judged at the
+            # next tick, never without its load or start)
+            context = self._context(view, now, {tuple(lab.get(k, "") for k in ENGINE_KEYS) for _, lab, _, _ in due})
             if context is None:
-                context = self._context(view, now)
-                if context is None:
-                    return  # not read: judged at the next tick, never without its load or start
-            self._last_bucket[key] = bucket
-            try:
-                self._check(s, lab, key, now, context)
-            except Exception as err:  # one process's degenerate data must not stop the others' checks
-                self._failed(key, err)
+                return
+            if rss is None:
+                want = {labels for labels, _, _, _ in due}
+                rss = {s.labels: s for s in view.range(c.PROCESS_RSS.name, {}, start, now, where=want.__contains__)}
+            for labels, lab, key, bucket in due:
+                s = rss.get(labels)
+                if s is None:  # its samples left the window between the two reads: due at the next tick
+                    continue
+                self._last_bucket[key] = bucket
+                try:
+                    self._check(s, lab, key, now, context)
+                except Exception as err:  # one process's degenerate data must not stop the others' checks
+                    self._failed(key, err)
         if seen and self._data_since is None:
             self._data_since = now
         for key in list(self.verdicts):
@@ -167,15 +192,22 @@ class LeakEvaluator:
         self.verdicts[key] = leak.LeakVerdict("unknown", "error")
         self._ok_since.pop(key, None)
 
-    def _context(self, view: MetricsView, now: float) -> tuple[dict, dict] | None:
-        """Running requests (``lookback_s``) of every engine and the start time of every
-        process, each read once for all processes; None when a read failed. One query per
-        process made two round trips per process whenever the floors moved (every 5 min): at a
-        fleet's thousand processes the tick ran out of its budget, and a process whose query
-        failed was judged without its load or start time."""
+    def _context(self, view: MetricsView, now: float,
+                 engines: set[tuple[str, ...]] | None = None) -> tuple[dict, dict] | None:
+        """Running requests (``lookback_s``) of every engine (of ``engines`` where the view reads
+        subsets: see ``reads_subsets``) and the start time of every process, each read once for all
+        processes; None when a read failed. One query per process made two round trips per process
+        whenever the floors moved (every 5 min): at a fleet's thousand processes the tick ran out
+        of its budget, and a process whose query failed was judged without its load or start time."""
         failed = failed_queries(view)
         runs: dict[tuple[str, ...], tuple[np.ndarray, np.ndarray]] = {}
-        for s in view.range(c.REQUESTS_RUNNING.name, {}, now - self.lookback_s, now):
+        start = now - self.lookback_s
+        if engines is not None and reads_subsets(view):
+            load = view.range(c.REQUESTS_RUNNING.name, {}, start, now,
+                              where=lambda labels: tuple(_lab(labels, k) for k in ENGINE_KEYS) in engines)
+        else:
+            load = view.range(c.REQUESTS_RUNNING.name, {}, start, now)
+        for s in load:
             runs.setdefault(tuple(s.label(k) for k in ENGINE_KEYS), (s.t, s.v))
         starts: dict[tuple[str, ...], float] = {}
         for labels in view.instant(c.PROCESS_INFO.name, {}, now):
@@ -273,21 +305,67 @@ _DRIFT_CLASSES = {k.__name__: k for k in (drift.RateCusum, drift.LatencyDrift, d
 _DRIFT_CLASSES["LatencyCusum"] = drift.LatencyDrift
 
 
+DRIFT_SAVE_S = 600.0  # each drift group's CUSUM is written to the state file at least this often
+
+
+def _group_part(k: tuple) -> str:
+    """The state file part of one drift group (JSON: label values may hold any character)."""
+    return "g/" + json.dumps(list(k), separators=(",", ":"))
+
+
 class _DriftState:
     """``Stateful`` for a drift evaluator: its CUSUMs (baseline, statistics, open alarm) and
     when the next interval closes. Without them a restart relearns the baseline from the
-    drifted rate and can never resolve (or re-find) an open drift. Saved only when an interval
-    closes (the CUSUMs change then and only then); the interval being accumulated and the last
-    counter values are not kept: a restart costs the detector one interval of data, and saving
-    a value per counter series every tick cost ~10x more than everything else together."""
+    drifted rate and can never resolve (or re-find) an open drift. The interval being
+    accumulated and the last counter values are not kept: a restart costs the detector one
+    interval of data, and saving a value per counter series every tick cost ~10x more than
+    everything else together.
+
+    One part per model/pool group (``g/<labels>``), each written when an interval closes once per
+    ``DRIFT_SAVE_S`` (its turn spread over the intervals by a hash of the group, as the leak
+    checks), and at once when its alarm opens or closes (in the save that holds the finding's
+    change, so a restart never restores a finding without the alarm that resolves it), when it
+    is new, and at every full save; deleted when the group is forgotten. Every CUSUM changes at
+    every interval (its windows move), so the one part of all of them written at every interval
+    (``s``, still read) was ~80 KB a model/pool (14 KB per CUSUM, 6 CUSUMs with spec decoding
+    per position): 8 MiB and ~1-2 s on the tick thread each minute at 100 groups, 11 GiB a day
+    (``bench/bench_drift_state.py``). After a crash each group is back as it was at its last
+    write, at most ``DRIFT_SAVE_S`` (10 intervals) before it, each group's CUSUM whole."""
+
+    def _init_state(self) -> None:
+        self._filed: set[str] = set()  # group parts the state file holds
+        self._unfiling: set[str] = set()  # group parts the last dump deleted
+        self._marks: dict[tuple, tuple[int, bool]] = {}  # group -> (its turn, alarm open) when last written
+        self._dumped_next: float | None = None
 
     def state_dump(self, full: bool) -> dict:
         from sla_guard.state import encode
 
-        if not full and self._next == getattr(self, "_dumped_next", None):
+        filed, marks = self._filed, self._marks
+        if not full:  # the save of the previous dump committed (the guard makes the next one full if not)
+            filed -= self._unfiling
+        if not full and self._next == self._dumped_next:
             return {}
         self._dumped_next = self._next
-        return {"s": encode({"next": self._next, "cusums": self.cusums})}
+        out: dict = {"next": self._next}
+        if full:
+            out["s"] = None  # the single part of all groups, before this layout
+            marks.clear()
+        live = set()
+        for k, cus in self.cusums.items():
+            part = _group_part(k)
+            live.add(part)
+            phase = zlib.crc32(part.encode()) / 2**32 * DRIFT_SAVE_S
+            mark = (int(((self._next or 0.0) - phase) // DRIFT_SAVE_S), cus.alarm is not None)
+            if marks.get(k) != mark:
+                out[part] = encode(cus)
+                marks[k] = mark
+        self._unfiling = filed - live
+        out.update(dict.fromkeys(self._unfiling))
+        filed |= live
+        for k in [k for k in marks if k not in self.cusums]:
+            del marks[k]
+        return out
 
     def _sweep_gone(self, view: MetricsView, present: set[tuple], now: float) -> None:
         """Resolve the open finding of a group whose series are gone (its pool removed or renamed,
@@ -371,11 +449,20 @@ class _DriftState:
     def state_load(self, parts: dict, records: list[dict]) -> None:
         from sla_guard.state import decode
 
-        if "s" not in parts:
+        groups = [p for p in parts if p.startswith("g/")]
+        if "s" not in parts and "next" not in parts and not groups:
             return
-        d = decode(parts["s"], _DRIFT_CLASSES, {"params": self.params})
-        self._next = d["next"]
-        mine, self.cusums = self.cusums, d["cusums"]
+        over = {"params": self.params}
+        saved: dict = {}
+        if "s" in parts:  # a file written before one part per group
+            d = decode(parts["s"], _DRIFT_CLASSES, over)
+            self._next, saved = d["next"], d["cusums"]
+        if "next" in parts:
+            self._next = parts["next"]
+        for p in groups:
+            saved[tuple(json.loads(p[2:]))] = decode(parts[p], _DRIFT_CLASSES, over)
+        self._filed.update(groups)
+        mine, self.cusums = self.cusums, saved
         for k, cus in mine.items():  # a file restored into a running guard: what this one found stays judged
             if k not in self.cusums or (cus.alarm is not None and self.cusums[k].alarm is None):
                 self.cusums[k] = cus  # (else an open finding's alarm went, and nothing resolved it)
@@ -457,6 +544,7 @@ class RateDriftEvaluator(_DriftState):
         self.forget_after_s, self.max_groups = forget_after_s, max_groups
         self.groups_over_limit = 0  # groups present but not judged (max_groups)
         self.forgotten = 0
+        self._init_state()
 
     def evaluate(self, view: MetricsView, now: float) -> None:
         if not self.cfg.enabled:
@@ -543,6 +631,7 @@ class TpotDriftEvaluator(_DriftState):
         self._seen_at: dict[tuple, float] = {}  # group -> last tick its series were there (_sweep_gone)
         self._forget_at = -math.inf  # next look for counter series gone (_forget_gone)
         self._running: dict[tuple, list[float]] = defaultdict(lambda: [0.0, 0.0])  # (sum, ticks) this interval
+        self._init_state()
 
     def evaluate(self, view: MetricsView, now: float) -> None:
         if not self.cfg.enabled:
