@@ -219,6 +219,13 @@ def slo_thresholds(config: GuardConfig, indicator: Indicator) -> list[float]:
     return sorted(out)
 
 
+def error_ratio_thresholds(config: GuardConfig) -> list[float]:
+    """Error-ratio lines of the availability objectives (any SLO set; client sets only): 1 - target,
+    the share of failed requests the objective allows, as the burn-rate rules count its budget."""
+    return sorted({round(1 - (o.target or 0), 10) for s in config.slos for o in s.objectives
+                   if o.indicator is Indicator.AVAILABILITY})
+
+
 def mean_slo(config: GuardConfig, indicator: Indicator) -> SLO | None:
     for s in config.slos:
         for o in s.objectives:

@@ -17,8 +17,10 @@ or let docker-compose provision it (`docker compose --profile twin up`, folder "
 Every dashboard has the variables `datasource` (any Prometheus), `model`, `pool` (restricted to
 decode/mixed on *Decode* and prefill/mixed on *Prefill*) and `instance`, chained in that order, and
 links to the others (keeping time range and variables). SLA lines (dashed) are the thresholds of the
-mean and percentile objectives in the SLO spec. `$__rate_interval` needs the data source's scrape
-interval set (the compose provisioning sets 5s).
+mean and percentile objectives in the SLO spec, and on *Client error ratio* 1 - target of each
+`availability` objective (none in the default spec: the ratio is drawn without a line).
+`sla-guard generate --config FILE` builds them for another spec. `$__rate_interval` needs the data
+source's scrape interval set (the compose provisioning sets 5s).
 
 CI checks each query below against a real Prometheus scraping the simulated P/D deployment
 (`tests/test_e2e_prometheus.py`): variables resolved through `/api/v1/label/<name>/values`, every
@@ -35,7 +37,10 @@ on the mean stats); a counter reset (`rate()` absorbs it: mean TPOT stays exact)
 bucket that appeared within the rate window (the *Goodput* share lines leave that engine out
 until the window has passed, as the rules do, instead of 50 % with every request in time); the
 guard down (*SLO status* and *Open findings* empty with a text saying so, *Guard reporting* 0 in
-red). The only `or vector(0)` is *Guard reporting*'s, where 0 is the truth.
+red); a P/D proxy failing 1 in 4 requests, idle, and gone (*Client error ratio* reads 25 % with as
+many again of the clients' own 4xx and aborts, which count in neither part; NaN, a gap, when idle;
+nothing, a line that ends, when the proxy is gone, never 0 %). The only `or vector(0)` is *Guard
+reporting*'s, where 0 is the truth.
 
 Fixed after that review: the *Goodput* TTFT share left out requests the API servers refused
 (HTTP 503 at a queue limit), so a pool refusing half its requests read 100 %; it now counts them
@@ -43,6 +48,10 @@ as misses, as the guard and the rules do (50 %). The mean TTFT/TPOT stats drew a
 as "NaN" on green, and a pool whose engines were all down just vanished from them; *Open findings*
 read "No data" both when the guard was down and when it had no finding yet. *Engines reporting*
 and *Guard reporting* are new.
+
+The client scope had no error ratio: failed requests were read off *Client requests by outcome* by
+eye, and an `availability` objective had nothing to draw. *Client error ratio* is its SLI, error /
+(ok + error) per model, the same PromQL the burn-rate rules record (`alerts.promql.outcome_ratio`).
 """
 
 

@@ -12,6 +12,7 @@ from dashboards.common import (
     Panels,
     dashboard,
     engines_reporting,
+    error_ratio_thresholds,
     guard_reporting,
     mean_slo,
     q,
@@ -49,10 +50,19 @@ def client_panels(p: Panels, config: GuardConfig) -> None:
           q(pq.sum_by(["model"], pq.rate(c.CLIENT_FAILED_AFTER_FIRST_TOKEN, RATE, matchers=cs)),
             "{{model}} error after the first token (TPOT miss)")],
          "reqps", w=8)
+    # the availability SLI, one definition with the rules (model_pool_slo:sli_error:ratio_rate<w>)
+    p.ts("Client error ratio", "Share of requests the service failed (outcome error) among those it "
+         "answered or failed (ok + error), request-weighted per model: the availability objective's error "
+         "ratio. client_error and aborted count in neither part. Dashed line: 1 - target of each "
+         "availability objective, where one is configured. A gap for no traffic (0/0); a line that ends "
+         "when the router's series are gone (it is down or not scraped), never 0 %.",
+         [q(pq.outcome_ratio(c.CLIENT_REQUESTS, "outcome", c.AVAILABILITY_FAILED, c.AVAILABILITY_COUNTED, RATE,
+                             ["model"], cs), "{{model}}")],
+         "percentunit", sla=error_ratio_thresholds(config), w=8)
     p.ts("Client request duration", "Arrival at the router to the last byte sent: mean, p50, p90, p99.",
-         mean_and_percentiles(c.CLIENT_E2E, ["model"], cs), "s", w=12)
+         mean_and_percentiles(c.CLIENT_E2E, ["model"], cs), "s", w=8)
     p.ts("Client requests in flight", "Requests the router is serving now.",
-         [q(pq.sum_by(["model"], pq.series(c.CLIENT_IN_FLIGHT, matchers=cs)), "{{model}}")], "short", w=12)
+         [q(pq.sum_by(["model"], pq.series(c.CLIENT_IN_FLIGHT, matchers=cs)), "{{model}}")], "short", w=8)
     p.ts("Where the TTFT goes (stage means, stacked)",
          "Mean of each stage of a P/D request's TTFT, stacked against the SLA line. Router-measured: proxy; "
          "engine-measured: queues, prefill compute, KV hand-off (NIXL transfers; synchronous connectors load "

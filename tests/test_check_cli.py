@@ -335,3 +335,31 @@ def test_check_says_why_each_pool_is_unknown(tmp_path):
         for s in (slow, bad, big):
             s.stop()
 
+
+
+def test_an_availability_row_reads_as_a_share_of_requests_without_a_threshold(tmp_path):
+    """`sla-guard check` on a proxy's page: the availability objective has no latency threshold, so its
+    row names the target and the indicator ("99.9% availability"), the value is the share not failed,
+    and REQUESTS counts ok + error only (the clients' own 4xx and aborts are in neither part)."""
+    from guard_support import Router
+
+    r = Router()
+    for _ in range(10):
+        r.request(0.1, 0.01)
+    r.failed(2, 0)
+    r.ended("client_error", 5)
+    r.ended("aborted", 3)
+    s = Served(r.exposition)
+    cfg = {"source": {"mode": "scrape", "timeout_s": 2, "targets": [{"url": s.url, "model": "m", "pool": "client"}]},
+           "slos": [{"pool": "client", "objectives": [
+               {"name": "ttft_mean", "indicator": "ttft", "objective": "mean", "threshold_s": 2.5, "min_requests": 5},
+               {"name": "availability", "indicator": "availability", "objective": "attainment", "target": 0.999,
+                "min_requests": 5}]}]}
+    try:
+        out = _check(cfg, tmp_path)
+    finally:
+        s.stop()
+    assert out.returncode == 1, out.stdout + out.stderr
+    row = _rows(out.stdout)[("client", "availability")]
+    assert row[3:6] == ["99.9% availability", f"{100 * 10 / 12:.2f}%", "12"], row
+    assert row[8] == "violated" and "2 of 12 requests failed by the service (outcome=error)" in row[9], row

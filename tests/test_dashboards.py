@@ -145,3 +145,64 @@ def test_goodput_draws_only_lines_a_bucket_can_answer(tmp_path):
         {"interval": "1m", "input_series": series, "promql_expr_test": tests}]}))
     r = subprocess.run(["promtool", "test", "rules", "t.yaml"], capture_output=True, text=True, cwd=tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+AVAILABILITY_YAML = """\
+source: {mode: prometheus, url: "http://prometheus:9090"}
+slos:
+  - pool: client
+    objectives:
+      - {name: ttft_mean, indicator: ttft, objective: mean, threshold_s: 2.5}
+      - {name: availability, indicator: availability, objective: attainment, target: 0.999, period: 30d}
+"""
+
+
+def error_ratio_panel(board: dict) -> dict:
+    return next(p for p in board["panels"] if p["title"] == "Client error ratio")
+
+
+def test_client_error_ratio_is_the_rules_sli_with_the_objectives_line_only_where_one_is_configured():
+    """The availability SLI had no panel. *Client error ratio* is drawn always (no objective in the
+    default spec: no line) with the rules' one definition (``alerts.promql.outcome_ratio``), and
+    with a dashed line at 1 - target for each availability objective of the spec."""
+    from alerts import promql as pq
+    from dashboards.common import RATE
+    from dashboards.pd_overview import CLIENT_SEL
+
+    p = error_ratio_panel(BOARDS["sla-guard-pd-overview"])
+    assert [t["expr"] for t in p["targets"]] == [pq.outcome_ratio(
+        c.CLIENT_REQUESTS, "outcome", c.AVAILABILITY_FAILED, c.AVAILABILITY_COUNTED, RATE, ["model"], CLIENT_SEL)]
+    assert "thresholds" not in p["fieldConfig"]["defaults"]
+    two = GuardConfig(slos=[SLOSet(pool="client", objectives=[SLO(
+        name="availability", indicator="availability", objective="attainment", target=0.999)]),
+        SLOSet(model="big", pool="client", objectives=[SLO(
+            name="availability", indicator="availability", objective="attainment", target=0.99)])])
+    p = error_ratio_panel(json.loads(render_dashboards(two)["sla-guard-pd-overview.json"]))
+    assert [s["value"] for s in p["fieldConfig"]["defaults"]["thresholds"]["steps"]] == [None, 0.001, 0.01]
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool missing: run scripts/setup.sh --full")
+def test_generate_from_a_config_with_an_availability_objective(tmp_path):
+    """`sla-guard validate-config` and `sla-guard generate --config` with an availability objective, as an
+    operator runs them: the rules pass ``promtool check rules --lint=all --lint-fatal`` and burn its budget,
+    and the P/D overview draws its error ratio with the objective's line (1 - 0.999)."""
+    from sla_guard.cli import main as cli
+
+    cfg = tmp_path / "guard.yaml"
+    cfg.write_text(AVAILABILITY_YAML)
+    assert cli(["validate-config", str(cfg)]) == 0
+    args = ["generate", "--config", str(cfg), "--rules-dir", str(tmp_path / "r"),
+            "--dashboards-dir", str(tmp_path / "d")]
+    assert cli(args) == 0 and cli([*args, "--check"]) == 0
+    rules = sorted((tmp_path / "r").glob("*.yaml"))
+    r = subprocess.run(["promtool", "check", "rules", "--lint=all", "--lint-fatal", *map(str, rules)],
+                       capture_output=True, text=True)
+    assert r.returncode == 0 and "lint error" not in r.stdout + r.stderr, r.stdout + r.stderr
+    slo = (tmp_path / "r" / "slo.yaml").read_text()
+    assert 'slo: availability' in slo and "requests failed (outcome=error)" in slo
+    board = json.loads((tmp_path / "d" / "sla-guard-pd-overview.json").read_text())
+    p = error_ratio_panel(board)
+    defaults = p["fieldConfig"]["defaults"]
+    assert [s["value"] for s in defaults["thresholds"]["steps"]] == [None, 0.001]
+    assert defaults["custom"]["thresholdsStyle"] == {"mode": "dashed"} and defaults["unit"] == "percentunit"
+    assert c.CLIENT_REQUESTS.series() in p["targets"][0]["expr"]

@@ -11,6 +11,9 @@ range). Each model is one fault, the last 30 minutes of the history:
 - ``c``: the prefill API server refuses as many requests (HTTP 503) as it serves;
 - ``u``: the prefill engine is upgraded in place to a bucket set with the 2.5 s TTFT threshold
   105 s before the end (a restart; the bucket appears mid-window);
+- ``p``: the P/D proxy fails 1 in 4 of the requests it answers or fails (and as many again are the
+  clients' own 4xx and aborts), then is gone (its series end);
+- ``q``: the proxy serves without a failure, then gets no traffic (its counters stand still);
 - the guard's own series end 30 minutes before the end (the guard is down).
 """
 
@@ -102,6 +105,15 @@ def fleet(base: float) -> str:
     up = N - 7  # 105 s before the end
     _engine(h, "u", "prefill", "u-p0", list(range(up)), served[:up], ttft_bounds=TTFT_OLD)
     _engine(h, "u", "prefill", "u-p0", list(range(up, N)), [2 * (i - up + 1) for i in range(up, N)])
+    # p: a proxy failing 1 in 4 of its ok + error requests, gone for the last 30 min; q: one with
+    # no failure (its error series exists at 0, as the proxy makes it), idle for the last 30 min
+    proxy = 'instance="px:8000",job="proxy",pool="client",route="pd",router="px"'
+    for outcome, per_scrape in (("ok", 3), ("error", 1), ("client_error", 4), ("aborted", 4)):
+        h.counter(c.CLIENT_REQUESTS, f'{proxy},model="p",outcome="{outcome}"', early,
+                  [per_scrape * (i + 1) for i in early])
+    for outcome, per_scrape in (("ok", 2), ("error", 0)):
+        h.counter(c.CLIENT_REQUESTS, f'{proxy},model="q",outcome="{outcome}"', every,
+                  [per_scrape * (min(i, N - FAULT - 1) + 1) for i in every])
     # the guard: its own series end 30 min before the end
     g = 'instance="guard:9400",job="sla-guard"'
     h.gauge(c.GUARD_SERIES, g, early, 1234)
@@ -199,6 +211,21 @@ def test_an_idle_pool_and_a_pool_whose_engines_are_gone_read_differently(prom):
     assert shown(prom, up, "b", prom.end) == {"decode": 2}  # a restart is no outage
     steps = up["fieldConfig"]["defaults"]["thresholds"]["steps"]
     assert steps == [{"color": "red", "value": None}, {"color": "green", "value": 1}]
+
+
+def test_client_error_ratio_reads_failed_requests_and_nothing_for_a_proxy_gone_or_idle(prom):
+    """The client scope had no error ratio: an operator read failed requests off "Client requests by
+    outcome" by eye. *Client error ratio* is error / (ok + error) per model (the availability SLI,
+    ``alerts.promql.outcome_ratio``, as the rules record it): 0.25 for model ``p`` (the clients' own
+    4xx and aborts, as many again, count in neither part: 1/8 or 1/12 otherwise), 0 for ``q`` (no
+    failure). Then ``p``'s proxy is gone: nothing, not 0 % errors; ``q`` is idle: NaN (0/0, a gap)."""
+    p = panel("sla-guard-pd-overview", "Client error ratio")
+    assert p["fieldConfig"]["defaults"]["unit"] == "percentunit"
+    by = ("model",)
+    assert shown(prom, p, ".*", prom.end - 2400, by=by) == {"p": pytest.approx(0.25), "q": 0}
+    assert shown(prom, p, "p", prom.end, by=by) == {}
+    idle = shown(prom, p, ".*", prom.end, by=by)
+    assert list(idle) == ["q"] and math.isnan(idle["q"])
 
 
 def test_guard_panels_tell_a_guard_down_from_a_guard_with_nothing_to_say(prom):
