@@ -98,6 +98,10 @@ def test_most_specific_slo_set_wins():
     ("advisor: {mode: actve}\n", 2, "advisor.mode"),
     ("- just\n- a list\n", 2, "top level must be a mapping"),
     ("source: {mode: scrape\n", 2, "not valid YAML"),
+    # an SLO set for a pool no target serves waits for data for ever: said, not silently "ok"
+    ("source: {targets: [{url: 'http://e0:8000/metrics', pool: decode}]}\nslos: [{pool: client, objectives: "
+     "[{name: avail, indicator: availability, objective: attainment, target: 0.999}]}]\n", 0,
+     "note: slos[0] is for pool 'client' but no target has pool: client"),
 ])
 def test_validate_config_cli(tmp_path, text, rc, needle):
     f = tmp_path / "guard.yaml"
