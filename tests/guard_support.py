@@ -5,6 +5,7 @@ what was recorded, not hard-coded."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import gzip
 import http.server
@@ -27,9 +28,11 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 
 from exporters.contract import Component
 from exporters.prometheus import ContractMetrics, EngineRecorder, FinishedRequest
-from sla_guard.config import parse_config
-from sla_guard.ingest.source import UP
-from sla_guard.slo import SLOEvaluator
+from sla_guard.config import GuardConfig, parse_config
+from sla_guard.ingest import build_store
+from sla_guard.ingest.scrape import Scraper
+from sla_guard.ingest.source import UP, TargetState
+from sla_guard.slo import PoolResult, SLOEvaluator, SLOResult
 from sla_guard.store import SeriesStore
 
 T0 = 1_700_000_000.0
@@ -233,6 +236,43 @@ def drive(engines, seconds, per_tick, *, store=None, ev=None, cfg=None, t0=T0, r
         if step % 3 == 0:
             ev.evaluate(store, t)
     return store, ev, t
+
+
+class ScrapeRig:
+    """The real Scraper on ``cfg``'s targets into ``store`` (else the store ``cfg`` sizes) and the
+    real SLOEvaluator, on an event loop of its own, stamped with a clock the test moves (``now``):
+    real servers scraped and judged step by step, each verdict read at a time the test chose.
+    close() closes the scraper and the loop; the servers are the test's."""
+
+    def __init__(self, cfg: GuardConfig, store: SeriesStore | None = None, now: float = T0) -> None:
+        self.cfg, self.now = cfg, now
+        self.store = build_store(cfg) if store is None else store
+        self.scraper = Scraper(cfg.source, self.store, clock=lambda: self.now)
+        self.ev = SLOEvaluator(cfg)
+        self.loop = asyncio.new_event_loop()
+
+    def collect(self, dt: float = 0.0) -> None:
+        """``dt`` seconds on, every target scraped (as the guard's loop does)."""
+        self.now += dt
+        self.loop.run_until_complete(self.scraper.collect())
+
+    def scrape(self, dt: float = 0.0, target: int = 0) -> TargetState:
+        """``dt`` seconds on, the ``target``-th configured target scraped: its state."""
+        self.now += dt
+        return self.loop.run_until_complete(self.scraper.scrape_target(self.cfg.source.targets[target]))
+
+    def judge(self, model: str, pool: str, view=None) -> PoolResult:
+        """Every pool evaluated now on ``view`` (default: the store): the verdict of ``model``/``pool``."""
+        self.ev.evaluate(self.store if view is None else view, self.now)
+        return self.ev.pools[(model, pool)]
+
+    def slos(self, model: str, pool: str, view=None) -> dict[str, SLOResult]:
+        """judge(), its objectives by name."""
+        return {s.slo: s for s in self.judge(model, pool, view).slos}
+
+    def close(self) -> None:
+        self.loop.run_until_complete(self.scraper.aclose())
+        self.loop.close()
 
 
 class UvicornThread:

@@ -8,10 +8,16 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
 import yaml
+
+from sla_guard.config import parse_config
+from sla_guard.ingest.prometheus import PrometheusView
+from sla_guard.slo import SLOEvaluator
 
 
 def prometheus_binary() -> str | None:
@@ -107,3 +113,47 @@ class PrometheusProcess:
                 self.proc.wait(5)
         self.log.close()
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+@contextmanager
+def backfilled(history: str) -> Iterator[PrometheusProcess]:
+    """A Prometheus scraping nothing, holding ``history`` (OpenMetrics text with timestamps, ended
+    by ``# EOF``) backfilled with promtool, ready to query; stopped on leaving. Timestamps hours
+    back are taken as history: every sample is the test's own, so each expected value is exact."""
+    prom = PrometheusProcess([], interval_s=15.0, history=history)
+    try:
+        prom.wait_ready(60)
+        yield prom
+    finally:
+        prom.stop()
+
+
+class Recording(httpx.HTTPTransport):
+    """The real transport, recording each query sent; ``fail`` (a query prefix) answers that
+    query with a connection error, as a store that fails one query among many."""
+
+    def __init__(self, fail: str | None = None) -> None:
+        super().__init__()
+        self.sent: list[str] = []
+        self.fail = fail
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        query = request.url.params.get("query", "")
+        self.sent.append(query)
+        if self.fail is not None and query.startswith(self.fail):
+            raise httpx.ConnectError("store unavailable", request=request)
+        return super().handle_request(request)
+
+
+def judged(prom: PrometheusProcess, slos: list[dict], at: float,
+           transport: httpx.BaseTransport | None = None) -> tuple[dict, PrometheusView]:
+    """``slos`` judged at ``at`` through ``prom`` as Prometheus mode reads it (``transport``: e.g.
+    a Recording that fails a query): (the evaluator's pools by (model, pool), the closed view,
+    which keeps its error counts)."""
+    view = PrometheusView(prom.url, timeout_s=30, transport=transport)
+    ev = SLOEvaluator(parse_config({"slos": slos}))
+    try:
+        ev.evaluate(view, at)
+    finally:
+        view.close()
+    return ev.pools, view

@@ -445,7 +445,7 @@ def exports(tmp_path_factory):
     spec-decode acceptance and a TPOT slowdown at the same batch, under vLLM's metric names; its
     answers saved as curl saves them (the body of /api/v1/query_range or /api/v1/query) and as
     ``promtool query range -o json`` prints them, and the same samples in our CSV format."""
-    from prometheus_support import PrometheusProcess, prometheus_binary
+    from prometheus_support import backfilled, prometheus_binary
 
     if prometheus_binary() is None:
         pytest.skip("prometheus binary not installed (scripts/setup.sh --full)")
@@ -470,10 +470,8 @@ def exports(tmp_path_factory):
                     ("vllm:request_time_per_output_token_seconds_count", tp_count),
                     ("vllm:num_requests_running", tp_running)):
         om += [f"{name}{{{lab}}} {float(x)!r} {t:.0f}" for t, x in zip(tp_t, v, strict=True)]
-    prom = PrometheusProcess([], history="\n".join(om) + "\n# EOF\n")
     files: dict[str, Path] = {}
-    try:
-        prom.wait_ready()
+    with backfilled("\n".join(om) + "\n# EOF\n") as prom:
 
         def save(name: str, query: str, t: np.ndarray, step: float, offset: float = 0.0, api: str = "query_range"):
             params = ({"query": query, "start": t[0] + offset, "end": t[-1], "step": step} if api == "query_range"
@@ -501,8 +499,6 @@ def exports(tmp_path_factory):
                              capture_output=True, text=True, timeout=60, check=True)
         files["rss.promtool.json"] = d / "rss.promtool.json"
         files["rss.promtool.json"].write_text(out.stdout)
-    finally:
-        prom.stop()
     files["rss1.csv"] = _write_csv(d / "rss1.csv", {"timestamp": rss_t, "rss_bytes": rss["1"]})
     files["acc.csv"] = _write_csv(d / "acc.csv", {"timestamp": acc_t, "draft_tokens": acc.drafts,
                                                    "accepted_tokens": acc.accepted})

@@ -24,7 +24,7 @@ import math
 import time
 
 import pytest
-from prometheus_support import PrometheusProcess, prometheus_binary
+from prometheus_support import PrometheusProcess, backfilled, prometheus_binary
 
 from dashboards.generate import render_dashboards
 from exporters import contract as c
@@ -146,13 +146,9 @@ def panel(uid: str, title: str) -> dict:
 @pytest.fixture(scope="module")
 def prom():
     base = float(int(time.time()) - 12 * 3600)  # Prometheus takes the backfill as history
-    p = PrometheusProcess([], interval_s=15.0, history=fleet(base))
-    try:
-        p.wait_ready(60)
+    with backfilled(fleet(base)) as p:
         p.end = base + STEP * (N - 1)  # type: ignore[attr-defined]
         yield p
-    finally:
-        p.stop()
 
 
 def values(prom: PrometheusProcess, expr: str, at: float, by: str = "pool") -> dict[str, float]:

@@ -27,12 +27,15 @@ from pathlib import Path
 
 import httpx
 import pytest
+from guard_support import ScrapeRig
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporters import contract as c
 from pd_proxy import ProxyConfig, ProxyThread, balance, legs
 from pd_proxy.balance import EnginePool
 from pd_proxy.metrics import ClientMetrics
+from sla_guard.config import parse_config
+from sla_guard.store import SeriesStore
 
 ROOT = Path(__file__).resolve().parents[1]
 ROUTER = "proxy-under-test"
@@ -285,6 +288,15 @@ def value(samples: dict, name: str, **labels: str) -> float:
     """Sum of the samples of ``name`` whose labels include ``labels``."""
     want = set(labels.items())
     return sum(v for (n, ls), v in samples.items() if n == name and want <= ls)
+
+
+def client_rig(px, objectives: list[dict]) -> ScrapeRig:
+    """The proxy's /metrics (model m) scraped by the real Scraper and its client scope judged by the
+    real evaluator against ``objectives``; the caller closes it."""
+    cfg = parse_config({"source": {"mode": "scrape", "timeout_s": 5, "targets": [
+        {"url": px.url + "/metrics", "model": "m", "pool": "client", "name": "proxy"}]},
+        "staleness_s": 60, "slos": [{"pool": "client", "objectives": objectives}]})
+    return ScrapeRig(cfg, SeriesStore(slots=64, lookback_s=60))
 
 
 def closed_port() -> int:
@@ -567,47 +579,28 @@ def test_the_guard_judges_client_attainment_by_what_the_client_got_not_only_by_t
     the clients got an error. Now it reads 50 % and violated; streams cut after their first token leave TTFT
     as observed (in time, counted once) and are TPOT attainment misses, on the store and in a one-shot check
     (LifetimeView) alike."""
-    from sla_guard.config import parse_config
     from sla_guard.ingest.lifetime import LifetimeView
-    from sla_guard.ingest.scrape import Scraper
     from sla_guard.model import Status
-    from sla_guard.slo import SLOEvaluator
-    from sla_guard.store import SeriesStore
 
     p, d = engines("prefill"), engines("decode")
     px = proxies([p], [d])
-    cfg = parse_config({"source": {"mode": "scrape", "timeout_s": 5, "targets": [
-        {"url": px.url + "/metrics", "model": "m", "pool": "client", "name": "proxy"}]},
-        "staleness_s": 60, "slos": [{"pool": "client", "objectives": [
-            {"name": f"{ind}_att", "indicator": ind, "objective": "attainment", "threshold_s": thr, "target": 0.99,
-             # TPOT at 0.5 s, not 20 ms: the stand-in's tokens are ms apart, but not on a loaded machine
-             "min_requests": 4} for ind, thr in (("ttft", 2.5), ("tpot", 0.5))]}]})
-    store, ev, t0 = SeriesStore(slots=64, lookback_s=60), SLOEvaluator(cfg), 1_700_000_000.0
-    scraper = Scraper(cfg.source, store)
-
-    async def judged(t: float) -> dict:
-        await scraper.scrape_target(cfg.source.targets[0], t)
-        ev.evaluate(store, t)
-        return {s.slo: s for s in ev.pools[("m", "client")].slos}
-
-    async def run() -> None:
-        try:
-            await checks()
-        finally:
-            await scraper.aclose()
-
-    async def checks() -> None:
-        await judged(t0)
+    rig = client_rig(px, [
+        {"name": f"{ind}_att", "indicator": ind, "objective": "attainment", "threshold_s": thr, "target": 0.99,
+         # TPOT at 0.5 s, not 20 ms: the stand-in's tokens are ms apart, but not on a loaded machine
+         "min_requests": 4} for ind, thr in (("ttft", 2.5), ("tpot", 0.5))])
+    try:
+        rig.scrape()
+        rig.judge("m", "client")
         for i in range(10):  # every other request refused (503) by the only prefill engine
             p.status, p.error = (503, VLLM_503) if i % 2 else (200, p.error)
             px.proxy.prefill.answered(p.url)
             stream(px.url + "/v1/completions", {"model": "m", "prompt": "x", "stream": True})
         p.status = 200
         px.proxy.prefill.answered(p.url)
-        await judged(t0 + 15)
-        for view in (store, LifetimeView(store)):
-            ev.evaluate(view, t0 + 15)
-            got = {s.slo: s for s in ev.pools[("m", "client")].slos}
+        rig.scrape(15)
+        rig.judge("m", "client")
+        for view in (rig.store, LifetimeView(rig.store)):
+            got = rig.slos("m", "client", view)
             assert got["ttft_att"].value == pytest.approx(0.5) and got["ttft_att"].requests == 10, view
             assert got["ttft_att"].status is Status.VIOLATED, (got["ttft_att"].reason, view)
             assert "5 requests failed by the service before their first token" in got["ttft_att"].reason
@@ -616,13 +609,14 @@ def test_the_guard_judges_client_attainment_by_what_the_client_got_not_only_by_t
             d.die_after = 1 if i % 2 else None
             px.proxy.decode.answered(d.url)
             stream(px.url + "/v1/completions", {"model": "m", "prompt": "x", "stream": True})
-        got = await judged(t0 + 30)
+        rig.scrape(15)
+        got = rig.slos("m", "client")
         # the cut streams' TTFTs were in time and count once each: 15 of 15 + 5 refused; TPOT: 10 of 10 + 5 cut
         assert got["ttft_att"].value == pytest.approx(15 / 20) and got["ttft_att"].requests == 20
         assert got["tpot_att"].value == pytest.approx(10 / 15) and got["tpot_att"].requests == 15
         assert got["tpot_att"].status is Status.VIOLATED and "after their first token" in got["tpot_att"].reason
-
-    asyncio.run(run())
+    finally:
+        rig.close()
 
 
 VLLM_500 = (json.dumps({"error": {"message": "EngineCore encountered an issue. See stack trace (above) for the root "
@@ -638,60 +632,41 @@ def test_non_streamed_requests_the_service_failed_spend_an_availability_error_bu
     violated, on the store and in a one-shot check (LifetimeView) alike; the client's own 4xx (a body that is
     not JSON) is counted in neither its failures nor its requests."""
     from sla_guard.commands.check import render_table
-    from sla_guard.config import parse_config
     from sla_guard.ingest.lifetime import LifetimeView
-    from sla_guard.ingest.scrape import Scraper
     from sla_guard.model import Status
-    from sla_guard.slo import SLOEvaluator
-    from sla_guard.store import SeriesStore
 
     p, d = engines("prefill"), engines("decode")
     px = proxies([p], [d])
     d.whole_status, d.error = 500, VLLM_500
-    cfg = parse_config({"source": {"mode": "scrape", "timeout_s": 5, "targets": [
-        {"url": px.url + "/metrics", "model": "m", "pool": "client", "name": "proxy"}]},
-        "staleness_s": 60, "slos": [{"pool": "client", "objectives": [
-            {"name": "ttft_mean", "indicator": "ttft", "objective": "mean", "threshold_s": 2.5, "min_requests": 4},
-            {"name": "ttft_att", "indicator": "ttft", "objective": "attainment", "threshold_s": 2.5,
-             "target": 0.99, "min_requests": 4},
-            {"name": "avail", "indicator": "availability", "objective": "attainment", "target": 0.999,
-             "min_requests": 4}]}]})
-    store, ev, t0 = SeriesStore(slots=64, lookback_s=60), SLOEvaluator(cfg), 1_700_000_000.0
-    scraper = Scraper(cfg.source, store)
-
-    async def judged(t: float) -> dict:
-        await scraper.scrape_target(cfg.source.targets[0], t)
-        ev.evaluate(store, t)
-        return {s.slo: s for s in ev.pools[("m", "client")].slos}
-
-    async def run() -> None:
-        try:
-            await checks()
-        finally:
-            await scraper.aclose()
-
-    async def checks() -> None:
-        await judged(t0)
+    rig = client_rig(px, [
+        {"name": "ttft_mean", "indicator": "ttft", "objective": "mean", "threshold_s": 2.5, "min_requests": 4},
+        {"name": "ttft_att", "indicator": "ttft", "objective": "attainment", "threshold_s": 2.5,
+         "target": 0.99, "min_requests": 4},
+        {"name": "avail", "indicator": "availability", "objective": "attainment", "target": 0.999,
+         "min_requests": 4}])
+    try:
+        rig.scrape()
+        rig.judge("m", "client")
         body = {"model": "m", "prompt": "x"}
         for _ in range(10):
             assert stream(px.url + "/v1/completions", {**body, "stream": True})[1][-1][1] == "[DONE]"
             assert httpx.post(px.url + "/v1/completions", json=body, timeout=10).status_code == 500
             px.proxy.decode.answered(d.url)
         assert httpx.post(px.url + "/v1/completions", content=b"not json", timeout=10).status_code == 400
-        await judged(t0 + 15)
-        for view in (store, LifetimeView(store)):
-            ev.evaluate(view, t0 + 15)
-            got = {s.slo: s for s in ev.pools[("m", "client")].slos}
+        rig.scrape(15)
+        rig.judge("m", "client")
+        for view in (rig.store, LifetimeView(rig.store)):
+            got = rig.slos("m", "client", view)
             assert got["ttft_mean"].status is Status.OK and got["ttft_att"].status is Status.OK  # what it read before
             assert got["avail"].value == pytest.approx(0.5) and got["avail"].requests == 10 + 10, view
             assert got["avail"].status is Status.VIOLATED, (got["avail"].reason, view)
             assert "10 of 20 requests failed by the service" in got["avail"].reason
-            assert ev.pools[("m", "client")].status is Status.VIOLATED
+            assert rig.ev.pools[("m", "client")].status is Status.VIOLATED
         assert got["avail"].period_requests == 20 and got["avail"].budget_remaining == pytest.approx(1 - 0.5 / 0.001)
-        row = next(line for line in render_table(ev.snapshot()).splitlines() if " avail " in line)
+        row = next(line for line in render_table(rig.ev.snapshot()).splitlines() if " avail " in line)
         assert "99.9% availability" in row and "50.00%" in row and "violated" in row, row
-
-    asyncio.run(run())
+    finally:
+        rig.close()
 
 
 def test_client_leaving_mid_stream_is_aborted_and_closes_the_decode_stream(engines, proxies):

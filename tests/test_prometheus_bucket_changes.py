@@ -14,13 +14,11 @@ import time
 
 import httpx
 import pytest
-from prometheus_support import PrometheusProcess, prometheus_binary
+from prometheus_support import PrometheusProcess, Recording, backfilled, judged, prometheus_binary
 
 from exporters import contract as c
-from sla_guard.config import parse_config
 from sla_guard.ingest.prometheus import PrometheusView
 from sla_guard.model import Status
-from sla_guard.slo import SLOEvaluator
 
 pytestmark = [
     pytest.mark.prometheus,
@@ -93,25 +91,8 @@ def _history(base: float) -> str:
 @pytest.fixture(scope="module")
 def upgraded():
     base = float(int(time.time()) - 12 * 3600)  # Prometheus takes the backfill as history
-    prom = PrometheusProcess([], interval_s=15.0, history=_history(base))
-    try:
-        prom.wait_ready(60)
+    with backfilled(_history(base)) as prom:
         yield prom, base + STEP * BEFORE  # the upgraded engine's first scrape
-    finally:
-        prom.stop()
-
-
-class _Failing(httpx.HTTPTransport):
-    """The real transport, but queries starting with ``fail`` get a connection error."""
-
-    def __init__(self, fail: str) -> None:
-        super().__init__()
-        self.fail = fail
-
-    def handle_request(self, request: httpx.Request) -> httpx.Response:
-        if request.url.params.get("query", "").startswith(self.fail):
-            raise httpx.ConnectError("store unavailable", request=request)
-        return super().handle_request(request)
 
 
 def _judge(
@@ -119,13 +100,8 @@ def _judge(
     at: float,
     transport: httpx.BaseTransport | None = None,
 ) -> tuple[dict, PrometheusView]:
-    view = PrometheusView(prom.url, timeout_s=30, transport=transport)
-    ev = SLOEvaluator(parse_config({"slos": SLOS}))
-    try:
-        ev.evaluate(view, at)
-    finally:
-        view.close()
-    return {m: ev.pools[(m, "decode")].slos[0] for m in ("up", "roll", "slow", "gone")}, view
+    pools, view = judged(prom, SLOS, at, transport)
+    return {m: pools[(m, "decode")].slos[0] for m in ("up", "roll", "slow", "gone")}, view
 
 
 def test_prometheus_reads_the_upgrade_as_a_violation(upgraded):
@@ -177,7 +153,7 @@ def test_a_failed_bucket_check_reads_unknown_not_ok(upgraded):
     """Where the query that finds a changed bucket fails, a change is not ruled out: unknown,
     saying so, however good the other answers look."""
     prom, upgrade = upgraded
-    slos, view = _judge(prom, upgrade + (6 * 3600 + 15 * 60), _Failing("label_replace("))
+    slos, view = _judge(prom, upgrade + (6 * 3600 + 15 * 60), Recording(fail="label_replace("))
     assert view.failed_queries >= 1
     s = slos["up"]
     assert s.status is Status.UNKNOWN and "could not check" in s.reason, (s.status, s.reason)

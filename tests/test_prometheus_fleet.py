@@ -14,11 +14,10 @@ from __future__ import annotations
 import random
 import time
 
-import httpx
 import numpy as np
 import pytest
 from guard_support import Served
-from prometheus_support import PrometheusProcess, prometheus_binary
+from prometheus_support import PrometheusProcess, Recording, backfilled, prometheus_binary
 
 from exporters import contract as c
 from sla_guard.detect.evaluators import LeakEvaluator
@@ -64,33 +63,12 @@ def _fleet(end: int) -> tuple[str, dict[str, np.ndarray]]:
     return "\n".join([*lines, "# EOF", ""]), rss
 
 
-class Recording(httpx.HTTPTransport):
-    """The real transport, recording each query sent; ``fail`` (a query prefix) answers that
-    query with a connection error, as a store that fails one query among many."""
-
-    def __init__(self, fail: str | None = None) -> None:
-        super().__init__()
-        self.sent: list[str] = []
-        self.fail = fail
-
-    def handle_request(self, request: httpx.Request) -> httpx.Response:
-        query = request.url.params.get("query", "")
-        self.sent.append(query)
-        if self.fail is not None and query.startswith(self.fail):
-            raise httpx.ConnectError("store unavailable", request=request)
-        return super().handle_request(request)
-
-
 @pytest.fixture(scope="module")
 def fleet():
     end = int(time.time()) - 60
     history, rss = _fleet(end)
-    prom = PrometheusProcess([], interval_s=15.0, history=history)
-    try:
-        prom.wait_ready(60)
+    with backfilled(history) as prom:
         yield prom, float(end), rss
-    finally:
-        prom.stop()
 
 
 def test_leak_detection_reads_a_fleet_within_the_body_limit(fleet):

@@ -18,13 +18,11 @@ import time
 import httpx
 import pytest
 import yaml
-from prometheus_support import PrometheusProcess, prometheus_binary
+from prometheus_support import PrometheusProcess, Recording, backfilled, judged, prometheus_binary
 
 from exporters import contract as c
-from sla_guard.config import parse_config
 from sla_guard.ingest.prometheus import PrometheusView
 from sla_guard.model import Status
-from sla_guard.slo import SLOEvaluator
 
 pytestmark = [
     pytest.mark.prometheus,
@@ -68,36 +66,14 @@ def _history(base: float) -> str:
 @pytest.fixture(scope="module")
 def fleet():
     base = float(int(time.time()) - 3 * 3600)  # Prometheus takes the backfill as history
-    prom = PrometheusProcess([], interval_s=15.0, history=_history(base))
-    try:
-        prom.wait_ready(60)
+    with backfilled(_history(base)) as prom:
         yield prom, base
-    finally:
-        prom.stop()
-
-
-class _Failing(httpx.HTTPTransport):
-    """The real transport, but queries starting with ``fail`` get a connection error."""
-
-    def __init__(self, fail: str) -> None:
-        super().__init__()
-        self.fail = fail
-
-    def handle_request(self, request: httpx.Request) -> httpx.Response:
-        if request.url.params.get("query", "").startswith(self.fail):
-            raise httpx.ConnectError("store unavailable", request=request)
-        return super().handle_request(request)
 
 
 def _judge(prom: PrometheusProcess, at: float,
            transport: httpx.BaseTransport | None = None) -> tuple[dict, PrometheusView]:
-    view = PrometheusView(prom.url, timeout_s=30, transport=transport)
-    ev = SLOEvaluator(parse_config({"slos": SLOS}))
-    try:
-        ev.evaluate(view, at)
-    finally:
-        view.close()
-    return {m: ev.pools[(m, "decode")] for m in MODELS}, view
+    pools, view = judged(prom, SLOS, at, transport)
+    return {m: pools[(m, "decode")] for m in MODELS}, view
 
 
 def test_prometheus_holds_what_the_stall_looks_like(fleet):
@@ -146,7 +122,7 @@ def test_before_the_stall_settles_nothing_is_stalled(fleet):
 def test_an_unanswered_stall_check_is_unknown_not_ok(fleet):
     """Where the stall query fails, a frozen pool is not ruled out: no pool reads ok."""
     prom, base = fleet
-    pools, view = _judge(prom, base + 35 * 60, _Failing("((sum by (job, instance, engine) (increase("))
+    pools, view = _judge(prom, base + 35 * 60, Recording(fail="((sum by (job, instance, engine) (increase("))
     assert view.failed_queries == 1, view.last_error
     healthy = pools["healthy"]
     assert healthy.status is Status.UNKNOWN and "could not check that the sla-guard hook" in healthy.reason, healthy
@@ -156,16 +132,12 @@ def test_an_unanswered_stall_check_is_unknown_not_ok(fleet):
 def test_check_reads_the_stall_through_prometheus(tmp_path):
     """`sla-guard check` with a Prometheus source (a subprocess, as users run it) judges at its own
     now: the same hour backfilled to end now, and the stalled pool's row names the stall."""
-    prom = PrometheusProcess([], interval_s=15.0, history=_history(float(int(time.time()) - SCRAPES * STEP + 20)))
-    try:
-        prom.wait_ready(60)
+    with backfilled(_history(float(int(time.time()) - SCRAPES * STEP + 20))) as prom:
         f = tmp_path / "guard.yaml"
         f.write_text(yaml.safe_dump({"source": {"mode": "prometheus", "url": prom.url, "timeout_s": 10},
                                      "slos": SLOS}))
         r = subprocess.run([sys.executable, "-m", "sla_guard.cli", "check", "--config", str(f)],
                            capture_output=True, text=True, timeout=120)
-    finally:
-        prom.stop()
     rows = {line.split()[0]: line for line in r.stdout.splitlines()[1:] if line.split()[0] in MODELS}
     assert r.returncode == 2, r.stdout + r.stderr
     assert "unknown  hook_stalled: the hook stopped recording on stall:8000 engine 0" in rows["stall"], r.stdout

@@ -9,7 +9,7 @@ import os
 
 import httpx
 import pytest
-from guard_support import T0, Engine, Served, UvicornThread, free_port
+from guard_support import T0, Engine, ScrapeRig, Served, UvicornThread, free_port
 from prometheus_client import generate_latest
 
 from exporters import contract as c
@@ -19,7 +19,6 @@ from sla_guard.ingest import build_store
 from sla_guard.ingest.prometheus import PrometheusSourceImpl
 from sla_guard.ingest.scrape import Scraper
 from sla_guard.model import Status
-from sla_guard.slo import SLOEvaluator
 
 WINDOW = "3s"
 
@@ -291,35 +290,28 @@ def test_a_multi_pool_target_over_its_series_limit_is_down_in_every_pool_it_spea
         "staleness_s": 1, "retention": {"slots": 32},
         "slos": [{"objectives": [{"name": "ttft_mean", "indicator": "ttft", "objective": "mean",
                                   "threshold_s": 2.5, "window": "2s", "min_requests": 3}]}]})
-    store = build_store(cfg)
-    now = [T0]
-    scraper = Scraper(cfg.source, store, clock=lambda: now[0])
-    ev = SLOEvaluator(cfg)
-    loop = asyncio.new_event_loop()
+    rig = ScrapeRig(cfg)
 
     def step():
         for e in (slow, slow2, fast):
             for _ in range(4):
                 e.request(9.0 if e is not fast else 0.2, 0.01)
-        now[0] += 0.25
-        loop.run_until_complete(scraper.collect())
-        ev.evaluate(store, now[0])
-        return ev.pools[("m", "decode")]
+        rig.collect(0.25)
+        return rig.judge("m", "decode")
 
     try:
         for _ in range(6):
             pool = step()
         assert pool.status is Status.VIOLATED, (pool.status, pool.reason)
-        store.max_series_per_group = store.series_count() // 2 + 10  # room for one engine's page
+        rig.store.max_series_per_group = rig.store.series_count() // 2 + 10  # room for one engine's page
         grown[0] = True
         seen = [step() for _ in range(16)]  # 4 s: the 2 s window holds only the fast engine's data
         assert all(p.status is Status.UNKNOWN and p.reason.startswith("1 of 2 targets down") for p in seen), \
             [(p.status, p.reason) for p in seen]
-        st = scraper._state["agg"]
+        st = rig.scraper._state["agg"]
         assert not st.up and "retention.max_series_per_target" in st.last_error, st.last_error
     finally:
-        loop.run_until_complete(scraper.aclose())
-        loop.close()
+        rig.close()
         for s in servers:
             s.stop()
 
@@ -337,11 +329,8 @@ def test_series_of_removed_targets_go_stale_and_are_freed(tmp_path):
                         "staleness_s": 1, "retention": {"slots": 8},
                         "slos": [{"objectives": [{"name": "ttft_mean", "indicator": "ttft", "objective": "mean",
                                                   "threshold_s": 2.5, "window": "2s", "min_requests": 3}]}]})
-    store = build_store(cfg)
-    now = [T0]
-    scraper = Scraper(cfg.source, store, clock=lambda: now[0])
-    ev = SLOEvaluator(cfg)
-    loop = asyncio.new_event_loop()
+    rig = ScrapeRig(cfg)
+    store = rig.store
     counts, statuses = [], []
     try:
         for gen in range(12):  # the slow engine's pod replaced every second, under a new name
@@ -352,24 +341,21 @@ def test_series_of_removed_targets_go_stale_and_are_freed(tmp_path):
                 for _ in range(4):
                     fast.request(0.2, 0.01)
                     slow.request(9.0, 0.01)
-                now[0] += 0.25
-                loop.run_until_complete(scraper.collect())
+                rig.collect(0.25)
                 if gen == 0:
                     store.max_series = 6 * store.series_count() // 2  # room for six targets
             if gen:
-                assert {dict(k)["instance"] for k in store.instant("up", {}, now[0])} == {"stable", f"pod-{gen}"}
-            ev.evaluate(store, now[0])
+                assert {dict(k)["instance"] for k in store.instant("up", {}, rig.now)} == {"stable", f"pod-{gen}"}
+            statuses.append(rig.judge("m", "decode").status)
             store.collect_garbage()
             counts.append(store.series_count())
-            statuses.append(ev.pools[("m", "decode")].status)
         # never "ok" on the fast engine alone; a scrape past its 0.25 s deadline on a loaded machine
         # reads unknown (honest), so a round or two may be unknown rather than violated
         assert Status.OK not in statuses[1:] and statuses[1:].count(Status.VIOLATED) >= len(statuses) - 3, statuses
         assert store.dropped["series_limit"] == 0 and max(counts[4:]) <= 5 * counts[0] // 2, counts
-        assert not store.instant(c.REQUEST_TTFT.series("_count"), {"instance": "pod-0"}, now[0])
+        assert not store.instant(c.REQUEST_TTFT.series("_count"), {"instance": "pod-0"}, rig.now)
     finally:
-        loop.run_until_complete(scraper.aclose())
-        loop.close()
+        rig.close()
         for s in servers:
             s.stop()
 
@@ -973,21 +959,16 @@ def test_an_engine_restarted_with_new_labels_near_its_series_limit_is_judged_at_
         "staleness_s": 1, "retention": {"slots": slots},
         "slos": [{"objectives": [{"name": "ttft_mean", "indicator": "ttft", "objective": "mean",
                                   "threshold_s": 2.5, "window": "2s", "min_requests": 1}]}]})
-    store = build_store(cfg)
-    now = [T0]
-    scraper = Scraper(cfg.source, store, clock=lambda: now[0])
-    ev = SLOEvaluator(cfg)
-    loop = asyncio.new_event_loop()
+    rig = ScrapeRig(cfg)
+    store, state = rig.store, rig.scraper._state
 
     def step() -> tuple[str | None, int, Status]:
         """One request, one scrape, one evaluation: (the target's error, series refused, verdict)."""
         eng.request(0.2, 0.01)
-        now[0] += 0.25
-        was = scraper._state["e0"].errors.get("series_limit", 0) if "e0" in scraper._state else 0
-        st = loop.run_until_complete(scraper.scrape_target(cfg.source.targets[0]))
+        was = state["e0"].errors.get("series_limit", 0) if "e0" in state else 0
+        st = rig.scrape(0.25)
         refused = st.errors.get("series_limit", 0) - was
-        ev.evaluate(store, now[0])
-        return st.last_error, refused, ev.pools[("m", "decode")].status
+        return st.last_error, refused, rig.judge("m", "decode").status
 
     try:
         err, _, _ = step()
@@ -998,7 +979,7 @@ def test_an_engine_restarted_with_new_labels_near_its_series_limit_is_judged_at_
             store.max_series_per_group = int(store.series_count() / 0.9)  # the target holds 90 % of its limit
         before = [step() for _ in range(8)]
         assert before[-1] == (None, 0, Status.OK), before[-1]
-        restart_at = now[0]
+        restart_at = rig.now
         eng.engine = "1"  # restarted: the same page under a new engine label
         eng.restart()
         after = [step()]
@@ -1012,6 +993,5 @@ def test_an_engine_restarted_with_new_labels_near_its_series_limit_is_judged_at_
         assert not bad, (f"{len(bad)} of {len(after)} scrapes after the restart refused series or read "
                          f"{after[bad[0]][2].value}: {after[bad[0]][:2]}")
     finally:
-        loop.run_until_complete(scraper.aclose())
-        loop.close()
+        rig.close()
         srv.stop()

@@ -21,7 +21,7 @@ import importlib.util
 from pathlib import Path
 
 import pytest
-from guard_support import Engine, Served
+from guard_support import Engine, ScrapeRig, Served
 
 from exporters import contract as c
 from exporters.routers import ADAPTERS, translate, translate_text
@@ -352,8 +352,6 @@ def test_guard_counts_streams_a_dynamo_frontend_refused_as_client_ttft_attainmen
     counted. Through the real scraper and SLO evaluator, client TTFT attainment (1 s, a Dynamo boundary)
     read 100 %, ok, while half the streaming clients got an error; it reads 4 of 8, violated (the 90 s
     window starts 30 s before the first scrape, so increase() stretches every counter alike by 1.5)."""
-    from sla_guard.slo import SLOEvaluator
-
     rb = _rebuild()
     first = page("dynamo")
     monkeypatch.setitem(rb.DYN_TTFT, "qwen", rb.DYN_TTFT["qwen"] + [0.5] * 4)
@@ -369,23 +367,15 @@ def test_guard_counts_streams_a_dynamo_frontend_refused_as_client_ttft_attainmen
         "staleness_s": 60, "slos": [{"pool": "client", "objectives": [
             {"name": "ttft_att", "indicator": "ttft", "objective": "attainment", "threshold_s": 1.0,
              "target": 0.99, "window": "90s", "min_requests": 4}]}]})
-    store, ev, t0 = SeriesStore(), SLOEvaluator(cfg), 1000.0
-    scr = Scraper(cfg.source, store)
-
-    async def go():
-        try:
-            await scr.scrape_target(cfg.source.targets[0], t0)
-            current["text"] = rb.dynamo()
-            await scr.scrape_target(cfg.source.targets[0], t0 + 60)
-        finally:
-            await scr.aclose()
-
+    rig = ScrapeRig(cfg, SeriesStore(), now=1000.0)
     try:
-        asyncio.run(go())
+        rig.scrape()
+        current["text"] = rb.dynamo()
+        rig.scrape(60)
     finally:
+        rig.close()
         srv.stop()
-    ev.evaluate(store, t0 + 60)
-    res = {s.slo: s for s in ev.pools[(QWEN, "client")].slos}["ttft_att"]
+    res = rig.slos(QWEN, "client")["ttft_att"]
     assert res.value == pytest.approx(0.5) and res.requests == pytest.approx(8 * 1.5), res
     assert res.status is Status.VIOLATED, res
     assert "6 requests failed by the service before their first token" in res.reason, res.reason

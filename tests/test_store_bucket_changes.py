@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import pytest
 from guard_support import Served
-from prometheus_support import PrometheusProcess, prometheus_binary
+from prometheus_support import backfilled, prometheus_binary
 
 from exporters import contract as c
 from sla_guard.config import parse_config
@@ -259,34 +259,32 @@ def test_prometheus_on_the_same_samples_reads_the_upgrade_as_a_violation_and_agr
         "# EOF",
         "",
     ]
-    prom = PrometheusProcess([], interval_s=15.0, history="\n".join(history))
-    rig = _Rig([page], ATTAINMENT)
-    try:
-        prom.wait_ready(60)
-        rig.run(end)
+    with backfilled("\n".join(history)) as prom:
+        rig = _Rig([page], ATTAINMENT)
+        try:
+            rig.run(end)
 
-        def promql(name: str, i: int) -> dict[float, float]:
-            got = prom.query(f"sum by (le) (increase({name}_bucket[5m]))", base + 5 * i)
-            return {float(r["metric"]["le"]): float(r["value"][1]) for r in got}
+            def promql(name: str, i: int) -> dict[float, float]:
+                got = prom.query(f"sum by (le) (increase({name}_bucket[5m]))", base + 5 * i)
+                return {float(r["metric"]["le"]): float(r["value"][1]) for r in got}
 
-        def guard(name: str, i: int) -> dict[float, float]:
-            return rig.store.bucket_increase(name, {}, 300, rig.t(i))[()]
+            def guard(name: str, i: int) -> dict[float, float]:
+                return rig.store.bucket_increase(name, {}, 300, rig.t(i))[()]
 
-        spans = UPGRADE + 2
-        assert promql(TPOT, spans)[0.02] / promql(TPOT, spans)[math.inf] == pytest.approx(0.05)
-        assert guard(TPOT, spans)[0.02] == guard(TPOT, spans)[math.inf] > 0
-        assert rig.seen[spans]["att"].value == 1.0
-        for name, i in ((TPOT, end - 1), (TTFT, 160), (TTFT, end - 1)):
-            want, got = promql(name, i), guard(name, i)
-            assert got.keys() == want.keys() and all(got[le] == pytest.approx(want[le], rel=1e-9) for le in want), (
-                name,
-                i,
-                got,
-                want,
-            )
-    finally:
-        rig.close()
-        prom.stop()
+            spans = UPGRADE + 2
+            assert promql(TPOT, spans)[0.02] / promql(TPOT, spans)[math.inf] == pytest.approx(0.05)
+            assert guard(TPOT, spans)[0.02] == guard(TPOT, spans)[math.inf] > 0
+            assert rig.seen[spans]["att"].value == 1.0
+            for name, i in ((TPOT, end - 1), (TTFT, 160), (TTFT, end - 1)):
+                want, got = promql(name, i), guard(name, i)
+                assert got.keys() == want.keys() and all(got[le] == pytest.approx(want[le], rel=1e-9) for le in want), (
+                    name,
+                    i,
+                    got,
+                    want,
+                )
+        finally:
+            rig.close()
 
 
 def test_a_nan_or_inf_in_the_slo_histograms_refuses_the_page():
