@@ -247,7 +247,10 @@ class Target(Strict):
         default=None, description="the router whose own metrics this page carries; mapped onto the client scope")
     honor_labels: bool = Field(default=False, description="let the page's own model/pool labels win")
     """Opt-in: let the page's own model/pool labels win over this target's; for sidecars and
-    aggregators that speak for several pools (the store and the scraper implement it)."""
+    aggregators that speak for several pools (the store and the scraper implement it). The target's
+    own model/pool is then no pool: it stands in for the target's pools, in ``up``, only until a
+    good page has named them (``Scraper._up``), so a healthy aggregator is judged on its pages'
+    pools, and one down from the start is still unknown."""
 
     @field_validator("url")
     @classmethod

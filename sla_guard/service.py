@@ -33,6 +33,9 @@ from sla_guard.model import Evaluator, MetricsView
 from sla_guard.state import Stateful, StateStore
 
 log = logging.getLogger("sla_guard.service")
+# ``check --wait``: a wait over this scrapes a third time, this long before the last, so that the
+# scraper can see a stalled hook (HOOK_LAG_S, plus slack: the scrapes are stamped by the wall clock)
+CHECK_STALL_WAIT_S = c.HOOK_LAG_S + 0.25
 
 
 @dataclass(slots=True)
@@ -242,15 +245,25 @@ class Guard:
 
     async def check_once(self, wait_s: float = 0.0) -> TickResult:
         """What ``sla-guard check`` does. With a Prometheus source: one tick now. With the
-        embedded scraper there is no history: ``wait_s > 0`` scrapes twice ``wait_s`` apart and
-        evaluates PromQL windows over that; ``wait_s == 0`` scrapes once and judges each
-        engine's lifetime (counters since start) through ``LifetimeView``."""
+        embedded scraper there is no history: ``wait_s > 0`` scrapes at the start and ``wait_s``
+        later and evaluates PromQL windows over that; ``wait_s == 0`` scrapes once and judges each
+        engine's lifetime (counters since start) through ``LifetimeView``. A wait longer than
+        ``CHECK_STALL_WAIT_S`` adds a scrape between them, ``HOOK_LAG_S`` (and slack) before the
+        last: the scraper's ``hook_stalled`` check needs three good scrapes, the last that far after
+        the second, and with two a frozen hook read as an idle engine. It costs one scrape, no time."""
         if self.source.mode != "scrape":
             await self.collect()
             return self.tick()
         await self.collect()
         if wait_s > 0:
-            await asyncio.sleep(wait_s)
+            loop = asyncio.get_running_loop()
+            start = loop.time()
+            end = start + wait_s
+            if wait_s > CHECK_STALL_WAIT_S:
+                await asyncio.sleep(min(wait_s / 2, wait_s - CHECK_STALL_WAIT_S))
+                end = max(end, loop.time() + CHECK_STALL_WAIT_S)  # a late wake-up must not shorten the gap
+                await self.collect()
+            await asyncio.sleep(max(0.0, end - loop.time()))
             await self.collect()
             return self.tick()
         from sla_guard.ingest.lifetime import LifetimeView

@@ -334,13 +334,16 @@ class SLOEvaluator:
         self.known: set[tuple[str, str]] = set()
         self.configured: set[tuple[str, str]] = set()
         for t in getattr(config.source, "targets", []):
-            if getattr(t, "adapter", None) is None:  # a router's page names its own models
+            # a router's page names its own models, an honor_labels page (an aggregator) its own
+            # pools: their configured model/pool is no pool (it was one, unknown for ever, without data)
+            if getattr(t, "adapter", None) is None and not getattr(t, "honor_labels", False):
                 self.configured.add((t.model, t.pool))
         self.known |= self.configured
         # a pool that disappeared (scaled to zero, renamed) is reported unknown for a while, then
         # forgotten: ``known`` must not grow forever
         self.forget_after_s = forget_after_s
         self._last_seen: dict[tuple[str, str], float] = {}
+        self._had_data: set[tuple[str, str]] = set()  # known pools a tick saw data of
         self._ledgers: dict[tuple, Ledger] = {}
         self._last_feed: float | None = None
         self._metrics: ContractMetrics | None = None
@@ -367,14 +370,14 @@ class SLOEvaluator:
         if self._availability:  # one query more per tick, only for a config that reads it
             current[AVAIL] = {lab: v for lab, v in view.instant(c.CLIENT_REQUESTS.series(), {}, now).items()
                               if dict(lab).get("pool") == c.Pool.CLIENT}
-        seen: set[tuple[str, str]] = set()
+        seen_data: set[tuple[str, str]] = set()
         for i in current:
             for lab in current[i]:
                 d = dict(lab)
                 if "model" in d and "pool" in d:
-                    seen.add((d["model"], d["pool"]))
+                    seen_data.add((d["model"], d["pool"]))
         health, up_targets, down_targets = self._health(view, now)
-        seen |= set(health)
+        seen = seen_data | set(health)
         stalls = _hook_stalls(view, now)
         over = 0
         for key in seen:
@@ -389,14 +392,19 @@ class SLOEvaluator:
         self.pools_over_limit = over
         # where the source reports target health per pool, a pool with no target left (removed
         # from discovery) is forgotten once its data is stale, not after forget_after_s: its
-        # "unknown" would otherwise hold the overall verdict for an hour
+        # "unknown" would otherwise hold the overall verdict for an hour; one that never had data
+        # (only an up: an aggregator's configured pool before its page named its pools) at once
         targetless = {k for k in self.known if health and k not in health}
+        self._had_data |= seen_data & self.known
         for key in list(self.known - self.configured):
             limit = min(self.forget_after_s, 2 * self.config.staleness_s) if key in targetless \
                 else self.forget_after_s
+            if key in targetless and key not in self._had_data and not any(k[3:] == key for k in self._ledgers):
+                limit = 0.0
             if now - self._last_seen.get(key, now) > limit:
                 self.known.discard(key)
                 self._last_seen.pop(key, None)
+                self._had_data.discard(key)
                 for lk in [k for k in self._ledgers if k[3:] == key]:
                     del self._ledgers[lk]
         fresh = {i: {(dict(k).get("model"), dict(k).get("pool")) for k in current[i]} for i in current}

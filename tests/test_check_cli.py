@@ -363,3 +363,69 @@ def test_an_availability_row_reads_as_a_share_of_requests_without_a_threshold(tm
     row = _rows(out.stdout)[("client", "availability")]
     assert row[3:6] == ["99.9% availability", f"{100 * 10 / 12:.2f}%", "12"], row
     assert row[8] == "violated" and "2 of 12 requests failed by the service (outcome=error)" in row[9], row
+
+
+def _vllm_beside(e: Engine, *, hook_records: bool) -> Served:
+    """A plugin page: the hook's contract series (``e``) beside vLLM's own token counter, which
+    rises at every scrape; the hook records those steps only if ``hook_records``."""
+    tokens = [0]
+
+    def page() -> str:
+        tokens[0] += 80
+        if hook_records:
+            for _ in range(10):
+                e.request(0.5, 0.01)
+        return e.exposition() + ("# TYPE vllm:generation_tokens counter\n"
+                                 f'vllm:generation_tokens_total{{engine="0",model_name="m"}} {tokens[0]}\n')
+
+    return Served(page)
+
+
+@pytest.mark.parametrize("hook_records", [False, True])
+def test_check_wait_sees_a_hook_that_stopped_recording(tmp_path, hook_records):
+    """``check --wait`` scraped twice, and the scraper's ``hook_stalled`` check needs three good
+    scrapes (the last ``HOOK_LAG_S`` after the second): vLLM's counter rising while the hook's stood
+    still read as an idle engine ("too few requests"), the frozen hook never named. A wait over
+    ``CHECK_STALL_WAIT_S`` scrapes a third time: the target is down, ``hook_stalled``, naming why.
+    A hook that records the same steps is no stall: ok."""
+    from exporters import contract as c
+    from sla_guard.service import CHECK_STALL_WAIT_S
+
+    e = Engine()
+    for _ in range(10):
+        e.request(0.5, 0.01)
+    s = _vllm_beside(e, hook_records=hook_records)
+    try:
+        r = _check(_cfg([(s, "decode")]), tmp_path, "--wait", f"{CHECK_STALL_WAIT_S + 1:g}")
+        hits = s.hits
+    finally:
+        s.stop()
+    if hook_records:
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert "hook_stalled" not in r.stdout + r.stderr
+    else:
+        assert r.returncode == 2, r.stdout + r.stderr
+        assert "down: hook_stalled: the hook stopped recording" in r.stderr, r.stdout + r.stderr
+        assert f"{c.GENERATION_TOKENS.series()} did not move" in r.stderr or c.ENGINE_STEPS.series() in r.stderr
+        row = _rows(r.stdout)[("decode", "ttft_mean")]
+        assert row[8] == "unknown" and "1 of 1 targets down" in r.stdout and "hook_stalled" in r.stdout, r.stdout
+    assert hits == 3, hits
+
+
+def test_a_quick_check_scrapes_once_and_a_short_wait_twice(tmp_path):
+    """The third scrape costs no time and only comes with a wait that leaves room for it."""
+    from sla_guard.service import CHECK_STALL_WAIT_S
+
+    e = Engine()
+    for _ in range(10):
+        e.request(0.5, 0.01)
+    s = _vllm_beside(e, hook_records=True)
+    try:
+        hits = []
+        for wait in ("0", f"{CHECK_STALL_WAIT_S:g}"):
+            r = _check(_cfg([(s, "decode")]), tmp_path, "--wait", wait)
+            assert r.returncode == 0, r.stdout + r.stderr
+            hits.append(s.hits - sum(hits))
+    finally:
+        s.stop()
+    assert hits == [1, 2]

@@ -219,6 +219,21 @@ def test_an_idle_engine_and_one_flush_interval_of_lag_are_not_a_stall(guarded):
     assert st.up and not st.errors
 
 
+def test_a_stall_is_seen_at_its_third_scrape_whatever_the_clock_s_fraction(guarded):
+    """The scraper stamps a scrape with the wall clock, the store keeps the stamp to the millisecond.
+    A stamp the store rounded up (x.0006 -> x.001) lay after the unrounded time ``_hook_stalled``
+    read at, so it read the previous scrape's counters: every third scrape of a real clock saw the
+    stall one scrape late, and ``check --wait`` (three scrapes) missed it. Stamps are now rounded
+    where they are taken."""
+    eng, scrape, busy = guarded
+    scrape(1, lambda: [], every=0.0006, evaluate=False)  # every later stamp ends in .0006
+    eng.attached = False
+    st, _ = scrape(1, busy, evaluate=False)  # vLLM rose since the scrape before, the hook did not
+    assert st.up
+    st, _ = scrape(1, busy, evaluate=False)  # the third scrape, 5 s on: seen now, not one scrape late
+    assert not st.up and st.errors.get("hook_stalled") == 1, st
+
+
 def test_a_page_without_vllm_series_is_not_checked(monkeypatch, tmp_path):
     """The sidecar's page and the simulator's carry only the contract: nothing to compare, no
     verdict from a missing witness."""

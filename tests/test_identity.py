@@ -11,9 +11,13 @@ scraped over real loopback HTTP by the real Scraper and judged by the real SLOEv
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
-from guard_support import T0, Engine, Served
+import yaml
+from guard_support import T0, Engine, GuardProcess, Served, free_port
 
 from exporters import contract as c
 from sla_guard.config import ScrapeSource, Target, parse_config
@@ -22,6 +26,7 @@ from sla_guard.model import Status
 from sla_guard.slo import SLOEvaluator
 from sla_guard.store import SeriesStore
 
+ROOT = Path(__file__).resolve().parent.parent
 TTFT_COUNT = c.REQUEST_TTFT.series("_count")
 # vLLM's own histogram, as a page would carry it next to the contract
 VLLM_LINES = "".join(
@@ -163,3 +168,110 @@ def test_switching_honor_labels_invalidates_the_scrape_cache():
 def test_target_default_is_honor_labels_false():
     assert Target(url="http://127.0.0.1:1/metrics").honor_labels is False
     assert ScrapeSource(targets=[{"url": "http://127.0.0.1:1/metrics", "honor_labels": True}]).targets[0].honor_labels
+
+
+# -- an aggregator: its page speaks for its pools, its configured model/pool is no pool of its own --
+def _agg_cfg(url: str) -> dict:
+    """A guard whose one target is an aggregator (``honor_labels``, no ``model:``/``pool:``: the
+    defaults default/mixed)."""
+    return {"source": {"mode": "scrape", "interval_s": 0.25, "timeout_s": 0.25,
+                       "targets": [{"url": url, "name": "agg", "honor_labels": True}]},
+            "staleness_s": 2, "evaluation_interval_s": 0.25,
+            "slos": [{"objectives": [{"name": "ttft_mean", "indicator": "ttft", "objective": "mean",
+                                      "threshold_s": 2.5, "window": "3s", "min_requests": 3}]}]}
+
+
+def _aggregator(port: int | None = None) -> Served:
+    """A page carrying a prefill and a decode engine's own labels; each scrape sees 4 more requests."""
+    engines = [Engine(model="m", pool="prefill"), Engine(model="m", pool="decode")]
+
+    def page() -> str:
+        for e in engines:
+            for _ in range(4):
+                e.request(0.2, 0.01)
+        return "".join(e.exposition() for e in engines)
+
+    return Served(page, port=port)
+
+
+def _surfaces(g) -> tuple[dict, dict, str]:
+    return g.get("/v1/slo").json(), g.get("/v1/status").json(), g.get("/metrics", auth=False).text
+
+
+def test_a_healthy_aggregator_reads_ok_with_no_pool_of_its_own(tmp_path):
+    """A healthy ``honor_labels`` target without ``model:``/``pool:`` kept a pool default/mixed
+    at "no current ttft data" for ever (its configured identity was a pool, with the target's
+    up=1 and no data): the overall verdict never left unknown. Its pools are those its page
+    carries: m/prefill and m/decode, ok; default/mixed is nowhere (/v1/slo, /v1/status, /metrics,
+    ``check``)."""
+    agg = _aggregator()
+    g = GuardProcess(tmp_path, _agg_cfg(agg.url), log_level="info")
+    try:
+        slo = g.wait_for("both pools judged", lambda: (b := g.get("/v1/slo").json())
+                         and {(p["model"], p["pool"]) for p in b["pools"] if p["status"] == "ok"}
+                         >= {("m", "prefill"), ("m", "decode")} and b)
+        g.wait_for("overall ok", lambda: g.get("/v1/slo").json()["status"] == "ok")
+        slo, status, metrics = _surfaces(g)
+        assert {(p["model"], p["pool"]) for p in slo["pools"]} == {("m", "prefill"), ("m", "decode")}, slo
+        assert status["evaluators"]["slo"]["status"] == "ok"
+        assert 'pool="mixed"' not in metrics and 'model="default"' not in metrics
+        assert 'slaguard_guard_target_up{model="m",pool="decode",target="agg"} 1.0' in metrics
+        assert 'slaguard_guard_target_up{model="m",pool="prefill",target="agg"} 1.0' in metrics
+    finally:
+        g.stop()
+    cfg = tmp_path / "check.yaml"
+    cfg.write_text(yaml.safe_dump(_agg_cfg(agg.url)))
+    try:
+        r = subprocess.run([sys.executable, "-m", "sla_guard.cli", "check", "--config", str(cfg)],
+                           capture_output=True, text=True, timeout=60, cwd=ROOT)
+    finally:
+        agg.stop()
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "mixed" not in r.stdout and "\noverall: ok\n" in r.stdout, r.stdout
+
+
+def test_an_aggregator_down_makes_its_pools_unknown_naming_it(tmp_path):
+    """What must stay: an aggregator that never answered has told no pools, so its configured pool
+    stands for them, unknown, naming the target and the cause: never ok. Once it answers, its
+    page's pools replace that stand-in; down again, each of those pools is unknown, naming it."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/metrics"
+    cfg = tmp_path / "check.yaml"
+    cfg.write_text(yaml.safe_dump(_agg_cfg(url)))
+    r = subprocess.run([sys.executable, "-m", "sla_guard.cli", "check", "--config", str(cfg)],
+                       capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert r.returncode == 2 and "overall: unknown" in r.stdout, r.stdout + r.stderr
+    assert "1 of 1 targets down (agg: connect" in r.stdout, r.stdout
+    g = GuardProcess(tmp_path, _agg_cfg(url), log_level="info")
+    agg = None
+    try:
+        slo = g.wait_for("the stand-in pool down", lambda: (b := g.get("/v1/slo").json())["pools"] and b)
+        (pool,) = slo["pools"]
+        assert (pool["model"], pool["pool"], pool["status"]) == ("default", "mixed", "unknown"), pool
+        assert pool["reason"].startswith("1 of 1 targets down (agg: connect"), pool
+        assert slo["status"] == "unknown"
+        metrics = g.get("/metrics", auth=False).text
+        assert 'slaguard_guard_target_up{model="default",pool="mixed",target="agg"} 0.0' in metrics
+        agg = _aggregator(port)
+        # the tick that first sees its page's pools no longer has the stand-in (it lingered as "no
+        # target left for this pool" for 2 x staleness_s, unknown)
+        slo = g.wait_for("its page's pools", lambda: (b := g.get("/v1/slo").json())
+                         and any(p["pool"] == "decode" for p in b["pools"]) and b)
+        assert ("default", "mixed") not in {(p["model"], p["pool"]) for p in slo["pools"]}, slo
+        g.wait_for("overall ok", lambda: g.get("/v1/slo").json()["status"] == "ok")
+        slo, status, metrics = _surfaces(g)
+        assert {(p["model"], p["pool"]) for p in slo["pools"]} == {("m", "prefill"), ("m", "decode")}, slo
+        assert status["evaluators"]["slo"]["status"] == "ok" and 'pool="mixed"' not in metrics, metrics
+        agg.stop()
+        agg = None
+        slo = g.wait_for("its pools down", lambda: (b := g.get("/v1/slo").json())["status"] == "unknown" and b)
+        assert {(p["model"], p["pool"]) for p in slo["pools"]} == {("m", "prefill"), ("m", "decode")}, slo
+        assert all(p["status"] == "unknown" and p["reason"].startswith("1 of 1 targets down (agg: ")
+                   for p in slo["pools"]), [p["reason"] for p in slo["pools"]]
+        metrics = g.get("/metrics", auth=False).text
+        assert 'slaguard_guard_target_up{model="m",pool="decode",target="agg"} 0.0' in metrics
+        assert 'slaguard_guard_slo_status{model="m",pool="decode",slo="ttft_mean",status="unknown"} 1.0' in metrics
+    finally:
+        g.stop()
+        if agg is not None:
+            agg.stop()

@@ -14,6 +14,7 @@ from sla_guard.commands import number
 from sla_guard.config import ConfigError, load_config
 from sla_guard.detect.stages import StageBreakdownEvaluator
 from sla_guard.model import Status
+from sla_guard.service import CHECK_STALL_WAIT_S
 
 EXIT = {Status.OK: 0, Status.AT_RISK: 0, Status.VIOLATED: 1, Status.UNKNOWN: 2}
 
@@ -22,8 +23,9 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p = sub.add_parser("check", help="evaluate the SLOs once, print a table, exit 0/1/2")
     p.add_argument("--config", required=True, help="guard configuration (YAML)")
     p.add_argument("--wait", type=number(0, above=False), default=0.0, metavar="SECONDS",
-                   help="embedded mode: scrape twice this far apart and use PromQL windows over that "
-                        "(default 0: one scrape, judge each engine since its start)")
+                   help="embedded mode: scrape twice this far apart and use PromQL windows over that; a wait "
+                        f"over {CHECK_STALL_WAIT_S:g} s adds a scrape between them, so that a hook that stopped "
+                        "recording is seen (default 0: one scrape, judge each engine since its start)")
     p.add_argument("--json", action="store_true", help="print the SLO snapshot as JSON instead of a table")
     return p
 
@@ -110,9 +112,9 @@ def run(args: argparse.Namespace) -> int:
     breakdown = StageBreakdownEvaluator(cfg)  # where the client TTFT went; no findings book
     guard = compose(cfg, detectors=False, advisor=False, extra_evaluators=[breakdown]).guard
 
-    # the whole check is bounded: two collections, the wait, one tick's query budget, slack
+    # the whole check is bounded: three collections, the wait, one tick's query budget, slack
     src_timeout = getattr(cfg.source, "timeout_s", 10.0)
-    limit = 2 * src_timeout + max(0.0, args.wait) + guard.tick_budget_s + 5.0
+    limit = 3 * src_timeout + max(0.0, args.wait) + guard.tick_budget_s + 5.0
 
     async def once():
         try:

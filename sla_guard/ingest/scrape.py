@@ -109,6 +109,7 @@ class Scraper:
         # honor_labels targets: the (instance, model, pool) of the SLOs' series their page carried at
         # its last good scrape
         self._page_pools: dict[str, frozenset[tuple[str, ...]]] = {}
+        self._gauged: dict[str, set[tuple[str, str]]] = {}  # target -> its guard_target_up (model, pool)s
         # per target: recent good scrapes' (time, vLLM's token counter, the hook's counters)
         self._liveness: dict[str, collections.deque] = {}
         self._stalled: dict[str, tuple[list, str]] = {}  # target -> (the hook's counters then, why)
@@ -138,8 +139,9 @@ class Scraper:
             self.store.retire(gone, t_gone, keep)
             self.store.retire(gone + "#up", t_gone, keep)
             if self._metrics is not None:
-                with contextlib.suppress(KeyError):
-                    self._metrics[c.GUARD_TARGET_UP].remove(st.name, st.model, st.pool)
+                for model, pool in self._gauged.pop(gone, {(st.model, st.pool)}):
+                    with contextlib.suppress(KeyError):
+                        self._metrics[c.GUARD_TARGET_UP].remove(st.name, model, pool)
         # one deadline for the whole round: a target still queued or still reading then is failed
         deadline = asyncio.get_running_loop().time() + self.cfg.timeout_s
         await asyncio.gather(*(self._scrape_guarded(t, deadline) for t in targets))
@@ -179,7 +181,9 @@ class Scraper:
         labels = {"instance": name, "model": target.model, "pool": target.pool}
         honor = getattr(target, "honor_labels", False)  # Target.honor_labels (config.py); False: ours win
         t0 = time.perf_counter()
-        ts = self.clock() if t is None else t
+        # to the millisecond, as the store keeps it: unrounded, a stamp rounded up by the store lay
+        # after ``ts``, and ``_hook_stalled``'s read at ``ts`` got the previous scrape's values
+        ts = round(self.clock() if t is None else t, 3)
         try:
             if deadline is None:
                 deadline = asyncio.get_running_loop().time() + self.cfg.timeout_s
@@ -363,17 +367,27 @@ class Scraper:
         An ``honor_labels`` page (an aggregator) speaks for its own pools, and its engines may carry
         their own ``instance``: ``up`` goes under each (instance, model, pool) its last good page
         carried, since its up=0 under its configured pool alone left the others judged "ok" on
-        their remaining targets."""
+        their remaining targets. Its configured (or default) model/pool is no pool of its own: up=1
+        there made a pool without data, unknown for ever. It stands in for the target's pools only
+        until a good page has named them (down from the start: unknown, never "ok").
+        ``guard_target_up`` carries the same (model, pool)s."""
         if target.adapter is not None:
             models = self._router_models.get(name) or {target.model}
             keys = {(name, model, target.pool) for model in models}
         else:
-            keys = {(name, target.model, target.pool), *self._page_pools.get(name, ())}
+            keys = self._page_pools.get(name) or {(name, target.model, target.pool)}
         for instance, model, pool in sorted(keys):
             self.store.append(UP, {"instance": instance, "model": model, "pool": pool}, ts, value,
                               group=name + "#up", limited=False)
         if self._metrics is not None:
-            self._metrics[c.GUARD_TARGET_UP].labels(name, target.model, target.pool).set(value)
+            gauge = self._metrics[c.GUARD_TARGET_UP]
+            pools = {(model, pool) for _, model, pool in keys}
+            for model, pool in self._gauged.get(name, set()) - pools:  # pools its page no longer carries
+                with contextlib.suppress(KeyError):
+                    gauge.remove(name, model, pool)
+            self._gauged[name] = pools
+            for model, pool in sorted(pools):
+                gauge.labels(name, model, pool).set(value)
 
     def _count(self, name: str, kind: str, n: int = 1) -> None:
         if self._metrics is not None:
