@@ -8,20 +8,24 @@
   (the detectors' ``/v1/findings``, the advisor's ``/v1/recommendations``) require
   ``Authorization: Bearer <token>``, compared in constant time. Without a configured token the
   /v1 routes are open; ``sla-guard serve`` only allows that on a loopback address.
+- Every answer is bounded: lists and per-process / per-group maps come in pages of at most
+  ``PAGE_MAX`` (``limit``; ``next`` -> ``after``), rendered in the route's worker thread.
 - Every error is JSON: ``{"error": {"status": 401, "message": "..."}}``; request bodies over
   ``max_body_bytes`` are refused with 413 before they are read into memory.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import enum
 import hmac
 import logging
 import math
 from collections.abc import Callable, Sequence
+from typing import Annotated
 
-from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
+from fastapi import APIRouter, Depends, FastAPI, HTTPException, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -29,11 +33,13 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from exporters.request_deadline import request_timeout_protocol
-from sla_guard.model import Status
+from sla_guard.model import PAGE_MAX, Status, page
 from sla_guard.service import Guard
 from sla_guard.slo import worst
 
 log = logging.getLogger("sla_guard.api")
+
+STATUS_LIMIT = 100  # /v1/status: entries per evaluator's per-process / per-group map by default
 
 _bearer = HTTPBearer(auto_error=False, description="the guard's API token (api.token_file or $SLA_GUARD_TOKEN)")
 
@@ -51,6 +57,13 @@ def jsonable(obj):
     if isinstance(obj, enum.Enum):
         return obj.value
     return obj
+
+
+def _json(obj) -> JSONResponse:
+    """``obj`` rendered to JSON here, in the route's worker thread: returned as a dict, FastAPI
+    encoded and rendered it on the event loop, which a 3 MB /v1/status held for half a second
+    (scrapes and the tick's schedule run on that loop)."""
+    return JSONResponse(jsonable(obj))
 
 
 def _error(status: int, message: str, headers: dict | None = None) -> JSONResponse:
@@ -95,6 +108,41 @@ class _TooLarge(Exception):
     pass
 
 
+V1_CONCURRENCY = 2  # /v1 requests answered at once; the others wait their turn on the event loop
+
+
+class V1Limit:
+    """ASGI middleware: at most ``n`` ``/v1`` requests at once. Each is CPU work in a worker
+    thread (40 of them), and every one contends for the GIL with the event loop (scrapes, the
+    probes, the tick's schedule) and the tick's thread: 50 clients asking ``/v1/status`` at once
+    kept ``/healthz`` waiting seconds. The others wait here, holding no thread."""
+
+    def __init__(self, app, n: int = V1_CONCURRENCY) -> None:
+        self.app, self.n = app, n
+        self._sem: asyncio.Semaphore | None = None  # made on the serving loop
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or not scope.get("path", "").startswith("/v1/"):
+            return await self.app(scope, receive, send)
+        if self._sem is None:
+            self._sem = asyncio.Semaphore(self.n)
+        sem, held = self._sem, True
+        await sem.acquire()
+
+        async def sending(msg):
+            nonlocal held
+            if held and msg["type"] == "http.response.start":  # the work is done: a slow reader holds no turn
+                held = False
+                sem.release()
+            await send(msg)
+
+        try:
+            return await self.app(scope, receive, sending)
+        finally:
+            if held:
+                sem.release()
+
+
 def server_config(app, host: str, port: int, *, request_timeout_s: float = 10.0, idle_timeout_s: float = 5.0,
                   max_connections: int = 1024, shutdown_timeout_s: float = 5.0):
     """The uvicorn settings ``sla-guard serve`` uses: a request (header + body) deadline (uvicorn
@@ -124,6 +172,7 @@ def create_app(guard: Guard, *, token: str | Callable[[], str] | None = None,
 
     app = FastAPI(title="sla-guard", version="0.1.0",
                   description="SLA guard for prefill/decode-disaggregated vLLM deployments.")
+    app.add_middleware(V1Limit)
     app.add_middleware(BodyLimit, limit=max_body_bytes)
 
     @app.exception_handler(StarletteHTTPException)
@@ -140,12 +189,14 @@ def create_app(guard: Guard, *, token: str | Callable[[], str] | None = None,
         log.exception("API error on %s", request.url.path)
         return _error(500, f"internal error: {type(exc).__name__}")
 
+    # the probes on the event loop (nothing in them blocks): as sync routes they queued behind the
+    # worker threads, all 40 busy with 50 clients asking /v1/status, and a kubelet's probe timed out
     @app.get("/healthz", tags=["probes"])
-    def healthz() -> dict:
+    async def healthz() -> dict:
         return {"status": "ok"}
 
     @app.get("/readyz", tags=["probes"])
-    def readyz():
+    async def readyz():
         if guard.ready():
             return {"status": "ready", "ticks": guard.ticks}
         return _error(503, "not ready: no evaluation on data yet")
@@ -156,13 +207,26 @@ def create_app(guard: Guard, *, token: str | Callable[[], str] | None = None,
 
     v1 = APIRouter(prefix="/v1", dependencies=[Depends(auth)], tags=["guard"])
 
-    @v1.get("/status")
-    def status() -> dict:
-        """Everything at a glance: source, last tick, every evaluator's snapshot."""
-        return jsonable(guard.status())
+    @v1.get("/status", response_model=dict)
+    def status(limit: Annotated[int, Query(ge=1, le=PAGE_MAX, description="entries per process or group map "
+                                           f"of each evaluator (1-{PAGE_MAX})")] = STATUS_LIMIT,
+               evaluator: Annotated[str | None, Query(description="only this evaluator's snapshot")] = None,
+               after: Annotated[str | None, Query(description="the previous page's `next` (with evaluator=)")] = None
+               ) -> JSONResponse:
+        """Everything at a glance: source, last tick, every evaluator's snapshot, its per-process
+        and per-group maps ``limit`` entries each (``<what>_total`` and ``next`` say when more)."""
+        if after is not None and evaluator is None:
+            raise HTTPException(400, "after= pages one evaluator's map: pass evaluator= too")
+        if evaluator is not None and guard.evaluator(evaluator) is None:
+            raise HTTPException(404, f"unknown evaluator {evaluator!r}; known: {[e.name for e in guard.evaluators]}")
+        out = guard.status(limit, evaluator, after)
+        snap = out["evaluators"].get(evaluator) if evaluator is not None else None
+        if isinstance(snap, dict) and "next" in snap:
+            out["next"] = snap["next"]  # one evaluator's pages: the cursor where every paged answer has it
+        return _json(out)
 
-    @v1.get("/slo")
-    def slo(model: str | None = None, pool: str | None = None) -> dict:
+    @v1.get("/slo", response_model=dict)
+    def slo(model: str | None = None, pool: str | None = None) -> JSONResponse:
         """SLO status per (model, pool), filtered by ``model`` / ``pool``."""
         ev = guard.evaluator("slo")
         if ev is None:
@@ -180,12 +244,21 @@ def create_app(guard: Guard, *, token: str | Callable[[], str] | None = None,
             exact = model is not None and pool is not None and snap["pools"]
             if snap.get("pools_over_limit") and not exact and snap["status"] != Status.VIOLATED.value:
                 snap["status"] = Status.UNKNOWN.value
-        return jsonable(snap)
+        return _json(snap)
 
-    @v1.get("/targets")
-    def targets() -> dict:
-        """Every scrape target (or the Prometheus server) with its health and error counts."""
-        return jsonable({"source": guard.source.mode, "targets": guard.source.targets()})
+    @v1.get("/targets", response_model=dict)
+    def targets(limit: Annotated[int, Query(ge=1, le=PAGE_MAX, description=f"targets per page (1-{PAGE_MAX})")]
+                = PAGE_MAX,
+                after: Annotated[str | None, Query(description="the previous page's `next`")] = None
+                ) -> JSONResponse:
+        """Every scrape target (or the Prometheus server) with its health and error counts, by
+        name, ``limit`` a page (``count`` all of them, ``next`` the cursor when more)."""
+        every = guard.source.targets()
+        got, nxt = page(every, limit, after, key=lambda t: t.name)
+        out = {"source": guard.source.mode, "targets": got}
+        if nxt is not None:
+            out.update(count=len(every), next=nxt)
+        return _json(out)
 
     app.include_router(v1)
     for r in extra_routers:

@@ -7,10 +7,11 @@ a laptop, against a fleet's Prometheus, or in the simulator's offline replay.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import heapq
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import numpy as np
 
@@ -19,6 +20,41 @@ Labels = tuple[tuple[str, str], ...]  # sorted (name, value) pairs, hashable
 
 def labels_of(d: Mapping[str, str]) -> Labels:
     return tuple(sorted(d.items()))
+
+
+T = TypeVar("T")
+
+PAGE_MAX = 1000  # the largest page the API gives: a bound on every answer's size and memory
+
+
+def page(items: Iterable[T], limit: int, after: str | None = None, key: Callable[[T], str] = str
+         ) -> tuple[list[T], str | None]:
+    """The ``limit`` first of ``items`` by ``key`` past the key ``after``, and the cursor of the
+    next page (the last key given; None when there is no more). A whole fleet's entries (4,000
+    processes, 5,000 findings) in one answer were megabytes, and 50 clients asking at once held
+    400 MiB; one page is bounded. ``items`` is read once (pass a copy of what the tick thread
+    writes: ``list(d.items())`` is taken whole under the GIL)."""
+    chosen = heapq.nsmallest(limit + 1, (x for x in items if after is None or key(x) > after), key=key)
+    if len(chosen) <= limit:
+        return chosen, None
+    chosen = chosen[:limit]
+    return chosen, key(chosen[-1])
+
+
+def page_map(d: Mapping[str, T], limit: int | None, after: str | None, what: str) -> tuple[dict[str, T], dict]:
+    """``page`` over a snapshot's per-process or per-group map: the page, and what to add to the
+    snapshot when entries were left out (``<what>_total`` and ``next``); nothing is added when
+    all fit, so a small deployment's answer is as before."""
+    items = list(d.items())
+    if limit is None and after is None:
+        return dict(items), {}
+    got, nxt = page(items, PAGE_MAX if limit is None else limit, after, key=lambda kv: kv[0])
+    extra: dict = {}
+    if nxt is not None or after is not None:
+        extra[f"{what}_total"] = len(items)
+    if nxt is not None:
+        extra["next"] = nxt
+    return dict(got), extra
 
 
 class Status(StrEnum):

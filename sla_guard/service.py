@@ -382,8 +382,10 @@ class Guard:
         """A tick ran on data and its verdict is not stale."""
         return self.last_tick is not None and self.source.ready() and not self.stale()
 
-    def status(self) -> dict:
-        """Everything at a glance: the guard, its source, and each evaluator's snapshot."""
+    def status(self, limit: int | None = None, evaluator: str | None = None, after: str | None = None) -> dict:
+        """Everything at a glance: the guard, its source, and each evaluator's snapshot (only
+        ``evaluator``'s when given). ``limit`` / ``after``: the page of the per-process and
+        per-group maps of the evaluators that keep one (``paged``; ``sla_guard.model.page_map``)."""
         out: dict = {
             "source": self.source.mode,
             "started_at": self.started_at,
@@ -402,8 +404,11 @@ class Guard:
         out["verdict_age_s"] = self.verdict_age()
         out["stale"] = self.stale()
         for ev in self.evaluators:
+            if evaluator is not None and ev.name != evaluator:
+                continue
             try:
-                out["evaluators"][ev.name] = ev.snapshot()
+                out["evaluators"][ev.name] = ev.snapshot(limit, after) if getattr(ev, "paged", False) \
+                    else ev.snapshot()
             except Exception as err:
                 out["evaluators"][ev.name] = {"error": f"{type(err).__name__}: {err}"}
         store = getattr(self.source, "store", None)

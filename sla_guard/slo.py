@@ -43,7 +43,7 @@ from sla_guard.burn_windows import PAGE, burn_rules
 from sla_guard.burn_windows import burn_windows as _burn_windows
 from sla_guard.config import SLO, GuardConfig, Indicator, Objective, parse_duration
 from sla_guard.ingest.source import UP, TargetState
-from sla_guard.model import Labels, MetricsView, Status
+from sla_guard.model import Labels, MetricsView, Status, page_map
 
 # Each latency indicator's histogram in the engine pools and in the client scope (pool="client"):
 # the SLO sets address both the same way, by (model, pool). Availability has none: it counts outcomes.
@@ -458,12 +458,16 @@ class SLOEvaluator:
         self.evaluated_at = now
         self._export()
 
-    def snapshot(self) -> dict:
+    paged = True  # snapshot(limit, after): the pools by "model/pool" (/v1/status; /v1/slo has them all)
+
+    def snapshot(self, limit: int | None = None, after: str | None = None) -> dict:
+        pools, extra = page_map({f"{m}/{p}": pr for (m, p), pr in list(self.pools.items())}, limit, after, "pools")
         out = {
             "evaluated_at": self.evaluated_at,
             "status": self.overall().value,
-            "pools": [p.to_dict() for p in self.pools.values()],
+            "pools": [p.to_dict() for p in pools.values()],
             "pools_over_limit": self.pools_over_limit,
+            **extra,
         }
         if self.pools_over_limit:
             out["reason"] = (f"{self.pools_over_limit} pools beyond max_pools={self.max_pools} are not judged "

@@ -10,7 +10,7 @@ from guard_support import Engine, UvicornThread, drive
 from exporters import contract as c
 from sla_guard.api import create_app
 from sla_guard.config import ConfigError, parse_config
-from sla_guard.ingest.source import StoreSource
+from sla_guard.ingest.source import StoreSource, TargetState
 from sla_guard.service import Guard
 from sla_guard.slo import SLOEvaluator
 
@@ -230,3 +230,179 @@ def test_a_broken_targets_file_shows_in_status_and_metrics(tmp_path):
         srv.stop()
         loop.run_until_complete(scr.aclose())
         loop.close()
+
+
+# --- bounded answers at fleet scale ----------------------------------------------------------------
+
+class _Fleet(StoreSource):
+    """The store source with ``n`` scrape targets' states, as a scraper of ``n`` engines shows."""
+
+    def __init__(self, n: int) -> None:
+        from sla_guard.store import SeriesStore
+
+        super().__init__(SeriesStore())
+        self._t = [TargetState(f"engine-{i:04d}", f"http://10.0.0.{i % 250}:{8000 + i}/metrics", "m", "decode", up=True)
+                   for i in range(n)]
+
+    def targets(self) -> list[TargetState]:
+        return list(self._t)
+
+
+@pytest.fixture
+def fleet():
+    """A guard composed as ``serve`` composes it, whose state is a big deployment's, built in the
+    real evaluators and book: 1,100 targets, 1,200 open findings, 150 processes' leak verdicts."""
+    from sla_guard.compose import compose
+    from sla_guard.detect import leak
+
+    comp = compose(parse_config({}), source=_Fleet(1100), clock=lambda: 1e9)
+    for i in range(1200):
+        comp.findings.raise_("leak", f"leak/e{i:04d}", "warning", "RSS grows", {"model": "m", "pool": "decode"},
+                             {"slope_mib_per_h": 12.0}, 1e9)
+    lk = comp.guard.evaluator("leak")
+    for i in range(150):
+        lk.verdicts[f"m/decode/e{i:03d}/worker/1"] = leak.LeakVerdict("ok", "no growth")
+    srv = UvicornThread(create_app(comp.guard, token=TOKEN, extra_routers=comp.routers))
+    yield srv.url
+    srv.stop()
+
+
+def _pages(url: str, path: str, field: str, params: dict) -> list:
+    """Every page of ``path`` by its ``next`` cursor: the ``field`` list (or map) of each."""
+    out = []
+    while True:
+        r = httpx.get(url + path, headers=_auth(), params=params)
+        assert r.status_code == 200, r.text
+        body = r.json()
+        out.append(body)
+        if "next" not in body:
+            return out
+        params = {**params, "after": body["next"]}
+
+
+def test_findings_are_paged_and_every_one_is_reached(fleet):
+    """``/v1/findings`` answered every matching finding at once: 5,000 open findings were a 2 MB
+    answer (50 clients asking held hundreds of MiB). A page is at most 1,000 now; ``count``
+    is all that match, ``next`` the cursor to the rest, and a limit past the maximum is a 422."""
+    pages = _pages(fleet, "/v1/findings", "findings", {})
+    assert [len(p["findings"]) for p in pages] == [1000, 200]
+    assert all(p["count"] == 1200 for p in pages)
+    keys = [f["key"] for p in pages for f in p["findings"]]
+    assert len(set(keys)) == 1200 and keys == sorted(keys)
+    small = _pages(fleet, "/v1/findings", "findings", {"limit": 500})
+    assert [len(p["findings"]) for p in small] == [500, 500, 200]
+    r = httpx.get(f"{fleet}/v1/findings", headers=_auth(), params={"limit": 10**9})
+    assert r.status_code == 422 and "query.limit" in r.json()["error"]["message"]
+    # a filter that fits one page is answered as before: no cursor
+    one = httpx.get(f"{fleet}/v1/findings", headers=_auth(), params={"detector": "leak", "limit": 1000,
+                                                                      "after": keys[-5]}).json()
+    assert one["count"] == 1200 and len(one["findings"]) == 4 and "next" not in one
+
+
+def test_status_and_targets_are_bounded(fleet):
+    """``/v1/status`` held every evaluator's per-process and per-group map whole (1,000 engines:
+    3 MB, half a second of the event loop per request) and ``/v1/targets`` every target. Each map
+    of ``/v1/status`` is 100 entries by default now (``processes_total`` and ``next`` say when
+    more; ``evaluator=&after=`` pages one), ``/v1/targets`` 1,000 a page."""
+    st = httpx.get(f"{fleet}/v1/status", headers=_auth()).json()
+    leak_snap = st["evaluators"]["leak"]
+    assert len(leak_snap["processes"]) == 100 and leak_snap["processes_total"] == 150
+    pages = _pages(fleet, "/v1/status", "evaluators", {"evaluator": "leak", "limit": 60})
+    assert all(list(p["evaluators"]) == ["leak"] for p in pages)
+    procs = [k for p in pages for k in p["evaluators"]["leak"]["processes"]]
+    assert [len(p["evaluators"]["leak"]["processes"]) for p in pages] == [60, 60, 30]
+    assert len(set(procs)) == 150
+    r = httpx.get(f"{fleet}/v1/status", headers=_auth(), params={"evaluator": "nope"})
+    assert r.status_code == 404 and "'leak'" in r.json()["error"]["message"]
+    assert httpx.get(f"{fleet}/v1/status", headers=_auth(), params={"after": "x"}).status_code == 400
+    assert httpx.get(f"{fleet}/v1/status", headers=_auth(), params={"limit": 10**9}).status_code == 422
+    tp = _pages(fleet, "/v1/targets", "targets", {})
+    assert [len(p["targets"]) for p in tp] == [1000, 100] and tp[0]["count"] == 1100
+    assert len({t["name"] for p in tp for t in p["targets"]}) == 1100
+
+
+def test_probes_answer_while_every_worker_thread_is_busy():
+    """The probes were sync routes, run on the worker threads (40): with 50 clients asking
+    ``/v1/status`` of a big guard they queued behind them and a kubelet's liveness probe failed.
+    They answer on the event loop now, even with every worker thread held."""
+    import threading
+    import time
+
+    from anyio import to_thread
+
+    release = threading.Event()
+
+    def hold() -> dict:  # a sync route outside /v1 (no V1Limit): one worker thread each
+        release.wait(60)
+        return {}
+
+    async def threads() -> dict:  # on the event loop, without the bearer check (a sync dependency)
+        lim = to_thread.current_default_thread_limiter()
+        return {"total": lim.total_tokens, "busy": lim.borrowed_tokens}
+
+    guard = Guard(parse_config({}), _Fleet(0), [])
+    app = create_app(guard, token=TOKEN)
+    app.get("/threads")(threads)
+    app.get("/block")(hold)
+    srv = UvicornThread(app)
+    total = httpx.get(f"{srv.url}/threads").json()["total"]
+    holders = [threading.Thread(target=httpx.get, args=(f"{srv.url}/block",), kwargs={"timeout": 90})
+               for _ in range(int(total) + 5)]
+    try:
+        for t in holders:
+            t.start()
+        for _ in range(600):  # every worker thread held (polled, not timed)
+            if httpx.get(f"{srv.url}/threads").json()["busy"] >= total:
+                break
+            time.sleep(0.05)
+        assert httpx.get(f"{srv.url}/threads").json()["busy"] >= total
+        assert httpx.get(f"{srv.url}/healthz", timeout=30).json() == {"status": "ok"}
+        assert httpx.get(f"{srv.url}/readyz", timeout=30).status_code == 503
+    finally:
+        release.set()
+        for t in holders:
+            t.join(90)
+        srv.stop()
+
+
+def test_v1_requests_are_answered_a_few_at_a_time():
+    """Every /v1 request ran at once on one of 40 worker threads: 50 clients asking /v1/status
+    of a big guard meant 40 threads contending for the GIL with the event loop and the tick, and
+    /healthz waited seconds. At most ``V1_CONCURRENCY`` run now; the others wait on the loop."""
+    import threading
+    import time
+
+    from sla_guard.api import V1_CONCURRENCY
+
+    release, lock = threading.Event(), threading.Lock()
+    running = [0, 0]  # now, most at once
+    block = APIRouter(prefix="/v1")
+
+    @block.get("/block")
+    def hold() -> dict:
+        with lock:
+            running[0] += 1
+            running[1] = max(running[1], running[0])
+        release.wait(60)
+        with lock:
+            running[0] -= 1
+        return {}
+
+    srv = UvicornThread(create_app(Guard(parse_config({}), _Fleet(0), []), token=TOKEN, extra_routers=[block]))
+    clients = [threading.Thread(target=httpx.get, args=(f"{srv.url}/v1/block",),
+                                kwargs={"headers": _auth(), "timeout": 90}) for _ in range(3 * V1_CONCURRENCY)]
+    try:
+        for t in clients:
+            t.start()
+        for _ in range(600):  # polled until the first ones are in, then room for the rest to arrive
+            if running[0] >= V1_CONCURRENCY:
+                break
+            time.sleep(0.05)
+        time.sleep(1.0)
+        assert running[1] == V1_CONCURRENCY
+    finally:
+        release.set()
+        for t in clients:
+            t.join(90)
+        srv.stop()
+    assert running == [0, V1_CONCURRENCY]

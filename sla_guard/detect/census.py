@@ -27,7 +27,7 @@ from pathlib import Path
 
 from exporters import contract as c
 from sla_guard.detect.findings import FindingsBook
-from sla_guard.model import MetricsView
+from sla_guard.model import MetricsView, page_map
 
 MIB = 2**20
 IDENTITY = ("instance", "model", "pool", "engine", "process")
@@ -137,5 +137,8 @@ class CensusEvaluator:
         except OSError:
             self.request_errors += 1
 
-    def snapshot(self) -> dict:
-        return {"processes": {"/".join(k): g[:5] for k, g in self.by_process.items()}}
+    paged = True  # snapshot(limit, after): one entry per process (``sla_guard.model.page_map``)
+
+    def snapshot(self, limit: int | None = None, after: str | None = None) -> dict:
+        procs, extra = page_map({"/".join(k): g for k, g in list(self.by_process.items())}, limit, after, "processes")
+        return {"processes": {k: g[:5] for k, g in procs.items()}, **extra}

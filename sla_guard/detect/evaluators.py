@@ -15,15 +15,17 @@ import logging
 import math
 import zlib
 from collections import defaultdict
+from typing import Annotated
 
 import numpy as np
-from fastapi import APIRouter, HTTPException
+from fastapi import APIRouter, HTTPException, Query
+from fastapi.responses import JSONResponse
 
 from exporters import contract as c
 from sla_guard.detect import drift, leak
 from sla_guard.detect.findings import FindingsBook, finding_json
 from sla_guard.ingest.source import UP
-from sla_guard.model import MetricsView
+from sla_guard.model import PAGE_MAX, MetricsView, page, page_map
 from sla_guard.settings.detectors import DetectorsConfig, LeakConfig, RateConfig, TpotConfig
 
 HOUR = 3600.0
@@ -290,11 +292,14 @@ class LeakEvaluator:
     def state_load(self, parts: dict, records: list[dict]) -> None:
         self._ok_since.update({str(k): float(v) for k, v in (parts.get("ok_since") or {}).items()})
 
-    def snapshot(self) -> dict:
+    paged = True  # snapshot(limit, after): one entry per process (``sla_guard.model.page_map``)
+
+    def snapshot(self, limit: int | None = None, after: str | None = None) -> dict:
+        procs, extra = page_map(self.verdicts, limit, after, "processes")
         return {"processes": {k: {"status": v.status, "reason": v.reason,
                                   "slope_mib_per_h": round(v.slope_mib_per_h, 3), "z": v.z, "eta_s": v.eta_s}
-                              for k, v in self.verdicts.items()},
-                "errors": self.errors, "last_error": self.last_error}
+                              for k, v in procs.items()},
+                **extra, "errors": self.errors, "last_error": self.last_error}
 
 
 # --- crash-safe state of the drift evaluators --------------------------------------------------
@@ -604,9 +609,13 @@ class RateDriftEvaluator(_DriftState):
         elif was_open:
             self.book.resolve(key, now, {"after": cus.recent_rate()})
 
-    def snapshot(self) -> dict:
-        out = {"/".join(k): cus.snapshot() for k, cus in self.cusums.items()}
-        if self.groups_over_limit:  # no group key clashes: each holds a "/"
+    paged = True  # snapshot(limit, after): one entry per group (``sla_guard.model.page_map``)
+
+    def snapshot(self, limit: int | None = None, after: str | None = None) -> dict:
+        groups, extra = page_map({"/".join(k): cus for k, cus in list(self.cusums.items())}, limit, after, "groups")
+        out: dict = {k: cus.snapshot() for k, cus in groups.items()}
+        out.update(extra)  # no group key clashes with these: each holds a "/"
+        if self.groups_over_limit:
             out["groups_over_limit"] = self.groups_over_limit
         return out
 
@@ -690,9 +699,13 @@ class TpotDriftEvaluator(_DriftState):
     def _key(self, k: tuple) -> str:
         return "/".join(("tpot_drift", *k))
 
-    def snapshot(self) -> dict:
-        out = {"/".join(k): cus.snapshot() for k, cus in self.cusums.items()}
-        if self.groups_over_limit:  # no group key clashes: each holds a "/"
+    paged = True  # snapshot(limit, after): one entry per group (``sla_guard.model.page_map``)
+
+    def snapshot(self, limit: int | None = None, after: str | None = None) -> dict:
+        groups, extra = page_map({"/".join(k): cus for k, cus in list(self.cusums.items())}, limit, after, "groups")
+        out: dict = {k: cus.snapshot() for k, cus in groups.items()}
+        out.update(extra)  # no group key clashes with these: each holds a "/"
+        if self.groups_over_limit:
             out["groups_over_limit"] = self.groups_over_limit
         return out
 
@@ -725,8 +738,11 @@ class RestoredFindings:
                 self.book.resolve(f.key, now, {"resolution": "not_configured"})
                 self.resolved.append(f.key)
 
-    def snapshot(self) -> dict:
-        return {"checked": len(self._checked), "resolved": list(self.resolved)}
+    paged = True  # snapshot(limit, after): the keys resolved (``sla_guard.model.page``)
+
+    def snapshot(self, limit: int | None = None, after: str | None = None) -> dict:
+        keys, extra = page_map(dict.fromkeys(self.resolved), limit, after, "resolved")
+        return {"checked": len(self._checked), "resolved": list(keys), **extra}
 
 
 def build_evaluators(book: FindingsBook, cfg: DetectorsConfig) -> list:
@@ -749,18 +765,28 @@ def build_evaluators(book: FindingsBook, cfg: DetectorsConfig) -> list:
 
 
 def router(book: FindingsBook) -> APIRouter:
-    """``GET /v1/findings?state=open|resolved|all&detector=&model=&pool=``."""
+    """``GET /v1/findings?state=open|resolved|all&detector=&model=&pool=&limit=&after=``: a page
+    of the matching findings by key, ``count`` all that match, ``next`` the cursor when more."""
     r = APIRouter(tags=["findings"])
 
     @r.get("/v1/findings")
     def findings(state: str = "open", detector: str | None = None, model: str | None = None,
-                 pool: str | None = None) -> dict:
+                 pool: str | None = None,
+                 limit: Annotated[int, Query(ge=1, le=PAGE_MAX, description=f"findings per page (1-{PAGE_MAX})")]
+                 = PAGE_MAX,
+                 after: Annotated[str | None, Query(description="the previous page's `next`")] = None
+                 ) -> JSONResponse:
         if state not in ("open", "resolved", "all"):
             raise HTTPException(400, "state must be one of open, resolved, all")
         items = {"open": book.open_findings, "resolved": book.resolved_findings, "all": book.all}[state]()
-        out = [finding_json(f) for f in items
-               if (detector is None or f.detector == detector) and (model is None or f.labels.get("model") == model)
-               and (pool is None or f.labels.get("pool") == pool)]
-        return {"findings": out, "count": len(out)}
+        match = [f for f in items if (detector is None or f.detector == detector)
+                 and (model is None or f.labels.get("model") == model)
+                 and (pool is None or f.labels.get("pool") == pool)]
+        # a page of them, by key: 5,000 open findings were one 2 MB answer
+        got, nxt = page(match, limit, after, key=lambda f: f.key)
+        out: dict = {"findings": [finding_json(f) for f in got], "count": len(match)}
+        if nxt is not None:
+            out["next"] = nxt
+        return JSONResponse(out)  # rendered here, in the worker thread, not on the event loop
 
     return r

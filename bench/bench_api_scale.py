@@ -1,0 +1,198 @@
+"""The guard's HTTP API at fleet scale: every /v1 endpoint's size, time and memory per request.
+
+The guard is composed as ``serve`` composes it (SLO, detectors, advisor) and its state is
+built directly in the real evaluators and stores at the size of a big deployment: 1,000 engines
+(4,000 processes: leak verdicts and census), 5,000 open findings (+500 resolved), 2,000 drift
+groups per drift evaluator, 200 model/pool pairs judged by the SLO evaluator, 1,000 scrape
+targets, 256 decisions. It is served by a real uvicorn on 127.0.0.1 and asked with httpx.
+
+Printed per endpoint: bytes of the answer, seconds to answer (median of 3), the peak Python
+memory allocated while answering (tracemalloc); then 50 concurrent clients (in a process of their
+own) on /v1/status and on the largest answer: wall time, peak memory, the latency of /healthz
+asked meanwhile, and how much slower a pure-Python stand-in for the tick runs in the server's
+process meanwhile than idle (a ratio: the machine is shared and noisy).
+
+Usage: .venv/bin/python bench/bench_api_scale.py [--engines 1000] [--findings 5000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import multiprocessing
+import statistics
+import sys
+import threading
+import time
+import tracemalloc
+from pathlib import Path
+
+import httpx
+
+from exporters import contract as c
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from guard_support import UvicornThread
+
+from sla_guard.api import create_app
+from sla_guard.compose import compose
+from sla_guard.config import parse_config
+from sla_guard.detect import drift, leak
+from sla_guard.ingest.source import StoreSource, TargetState
+from sla_guard.model import Status
+from sla_guard.slo import PoolResult, SLOResult
+from sla_guard.store import SeriesStore
+
+TOKEN = "t"
+NOW = 1_800_000_000.0
+
+
+class FleetSource(StoreSource):
+    """The store source with ``n`` scrape targets' states (what /v1/targets shows)."""
+
+    def __init__(self, store: SeriesStore, n: int) -> None:
+        super().__init__(store)
+        self._t = [TargetState(f"engine-{i}", f"http://10.0.{i // 250}.{i % 250}:8000/metrics", f"model-{i % 100}",
+                               "prefill" if i % 2 else "decode", up=True, last_scrape=NOW, last_duration_s=0.05,
+                               samples=300, errors={"timeout": 1}) for i in range(n)]
+
+    def targets(self) -> list[TargetState]:
+        return list(self._t)
+
+
+def build(engines: int, findings: int):
+    """The composed guard with its state at fleet scale."""
+    cfg = parse_config({"advisor": {"model": "*"}})
+    comp = compose(cfg, source=FleetSource(SeriesStore(), engines), clock=lambda: NOW)
+    g, book = comp.guard, comp.findings
+    procs = [(f"model-{i % 100}", "prefill" if i % 2 else "decode", f"engine-{i}", role, str(1000 + j))
+             for i in range(engines) for j, role in enumerate(("api_server", "engine_core", "worker", "worker"))]
+    lk = g.evaluator("leak")
+    for p in procs:
+        lk.verdicts["/".join(p)] = leak.LeakVerdict("ok", "no growth", at=NOW, z=0.3)
+    census = g.evaluator("census")
+    if census is not None:
+        census.by_process = {p: [{"type": "dict", "count": 1000 + i, "growth": 5} for i in range(5)] for p in procs}
+    for name in ("acceptance_drift", "prefix_hit_drift"):
+        ev = g.evaluator(name)
+        for i in range(2000):
+            ev.cusums[(f"model-{i % 100}", "decode", f"engine-{i}")] = drift.RateCusum(drift.RateDriftParams())
+    for i in range(findings):
+        p = procs[i % len(procs)]
+        book.raise_("leak", f"leak/{'/'.join(p)}/{i}", "warning", f"RSS of {p[2]} grows 12 MiB/h",
+                    {"model": p[0], "pool": p[1], "engine": p[2], "role": p[3], "process_pid": p[4]},
+                    {"slope_mib_per_h": 12.0, "z": 4.2, "eta_s": 86400.0}, NOW)
+    for i in range(500):
+        book.raise_("tpot_drift", f"r/{i}", "warning", "x", {"model": "m", "pool": "decode"}, {}, NOW)
+        book.resolve(f"r/{i}", NOW)
+    slo = g.evaluator("slo")
+    slo.evaluated_at = NOW
+    slo.pools = {(f"model-{i // 2}", "prefill" if i % 2 else "decode"): PoolResult(
+        f"model-{i // 2}", "prefill" if i % 2 else "decode", Status.OK, 5, 5, slos=[
+            SLOResult(f"model-{i // 2}", "p", s, "ttft", "mean", 1.0, Status.OK, 0.5, 1000.0, "5m")
+            for s in ("ttft_mean", "tpot_mean", "ttft_p90")]) for i in range(200)}
+    adv = comp.advisor
+    for i in range(300):
+        adv.history.append({"t": NOW + i, "model": f"model-{i % 100}", "pool": "decode", "action": "hold",
+                            "desired": 3, "current": 3, "reasons": ["within band"]})
+    slo._export()  # the SLO series /metrics carries for the 200 pools
+    m = g.metrics
+    for i, p in enumerate(procs):  # what the leak evaluator and the scraper export per process / target
+        m[c.GUARD_LEAK_SLOPE].labels(p[0], p[1], p[2], f"{p[3]}-{p[4]}").set(0.0)
+        if i < engines:
+            m[c.GUARD_TARGET_UP].labels(f"engine-{i}", p[0], p[1]).set(1)
+            m[c.GUARD_SCRAPE_ERRORS].labels(f"engine-{i}", "timeout").inc()
+    g.last_tick = None
+    return comp
+
+
+def _one(url: str, h: dict) -> int:
+    with httpx.Client(timeout=300) as c:
+        return c.get(url, headers=h).status_code
+
+
+def storm(url: str, h: dict, n: int) -> list[int]:
+    """``n`` clients asking ``url`` at once (run in a process of its own)."""
+    with concurrent.futures.ThreadPoolExecutor(n) as ex:
+        return list(ex.map(_one, [url] * n, [h] * n))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--engines", type=int, default=1000)
+    ap.add_argument("--findings", type=int, default=5000)
+    ap.add_argument("--clients", type=int, default=50)
+    a = ap.parse_args()
+    comp = build(a.engines, a.findings)
+    app = create_app(comp.guard, token=TOKEN, extra_routers=comp.routers)
+    srv = UvicornThread(app)
+    h = {"Authorization": f"Bearer {TOKEN}"}
+    paths = ["/v1/status", "/v1/findings", "/v1/findings?state=all", "/v1/findings?limit=1000",
+             "/v1/status?evaluator=leak&limit=1000",
+             "/v1/slo", "/v1/targets", "/v1/recommendations", "/v1/decisions?model=model-1",
+             "/v1/ttft-breakdown", "/metrics"]
+    sizes = {}
+    with httpx.Client(timeout=120) as cl:
+        print(f"{'endpoint':42} {'status':>6} {'bytes':>11} {'s (median)':>11} {'peak MiB':>9}")
+        for p in paths:
+            times = []
+            for _ in range(3):
+                tracemalloc.start()
+                t0 = time.perf_counter()
+                r = cl.get(srv.url + p, headers=h)
+                times.append(time.perf_counter() - t0)
+                peak = tracemalloc.get_traced_memory()[1]
+                tracemalloc.stop()
+            sizes[p] = len(r.content)
+            print(f"{p:42} {r.status_code:>6} {len(r.content):>11,} {statistics.median(times):>11.4f} "
+                  f"{peak / 2**20:>9.1f}")
+    big = max((p for p in paths if p != "/metrics"), key=sizes.get)
+
+    def probe(stop):  # a kubelet's liveness probe and the event loop, while the clients ask
+        lat = []
+        with httpx.Client(timeout=300) as c:
+            while not stop.is_set():
+                t = time.perf_counter()
+                c.get(srv.url + "/healthz")
+                lat.append(time.perf_counter() - t)
+                time.sleep(0.05)
+        return lat
+
+    def work() -> float:  # a stand-in for the tick: pure-Python CPU work in its own thread
+        t = time.perf_counter()
+        sum(i * i for i in range(300_000))
+        return time.perf_counter() - t
+
+    def ticker(stop):
+        out = []
+        while not stop.is_set():
+            out.append(work())
+        return out
+
+    idle = statistics.median(work() for _ in range(5))
+    for p in ("/v1/status", big):
+        big = p
+        tracemalloc.start()
+        t0 = time.perf_counter()
+        stop = threading.Event()
+        with concurrent.futures.ThreadPoolExecutor(2) as ex:
+            probing = ex.submit(probe, stop)
+            ticking = ex.submit(ticker, stop)
+            # the clients in another process: in this one they would take the GIL from the server
+            with multiprocessing.get_context("fork").Pool(1) as mp:
+                codes = mp.apply(storm, (srv.url + big, h, a.clients))
+            stop.set()
+            lat = probing.result()
+            ticks = ticking.result()
+        wall = time.perf_counter() - t0
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        print(f"{a.clients} concurrent clients on {big}: {wall:.2f} s wall, peak {peak / 2**20:.1f} MiB, "
+              f"statuses {sorted(set(codes))}; /healthz meanwhile: max {max(lat):.3f} s, "
+              f"median {statistics.median(lat):.3f} s; tick stand-in {statistics.median(ticks) / idle:.1f}x "
+              "its idle time")
+    srv.stop()
+
+
+if __name__ == "__main__":
+    main()
