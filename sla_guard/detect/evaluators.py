@@ -337,6 +337,16 @@ class _DriftState:
     (``bench/bench_drift_state.py``). After a crash each group is back as it was at its last
     write, at most ``DRIFT_SAVE_S`` (10 intervals) before it, each group's CUSUM whole."""
 
+    paged = True  # snapshot(limit, after): one entry per group (``sla_guard.model.page_map``)
+
+    def snapshot(self, limit: int | None = None, after: str | None = None) -> dict:
+        groups, extra = page_map({"/".join(k): cus for k, cus in list(self.cusums.items())}, limit, after, "groups")
+        out: dict = {k: cus.snapshot() for k, cus in groups.items()}
+        out.update(extra)  # no group key clashes with these: each holds a "/"
+        if self.groups_over_limit:
+            out["groups_over_limit"] = self.groups_over_limit
+        return out
+
     def _init_state(self) -> None:
         self._filed: set[str] = set()  # group parts the state file holds
         self._unfiling: set[str] = set()  # group parts the last dump deleted
@@ -609,16 +619,6 @@ class RateDriftEvaluator(_DriftState):
         elif was_open:
             self.book.resolve(key, now, {"after": cus.recent_rate()})
 
-    paged = True  # snapshot(limit, after): one entry per group (``sla_guard.model.page_map``)
-
-    def snapshot(self, limit: int | None = None, after: str | None = None) -> dict:
-        groups, extra = page_map({"/".join(k): cus for k, cus in list(self.cusums.items())}, limit, after, "groups")
-        out: dict = {k: cus.snapshot() for k, cus in groups.items()}
-        out.update(extra)  # no group key clashes with these: each holds a "/"
-        if self.groups_over_limit:
-            out["groups_over_limit"] = self.groups_over_limit
-        return out
-
 
 class TpotDriftEvaluator(_DriftState):
     """Mean TPOT per interval vs the reference at the same batch size -> latency-drift findings."""
@@ -698,16 +698,6 @@ class TpotDriftEvaluator(_DriftState):
 
     def _key(self, k: tuple) -> str:
         return "/".join(("tpot_drift", *k))
-
-    paged = True  # snapshot(limit, after): one entry per group (``sla_guard.model.page_map``)
-
-    def snapshot(self, limit: int | None = None, after: str | None = None) -> dict:
-        groups, extra = page_map({"/".join(k): cus for k, cus in list(self.cusums.items())}, limit, after, "groups")
-        out: dict = {k: cus.snapshot() for k, cus in groups.items()}
-        out.update(extra)  # no group key clashes with these: each holds a "/"
-        if self.groups_over_limit:
-            out["groups_over_limit"] = self.groups_over_limit
-        return out
 
 
 class RestoredFindings:
