@@ -5,9 +5,9 @@ Each threshold is a ``RuleParams`` field; every expression starts from contract 
 
 from __future__ import annotations
 
-from alerts import promql as q
 from alerts.params import RuleParams
 from exporters import contract as c
+from exporters import promql as q
 from sla_guard.config import parse_duration
 
 MP = ("model", "pool")
@@ -83,7 +83,7 @@ def kv_saturation_group(p: RuleParams) -> list[dict]:
 def hook_group(p: RuleParams) -> list[dict]:
     """vLLM counting tokens on an engine whose sla-guard hook stands still: that engine's contract
     series are frozen (they read as an idle engine, a frozen attainment as "ok"), so every other
-    rule on them is blind. The expression is the guard's own (``alerts.promql.hook_stalled``)."""
+    rule on them is blind. The expression is the guard's own (``exporters.promql.hook_stalled``)."""
     expr = q.hook_stalled(c.HOOK_STALL_WINDOW_S * p.time_scale, c.HOOK_STALL_SETTLE_S * p.time_scale)
     hooks = ", ".join(m.series() for m in c.HOOK_RECORDED)
     return [{"name": "sla-guard-hook", "rules": [

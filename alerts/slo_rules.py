@@ -22,9 +22,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from alerts import promql as q
 from alerts.params import RuleParams, fmt_duration
 from exporters import contract as c
+from exporters import promql as q
 from exporters.contract import Metric
 from exporters.label_text import any_of_literal, string_literal
 from sla_guard.burn_windows import burn_rules

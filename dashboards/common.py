@@ -1,7 +1,7 @@
 """Shared pieces of every sla-guard dashboard: variables, selectors, panel and query helpers.
 
 Built on grafana-foundation-sdk (Grafana 11.6 flavour, schemaVersion 41). Panels take PromQL
-made by ``alerts.promql`` from contract metrics, so no dashboard spells a metric name.
+made by ``exporters.promql`` from contract metrics, so no dashboard spells a metric name.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.models import common as cm
 from grafana_foundation_sdk.models import dashboard as dm
 
-from alerts import promql as pq
 from exporters import contract as c
+from exporters import promql as pq
 from sla_guard.config import SLO, GuardConfig, Indicator, Objective
 
 DATASOURCE = dm.DataSourceRef(type_val="prometheus", uid="${datasource}")

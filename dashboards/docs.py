@@ -51,7 +51,7 @@ and *Guard reporting* are new.
 
 The client scope had no error ratio: failed requests were read off *Client requests by outcome* by
 eye, and an `availability` objective had nothing to draw. *Client error ratio* is its SLI, error /
-(ok + error) per model, the same PromQL the burn-rate rules record (`alerts.promql.outcome_ratio`).
+(ok + error) per model, the same PromQL the burn-rate rules record (`exporters.promql.outcome_ratio`).
 """
 
 

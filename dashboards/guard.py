@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from alerts import promql as pq
 from dashboards.common import GUARD_SEL, RATE, Panels, dashboard, guard_reporting, guards, q, value_map
 from exporters import contract as c
+from exporters import promql as pq
 from sla_guard.config import GuardConfig
 
 UID = "sla-guard-guard"

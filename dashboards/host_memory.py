@@ -3,9 +3,9 @@ the object census (which Python containers grow, engine_hooks/census.py)."""
 
 from __future__ import annotations
 
-from alerts import promql as pq
 from dashboards.common import GUARD_SEL, RATE, Panels, dashboard, prom_annotation, q, sel
 from exporters import contract as c
+from exporters import promql as pq
 from sla_guard.config import GuardConfig
 
 UID = "sla-guard-host-memory"

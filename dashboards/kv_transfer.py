@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from alerts import promql as pq
 from dashboards.common import RATE, Panels, dashboard, q, sel
 from dashboards.latency import mean_and_percentiles
 from exporters import contract as c
+from exporters import promql as pq
 from sla_guard.config import GuardConfig
 
 UID = "sla-guard-kv-transfer"

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from alerts import promql as pq
 from dashboards.common import RATE, q
+from exporters import promql as pq
 from exporters.contract import Metric
 
 PERCENTILES = (0.5, 0.9, 0.99)

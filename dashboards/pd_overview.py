@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from grafana_foundation_sdk.models import dashboard as dm
 
-from alerts import promql as pq
 from alerts.slo_rules import window_name
 from dashboards.common import (
     GUARD_SEL,
@@ -23,6 +22,7 @@ from dashboards.common import (
 )
 from dashboards.latency import mean_and_percentiles
 from exporters import contract as c
+from exporters import promql as pq
 from sla_guard.config import GuardConfig, Indicator
 
 UID = "sla-guard-pd-overview"

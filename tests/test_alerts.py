@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from alerts import promql as pq
 from alerts.generate import RULES_DIR, diff, render_rules
 from alerts.params import RuleParams, fmt_duration
 from alerts.slo_rules import GenerationError, set_matchers
 from exporters import contract as c
+from exporters import promql as pq
 from sla_guard.cli import main as cli
 from sla_guard.config import SLO, GuardConfig, SLOSet, parse_config
 

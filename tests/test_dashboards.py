@@ -163,11 +163,11 @@ def error_ratio_panel(board: dict) -> dict:
 
 def test_client_error_ratio_is_the_rules_sli_with_the_objectives_line_only_where_one_is_configured():
     """The availability SLI had no panel. *Client error ratio* is drawn always (no objective in the
-    default spec: no line) with the rules' one definition (``alerts.promql.outcome_ratio``), and
+    default spec: no line) with the rules' one definition (``exporters.promql.outcome_ratio``), and
     with a dashed line at 1 - target for each availability objective of the spec."""
-    from alerts import promql as pq
     from dashboards.common import RATE
     from dashboards.pd_overview import CLIENT_SEL
+    from exporters import promql as pq
 
     p = error_ratio_panel(BOARDS["sla-guard-pd-overview"])
     assert [t["expr"] for t in p["targets"]] == [pq.outcome_ratio(

@@ -212,7 +212,7 @@ def test_an_idle_pool_and_a_pool_whose_engines_are_gone_read_differently(prom):
 def test_client_error_ratio_reads_failed_requests_and_nothing_for_a_proxy_gone_or_idle(prom):
     """The client scope had no error ratio: an operator read failed requests off "Client requests by
     outcome" by eye. *Client error ratio* is error / (ok + error) per model (the availability SLI,
-    ``alerts.promql.outcome_ratio``, as the rules record it): 0.25 for model ``p`` (the clients' own
+    ``exporters.promql.outcome_ratio``, as the rules record it): 0.25 for model ``p`` (the clients' own
     4xx and aborts, as many again, count in neither part: 1/8 or 1/12 otherwise), 0 for ``q`` (no
     failure). Then ``p``'s proxy is gone: nothing, not 0 % errors; ``q`` is idle: NaN (0/0, a gap)."""
     p = panel("sla-guard-pd-overview", "Client error ratio")

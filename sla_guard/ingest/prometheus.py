@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 import httpx
 import numpy as np
 
-from alerts import promql as rules_promql
 from exporters import contract as c
+from exporters import promql as contract_promql
 from exporters.label_text import string_literal
 from exporters.prometheus import ContractMetrics
 from exporters.redact import peer_text, redact_text, strip_userinfo
@@ -514,7 +514,7 @@ class PrometheusView:
                           at: float) -> dict[float, dict[Labels, float]] | None:
         """{window_s: {histogram child: its requests}} of the children of histogram ``metric`` with
         requests in a window whose ``le=threshold`` bucket does not cover it
-        (``alerts.promql.bucket_covered``, which the attainment rules use too): the bucket appeared
+        (``exporters.promql.bucket_covered``, which the attainment rules use too): the bucket appeared
         or vanished inside the window (an engine upgraded to another bucket set), or never was
         there. ``increase`` of such a bucket counts only part of the window while ``_count`` counts
         all of it: every request of the rest read as over the threshold (5 % attainment,
@@ -524,8 +524,8 @@ class PrometheusView:
         parts = []
         for w in windows_s:
             d = duration(w)
-            uncovered = (f"({rules_promql.increase(metric, d, '_count', m)} > 0) "
-                         f"unless ({rules_promql.bucket_covered(metric, threshold, d, m)})")
+            uncovered = (f"({contract_promql.increase(metric, d, '_count', m)} > 0) "
+                         f"unless ({contract_promql.bucket_covered(metric, threshold, d, m)})")
             parts.append(f'label_replace({uncovered}, "{WINDOW_LABEL}", "{float(w)!r}", "", "")')
         data = self.query(" or ".join(parts), at)
         if data is None:
@@ -544,12 +544,12 @@ class PrometheusView:
         return out
 
     def hook_stalls(self, at: float) -> list[dict[str, str | float]] | None:
-        """The engines whose sla-guard hook stopped recording (``alerts.promql.hook_stalled``, the
+        """The engines whose sla-guard hook stopped recording (``exporters.promql.hook_stalled``, the
         ``SlaGuardHookStalled`` rule's expression): vLLM's own token counter rose over the
         ``HOOK_STALL_WINDOW_S`` that ended ``HOOK_STALL_SETTLE_S`` ago while a counter of the hook's
         on the same page stood still. Each as its labels (job, instance, engine, model, pool) and
         ``tokens`` (vLLM's rise); one query for the whole fleet; None when the query failed."""
-        expr = rules_promql.hook_stalled(c.HOOK_STALL_WINDOW_S, c.HOOK_STALL_SETTLE_S,
+        expr = contract_promql.hook_stalled(c.HOOK_STALL_WINDOW_S, c.HOOK_STALL_SETTLE_S,
                                          (self.extra,) if self.extra else ())
         data = self.query(expr, at)
         if data is None:

@@ -1,4 +1,5 @@
-"""PromQL built from contract ``Metric`` objects, shared by the alert rules and the dashboards.
+"""PromQL built from contract ``Metric`` objects, shared by the alert rules, the dashboards and the guard's
+Prometheus mode (one definition of each query they share: bucket coverage, the hook stall).
 
 Nothing here spells a metric name: every selector starts from a contract ``Metric``, and the
 helpers refuse combinations that would be wrong PromQL semantics (``rate`` of a gauge, a
