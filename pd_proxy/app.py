@@ -116,7 +116,7 @@ class DecodeStream:
         self._judged = False
 
     def _answered(self) -> None:
-        """The engine sent its first chunk (vLLM: once the request's first token is out), or closed the stream: up."""
+        """The engine sent its first event that is no error (vLLM: once the request's first token is out): up."""
         if not self._judged:
             self._judged = True
             self.pool.answered(self.lease.url)
@@ -175,8 +175,6 @@ class DecodeStream:
                 if not done:  # a connection reset or cut mid-body: the engine died (or its link); after [DONE], whole
                     self.pool.failed(self.lease.url, f"decode stream broke: {type(e).__name__}")
                 failure = (502, "upstream_unreachable", f"decode stream broke: {type(e).__name__}: {e}")
-            if failure is None and chunk is not None:  # a stream that ends is judged by how it ends, below
-                self._answered()
             wait_s = self.stall_s
             received = time.perf_counter()
             ready: list[tuple[bytes, legs.Event, float]] = []
@@ -184,6 +182,8 @@ class DecodeStream:
             for raw in pieces:
                 ev = legs.inspect_event(raw)
                 errored = errored or ev.error
+                if not (errored or ev.done):  # an error event is no sign of an engine up (a dead core's), nor a 5xx
+                    self._answered()
                 finished, aborted = finished or ev.finished, aborted or ev.aborted
                 texted.update(ev.choices)
                 ended.update(ev.ended)
@@ -524,7 +524,11 @@ class Proxy:
                                           lease.url) from None
                 raise
             if resp.status_code != 503:
-                if not (judge_on_body and resp.status_code == 200):
+                # a 5xx is no sign of an engine up: vLLM answers 500 once its engine core is dead (EngineDeadError,
+                # while /health says 503), and that 500 used to lift the hold a failed probe put on, sending the next
+                # requests there until the next probe. Not a failure either: a 500 may be one request's own
+                # (EngineGenerateError), and one client's bad request must not take engines out in turn.
+                if resp.status_code < 500 and not (judge_on_body and resp.status_code == 200):
                     pool.answered(lease.url)
                 return resp, lease
             pool.failed(lease.url, "answered 503")

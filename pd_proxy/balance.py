@@ -8,8 +8,10 @@ idle pool is still spread evenly.
 Passive health: an engine that refused a connection, broke one, gave no answer before the leg's
 deadline or answered 503 (vLLM's admission control: "try again on a different instance") is left
 out for ``EJECT_S``, doubled per consecutive failure up to ``EJECT_MAX_S``; then one request at a
-time tries it again (a hung engine costs one request per deadline, not its share), and any other
-answer brings it back. Without this a dead engine kept its share of requests (each a 502).
+time tries it again (a hung engine costs one request per deadline, not its share), and any answer
+under 500 brings it back (a 5xx or a stream that opens with an error event, as vLLM's answers once its
+engine core is dead, neither brings it back nor leaves it out). Without this a dead engine kept its
+share of requests (each a 502).
 
 Active health (optional, ``Proxy`` probes each engine's ``/health``): a failed probe leaves the engine out
 as a failed call does, and holds it out until a probe answers 200 again, so an engine a probe finds dead or
@@ -166,7 +168,7 @@ class EnginePool:
         )
 
     def answered(self, url: str) -> None:
-        """The engine answered (anything but 503): it is up. Real traffic outranks a failed /health probe too."""
+        """The engine answered (under 500): it is up. Real traffic outranks a failed /health probe too."""
         if self._failures[url]:
             log.info("engine %s answers again", display_url(url))
         self._failures[url] = 0

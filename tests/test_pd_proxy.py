@@ -52,7 +52,8 @@ class Engine:
     (vLLM's ``--enable-force-include-usage``), ``abort_after`` tokens (vLLM's ending of a request its
     engine aborted), ``fingerprint`` (vLLM's ``system_fingerprint``, placed where vLLM places it), ``die_after``
     tokens then the connection cut mid-body (a chunked stream without its last chunk: the process died),
-    ``health_status`` of ``GET /health`` (vLLM: 200, 503 once its engine core is dead), ``whole_status`` of a
+    ``health_status`` of ``GET /health`` (vLLM: 200, 503 once its engine core is dead), ``error_event`` a stream's
+    only event before ``[DONE]`` (vLLM's error in a stream), ``whole_status`` of a
     non-streamed answer (its body ``error``; streams still 200), ``chunked`` (a stream sent
     as uvicorn sends it: HTTP/1.1 chunked, ended cleanly with its last chunk). A whole answer honours
     ``stall_after`` as its headers, then ``stall_s`` of silence, then its body; ``cut_body`` sends only half of its
@@ -88,6 +89,7 @@ class Engine:
         self.cut_body: str | None = None  # "length" or "close", see above
         self.health_status = 200
         self.whole_status = 200
+        self.error_event: dict | None = None  # a stream's only event before [DONE] (vLLM's error in a stream)
         self.health_gets = 0
         self.hung_up = threading.Event()
         self.active = 0
@@ -187,6 +189,10 @@ class Engine:
             h.wfile.write(b"%x\r\n%s\r\n" % (len(data), data) if chunked else data)
             h.wfile.flush()
 
+        if self.error_event is not None:  # vLLM: the generator raised before any output (EngineDeadError)
+            event(self.error_event)
+            event(b"[DONE]")
+            return
         # vLLM's should_include_usage: continuous usage (in every chunk) only along with include_usage
         so = body.get("stream_options") or {}
         include = self.force_usage or bool(so.get("include_usage"))
@@ -1223,6 +1229,38 @@ def test_health_probes_find_a_dead_engine_and_its_return(engines, proxies, monke
     assert len(tasks) == 4  # one per engine of each pool
     px.stop()
     assert all(t.done() for t in tasks)  # stopped with the proxy
+
+
+VLLM_500 = (b'{"error": {"message": "EngineCore encountered an issue. See stack trace (above) for the root cause.", '
+            b'"type": "InternalServerError", "param": null, "code": 500}}', "application/json")
+
+
+def test_a_dead_engine_cores_500_does_not_lift_the_hold_its_failed_probe_put_on(engines, proxies):
+    """vLLM with a dead engine core answers /health 503 and each request 500 (EngineDeadError), or, once a stream
+    is open, an error event. With every decode engine held out by its probe, a request is still sent to one (its own
+    error reaches the client), and that 500 counted as an answer: the hold was lifted, /readyz said ready and the next
+    requests went there until the next probe (60 s here). A 5xx and an error event now leave the hold on."""
+    p, d = engines("prefill"), engines("decode")
+    d.health_status, (d.status, d.error) = 503, (500, VLLM_500)
+    px = proxies([p], [d], health_interval_s=60.0, health_timeout_s=2.0)
+    deadline = time.monotonic() + 30
+    while px.proxy.health()["probes"]["decode"].get(d.url, {}).get("state") != "down":
+        assert time.monotonic() < deadline, px.proxy.health()
+        time.sleep(0.05)
+    for stream_it in (False, True):
+        r = httpx.post(px.url + "/v1/completions", json={"model": "m", "prompt": "x", "stream": stream_it}, timeout=30)
+        assert r.status_code == 500 and "EngineCore" in r.text
+        assert d.url in px.proxy.health()["left_out"]["decode"]
+        ready = httpx.get(px.url + "/readyz", timeout=5)
+        assert ready.status_code == 503 and "held until /health" in ready.json()["decode"][d.url]["why"]
+    d.status = 200  # the API server still takes a stream, whose first event is the error
+    d.error_event = json.loads(VLLM_500[0])
+    _, events, _ = stream(px.url + "/v1/completions", {"model": "m", "prompt": "x", "stream": True})
+    assert "EngineCore" in events[0][1] and d.url in px.proxy.health()["left_out"]["decode"]
+    assert httpx.get(px.url + "/readyz", timeout=5).status_code == 503
+    d.error_event = None  # a real answer still brings it back, as before
+    assert httpx.post(px.url + "/v1/completions", json={"model": "m", "prompt": "x"}, timeout=30).status_code == 200
+    assert d.url not in px.proxy.health()["left_out"]["decode"]
 
 
 def test_a_health_200_does_not_bring_back_an_engine_real_traffic_saw_stall(engines, proxies, monkeypatch):
