@@ -10,9 +10,13 @@ Printed per endpoint: bytes of the answer, seconds to answer (median of 3), the 
 memory allocated while answering (tracemalloc); then 50 concurrent clients (in a process of their
 own) on /v1/status and on the largest answer: wall time, peak memory, the latency of /healthz
 asked meanwhile, and how much slower a pure-Python stand-in for the tick runs in the server's
-process meanwhile than idle (a ratio: the machine is shared and noisy).
+process meanwhile than idle (a ratio: the machine is shared and noisy). Last, the autoscalers'
+reads (KEDA's ``/v1/scale/keda``, ``/v1/recommendations``; the advisor's decision for 64 models,
+one rolling restart per open leak finding) and ``/healthz``, polled while 50 clients ask
+``/v1/status``: served with every /v1 request in one queue (``V1Limit`` as it was) and with the
+autoscaler reads' own lane (as it is), side by side.
 
-Usage: .venv/bin/python bench/bench_api_scale.py [--engines 1000] [--findings 5000]
+Usage: .venv/bin/python bench/bench_api_scale.py [--engines 1000] [--findings 5000] [--autoscaler-only]
 """
 
 from __future__ import annotations
@@ -28,18 +32,20 @@ import tracemalloc
 from pathlib import Path
 
 import httpx
+from starlette.middleware import Middleware
 
 from exporters import contract as c
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from guard_support import UvicornThread
 
-from sla_guard.api import create_app
+from sla_guard.api import AUTOSCALER_READS, V1Limit, create_app
 from sla_guard.compose import compose
 from sla_guard.config import parse_config
 from sla_guard.detect import drift, leak
 from sla_guard.ingest.source import StoreSource, TargetState
-from sla_guard.model import Status
+from sla_guard.model import PoolRecommendation, Status
+from sla_guard.scale.advisor import leak_restarts
 from sla_guard.slo import PoolResult, SLOResult
 from sla_guard.store import SeriesStore
 
@@ -92,6 +98,14 @@ def build(engines: int, findings: int):
             SLOResult(f"model-{i // 2}", "p", s, "ttft", "mean", 1.0, Status.OK, 0.5, 1000.0, "5m")
             for s in ("ttft_mean", "tpot_mean", "ttft_p90")]) for i in range(200)}
     adv = comp.advisor
+    # the advisor's last decision: both pools of every model it advises (max_models), and one
+    # rolling restart per open leak finding of those models (what /v1/recommendations carries)
+    models = [f"model-{i}" for i in range(min(100, adv.max_models))]
+    adv._seen = dict.fromkeys(models, NOW)
+    adv._recs = [PoolRecommendation(m, pool, 3, 4, ["prefill_ttft_headroom"], 0.8, {"utilisation": 0.9})
+                 for m in models for pool in ("prefill", "decode")]
+    adv._restarts = [r for m in models for r in leak_restarts(book.open_findings(), m)]
+    adv.updated_at = NOW
     for i in range(300):
         adv.history.append({"t": NOW + i, "model": f"model-{i % 100}", "pool": "decode", "action": "hold",
                             "desired": 3, "current": 3, "reasons": ["within band"]})
@@ -117,19 +131,87 @@ def storm(url: str, h: dict, n: int) -> list[int]:
         return list(ex.map(_one, [url] * n, [h] * n))
 
 
+def polled_storm(url: str, h: dict, n: int, polls: list[str]) -> tuple[list[int], dict[str, list[float]]]:
+    """``storm`` while one autoscaler per URL of ``polls`` polls it (every 50 ms), as KEDA's
+    metrics-api scaler would: each poll's seconds (run in a process of its own)."""
+    stop = threading.Event()
+    lat: dict[str, list[float]] = {p: [] for p in polls}
+
+    def poll(p: str) -> None:
+        with httpx.Client(timeout=300) as c:
+            while not stop.is_set():
+                t = time.perf_counter()
+                r = c.get(p, headers=h)
+                lat[p].append(time.perf_counter() - t)
+                assert r.status_code == 200, (p, r.status_code, r.text)
+                time.sleep(0.05)
+
+    pollers = [threading.Thread(target=poll, args=(p,)) for p in polls]
+    for t in pollers:
+        t.start()
+    try:
+        codes = storm(url, h, n)
+    finally:
+        stop.set()
+        for t in pollers:
+            t.join()
+    return codes, lat
+
+
+POLLED = ["/v1/scale/keda?model=model-1", "/v1/scale/keda/decode?model=model-1",
+          "/v1/recommendations?model=model-1", "/healthz"]
+
+
+def autoscaler_part(comp, clients: int) -> None:
+    """The autoscalers' reads during ``clients`` clients on /v1/status, served with /v1's one
+    queue (as before) and with their own lane (now), one after the other in this run."""
+    h = {"Authorization": f"Bearer {TOKEN}"}
+    print(f"autoscaler reads, idle and during {clients} clients on /v1/status (s; storm max / idle median):")
+    for name, lane in (("one /v1 queue", ()), ("own lane", AUTOSCALER_READS)):
+        app = create_app(comp.guard, token=TOKEN, extra_routers=comp.routers)
+        # the one-queue V1Limit is V1Limit without autoscaler reads: every /v1 request waits in one queue
+        app.user_middleware = [Middleware(V1Limit, autoscaler_reads=lane) if m.cls is V1Limit else m
+                               for m in app.user_middleware]
+        srv = UvicornThread(app)
+        with httpx.Client(timeout=60) as cl:
+            idle = {}
+            for p in POLLED:
+                times = []
+                for _ in range(10):
+                    t0 = time.perf_counter()
+                    assert cl.get(srv.url + p, headers=h).status_code == 200
+                    times.append(time.perf_counter() - t0)
+                idle[p] = statistics.median(times)
+        t0 = time.perf_counter()
+        with multiprocessing.get_context("fork").Pool(1) as mp:
+            codes, lat = mp.apply(polled_storm, (srv.url + "/v1/status", h, clients,
+                                                 [srv.url + p for p in POLLED]))
+        wall = time.perf_counter() - t0
+        srv.stop()
+        print(f"  {name}: storm {wall:.1f} s wall, statuses {sorted(set(codes))}")
+        for p in POLLED:
+            got = lat[srv.url + p]
+            print(f"    {p:40} idle {idle[p]:.4f}  storm median {statistics.median(got):.3f} "
+                  f"max {max(got):.3f} ({len(got)} polls)  {max(got) / idle[p]:,.0f}x")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--engines", type=int, default=1000)
     ap.add_argument("--findings", type=int, default=5000)
     ap.add_argument("--clients", type=int, default=50)
+    ap.add_argument("--autoscaler-only", action="store_true", help="only the autoscaler reads' part")
     a = ap.parse_args()
     comp = build(a.engines, a.findings)
+    if a.autoscaler_only:
+        return autoscaler_part(comp, a.clients)
     app = create_app(comp.guard, token=TOKEN, extra_routers=comp.routers)
     srv = UvicornThread(app)
     h = {"Authorization": f"Bearer {TOKEN}"}
     paths = ["/v1/status", "/v1/findings", "/v1/findings?state=all", "/v1/findings?limit=1000",
              "/v1/status?evaluator=leak&limit=1000",
-             "/v1/slo", "/v1/targets", "/v1/recommendations", "/v1/decisions?model=model-1",
+             "/v1/slo", "/v1/targets", "/v1/recommendations", "/v1/recommendations?model=model-1",
+             "/v1/scale/keda?model=model-1", "/v1/scale/keda/decode?model=model-1", "/v1/decisions?model=model-1",
              "/v1/ttft-breakdown", "/metrics"]
     sizes = {}
     with httpx.Client(timeout=120) as cl:
@@ -192,6 +274,7 @@ def main() -> None:
               f"median {statistics.median(lat):.3f} s; tick stand-in {statistics.median(ticks) / idle:.1f}x "
               "its idle time")
     srv.stop()
+    autoscaler_part(comp, a.clients)
 
 
 if __name__ == "__main__":

@@ -109,24 +109,40 @@ class _TooLarge(Exception):
 
 
 V1_CONCURRENCY = 2  # /v1 requests answered at once; the others wait their turn on the event loop
+# the autoscalers' reads: KEDA's metrics-api scaler polls /v1/scale/keda[/{pool}], a custom
+# autoscaler /v1/recommendations; each copies out the advisor's last decision (1-30 ms at fleet scale)
+AUTOSCALER_READS = ("/v1/scale/", "/v1/recommendations")
+AUTOSCALER_CONCURRENCY = 2  # autoscaler reads answered at once, beside the other /v1 requests
 
 
 class V1Limit:
     """ASGI middleware: at most ``n`` ``/v1`` requests at once. Each is CPU work in a worker
     thread (40 of them), and every one contends for the GIL with the event loop (scrapes, the
     probes, the tick's schedule) and the tick's thread: 50 clients asking ``/v1/status`` at once
-    kept ``/healthz`` waiting seconds. The others wait here, holding no thread."""
+    kept ``/healthz`` waiting seconds. The others wait here, holding no thread.
 
-    def __init__(self, app, n: int = V1_CONCURRENCY) -> None:
-        self.app, self.n = app, n
-        self._sem: asyncio.Semaphore | None = None  # made on the serving loop
+    The autoscalers' reads (``autoscaler_reads``, path prefixes) wait in a lane of their own, at
+    most ``autoscaler_n`` at once: in the one queue KEDA's poll of ``/v1/scale/keda`` waited
+    behind every ``/v1/status`` of such a storm, for seconds, and past KEDA's HTTP timeout (3 s by
+    default) KEDA holds the pool or takes its fallback. Their work is small and bounded, so their
+    lane adds little to the GIL's load; a storm of heavy reads no longer queues them, and what is
+    left is the GIL they share (0.1 s in such a storm, about as long as ``/healthz`` waits)."""
+
+    def __init__(self, app, n: int = V1_CONCURRENCY, autoscaler_n: int = AUTOSCALER_CONCURRENCY,
+                 autoscaler_reads: tuple[str, ...] = AUTOSCALER_READS) -> None:
+        self.app, self.autoscaler_reads = app, autoscaler_reads
+        self._n = {False: n, True: autoscaler_n}
+        self._sems: dict[bool, asyncio.Semaphore] = {}  # per lane, made on the serving loop
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] != "http" or not scope.get("path", "").startswith("/v1/"):
+        path = scope.get("path", "")
+        if scope["type"] != "http" or not path.startswith("/v1/"):
             return await self.app(scope, receive, send)
-        if self._sem is None:
-            self._sem = asyncio.Semaphore(self.n)
-        sem, held = self._sem, True
+        lane = path.startswith(self.autoscaler_reads)
+        sem = self._sems.get(lane)
+        if sem is None:
+            sem = self._sems[lane] = asyncio.Semaphore(self._n[lane])
+        held = True
         await sem.acquire()
 
         async def sending(msg):
@@ -226,8 +242,12 @@ def create_app(guard: Guard, *, token: str | Callable[[], str] | None = None,
         return _json(out)
 
     @v1.get("/slo", response_model=dict)
-    def slo(model: str | None = None, pool: str | None = None) -> JSONResponse:
-        """SLO status per (model, pool), filtered by ``model`` / ``pool``."""
+    def slo(model: str | None = None, pool: str | None = None,
+            limit: Annotated[int, Query(ge=1, le=PAGE_MAX, description=f"pools per page (1-{PAGE_MAX})")] = PAGE_MAX,
+            after: Annotated[str | None, Query(description="the previous page's `next`")] = None) -> JSONResponse:
+        """SLO status per (model, pool), filtered by ``model`` / ``pool``; by ``model/pool``,
+        ``limit`` a page (``pools_total`` all that match, ``next`` the cursor when more).
+        ``status`` is the verdict of every pool selected, not of the page."""
         ev = guard.evaluator("slo")
         if ev is None:
             raise HTTPException(404, "no SLO evaluator configured")
@@ -244,6 +264,11 @@ def create_app(guard: Guard, *, token: str | Callable[[], str] | None = None,
             exact = model is not None and pool is not None and snap["pools"]
             if snap.get("pools_over_limit") and not exact and snap["status"] != Status.VIOLATED.value:
                 snap["status"] = Status.UNKNOWN.value
+        got, nxt = page(snap["pools"], limit, after, key=lambda p: f"{p['model']}/{p['pool']}")
+        if nxt is not None or after is not None:  # an answer that fits one page is as before
+            snap.update(pools=got, pools_total=len(snap["pools"]))
+        if nxt is not None:
+            snap["next"] = nxt
         return _json(snap)
 
     @v1.get("/targets", response_model=dict)

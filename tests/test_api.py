@@ -321,6 +321,41 @@ def test_status_and_targets_are_bounded(fleet):
     assert len({t["name"] for p in tp for t in p["targets"]}) == 1100
 
 
+def test_slo_is_paged_and_its_status_is_every_pools():
+    """``/v1/slo`` was the one /v1 snapshot without pages (every judged pool, up to ``max_pools``:
+    about 1 MB). It is paged by ``model/pool`` now (``limit``, ``after``; ``pools_total`` and
+    ``next``); ``status`` stays the verdict of every pool selected, a violated one on another page
+    included, and an answer that fits one page is as before."""
+    from sla_guard.model import Status
+    from sla_guard.slo import PoolResult, SLOResult
+
+    def judged(model: str, pool: str, status: Status) -> PoolResult:
+        return PoolResult(model, pool, status, slos=[SLOResult(model, pool, "ttft_mean", "ttft", "mean", 1.0, status)])
+
+    guard = Guard(parse_config({}), _Fleet(0), [])
+    ev = SLOEvaluator(parse_config({}))
+    guard.add_evaluator(ev)
+    ev.evaluated_at = 1e9
+    ev.pools = {(f"m{i:02d}", pool): judged(f"m{i:02d}", pool, Status.VIOLATED if i == 24 else Status.OK)
+                for i in range(25) for pool in ("decode", "prefill")}
+    srv = UvicornThread(create_app(guard, token=TOKEN))
+    try:
+        pages = _pages(srv.url, "/v1/slo", "pools", {"limit": 20})
+        assert [len(p["pools"]) for p in pages] == [20, 20, 10]
+        assert all(p["pools_total"] == 50 and p["status"] == "violated" for p in pages)
+        keys = [f"{x['model']}/{x['pool']}" for p in pages for x in p["pools"]]
+        assert len(set(keys)) == 50 and keys == sorted(keys) and pages[0]["next"] == keys[19]
+        decode = _pages(srv.url, "/v1/slo", "pools", {"pool": "decode", "limit": 10})
+        assert [len(p["pools"]) for p in decode] == [10, 10, 5] and decode[0]["pools_total"] == 25
+        assert {x["pool"] for p in decode for x in p["pools"]} == {"decode"}
+        whole = httpx.get(f"{srv.url}/v1/slo", headers=_auth()).json()
+        assert len(whole["pools"]) == 50 and "next" not in whole and "pools_total" not in whole
+        r = httpx.get(f"{srv.url}/v1/slo", headers=_auth(), params={"limit": 0})
+        assert r.status_code == 422 and "query.limit" in r.json()["error"]["message"]
+    finally:
+        srv.stop()
+
+
 def test_probes_answer_while_every_worker_thread_is_busy():
     """The probes were sync routes, run on the worker threads (40): with 50 clients asking
     ``/v1/status`` of a big guard they queued behind them and a kubelet's liveness probe failed.
@@ -406,3 +441,69 @@ def test_v1_requests_are_answered_a_few_at_a_time():
             t.join(90)
         srv.stop()
     assert running == [0, V1_CONCURRENCY]
+
+
+def test_autoscaler_reads_are_answered_while_heavy_v1_requests_hold_every_turn():
+    """KEDA's poll of /v1/scale/keda (and a custom autoscaler's /v1/recommendations) waited in
+    V1Limit's one queue behind every heavy /v1 request: with 50 clients on /v1/status of a big
+    guard it waited seconds, past KEDA's HTTP timeout (3 s), and KEDA held the pool or took its
+    fallback. The autoscaler reads have a lane of their own: with every /v1 turn held by requests
+    that do not finish, and more queued behind them, they are answered with the advisor's number."""
+    import threading
+    import time
+
+    from scale_support import MODEL, run
+    from scale_support import Engine as ScaledEngine
+    from scale_support import store as scale_store
+
+    from sla_guard.api import V1_CONCURRENCY
+    from sla_guard.compose import compose
+
+    config = parse_config({"advisor": {"model": MODEL, "profile": {
+        "prefill_tokens_per_s": 10_000, "decode_step_base_s": 0.01, "decode_step_per_request_s": 0.0002}}})
+    store = scale_store()
+    root = compose(config, source=StoreSource(store), slo=False, detectors=False)
+    busy = {"running": 4, "waiting": 30, "computed": 60_000, "prefills": 6, "ttft": 8.0}
+    run([ScaledEngine("prefill", "p0"), ScaledEngine("decode", "d0")], store, 1000, 1060,
+        p0=busy, d0={"running": 10, "waiting": 0, "steps": 400})
+    assert not root.guard.tick(1060).errors
+
+    release, lock = threading.Event(), threading.Lock()
+    running = [0, 0]  # heavy requests now, most at once
+    heavy = APIRouter(prefix="/v1")
+
+    @heavy.get("/heavy")
+    def hold() -> dict:  # a /v1/status that does not finish until the test says so
+        with lock:
+            running[0] += 1
+            running[1] = max(running[1], running[0])
+        release.wait(60)
+        with lock:
+            running[0] -= 1
+        return {}
+
+    srv = UvicornThread(create_app(root.guard, token=TOKEN, extra_routers=[heavy, *root.routers]))
+    clients = [threading.Thread(target=httpx.get, args=(f"{srv.url}/v1/heavy",),
+                                kwargs={"headers": _auth(), "timeout": 90}) for _ in range(2 * V1_CONCURRENCY)]
+    try:
+        for t in clients:
+            t.start()
+        for _ in range(600):  # every heavy turn held (polled, not timed)
+            if running[0] >= V1_CONCURRENCY:
+                break
+            time.sleep(0.05)
+        assert running[0] == V1_CONCURRENCY
+        # before the fix these waited for a turn until the heavy requests were released: never here
+        with httpx.Client(base_url=srv.url, headers=_auth(), timeout=30) as h:
+            keda, flat, recs = h.get("/v1/scale/keda"), h.get("/v1/scale/keda/prefill"), h.get("/v1/recommendations")
+        assert not release.is_set() and running[0] == V1_CONCURRENCY  # answered while the heavy ones hold
+        assert keda.status_code == flat.status_code == recs.status_code == 200, (keda.text, flat.text, recs.text)
+        desired = keda.json()["pools"]["prefill"]["desired"]
+        assert desired > keda.json()["pools"]["prefill"]["current"] and flat.json()["desired"] == desired
+        assert recs.json()["models"][0]["model"] == MODEL
+    finally:
+        release.set()
+        for t in clients:
+            t.join(90)
+        srv.stop()
+    assert running == [0, V1_CONCURRENCY]  # the heavy requests kept their limit

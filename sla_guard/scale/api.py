@@ -17,6 +17,9 @@
   ``advisor.model: '*'`` a ``?model=`` it has not seen (a typo) is a 404 naming the known models.
 
 Both sit under ``/v1``, behind the API's bearer auth (``sla_guard.api.create_app`` mounts them).
+The recommendations and the KEDA endpoints are ``sla_guard.api.AUTOSCALER_READS``: a lane of their
+own in the API's ``/v1`` limit, so a storm of heavy ``/v1/status`` reads does not hold KEDA's poll
+past its HTTP timeout. Keep them small: they are copies of the advisor's last decision.
 """
 
 from __future__ import annotations
