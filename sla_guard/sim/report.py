@@ -149,11 +149,12 @@ def plot_replicas(dep: Deployment, out: Path, recommended: list | None = None) -
     """Actual replicas per pool (ready, and including starting ones) and, when an advisor ran, what
     it recommended each tick (after its guardrails) and what its sizing alone asked for."""
     plt = _plt()
-    fig, ax = plt.subplots(figsize=(8, 3.4))
+    fig, ax = plt.subplots(figsize=(9.5, 3.4))
     tl = [*dep.timeline, (dep.now, *dep.timeline[-1][1:])]
     xs = [t / 60.0 for t, *_ in tl]
-    ax.step(xs, [x[1] for x in tl], where="post", color="C0", label="prefill ready")
-    ax.step(xs, [x[2] for x in tl], where="post", color="C1", label="decode ready")
+    # ready drawn wide and pale under the recommendation's thin line: where the two agree both show
+    ax.step(xs, [x[1] for x in tl], where="post", color="C0", lw=2.5, alpha=0.6, label="prefill ready")
+    ax.step(xs, [x[2] for x in tl], where="post", color="C1", lw=2.5, alpha=0.6, label="decode ready")
     ax.step(xs, [x[3] for x in tl], where="post", ls=":", color="C0", label="prefill incl. starting")
     ax.step(xs, [x[4] for x in tl], where="post", ls=":", color="C1", label="decode incl. starting")
     if recommended:
@@ -165,7 +166,7 @@ def plot_replicas(dep: Deployment, out: Path, recommended: list | None = None) -
     ax.set_xlabel("simulated time (min)")
     ax.set_ylabel("replicas")
     ax.set_title("Replicas per pool: actual and recommended" if recommended else "Replicas per pool")
-    ax.legend(fontsize=6, ncol=2, loc="upper left")
+    ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the plot: inside, it hid the lines
     ax.grid(alpha=0.3)
     return _save(fig, out / "replicas.png")
 
