@@ -1,7 +1,7 @@
-"""What the drift detectors write to the state file each interval, at fleet scale, before and
-after one part per model/pool group written once per ``DRIFT_SAVE_S``: bytes per interval and per
-day, the time of a save, how many groups' state changed since the last save, and what a restart
-restores.
+"""What the drift detectors write to the state file each interval at fleet scale, with each
+group's CUSUM encoded as before (``encode``: JSON, tuple by tuple) and as now (``_pack``: its
+windows as float64 columns, zlib, base64): bytes per interval and per day, the time of a save, and
+what a restart restores and then decides.
 
 ``--groups`` model/pool groups (one engine each; default 100 and 1,000) report spec-decode draft
 and accepted tokens (overall and at 3 positions), local prefix-cache queries and hits, TPOT sum
@@ -11,36 +11,43 @@ windows filled, so each CUSUM's lists are at their steady length). The guard's d
 (``build_evaluators`` with the default ``detectors:``) evaluate each tick. Over the last
 ``--measure`` intervals (a full save, then ``--measure`` incremental ones) their state is saved
 after each tick to two real state files (``sla_guard.state.StateStore``, WAL,
-``synchronous=normal``), side by side in this process from the same evaluators:
+``synchronous=normal``), side by side in this process from the same evaluators, both with one
+part per group written once per ``DRIFT_SAVE_S`` (``_DriftState.state_dump``):
 
-- **old**: one part of all groups each time an interval closes, as ``_DriftState.state_dump``
-  wrote it before (``old_dump`` below is that code);
-- **new**: ``_DriftState.state_dump`` now.
+- **old**: each group's part as ``encode(cusum)`` (the encoding before ``_pack``);
+- **new**: ``_DriftState.state_dump`` now (``_pack``).
 
 Printed for each: bytes written per interval (the JSON ``save`` stores; median) and per day
 (1,440 intervals), the save's wall time (dump + ``save``: encode, JSON, CRC, SQLite commit;
-median and max); the CUSUMs whose encoded state differs from the interval before; and after the
-last save each file restored into fresh evaluators: the groups back, and whether each is the
-state last written for it (old: the state at the last save; new: at its group's last write).
+median and max), and old/new ratios. After the last save each file is restored into fresh
+evaluators (the old file by today's ``state_load``: a file written before still loads): the
+groups back, and whether each is the CUSUM as last written (compared as ``encode`` writes it, so
+exact to the bit). Then one group in 10 drifts (acceptance x0.75 at each position, prefix hits
+0.4 -> 0.3, TPOT x1.3) for ``--after`` intervals, fed to both restored sets and to the evaluators
+that never stopped: the alarms and findings of the two restored sets must be the same, and so must
+every CUSUM at the end.
 
-    .venv/bin/python bench/bench_drift_state.py [--groups 100 1000] [--hours 4] [--measure 10]
+    .venv/bin/python bench/bench_drift_state.py [--groups 100 1000] [--hours 4] [--measure 10] [--after 30]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import tempfile
 import time
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 
 from exporters import contract as c
 from sla_guard.config import parse_config
+from sla_guard.detect import evaluators
 from sla_guard.detect.evaluators import DRIFT_SAVE_S, _DriftState, build_evaluators
-from sla_guard.detect.findings import FindingsBook
+from sla_guard.detect.findings import FindingsBook, finding_json
 from sla_guard.ingest import build_store
 from sla_guard.settings.detectors import DetectorsConfig
 from sla_guard.state import StateStore, encode
@@ -49,25 +56,28 @@ TICK = 60.0
 T0 = 1.7e9
 
 
-def fleet(groups: int, seed: int = 0):
-    """``scrape(t)``: one page per group into ``store``, counters growing by random increments."""
+def fleet(groups: int, seed: int = 0, drift_from: float = math.inf):
+    """``scrape(t)``: one page per group into ``store``, counters growing by random increments;
+    from ``drift_from`` one group in 10 drifts (acceptance x0.75, prefix hits 0.4 -> 0.3, TPOT x1.3)."""
     store = build_store(parse_config({}))
     rng = np.random.default_rng(seed)
     cum = np.zeros((groups, 12))
     labels = [{"model": f"model{g // 2}", "pool": ("prefill", "decode")[g % 2], "engine": "0"} for g in range(groups)]
+    drifts = np.arange(groups) % 10 == 0
     draft, acc = c.SPEC_DRAFT_TOKENS.exposed, c.SPEC_ACCEPTED_TOKENS.exposed
     dpos, apos = c.SPEC_DRAFT_TOKENS_POS.exposed, c.SPEC_ACCEPTED_TOKENS_POS.exposed
     q, h = c.PREFIX_CACHE_QUERIES.exposed, c.PREFIX_CACHE_HITS.exposed
     tsum, tcnt = c.REQUEST_TPOT.series("_sum"), c.REQUEST_TPOT.series("_count")
 
     def scrape(t: float) -> None:
+        on = drifts if t >= drift_from else np.zeros(groups, bool)
         n = rng.poisson(3000, size=(groups, 3)).astype(float)  # draft tokens at positions 0..2
-        a = rng.binomial(n.astype(int), [0.8, 0.65, 0.5]).astype(float)
+        a = rng.binomial(n.astype(int), np.outer(np.where(on, 0.75, 1.0), [0.8, 0.65, 0.5])).astype(float)
         qq = rng.poisson(50000, size=groups).astype(float)
-        hh = rng.binomial(qq.astype(int), 0.4).astype(float)
+        hh = rng.binomial(qq.astype(int), np.where(on, 0.3, 0.4)).astype(float)
         reqs = rng.poisson(40, size=groups).astype(float)
         running = 8 + rng.normal(0, 1, size=groups)
-        tpot = reqs * 0.02 * (1 + 0.01 * rng.normal(size=groups))
+        tpot = reqs * 0.02 * np.where(on, 1.3, 1.0) * (1 + 0.01 * rng.normal(size=groups))
         cum[:, 0:3] += n
         cum[:, 3:6] += a
         cum[:, 6] += qq
@@ -87,45 +97,54 @@ def fleet(groups: int, seed: int = 0):
     return store, scrape
 
 
-def old_dump(ev, dumped: dict, full: bool) -> dict:
-    """``_DriftState.state_dump`` before one part per group: all CUSUMs in one part, each time an
-    interval closed (``dumped``: the interval-close time of each evaluator's last dump)."""
-    if not full and ev._next == dumped.get(ev.name):
-        return {}
-    dumped[ev.name] = ev._next
-    return {"s": encode({"next": ev._next, "cusums": ev.cusums})}
+def drift_evaluators() -> list:
+    """The guard's drift evaluators with the default ``detectors:``, on a findings book of their own."""
+    return [ev for ev in build_evaluators(FindingsBook(), DetectorsConfig()) if isinstance(ev, _DriftState)]
+
+
+def dump(ev, full: bool, side: str) -> dict:
+    """``ev.state_dump(full)`` with each group encoded as ``side`` does (old: ``encode``)."""
+    if side == "new":
+        return ev.state_dump(full)
+    with mock.patch.object(evaluators, "_pack", encode):
+        return ev.state_dump(full)
 
 
 def text(obj) -> str:
     return json.dumps(obj, separators=(",", ":"))
 
 
-def restored(evs, path: Path, last: dict) -> tuple[int, int, int]:
-    """(groups restored from ``path``, of them equal to what was last written, groups now)."""
-    fresh = [ev for ev in build_evaluators(FindingsBook(), DetectorsConfig()) if isinstance(ev, _DriftState)]
+def restore(path: Path) -> list:
+    """Fresh drift evaluators (each set its own findings book) restored from ``path``."""
+    fresh = drift_evaluators()
     state = StateStore(path)
     saved = state.load()
     state.close()
-    back = same = 0
     for ev in fresh:
         ev.state_load(saved.get(ev.name, {}), [])
-        for k, cus in ev.cusums.items():
-            back += 1
-            same += text(json.loads(text(encode(cus)))) == last[ev.name].get(k)
-    return back, same, sum(len(ev.cusums) for ev in evs)
+    return fresh
 
 
-def run(groups: int, hours: float, measure: int) -> None:
-    store, scrape = fleet(groups)
-    evs = [ev for ev in build_evaluators(FindingsBook(), DetectorsConfig()) if isinstance(ev, _DriftState)]
+def same_as_written(fresh: list, last: dict) -> int:
+    """How many restored CUSUMs are exactly (as ``encode`` writes them) the one last written."""
+    return sum(text(encode(cus)) == last[ev.name].get(k) for ev in fresh for k, cus in ev.cusums.items())
+
+
+def decisions(evs: list) -> tuple[list, dict]:
+    """(every finding of the set's book, as the API serves it; every CUSUM as ``encode`` writes it)."""
+    book = evs[0].book
+    return ([finding_json(f) for f in book.all()],
+            {(ev.name, k): text(encode(cus)) for ev in evs for k, cus in ev.cusums.items()})
+
+
+def run(groups: int, hours: float, measure: int, after: int) -> None:
     ticks = int(hours * 3600 / TICK)
+    store, scrape = fleet(groups, drift_from=T0 + (ticks + 1) * TICK)
+    evs = drift_evaluators()
     t_cpu = time.process_time()
     sides = ("old", "new")
     rows: dict[str, list[tuple[int, float]]] = {side: [] for side in sides}
     last: dict[str, dict[str, dict]] = {side: {ev.name: {} for ev in evs} for side in sides}  # as last written
-    changed: list[str] = []
-    prev: dict[tuple, str] = {}
-    dumped: dict = {}
     with tempfile.TemporaryDirectory() as tmp:
         files = {side: Path(tmp) / f"{side}.db" for side in sides}
         states = {side: StateStore(files[side]) for side in sides}
@@ -137,46 +156,57 @@ def run(groups: int, hours: float, measure: int) -> None:
             if k < ticks - measure:
                 continue
             full = k == ticks - measure
-            now = {(ev.name, g): text(encode(cus)) for ev in evs for g, cus in ev.cusums.items()}
-            if not full:
-                changed.append(f"{sum(prev.get(g) != v for g, v in now.items())}/{len(now)}")
-            prev = now
+            kept = {ev.name: (set(ev._filed), set(ev._unfiling), dict(ev._marks), ev._dumped_next) for ev in evs}
             for side in sides:
+                for ev in evs:  # each side dumps from the same bookkeeping: the same groups, in the same saves
+                    filed, unfiling, marks, dumped = kept[ev.name]
+                    ev._filed, ev._unfiling, ev._marks, ev._dumped_next = set(filed), set(unfiling), dict(marks), dumped
                 t0 = time.perf_counter()
-                parts = {ev.name: old_dump(ev, dumped, full) if side == "old" else ev.state_dump(full) for ev in evs}
+                parts = {ev.name: dump(ev, full, side) for ev in evs}
                 assert states[side].save(parts, now=t)
                 save_s = time.perf_counter() - t0
                 if not full:  # the first measured save is a full one (as after a start)
                     rows[side].append((sum(len(text(v)) for ps in parts.values() for v in ps.values()
                                            if v is not None), save_s))
-                for ev in evs:  # what the file now holds for each group, as JSON
-                    ps, mine = parts[ev.name], last[side][ev.name]
-                    if "s" in ps:
-                        mine.clear()
-                        mine.update({g: now[(ev.name, g)] for g in ev.cusums})
-                    for p, v in ps.items():
+                for ev in evs:  # each group's CUSUM as last written, as ``encode`` writes it
+                    for p, v in parts[ev.name].items():
                         if p.startswith("g/"):
                             g = tuple(json.loads(p[2:]))
-                            if v is None:
-                                mine.pop(g, None)
-                            else:
-                                mine[g] = text(v)
+                            last[side][ev.name][g] = None if v is None else text(encode(ev.cusums[g]))
         for st in states.values():
             st.close()
         print(f"{groups} groups: {sum(len(ev.cusums) for ev in evs)} CUSUMs in {len(evs)} drift evaluators, "
-              f"{hours:g} h fed in {time.process_time() - t_cpu:.0f} s CPU; DRIFT_SAVE_S {DRIFT_SAVE_S:.0f} s")
-        print(f"  CUSUMs changed since the interval before: {', '.join(changed)}")
-        med = {}
+              f"{hours:g} h fed in {time.process_time() - t_cpu:.0f} s CPU; DRIFT_SAVE_S {DRIFT_SAVE_S:.0f} s; "
+              f"{len(rows['new'])} intervals measured")
+        stats = {}
         for side in sides:
-            nb = statistics.median(r[0] for r in rows[side])
+            nb = [r[0] for r in rows[side]]
             sv = [r[1] for r in rows[side]]
-            med[side] = (nb, statistics.median(sv), sum(r[0] for r in rows[side]), sum(sv))
-            back, same, n = restored(evs, files[side], last[side])
-            print(f"  {side}: written per interval {nb / 2**20:7.2f} MiB median, {nb * 86400 / TICK / 2**30:6.2f} "
-                  f"GiB a day; save {1e3 * statistics.median(sv):7.1f} ms median, max {1e3 * max(sv):7.1f} ms; "
-                  f"restored {back}/{n} groups, {same} as last written")
-        o, n = med["old"], med["new"]
-        print(f"  old/new over {len(rows['new'])} intervals: bytes {o[2] / n[2]:5.1f}x, save time {o[3] / n[3]:5.1f}x")
+            stats[side] = (statistics.median(nb), statistics.median(sv), max(sv))
+        o, n = stats["old"], stats["new"]
+        print(f"  {'':28s} {'old':>9s} {'new':>9s} {'old/new':>8s}")
+        for name, i, scale, unit in (("written per interval", 0, 2**-20, "MiB"),
+                                     ("written per day", 0, 86400 / TICK / 2**30, "GiB"),
+                                     ("save, median", 1, 1e3, "ms"), ("save, max", 2, 1e3, "ms")):
+            print(f"  {name + ' (' + unit + ')':28s} {o[i] * scale:9.2f} {n[i] * scale:9.2f} {o[i] / n[i]:7.1f}x")
+        restored = {side: restore(files[side]) for side in sides}
+        for side in sides:
+            back = sum(len(ev.cusums) for ev in restored[side])
+            print(f"  {side} file restored: {back}/{sum(len(ev.cusums) for ev in evs)} groups, "
+                  f"{same_as_written(restored[side], last[side])} exactly as last written")
+        if after:
+            t1 = time.process_time()
+            for k in range(ticks + 1, ticks + 1 + after):
+                t = T0 + k * TICK
+                scrape(t)  # one group in 10 drifts from here
+                for ev in (*evs, *restored["old"], *restored["new"]):
+                    ev.evaluate(store, t)
+            got = {side: decisions(restored[side]) for side in sides}
+            live = decisions(evs)[0]
+            print(f"  after {after} intervals with one group in 10 drifted ({time.process_time() - t1:.0f} s CPU): "
+                  f"findings restored old {len(got['old'][0])}, new {len(got['new'][0])}, never stopped {len(live)}; "
+                  f"old and new the same: findings {got['old'][0] == got['new'][0]}, "
+                  f"every CUSUM {got['old'][1] == got['new'][1]}")
 
 
 def main() -> None:
@@ -184,9 +214,10 @@ def main() -> None:
     ap.add_argument("--groups", type=int, nargs="+", default=[100, 1000])
     ap.add_argument("--hours", type=float, default=4.0)
     ap.add_argument("--measure", type=int, default=10, help="intervals measured at the end (after a full save)")
+    ap.add_argument("--after", type=int, default=30, help="intervals fed after the restore, with drifts")
     a = ap.parse_args()
     for g in a.groups:
-        run(g, a.hours, a.measure)
+        run(g, a.hours, a.measure, a.after)
 
 
 if __name__ == "__main__":

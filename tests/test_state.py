@@ -445,6 +445,7 @@ def test_drift_state_writes_each_group_once_per_turn_and_an_alarm_at_once(tmp_pa
     written: list[set[str]] = []  # group parts written by each save
     share: list[float] = []  # bytes written by each save, of all the groups' state
     last: dict[str, object] = {}  # each group part as last written
+    last_cus: dict[str, str] = {}  # each group's CUSUM when its part was last written (as ``encode`` writes it)
     drop_at, opened_in = T0 + 63 * 60, None  # its alarm opens between two of its turns
     key = "acceptance_drift/m0/decode"
     for k in range(1, 141):
@@ -462,6 +463,8 @@ def test_drift_state_writes_each_group_once_per_turn_and_an_alarm_at_once(tmp_pa
         written.append({p for p, v in parts.items() if p.startswith("g/") and v is not None})
         share.append(len(json.dumps(parts)) / len(json.dumps(encode(ev.cusums))))  # of all groups' state
         last.update({p: v for p, v in parts.items() if p.startswith("g/")})
+        last_cus.update({p: _json(ev.cusums[tuple(json.loads(p[2:]))]) for p, v in parts.items()
+                         if p.startswith("g/") and v is not None})
         if opened_in is None and not was_open and book.get(key) is not None:
             opened_in = k
     turn = int(DRIFT_SAVE_S // 60)
@@ -485,8 +488,96 @@ def test_drift_state_writes_each_group_once_per_turn_and_an_alarm_at_once(tmp_pa
     assert set(fresh.cusums) == set(ev.cusums) and fresh._next == ev._next
     assert fresh.cusums[("m0", "decode")].alarm is not None and fresh.claims(key)
     assert fresh_book.get(key).open
-    assert all(_json(fresh.cusums[tuple(k)]) == json.dumps(v) for k, v in
-               ((json.loads(p[2:]), v) for p, v in last.items() if v is not None))
+    assert all(_json(fresh.cusums[tuple(json.loads(p[2:]))]) == last_cus[p] for p, v in last.items() if v is not None)
+
+
+
+def _steady_cusums(seed: int = 5) -> tuple[drift.RateCusum, drift.LatencyDrift, list]:
+    """A rate and a TPOT CUSUM with the default parameters after 4 h of 60 s intervals (the warm-up
+    over, the reference hold and trend windows full), and the 60 intervals that follow, the rate
+    falling 0.7 -> 0.55 and TPOT rising 30% from the 20th (so both alarm)."""
+    from sla_guard.detect.evaluators import rate_params
+    from sla_guard.settings.detectors import RateConfig as Rate
+
+    rng = np.random.default_rng(seed)
+    rate = drift.RateCusum(rate_params(Rate(), "both"))
+    tpot = drift.LatencyDrift(drift.LatencyDriftParams())
+
+    def interval(k: int) -> tuple:
+        n = float(rng.poisson(9000))
+        bad = k >= 260
+        return (T0 + 60.0 * k, n, float(rng.binomial(int(n), 0.55 if bad else 0.7)),
+                0.02 * (1.3 if bad else 1.0) * (1 + 0.01 * rng.normal()), 8 + rng.normal(), float(rng.poisson(40)))
+
+    for k in range(240):
+        t, n, x, tp, run, req = interval(k)
+        rate.update(t, n, x)
+        tpot.update(t, tp, run, req)
+    return rate, tpot, [interval(k) for k in range(240, 300)]
+
+
+def test_drift_state_part_of_a_group_is_its_windows_packed_and_restores_exactly():
+    """A group's CUSUM was written as ``encode``'s JSON, tuple by tuple: ~13 KB per CUSUM once its
+    windows are full (6.5 MiB and 1.2 s on the tick thread each minute at 1,000 groups). Its
+    windows are now float64 columns, zlib and base64 (``_pack``): a rate CUSUM's part is under a
+    quarter of that, TPOT's (measured floats, less to compress) under half, and every CUSUM comes
+    back exactly as it was, a row that is not all floats as ``encode`` writes it. A guard before
+    this refuses the part (an unknown class) instead of restoring empty windows."""
+    from sla_guard.detect.evaluators import _DRIFT_CLASSES, _pack, _unpack
+
+    def stored(cus) -> dict:
+        return json.loads(json.dumps(_pack(cus)))  # as the state file holds it
+
+    rate, tpot, _ = _steady_cusums()
+    for cus, share in ((rate, 4), (tpot, 2)):
+        part, before = stored(cus), len(json.dumps(encode(cus)))
+        assert len(json.dumps(part)) < before / share, (type(cus).__name__, len(json.dumps(part)), before)
+        back = _unpack(part, cus.params)
+        assert type(back) is type(cus) and back.params is cus.params and _json(back) == _json(cus)
+        assert all(type(getattr(back, f)) is type(getattr(cus, f)) and type(getattr(back, f)[0]) is tuple
+                   for f in ("held", "block") if hasattr(cus, f))
+        with pytest.raises(ValueError, match="unknown state class"):
+            decode(part, _DRIFT_CLASSES)  # what a guard before this reads
+    rate.recent.append((T0, 5, 3.0))  # an int: that window is not packed, and comes back with its int
+    back = _unpack(stored(rate), rate.params)
+    assert _json(back) == _json(rate) and back.recent[-1] == (T0, 5, 3.0) and type(back.recent[-1][1]) is int
+
+
+def test_drift_state_written_before_packing_restores_and_decides_the_same():
+    """The guard's state file outlives an upgrade: a group part written as ``encode`` wrote it
+    before ``_pack`` restores exactly, and the CUSUMs restored from either form reach the same
+    alarms over the next hour (a drop and a slowdown); the next save writes the packed form."""
+    from sla_guard.detect.evaluators import TpotDriftEvaluator, _DriftState, _group_part
+
+    rate, tpot, after = _steady_cusums()
+    cfg = RateConfig()
+    evs = [RateDriftEvaluator(FindingsBook(), "acceptance_drift", "acceptance_drift", c.SPEC_DRAFT_TOKENS,
+                              c.SPEC_ACCEPTED_TOKENS, cfg, "both", "acceptance"), TpotDriftEvaluator(FindingsBook())]
+    for ev, cus in zip(evs, (rate, tpot), strict=True):
+        cus.params = ev.params
+        k = ("m", "decode")
+        old = json.loads(json.dumps({"next": T0, _group_part(k): encode(cus)}))
+        ev.cusums[k] = cus
+        ev._next = T0
+        new = json.loads(json.dumps({p: v for p, v in ev.state_dump(True).items() if v is not None}))
+        assert new[_group_part(k)]["__dc__"].endswith("/packed")
+        restored: list[_DriftState] = []
+        for parts in (old, new):
+            fresh = type(ev)(FindingsBook(), *((ev.name, ev.detector, ev.trials, ev.successes, ev.cfg, "both",
+                                                 ev.what) if isinstance(ev, RateDriftEvaluator) else ()))
+            fresh.state_load(parts, [])
+            assert _json(fresh.cusums[k]) == _json(cus)
+            restored.append(fresh)
+        alarms = []
+        for fresh in restored:
+            got = []
+            for t, n, x, tp, run, req in after:
+                c_ = fresh.cusums[k]
+                a = c_.update(t, n, x) if isinstance(c_, drift.RateCusum) else c_.update(t, tp, run, req)
+                got.append(None if a is None else (a.at, a.direction, a.after, a.statistic))
+            alarms.append((got, _json(fresh.cusums[k])))
+        assert alarms[0] == alarms[1] and any(alarms[0][0]), type(cus).__name__
+        assert restored[0].state_dump(True)[_group_part(k)]["__dc__"].endswith("/packed")
 
 
 _DRIFT_LIFE = """
