@@ -14,7 +14,9 @@ process meanwhile than idle (a ratio: the machine is shared and noisy). Last, th
 reads (KEDA's ``/v1/scale/keda``, ``/v1/recommendations``; the advisor's decision for 64 models,
 one rolling restart per open leak finding) and ``/healthz``, polled while 50 clients ask
 ``/v1/status``: served with every /v1 request in one queue (``V1Limit`` as it was) and with the
-autoscaler reads' own lane (as it is), side by side.
+autoscaler reads' own lane (as it is), side by side. The answers that carry the advisor's last
+decision are also sized with its rolling restarts whole, as they were before they were paged
+(without the ``finding`` key each names now).
 
 Usage: .venv/bin/python bench/bench_api_scale.py [--engines 1000] [--findings 5000] [--autoscaler-only]
 """
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import json
 import multiprocessing
 import statistics
 import sys
@@ -39,7 +42,7 @@ from exporters import contract as c
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from guard_support import UvicornThread
 
-from sla_guard.api import AUTOSCALER_READS, V1Limit, create_app
+from sla_guard.api import AUTOSCALER_READS, V1Limit, create_app, jsonable
 from sla_guard.compose import compose
 from sla_guard.config import parse_config
 from sla_guard.detect import drift, leak
@@ -195,6 +198,24 @@ def autoscaler_part(comp, clients: int) -> None:
                   f"max {max(got):.3f} ({len(got)} polls)  {max(got) / idle[p]:,.0f}x")
 
 
+ADVISED = ["/v1/status", "/v1/status?evaluator=advisor", "/v1/recommendations", "/v1/recommendations?model=model-1"]
+
+
+def unpaged(path: str, body: dict, adv) -> int:
+    """Bytes of ``body`` (the answer to ``path``) with the advisor's restarts whole and without
+    the ``finding`` each names now, as before they were paged, rendered as the API renders JSON."""
+    model = httpx.URL(path).params.get("model")
+    snap = jsonable(adv.snapshot(model=model if adv.wildcard else None))
+    for r in snap["restarts"]:
+        del r["finding"]
+    if path.startswith("/v1/status"):
+        body = {**body, "evaluators": {**body["evaluators"], "advisor": snap}}
+        body.pop("next", None)
+    else:
+        body = {"models": [{"model": model or adv.model, **snap}]}
+    return len(json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode())
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--engines", type=int, default=1000)
@@ -210,10 +231,11 @@ def main() -> None:
     h = {"Authorization": f"Bearer {TOKEN}"}
     paths = ["/v1/status", "/v1/findings", "/v1/findings?state=all", "/v1/findings?limit=1000",
              "/v1/status?evaluator=leak&limit=1000",
-             "/v1/slo", "/v1/targets", "/v1/recommendations", "/v1/recommendations?model=model-1",
+             "/v1/status?evaluator=advisor", "/v1/slo", "/v1/targets", "/v1/recommendations",
+             "/v1/recommendations?model=model-1", "/v1/recommendations?limit=100",
              "/v1/scale/keda?model=model-1", "/v1/scale/keda/decode?model=model-1", "/v1/decisions?model=model-1",
              "/v1/ttft-breakdown", "/metrics"]
-    sizes = {}
+    sizes, bodies = {}, {}
     with httpx.Client(timeout=120) as cl:
         print(f"{'endpoint':42} {'status':>6} {'bytes':>11} {'s (median)':>11} {'peak MiB':>9}")
         for p in paths:
@@ -226,8 +248,14 @@ def main() -> None:
                 peak = tracemalloc.get_traced_memory()[1]
                 tracemalloc.stop()
             sizes[p] = len(r.content)
+            if p in ADVISED:
+                bodies[p] = r.json()
             print(f"{p:42} {r.status_code:>6} {len(r.content):>11,} {statistics.median(times):>11.4f} "
                   f"{peak / 2**20:>9.1f}")
+    adv = comp.advisor
+    print(f"the advisor's {len(adv.recommendations()[1]):,} rolling restarts whole (before paging) -> paged (bytes):")
+    for p in ADVISED:
+        print(f"  {p:40} {unpaged(p, bodies[p], adv):>11,} -> {sizes[p]:>9,}")
     big = max((p for p in paths if p != "/metrics"), key=sizes.get)
 
     def probe(stop):  # a kubelet's liveness probe and the event loop, while the clients ask

@@ -154,6 +154,8 @@ class PoolRecommendation:
     action: str = "scale"  # "scale" | "hold" | "rolling_restart"
     # the replica (engine, else instance, else process) a rolling_restart is for; None otherwise
     replica: str | None = None
+    # the key of the leak finding a rolling_restart comes from (its page key, with the model); None otherwise
+    finding: str | None = None
 
 
 class Evaluator(Protocol):

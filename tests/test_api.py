@@ -356,6 +356,69 @@ def test_slo_is_paged_and_its_status_is_every_pools():
         srv.stop()
 
 
+def test_the_advisors_rolling_restarts_are_paged_and_every_one_is_reached():
+    """The advisor's snapshot held its last decision whole: one rolling restart per open leak
+    finding (3,272 at 1,000 engines) was 0.8 MB of ``/v1/status`` and 0.75 MB of
+    ``/v1/recommendations``, an autoscaler read meant to stay small. Its restarts are one more
+    paged map now, by ``model/finding`` (``/v1/status``: ``limit`` a map, 100 by default,
+    ``evaluator=advisor&after=``; ``/v1/recommendations``: ``limit``/``after``, 1,000 a page),
+    ``?model=`` pages that model's; the pool decisions stay whole, KEDA's answers carry no restart,
+    and an answer that fits one page is as before."""
+    from scale_support import Engine as ScaledEngine
+    from scale_support import run
+    from scale_support import store as scale_store
+
+    from sla_guard.compose import compose
+
+    config = parse_config({"advisor": {"model": "*", "profile": {
+        "prefill_tokens_per_s": 10_000, "decode_step_base_s": 0.01, "decode_step_per_request_s": 0.0002}}})
+    store = scale_store()
+    root = compose(config, source=StoreSource(store), slo=False)
+    busy = {"running": 4, "waiting": 30, "computed": 60_000, "prefills": 6, "ttft": 8.0}
+    engines = [ScaledEngine(pool, f"{m}-{pool[0]}0", model=m) for m in "ab" for pool in ("prefill", "decode")]
+    run(engines, store, 1000, 1060, **{f"{m}-p0": busy for m in "ab"},
+        **{f"{m}-d0": {"running": 10, "waiting": 0, "steps": 400} for m in "ab"})
+    raised = []
+    for i in range(3000):  # 2,400 leaking processes of model a, 600 of b
+        m = "a" if i < 2400 else "b"
+        raised.append(f"{m}/leak/{m}/decode/e{i:04d}/worker")
+        root.findings.raise_("leak", raised[-1][2:], "warning", "RSS grows",
+                             {"model": m, "pool": "decode", "engine": f"e{i:04d}"}, {"slope_mib_per_h": 12.0}, 1060)
+    assert not root.guard.tick(1060).errors
+    assert len(root.advisor.recommendations()[1]) == 3000
+    srv = UvicornThread(create_app(root.guard, token=TOKEN, extra_routers=root.routers))
+    try:
+        snap = httpx.get(f"{srv.url}/v1/status", headers=_auth()).json()["evaluators"]["advisor"]
+        assert len(snap["restarts"]) == 100 and snap["restarts_total"] == 3000 and "next" in snap
+        assert len(snap["recommendations"]) == 4  # two pools of each model, whole
+        pages = _pages(srv.url, "/v1/status", "evaluators", {"evaluator": "advisor", "limit": 1000})
+        assert [len(p["evaluators"]["advisor"]["restarts"]) for p in pages] == [1000, 1000, 1000]
+        keys = [f"{r['model']}/{r['finding']}" for p in pages for r in p["evaluators"]["advisor"]["restarts"]]
+        assert keys == sorted(raised)  # each once, in key order
+        recs = _pages(srv.url, "/v1/recommendations", "models", {"limit": 700})
+        assert [len(p["models"][0]["restarts"]) for p in recs] == [700, 700, 700, 700, 200]
+        assert [f"{r['model']}/{r['finding']}" for p in recs for r in p["models"][0]["restarts"]] == keys
+        assert all(p["models"][0]["restarts_total"] == 3000 and len(p["models"][0]["recommendations"]) == 4
+                   for p in recs)
+        whole = httpx.get(f"{srv.url}/v1/recommendations", headers=_auth()).json()
+        assert len(whole["models"][0]["restarts"]) == 1000 and whole["next"] == keys[999]
+        a = _pages(srv.url, "/v1/recommendations", "models", {"model": "a"})  # one model's: unbounded too
+        assert [len(p["models"][0]["restarts"]) for p in a] == [1000, 1000, 400]
+        assert {r["model"] for p in a for r in p["models"][0]["restarts"]} == {"a"}
+        b = httpx.get(f"{srv.url}/v1/recommendations", headers=_auth(), params={"model": "b"}).json()
+        assert list(b) == ["models"] and set(b["models"][0]) == {  # fits one page: as before paging
+            "model", "mode", "updated_at", "actuation_errors", "recommendations", "restarts"}
+        assert len(b["models"][0]["restarts"]) == 600 and {r["model"] for r in b["models"][0]["recommendations"]} \
+            == {"b"}
+        r = httpx.get(f"{srv.url}/v1/recommendations", headers=_auth(), params={"limit": 1001})
+        assert r.status_code == 422 and "query.limit" in r.json()["error"]["message"]
+        for path in ("/v1/scale/keda", "/v1/scale/keda/prefill"):  # KEDA's flat answers: no restart
+            r = httpx.get(srv.url + path, headers=_auth(), params={"model": "a"})
+            assert r.status_code == 200 and "restart" not in r.text and len(r.content) < 400, r.text
+    finally:
+        srv.stop()
+
+
 def test_probes_answer_while_every_worker_thread_is_busy():
     """The probes were sync routes, run on the worker threads (40): with 50 clients asking
     ``/v1/status`` of a big guard they queued behind them and a kubelet's liveness probe failed.

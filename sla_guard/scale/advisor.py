@@ -87,7 +87,8 @@ def leak_restarts(findings: list[Finding] | tuple[Finding, ...], model: str) -> 
         out.append(PoolRecommendation(model=f.labels.get("model", model), pool=pool, current=0, desired=0,
                                       reasons=["leak_rolling_restart"],
                                       confidence=1.0 if f.severity == "critical" else 0.7,
-                                      numbers=numbers, action="rolling_restart", replica=replica))
+                                      numbers=numbers, action="rolling_restart", replica=replica,
+                                      finding=f.key))
     return out
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from exporters import contract as c
 from exporters.prometheus import ContractMetrics
 from sla_guard.defaults import TPOT_SLO_S, TTFT_SLO_S
-from sla_guard.model import Finding, MetricsView, PoolRecommendation
+from sla_guard.model import Finding, MetricsView, PoolRecommendation, page_map
 from sla_guard.scale.actuators import ActuationError, Actuator, CappedError, StandbyError, idempotency_key
 from sla_guard.scale.advisor import POOLS, Advisor, _Learned, to_recommendation
 from sla_guard.scale.guardrails import Decision, PoolMemory, without_data
@@ -407,11 +407,20 @@ class AdvisorEvaluator:
         with self._lock:
             return list(self._recs), list(self._restarts), self.updated_at
 
-    def snapshot(self) -> dict:
+    paged = True  # snapshot(limit, after): the rolling restarts by "model/finding" (``sla_guard.model.page_map``)
+
+    def snapshot(self, limit: int | None = None, after: str | None = None, model: str | None = None) -> dict:
+        """The last decision (only ``model``'s when given). Its rolling restarts, one per open leak
+        finding, grow with the fleet (3,272 at 1,000 engines: 0.8 MB of /v1/status, 0.75 MB of
+        /v1/recommendations), so they come ``limit`` a page past ``after`` (``restarts_total`` and
+        ``next`` when paged); the pool decisions stay whole: two per model, at most ``max_models``."""
         recs, restarts, at = self.recommendations()
+        if model is not None:
+            recs, restarts = [r for r in recs if r.model == model], [r for r in restarts if r.model == model]
+        got, extra = page_map({restart_key(r): r for r in restarts}, limit, after, "restarts")
         return {"mode": self.cfg.mode, "updated_at": at, "actuation_errors": self.actuation_errors,
                 "recommendations": [rec_json(r) for r in recs],
-                "restarts": [rec_json(r) for r in restarts]}
+                "restarts": [rec_json(r) for r in got.values()], **extra}
 
 
 def _unexpect(adv: Advisor, pool: str, before: tuple[int, float] | None) -> None:
@@ -534,9 +543,17 @@ def state_problem(state: dict) -> str | None:
     return None
 
 
+def restart_key(r: PoolRecommendation) -> str:
+    """A rolling restart's page key: its model and the leak finding it comes from (a finding
+    without a model label is advised for every model of a wildcard advisor)."""
+    return f"{r.model}/{r.finding or r.replica or ''}"
+
+
 def rec_json(r: PoolRecommendation) -> dict:
     out = {"model": r.model, "pool": r.pool, "current": r.current, "desired": r.desired, "action": r.action,
            "reasons": list(r.reasons), "confidence": r.confidence, "numbers": dict(r.numbers)}
     if r.replica is not None:  # a rolling restart names its replica
         out["replica"] = r.replica
+    if r.finding is not None:  # and the leak finding it comes from
+        out["finding"] = r.finding
     return out
