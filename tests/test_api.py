@@ -463,20 +463,15 @@ def test_probes_answer_while_every_worker_thread_is_busy():
         srv.stop()
 
 
-def test_v1_requests_are_answered_a_few_at_a_time():
-    """Every /v1 request ran at once on one of 40 worker threads: 50 clients asking /v1/status
-    of a big guard meant 40 threads contending for the GIL with the event loop and the tick, and
-    /healthz waited seconds. At most ``V1_CONCURRENCY`` run now; the others wait on the loop."""
+def _held_route(path: str):
+    """A /v1 route whose requests are held until ``release`` is set, and ``running``: [held now, most at once]."""
     import threading
-    import time
-
-    from sla_guard.api import V1_CONCURRENCY
 
     release, lock = threading.Event(), threading.Lock()
-    running = [0, 0]  # now, most at once
-    block = APIRouter(prefix="/v1")
+    running = [0, 0]
+    router = APIRouter(prefix="/v1")
 
-    @block.get("/block")
+    @router.get(path)
     def hold() -> dict:
         with lock:
             running[0] += 1
@@ -486,6 +481,19 @@ def test_v1_requests_are_answered_a_few_at_a_time():
             running[0] -= 1
         return {}
 
+    return router, release, running
+
+
+def test_v1_requests_are_answered_a_few_at_a_time():
+    """Every /v1 request ran at once on one of 40 worker threads: 50 clients asking /v1/status
+    of a big guard meant 40 threads contending for the GIL with the event loop and the tick, and
+    /healthz waited seconds. At most ``V1_CONCURRENCY`` run now; the others wait on the loop."""
+    import threading
+    import time
+
+    from sla_guard.api import V1_CONCURRENCY
+
+    block, release, running = _held_route("/block")
     srv = UvicornThread(create_app(Guard(parse_config({}), _Fleet(0), []), token=TOKEN, extra_routers=[block]))
     clients = [threading.Thread(target=httpx.get, args=(f"{srv.url}/v1/block",),
                                 kwargs={"headers": _auth(), "timeout": 90}) for _ in range(3 * V1_CONCURRENCY)]
@@ -531,20 +539,7 @@ def test_autoscaler_reads_are_answered_while_heavy_v1_requests_hold_every_turn()
         p0=busy, d0={"running": 10, "waiting": 0, "steps": 400})
     assert not root.guard.tick(1060).errors
 
-    release, lock = threading.Event(), threading.Lock()
-    running = [0, 0]  # heavy requests now, most at once
-    heavy = APIRouter(prefix="/v1")
-
-    @heavy.get("/heavy")
-    def hold() -> dict:  # a /v1/status that does not finish until the test says so
-        with lock:
-            running[0] += 1
-            running[1] = max(running[1], running[0])
-        release.wait(60)
-        with lock:
-            running[0] -= 1
-        return {}
-
+    heavy, release, running = _held_route("/heavy")  # a /v1/status that does not finish until the test says so
     srv = UvicornThread(create_app(root.guard, token=TOKEN, extra_routers=[heavy, *root.routers]))
     clients = [threading.Thread(target=httpx.get, args=(f"{srv.url}/v1/heavy",),
                                 kwargs={"headers": _auth(), "timeout": 90}) for _ in range(2 * V1_CONCURRENCY)]
