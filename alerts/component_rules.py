@@ -83,18 +83,22 @@ def kv_saturation_group(p: RuleParams) -> list[dict]:
 def hook_group(p: RuleParams) -> list[dict]:
     """vLLM counting tokens on an engine whose sla-guard hook stands still: that engine's contract
     series are frozen (they read as an idle engine, a frozen attainment as "ok"), so every other
-    rule on them is blind. The expression is the guard's own (``exporters.promql.hook_stalled``)."""
-    expr = q.hook_stalled(c.HOOK_STALL_WINDOW_S * p.time_scale, c.HOOK_STALL_SETTLE_S * p.time_scale)
+    rule on them is blind. The expression is the guard's own (``exporters.promql.hook_stalled``): it
+    holds until the hook's counter moves, so the alert does not resolve when the engine goes idle."""
+    expr = q.hook_stalled(*(s * p.time_scale for s in (c.HOOK_STALL_WINDOW_S, c.HOOK_STALL_SETTLE_S,
+                                                        c.HOOK_STALL_LOOKBACK_S, c.HOOK_STALL_STEP_S)))
     hooks = ", ".join(m.series() for m in c.HOOK_RECORDED)
     return [{"name": "sla-guard-hook", "rules": [
         p.alert("SlaGuardHookStalled", expr, "warning", for_="5m",
                 summary=f"{SCOPE}: the sla-guard hook stopped recording on {{{{ $labels.instance }}}} "
                         "engine {{ $labels.engine }}",
-                description=(f"vLLM generated {{{{ $value | humanize }}}} tokens on this engine in "
-                             f"{q.duration(c.HOOK_STALL_WINDOW_S)} while a counter of the hook's ({hooks}) stood "
-                             "still (its logger dropped by an elastic-EP scale-up, or record() failing: see "
-                             f"{c.HOOK_ERRORS.series()}): the engine's SLA series are frozen, not idle. Restart "
-                             "its API server."),
+                description=(f"vLLM's own token counter ({c.VLLM_GENERATION_TOKENS}) rose on this engine after a "
+                             f"counter of the hook's ({hooks}) last moved; it has not moved since "
+                             "{{ $value | humanizeTimestamp }} (looking back "
+                             f"{q.duration(c.HOOK_STALL_LOOKBACK_S)}): its logger was dropped by an elastic-EP "
+                             "scale-up, or record() fails (see "
+                             f"{c.HOOK_ERRORS.series()}). The engine's SLA series are frozen, not idle, until the "
+                             "hook records again. Restart its API server."),
                 runbook="slaguardhookstalled"),
     ]}]
 

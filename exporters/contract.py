@@ -271,12 +271,16 @@ ENGINE_STEPS = _m("engine_steps", C, "Scheduler steps recorded by the hook.", "1
 VLLM_GENERATION_TOKENS: Final = "vllm:generation_tokens_total"
 HOOK_RECORDED: Final = (GENERATION_TOKENS, ENGINE_STEPS)
 HOOK_LAG_S: Final = 2.0  # the hook's series lag vLLM's by one flush interval (SLA_GUARD_FLUSH_INTERVAL_S, 0.5 s)
-# Where Prometheus holds the series (Prometheus mode, the SlaGuardHookStalled rule): vLLM's counter rose
-# in the HOOK_STALL_WINDOW_S that ended HOOK_STALL_SETTLE_S ago while the hook's stood still over both
-# (the settle time: at least one scrape interval plus HOOK_LAG_S after vLLM's rise, so a hook that only
-# lags has flushed by a later scrape).
+# Where Prometheus holds the series (Prometheus mode, the SlaGuardHookStalled rule): vLLM's counter rose,
+# at least HOOK_STALL_SETTLE_S ago, after the hook's last moved, and the hook's has stood still for at
+# least HOOK_STALL_WINDOW_S + HOOK_STALL_SETTLE_S (the settle time: at least one scrape interval plus
+# HOOK_LAG_S after vLLM's rise, so a hook that only lags has flushed by a later scrape). Held until the
+# hook's counter moves (or a restart resets it), or for HOOK_STALL_LOOKBACK_S after vLLM's last rise;
+# last moves are placed to HOOK_STALL_STEP_S.
 HOOK_STALL_WINDOW_S: Final = 300.0
 HOOK_STALL_SETTLE_S: Final = 60.0
+HOOK_STALL_LOOKBACK_S: Final = 2 * 3600.0  # its subquery's cost grows with it: 0.25 s a 1 h for 500 engines
+HOOK_STALL_STEP_S: Final = 60.0
 
 # --- speculative decoding --------------------------------------------------------------------
 SPEC_DRAFTS = _m("spec_decode_drafts", C, "Speculative-decoding drafts proposed.", "1", EL, E)

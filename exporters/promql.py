@@ -154,24 +154,49 @@ def duration(seconds: float) -> str:
     return f"{ms}ms"
 
 
-def hook_stalled(window_s: float, settle_s: float, matchers: Sequence[str] = ()) -> str:
-    """One series per engine whose sla-guard hook stopped recording, valued at vLLM's tokens: vLLM's
-    own generated-token counter rose over the ``window_s`` that ended ``settle_s`` ago while the
-    hook's counter (each of ``HOOK_RECORDED``) of that engine did not rise over both, or is missing
-    for it, on a page (``job``, ``instance``) that exports that counter. An idle engine moves neither;
-    a page without vLLM's series (the sidecar) or without the hook's counter (an older plugin) is
-    not evidence. The page's ``model`` and ``pool`` come from the hook's series (an engine that
-    vLLM added after the hook stopped has none of its own); one series per engine, whichever counter
-    stood still (``or`` keeps the first); one query for the whole fleet."""
+def last_moved(selector: str, compare: str, lookback: str, step: str, offset: str = "") -> str:
+    """Per engine (``HOOK_ENGINE``), the end of the last ``step`` within ``lookback`` (ending ``offset``
+    ago) in which ``selector`` moved: stood ``compare`` to its value one ``step`` before (``>`` a rise;
+    ``!=`` any move, a rise or a reset at a restart, and with ``!=`` a series that appeared counts
+    too: a restarted target is back after its series went stale). A Unix time; nothing where it did
+    not move. Instant values one step apart, not ``changes()`` over a range: a move between two
+    steps' ranges would fall in neither."""
+    moved = f"{selector} {compare} {selector} offset {step}"
+    if compare == "!=":
+        moved = f"({moved}) or ({selector} unless {selector} offset {step})"
+    shift = f" offset {offset}" if offset else ""
+    return f"max by ({', '.join(HOOK_ENGINE)}) (max_over_time(timestamp({moved})[{lookback}:{step}]{shift}))"
+
+
+def hook_stalled(window_s: float, settle_s: float, lookback_s: float, step_s: float,
+                 matchers: Sequence[str] = ()) -> str:
+    """One series per engine whose sla-guard hook stopped recording, valued at the time since when a
+    counter of the hook's (each of ``HOOK_RECORDED``) has not moved: vLLM's own generated-token
+    counter rose, at least ``settle_s`` ago, after that counter last moved, and that counter has not
+    moved for ``window_s + settle_s`` since, on a page (``job``, ``instance``) that exports that
+    counter. Where it did not move within the ``lookback_s`` (an engine vLLM added after the hook
+    stopped has none of its own), the lookback's start stands in. Held until the hook's counter
+    moves again (a new process's starts from 0: a move) or vLLM's last rise is ``lookback_s`` old:
+    judged over a 5-min window only, an engine that stopped generating after the stall read idle
+    again 5 min later, and its next traffic went unseen for 5 min more. An idle engine moves
+    neither; a page without vLLM's series (the sidecar) or without the hook's counter (an older
+    plugin) is not evidence. The page's ``model`` and ``pool`` come from the hook's series; one
+    series per engine, whichever counter stood still (``or`` keeps the first); one query for the
+    whole fleet. Moves are placed to the end of their ``step_s``: a hook that lags vLLM by a scrape
+    moves in the same step or a later one, so vLLM's rise must be a step after the hook's move."""
     ident = ", ".join(HOOK_ENGINE)
-    both = duration(window_s + settle_s)
+    lookback, step, settle = duration(lookback_s), duration(step_s), duration(settle_s)
     vllm = f"{c.VLLM_GENERATION_TOKENS}{{{', '.join(matchers)}}}" if matchers else c.VLLM_GENERATION_TOKENS
-    rose = f"sum by ({ident}) (increase({vllm}[{duration(window_s)}] offset {duration(settle_s)})) > 0"
+    rose = last_moved(vllm, ">", lookback, step, settle)
     parts = []
     for m in c.HOOK_RECORDED:
-        hook_rose = f"sum by ({ident}) ({increase(m, both, matchers=matchers)}) > 0"
+        moved = last_moved(series(m, matchers=matchers), "!=", duration(lookback_s + settle_s), step)
+        since = f"{moved}\n    or on ({ident}) group by ({ident}) ({vllm}) * 0 + (time() - {lookback_s + settle_s:g})"
         page = (f"topk by (job, instance) (1, group by (job, instance, model, pool) "
-                f"(last_over_time({series(m, matchers=matchers)}[{both}])))")
-        parts.append(f"(({rose}) unless on ({ident}) ({hook_rose}))\n"
-                     f"  * on (job, instance) group_left (model, pool) {page}")
+                f"(last_over_time({series(m, matchers=matchers)}[{duration(window_s + settle_s)}])))")
+        # since <= min(vLLM's last rise - half a step, now - window - settle): both are step ends, so
+        # vLLM rose in a later step than the hook's last move, which stood still for window and settle
+        still = f"clamp_max({rose} - {step_s / 2:g}, time() - {window_s + settle_s:g})"
+        parts.append(f"(\n  (\n    {since}\n  )\n  <= on ({ident}) {still}\n)"
+                     f"\n  * on (job, instance) group_left (model, pool) {page}")
     return "\nor\n".join(parts)

@@ -1019,15 +1019,18 @@ def _hook_stalls(view: MetricsView, now: float) -> dict[tuple[str, str], str] | 
         by_pool.setdefault((str(row.get("model", "")), str(row.get("pool", ""))), []).append(row)
     out = {}
     for mp, rows in by_pool.items():
-        rows.sort(key=lambda r: (-float(r["tokens"]), str(r.get("instance")), str(r.get("engine"))))
+        rows.sort(key=lambda r: (float(r["since"]), str(r.get("instance")), str(r.get("engine"))))
         first = rows[0]
         where = f"{first.get('instance', '?')} engine {first.get('engine', '?')!s}"
         more = f" (+{len(rows) - 1} more engines)" if len(rows) > 1 else ""
+        still = now - float(first["since"])
+        since = (f"not within {fmt_window(c.HOOK_STALL_LOOKBACK_S)}" if still >= c.HOOK_STALL_LOOKBACK_S
+                 else f"{still // 60:.0f} min ago")
         out[mp] = (f"hook_stalled: the hook stopped recording on {_short(where, 80)}{more}: vLLM generated "
-                   f"{float(first['tokens']):.0f} tokens there in {fmt_window(c.HOOK_STALL_WINDOW_S)} "
-                   f"({c.VLLM_GENERATION_TOKENS}) while a counter of the hook's stood still (its logger dropped by "
-                   f"an elastic-EP scale-up, or record() failing: see {c.HOOK_ERRORS.series()}); its data is frozen, "
-                   f"not idle: restart that API server")
+                   f"tokens there ({c.VLLM_GENERATION_TOKENS}) after a counter of the hook's last moved ({since}; "
+                   f"its logger dropped by an elastic-EP scale-up, or record() failing: see "
+                   f"{c.HOOK_ERRORS.series()}); its data is frozen, not idle, until the hook records again: "
+                   f"restart that API server")
     return out
 
 

@@ -193,6 +193,7 @@ class PrometheusView:
         self.concurrency = concurrency
         self._used: dict[str, None] = {}
         self._cache: dict[tuple[str, float], dict | None] = {}
+        self._stalls: tuple[float, list[dict[str, str | float]]] | None = None  # (at, answer): ``hook_stalls``
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._io: concurrent.futures.ThreadPoolExecutor | None = None  # requests, each within its deadline
         self._metrics: ContractMetrics | None = None
@@ -545,12 +546,21 @@ class PrometheusView:
 
     def hook_stalls(self, at: float) -> list[dict[str, str | float]] | None:
         """The engines whose sla-guard hook stopped recording (``exporters.promql.hook_stalled``, the
-        ``SlaGuardHookStalled`` rule's expression): vLLM's own token counter rose over the
-        ``HOOK_STALL_WINDOW_S`` that ended ``HOOK_STALL_SETTLE_S`` ago while a counter of the hook's
-        on the same page stood still. Each as its labels (job, instance, engine, model, pool) and
-        ``tokens`` (vLLM's rise); one query for the whole fleet; None when the query failed."""
-        expr = contract_promql.hook_stalled(c.HOOK_STALL_WINDOW_S, c.HOOK_STALL_SETTLE_S,
-                                         (self.extra,) if self.extra else ())
+        ``SlaGuardHookStalled`` rule's expression): vLLM's own token counter rose, at least
+        ``HOOK_STALL_SETTLE_S`` ago, after a counter of the hook's on the same page last moved, and
+        that counter has stood still since, held until it moves. Each as its labels (job, instance,
+        engine, model, pool) and ``since`` (the Unix time since when the hook's counter has not moved;
+        the lookback's start where it did not move within it); one query for the whole fleet; None
+        when the query failed. A subquery over the lookback (about 0.5 s for 500 engines), so an
+        answer is used again for ``HOOK_STALL_STEP_S``, the step it places moves to, instead of
+        asked every tick."""
+        last = self._stalls
+        if last is not None and 0 <= at - last[0] < c.HOOK_STALL_STEP_S:
+            if last[1]:
+                self.count_error("hook_stalled")
+            return last[1]
+        expr = contract_promql.hook_stalled(c.HOOK_STALL_WINDOW_S, c.HOOK_STALL_SETTLE_S, c.HOOK_STALL_LOOKBACK_S,
+                                            c.HOOK_STALL_STEP_S, (self.extra,) if self.extra else ())
         data = self.query(expr, at)
         if data is None:
             return None
@@ -558,9 +568,10 @@ class PrometheusView:
         for item in _result(data, "vector"):
             labels, point = _labels(item), _point(item.get("value"))
             if labels is not None and point is not None:
-                out.append({**dict(labels), "tokens": point[1]})
+                out.append({**dict(labels), "since": point[1]})
         if out:
             self.count_error("hook_stalled")
+        self._stalls = (at, out)
         return out
 
     def close(self) -> None:
