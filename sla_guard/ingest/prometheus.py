@@ -551,7 +551,7 @@ class PrometheusView:
         that counter has stood still since, held until it moves. Each as its labels (job, instance,
         engine, model, pool) and ``since`` (the Unix time since when the hook's counter has not moved;
         the lookback's start where it did not move within it); one query for the whole fleet; None
-        when the query failed. A subquery over the lookback (about 0.5 s for 500 engines), so an
+        when the query failed. A subquery over the lookback (500 engines: 0.25 s for 1 h, 1.2 s for 6 h), so an
         answer is used again for ``HOOK_STALL_STEP_S``, the step it places moves to, instead of
         asked every tick."""
         last = self._stalls
