@@ -8,9 +8,10 @@ targets, 256 decisions. It is served by a real uvicorn on 127.0.0.1 and asked wi
 
 Printed per endpoint: bytes of the answer, seconds to answer (median of 3), the peak Python
 memory allocated while answering (tracemalloc); then 50 concurrent clients (in a process of their
-own) on /v1/status and on the largest answer: wall time, peak memory, the latency of /healthz
-asked meanwhile, and how much slower a pure-Python stand-in for the tick runs in the server's
-process meanwhile than idle (a ratio: the machine is shared and noisy). Last, the autoscalers'
+own) on /v1/status and on the largest answer, twice: traced, the peak memory; untraced, the wall
+time, the latency of /healthz asked meanwhile, and how much slower a pure-Python stand-in for the
+tick runs in the server's process meanwhile than idle (a ratio: the machine is shared and noisy;
+tracemalloc alone makes the stand-in about 11x slower, so it is off for that). Last, the autoscalers'
 reads (KEDA's ``/v1/scale/keda``, ``/v1/recommendations``; the advisor's decision for 64 models,
 one rolling restart per open leak finding) and ``/healthz``, polled while 50 clients ask
 ``/v1/status``: served with every /v1 request in one queue (``V1Limit`` as it was) and with the
@@ -279,26 +280,35 @@ def main() -> None:
             out.append(work())
         return out
 
+    def stormed(path: str, traced: bool):
+        """One storm of the clients on ``path``: traced, its peak allocation alone; untraced, the
+        probe and the tick stand-in beside it. tracemalloc hooks every allocation of every thread:
+        on, it made the stand-in alone 11x slower, and the storm's 41-44x (session 35) was mostly that."""
+        stop = threading.Event()
+        if traced:
+            tracemalloc.start()
+        t0 = time.perf_counter()
+        with concurrent.futures.ThreadPoolExecutor(2) as ex:
+            probing = None if traced else ex.submit(probe, stop)
+            ticking = None if traced else ex.submit(ticker, stop)
+            # the clients in another process: in this one they would take the GIL from the server
+            with multiprocessing.get_context("fork").Pool(1) as mp:
+                codes = mp.apply(storm, (srv.url + path, h, a.clients))
+            stop.set()
+            wall = time.perf_counter() - t0
+            if traced:
+                peak = tracemalloc.get_traced_memory()[1]
+                tracemalloc.stop()
+                return codes, wall, peak
+            return codes, wall, (probing.result(), ticking.result())
+
     idle = statistics.median(work() for _ in range(5))
     for p in ("/v1/status", big):
         big = p
-        tracemalloc.start()
-        t0 = time.perf_counter()
-        stop = threading.Event()
-        with concurrent.futures.ThreadPoolExecutor(2) as ex:
-            probing = ex.submit(probe, stop)
-            ticking = ex.submit(ticker, stop)
-            # the clients in another process: in this one they would take the GIL from the server
-            with multiprocessing.get_context("fork").Pool(1) as mp:
-                codes = mp.apply(storm, (srv.url + big, h, a.clients))
-            stop.set()
-            lat = probing.result()
-            ticks = ticking.result()
-        wall = time.perf_counter() - t0
-        peak = tracemalloc.get_traced_memory()[1]
-        tracemalloc.stop()
-        print(f"{a.clients} concurrent clients on {big}: {wall:.2f} s wall, peak {peak / 2**20:.1f} MiB, "
-              f"statuses {sorted(set(codes))}; /healthz meanwhile: max {max(lat):.3f} s, "
+        _, _, peak = stormed(big, traced=True)
+        codes, wall, (lat, ticks) = stormed(big, traced=False)
+        print(f"{a.clients} concurrent clients on {big}: {wall:.2f} s wall (untraced), peak {peak / 2**20:.1f} MiB "
+              f"(traced run), statuses {sorted(set(codes))}; /healthz meanwhile: max {max(lat):.3f} s, "
               f"median {statistics.median(lat):.3f} s; tick stand-in {statistics.median(ticks) / idle:.1f}x "
               "its idle time")
     srv.stop()
