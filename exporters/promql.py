@@ -123,10 +123,26 @@ def bucket_covered(metric: Metric, threshold: float, window: str, matchers: Sequ
     appeared or vanished inside it (an engine restarted with another bucket set) counts part of the
     window while ``_count`` counts all of it. The rules (``share_at_or_below``) count a child in a
     window only once covered; the guard leaves the windows of the others unjudged
-    (``PrometheusView.uncovered_buckets``)."""
+    (``PrometheusView.uncovered_buckets``), the period judged over the part covered
+    (``bucket_uncovered_until``)."""
     at = (*matchers, le_matcher(threshold))
     return (f"max without (le) (count_over_time({series(metric, '_bucket', at)}[{window}])) "
             f">= count_over_time({series(metric, '_count', matchers)}[{window}])")
+
+
+def bucket_uncovered_until(metric: Metric, threshold: float, window: str, step: str,
+                           matchers: Sequence[str] = ()) -> str:
+    """Per histogram child, the end of the last ``step``-long slice of ``window`` that its
+    ``le=threshold`` bucket did not cover (``bucket_covered`` over the slice: ``_count`` has samples
+    there the bucket has not): the bucket covers the child from that time on, up to the last slice's
+    end. A child every slice of which is covered is left out. The slices tile the window (a subquery
+    at ``step``), so a change inside one is never missed, and the span it gives reads short by at
+    most ``step``, never long (reading long would count the requests before the bucket as misses).
+    The guard judges an attainment period over that span after a bucket change
+    (``PrometheusView.bucket_covered_since``)."""
+    missing = (f"count_over_time({series(metric, '_count', matchers)}[{step}]) * 0 + time() "
+               f"unless ({bucket_covered(metric, threshold, step, matchers)})")
+    return f"max_over_time(({missing})[{window}:{step}])"
 
 
 def plus_or_zero(base: str, extra: str) -> str:

@@ -29,6 +29,7 @@ import dataclasses
 import json
 import logging
 import math
+import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import TypeVar
@@ -356,6 +357,9 @@ class SLOEvaluator:
         # (indicator, threshold, period, model, pool) -> {burn window: targets whose threshold
         # bucket did not cover it}, from this tick's ``_long_windows`` (``_bucket_changes``)
         self._changed_long: dict[tuple, dict[float, list[str]]] = {}
+        # the same keys -> (span, since, targets): a period the bucket did not cover, judged over the
+        # last ``span`` it covered on every target of the pool (``_covered_spans``)
+        self._covered_long: dict[tuple, tuple[float, float, list[str]]] = {}
         self._source_error: str | None = None  # the view's, at the last evaluation
         self._availability = any(o.indicator is AVAIL for s in config.slos for o in s.objectives)
 
@@ -633,6 +637,7 @@ class SLOEvaluator:
         if not native:
             self._feed_ledgers(view, now, plan)
         self._changed_long = {}
+        self._covered_long = {}
         for ind, thr, period in plan.attainments:
             wins = plan.burn_windows(period)
             per: dict = {}
@@ -645,7 +650,10 @@ class SLOEvaluator:
                 for w, by_pool in changed.items():
                     for mp, targets in by_pool.items():
                         self._changed_long.setdefault((ind, thr, period, *mp), {})[w] = targets
-                for w in wins:
+                cover = _covered_spans(view, ind, thr, period, wins, changed, now)
+                for mp, got in cover.items():
+                    self._covered_long[(ind, thr, period, *mp)] = got
+                for w in sorted({*wins, *(span for span, _, _ in cover.values())}):
                     buckets = _scoped(ind, lambda h, w=w: _bucket_increase(view, h.series(), w, now))
                     refused = _unobserved(ind, lambda m, w=w: view.increase(m, {}, w, now, BY))
                     for lab, b in buckets.items():
@@ -653,10 +661,13 @@ class SLOEvaluator:
                         tot = b.get(math.inf)
                         if good is None or tot is None or not_cumulative(good, tot):
                             continue
-                        if w in self._changed_long.get((ind, thr, period, *_mp(lab)), {}):
+                        mp = _mp(lab)
+                        n = refused.get(mp, 0.0)
+                        if mp in cover and cover[mp][0] == w:  # the period, over the part the bucket covered
+                            per.setdefault(mp, {})[period] = (tot - good + n, tot + n)
+                        if w not in wins or w in self._changed_long.get((ind, thr, period, *mp), {}):
                             continue  # the bucket counted part of the window, +Inf all of it
-                        n = refused.get(_mp(lab), 0.0)
-                        per.setdefault(_mp(lab), {})[w] = (tot - good + n, tot + n)
+                        per.setdefault(mp, {})[w] = (tot - good + n, tot + n)
             else:
                 for (i2, t2, p2, model, pool), led in self._ledgers.items():
                     if (i2, t2, p2) != (ind, thr, period):
@@ -798,12 +809,16 @@ class SLOEvaluator:
             good, tot = (le_count(b, slo.threshold_s), b.get(math.inf)) if b else (None, None)
         if tot is not None:
             tot += refused
+        cover = self._covered_long.get((slo.indicator, slo.threshold_s, period, *key))
         if tot and good is not None and tot >= slo.min_requests:
             r.value, r.requests = good / tot, tot
         elif tot_p and tot_p >= slo.min_requests:
-            r.value, r.requests, r.window = (tot_p - err_p) / tot_p, tot_p, self.window_label or slo.period
+            r.value, r.requests = (tot_p - err_p) / tot_p, tot_p
+            r.window = fmt_window(cover[0]) if cover else self.window_label or slo.period
         changed = self._changed_long.get((slo.indicator, slo.threshold_s, period, *key), {})
-        if changed:  # those windows are left out: a page burning over the windows the bucket covered still is one
+        covered_note = _covered_note(slo, key, cover, [w for w in changed if w != period]) if cover else ""
+        # those windows are left out: a page burning over the windows the bucket covered still is one
+        if changed and not cover:
             r.status = attainment_status(r.budget_remaining, alerts, self.at_risk_budget)
             if r.status is Status.VIOLATED:
                 r.reason = "burning " + ", ".join(f"{a.long}&{a.short}>{a.factor:g}" for a in alerts if a.firing)
@@ -815,10 +830,13 @@ class SLOEvaluator:
         if not tot_p or math.isnan(tot_p) or tot_p < slo.min_requests:
             r.reason = f"{0 if not tot_p or math.isnan(tot_p) else round(tot_p, 1)} requests in the " \
                        f"period so far, need >= {slo.min_requests}"
+            if cover:
+                r.reason = r.reason.replace("the period so far", f"the last {fmt_window(cover[0])}") + \
+                    f"; {covered_note}"
             r.status = Status.UNKNOWN
             return r
         r.status = attainment_status(r.budget_remaining, alerts, self.at_risk_budget)
-        missing = [w for w in _Plan.burn_windows(period) if w not in wins]
+        missing = [w for w in _Plan.burn_windows(period) if w not in wins and w not in changed]
         if missing and r.status is not Status.VIOLATED:
             # a burn window without an answer (its Prometheus query failed or timed out) is not a
             # window that does not burn: with the 1h query failing, a pool burning 16x read "ok"
@@ -830,6 +848,8 @@ class SLOEvaluator:
             firing = [f"{a.long}&{a.short}>{a.factor:g}" for a in alerts if a.firing]
             r.reason = ("burning " + ", ".join(firing)) if firing else \
                 f"error budget {100 * (r.budget_remaining or 0):.0f}% left"
+        if cover:
+            r.reason = f"{r.reason}; {covered_note}" if r.reason else covered_note
         if slo.indicator is AVAIL and tot and good is not None and tot > good:
             over = self.window_label or f"in {slo.window}"
             note = f"{tot - good:.0f} of {tot:.0f} requests failed by the service (outcome=error) {over}"
@@ -1056,9 +1076,73 @@ def _bucket_changes(view: MetricsView, ind: Indicator, thr: float, windows: tupl
             for lab, v in children.items():
                 d = dict(lab)
                 if v > 0 and (d.get("pool") == c.Pool.CLIENT) == client:
-                    target = d.get("instance") or ",".join(f"{k}={x}" for k, x in lab if k not in BY)
-                    out.setdefault(w, {}).setdefault(_mp(lab), set()).add(target)
+                    out.setdefault(w, {}).setdefault(_mp(lab), set()).add(_target(lab))
     return {w: {mp: sorted(t) for mp, t in by_pool.items()} for w, by_pool in out.items()}
+
+
+def _target(lab: Labels) -> str:
+    """How a reason names a histogram child: its instance, else its labels other than model and pool."""
+    return dict(lab).get("instance") or ",".join(f"{k}={x}" for k, x in lab if k not in BY)
+
+
+def _clean_floor(seconds: float) -> float:
+    """``seconds`` rounded down to whole days, else hours, else minutes (0 under a minute)."""
+    for n in (86400, 3600, 60):
+        if seconds >= n:
+            return seconds // n * n
+    return 0.0
+
+
+def _covered_spans(view: MetricsView, ind: Indicator, thr: float, period: float, wins: list[float],
+                   changed: dict[float, dict[tuple[str, str], list[str]]],
+                   now: float) -> dict[tuple[str, str], tuple[float, float, list[str]]]:
+    """{(model, pool): (span, since, targets)} for the pools whose ``le=thr`` bucket did not cover
+    the period (``changed``, from ``_bucket_changes``): the longest clean window (``_clean_floor``)
+    that the bucket covered on every such target of the pool, ``since`` the time it covers them
+    from (``PrometheusView.bucket_covered_since``). The period is judged over that span instead of
+    left unknown for a whole period after an operator added the threshold bucket. The span is read in
+    slices of a burn window the bucket covered (the newest slice's end to now lies inside it), so
+    it reads short, never long: reading long would count the requests before the bucket as misses.
+    A pool is left out (unknown, as before) where the query failed, the bucket check had no
+    answer, the newest slice is not covered, or the span is under a minute."""
+    ask = getattr(view, "bucket_covered_since", None)
+    uncovered = changed.get(period, {})
+    if ask is None or not uncovered:
+        return {}
+    step = max(w for w in wins if w <= max(wins[0], period / 720))  # 5m for 2d, 1h for 30d: ~720 slices
+    out: dict[tuple[str, str], tuple[float, float, list[str]]] = {}
+    for hist, client in zip(HIST[ind], (False, True), strict=True):
+        pools = {mp: t for mp, t in uncovered.items() if (mp[1] == c.Pool.CLIENT) == client
+                 and UNCHECKED not in t and mp not in changed.get(step, {})}
+        if not pools:
+            continue
+        got = ask(hist, thr, period, step, now)
+        if got is None:  # unknown, saying the bucket changed, as before
+            continue
+        since: dict[tuple[str, str], float] = {}
+        for lab, t in got.items():
+            mp = _mp(lab)
+            if mp in pools and _target(lab) in pools[mp]:
+                since[mp] = max(since.get(mp, -math.inf), t)
+        for mp, targets in pools.items():
+            if mp not in since:
+                continue  # uncovered over the period, yet no uncovered slice: not judged
+            span = _clean_floor(now - since[mp])
+            if 0 < span < min(w for w, by_pool in changed.items() if mp in by_pool):
+                out[mp] = (span, since[mp], targets)
+    return out
+
+
+def _covered_note(slo: SLO, key: tuple[str, str], cover: tuple[float, float, list[str]],
+                  left_out: list[float]) -> str:
+    """What a period judged over the part its threshold bucket covered says about it."""
+    span, since, targets = cover
+    h = c.latency_metric(slo.indicator.value, key[1])
+    full = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(since + parse_duration(slo.period)))
+    burn = (f"; the {', '.join(map(fmt_window, sorted(left_out)))} burn window(s) it did not cover are left out"
+            if left_out else "")
+    return (f"period judged over the last {fmt_window(span)}, since the le={slo.threshold_s:g} bucket of {h.name} "
+            f"appeared on {len(targets)} target(s) ({', '.join(targets[:3])}); the full period from {full}{burn}")
 
 
 def _short(text: str, limit: int) -> str:

@@ -511,6 +511,24 @@ class PrometheusView:
         name = promql.bucket_series(metric)
         return promql.split_le(self.increase(name, matchers, window_s, at, ("le", *by)))
 
+    def bucket_covered_since(self, metric: c.Metric, threshold: float, window_s: float, step_s: float,
+                             at: float) -> dict[Labels, float] | None:
+        """{histogram child: the time (the guard's clock) from which its ``le=threshold`` bucket
+        covers it} for the children of histogram ``metric`` that the bucket did not cover all of
+        ``window_s`` (``exporters.promql.bucket_uncovered_until``, in slices of ``step_s``; read late
+        by at most ``step_s``, never early); the others are left out. None when the query failed."""
+        m = (self.extra,) if self.extra else ()
+        data = self.query(contract_promql.bucket_uncovered_until(metric, threshold, duration(window_s),
+                                                                 duration(step_s), m), at)
+        if data is None:
+            return None
+        out: dict[Labels, float] = {}
+        for item in _result(data, "vector"):
+            labels, point = _labels(item), _point(item.get("value"))
+            if labels is not None and point is not None and math.isfinite(point[1]):
+                out[labels] = point[1] - self.clock_offset_s
+        return out
+
     def uncovered_buckets(self, metric: c.Metric, threshold: float, windows_s: tuple[float, ...],
                           at: float) -> dict[float, dict[Labels, float]] | None:
         """{window_s: {histogram child: its requests}} of the children of histogram ``metric`` with
