@@ -157,3 +157,11 @@ def judged(prom: PrometheusProcess, slos: list[dict], at: float,
     finally:
         view.close()
     return ev.pools, view
+
+
+def tpot_attainment(period: str) -> list[dict]:
+    """One SLO set: 99 % of decode TPOTs within 20 ms over ``period`` (5-min window, 5 requests), the
+    objective whose threshold bucket the bucket-change tests add to an engine mid-history."""
+    return [{"model": "*", "pool": "decode", "objectives": [{
+        "name": "att", "indicator": "tpot", "objective": "attainment", "threshold_s": 0.02, "target": 0.99,
+        "period": period, "window": "5m", "min_requests": 5}]}]

@@ -14,7 +14,7 @@ import time
 
 import httpx
 import pytest
-from prometheus_support import PrometheusProcess, Recording, backfilled, judged, prometheus_binary
+from prometheus_support import PrometheusProcess, Recording, backfilled, judged, prometheus_binary, tpot_attainment
 
 from exporters import contract as c
 from sla_guard.ingest.prometheus import PrometheusView
@@ -31,24 +31,7 @@ BEFORE = 2 * 3600 // STEP  # scrapes of the old engine
 AFTER = (6 * 3600 + 20 * 60) // STEP  # scrapes of the upgraded one
 OLD = ("0.01", "0.025", "0.05")  # no 20 ms bucket
 NEW = ("0.01", "0.02", "0.025", "0.05")
-SLOS = [
-    {
-        "model": "*",
-        "pool": "decode",
-        "objectives": [
-            {
-                "name": "att",
-                "indicator": "tpot",
-                "objective": "attainment",
-                "threshold_s": 0.02,
-                "target": 0.99,
-                "period": "6h",
-                "window": "5m",
-                "min_requests": 5,
-            }
-        ],
-    }
-]
+SLOS = tpot_attainment("6h")
 
 
 def _child(

@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from prometheus_support import Recording, backfilled, judged, prometheus_binary
+from prometheus_support import Recording, backfilled, judged, prometheus_binary, tpot_attainment
 
 from exporters import contract as c
 from sla_guard.model import Status
@@ -29,24 +29,7 @@ DAY = 86400
 SPAN = DAY * 3 // 2  # history: judged 1.5 days after its start
 OLD = ("0.01", "0.025", "0.05")  # no 20 ms bucket
 NEW = ("0.01", "0.02", "0.025", "0.05")
-SLOS = [
-    {
-        "model": "*",
-        "pool": "decode",
-        "objectives": [
-            {
-                "name": "att",
-                "indicator": "tpot",
-                "objective": "attainment",
-                "threshold_s": 0.02,
-                "target": 0.99,
-                "period": "2d",
-                "window": "5m",
-                "min_requests": 5,
-            }
-        ],
-    }
-]
+SLOS = tpot_attainment("2d")
 # model -> its engines: (instance, seconds after the start the engine got the bucket (restarted,
 # its counters from 0), requests a scrape after it, seconds of each request by time since the start)
 ENGINES = {
