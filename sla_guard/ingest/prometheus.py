@@ -586,7 +586,7 @@ class PrometheusView:
         for item in _result(data, "vector"):
             labels, point = _labels(item), _point(item.get("value"))
             if labels is not None and point is not None:
-                out.append({**dict(labels), "since": point[1]})
+                out.append({**dict(labels), "since": point[1] - self.clock_offset_s})  # on the guard's clock
         if out:
             self.count_error("hook_stalled")
         self._stalls = (at, out)
