@@ -5,7 +5,9 @@ Two vLLM engines (tiny model, ExampleConnector producer and consumer sharing a d
 client in its own process (tests/fixtures/stream_client.py) sends streaming completions through
 the proxy and times the first streamed token itself. Then:
 
-- the proxy's client-scope TTFT mean (its own /metrics) is within 5% of the client-measured mean;
+- the proxy's client-scope TTFT mean (its own /metrics) is within 5% of the client-measured mean,
+  less the time the client's own thread waited for a CPU (measured by the client, from the
+  kernel's schedstat: a delay on the client's host that no server can see);
 - ``sla-guard check --json`` with the DEFAULT SLOs over the three targets (prefill, decode, and
   the proxy as ``pool: client``) exits 0, with a verdict for every pool and the client scope;
 - its TTFT breakdown sums to within 10% of the client-measured mean, every stage the router
@@ -129,17 +131,22 @@ def test_client_ttft_measured_explained_and_judged_on_a_real_pd_pair(vllm_server
         assert r.returncode == 0, r.stderr[-2000:]
         measured = json.loads(r.stdout)
         assert len(measured) == N_REQUESTS
-        client_mean = float(np.mean(measured))
+        client_mean = float(np.mean([m["ttft"] for m in measured]))
+        client_wait = float(np.mean([m["cpu_wait"] for m in measured]))
 
         proxy_mean, proxy_n = _client_ttft_mean(httpx.get(proxy_url + "/metrics", timeout=5).text)
         assert proxy_n == N_REQUESTS
-        print(f"\nclient-measured TTFT mean {client_mean * 1000:.1f} ms over {N_REQUESTS} streaming requests; "
-              f"proxy client scope {proxy_mean * 1000:.1f} ms ({100 * (proxy_mean / client_mean - 1):+.1f}%)")
+        client_own = client_mean - client_wait
+        print(f"\nclient-measured TTFT mean {client_mean * 1000:.1f} ms over {N_REQUESTS} streaming requests, "
+              f"{client_wait * 1000:.1f} ms of it the client's thread waiting for a CPU; proxy client scope "
+              f"{proxy_mean * 1000:.1f} ms ({100 * (proxy_mean / client_mean - 1):+.1f}% of the whole, "
+              f"{100 * (proxy_mean / client_own - 1):+.1f}% of the client's time less its CPU wait)")
         # What no server can see (per-request probe on one monotonic clock): the client's send path
         # to the proxy's socket, 1-2 ms, and the relay of the first token to the client, 0.2-1 ms;
-        # plus, in a few requests a run, a client waiting 10-80 ms for a CPU (see _lower_priority).
-        # The 180-1,200-word prompts keep this near 1-2 % of a ~200 ms TTFT.
-        assert proxy_mean == pytest.approx(client_mean, rel=0.05)
+        # plus, in a few requests a run, the client waiting 10-80 ms for a CPU even with the engines
+        # niced (_lower_priority): CI saw the proxy 5.6 % under the client's whole mean. That wait is
+        # measured by the client itself (its thread's schedstat), so it is taken out, not allowed for.
+        assert proxy_mean == pytest.approx(client_own, rel=0.05)
 
         # an engine hands a request's stats to its API server after the answer (later on a busy host):
         # the check below must judge, and its breakdown split, every request, not the part counted so far
@@ -174,7 +181,7 @@ def test_client_ttft_measured_explained_and_judged_on_a_real_pd_pair(vllm_server
         assert not b["estimated"]
         assert {"proxy", "prefill_server", "prefill_queue", "prefill_compute", "decode_queue",
                 "first_decode_step", "decode_server"} <= set(stages)
-        assert b["sum_of_stages_s"] == pytest.approx(client_mean, rel=0.10)
+        assert b["sum_of_stages_s"] == pytest.approx(client_own, rel=0.10)
         assert all(v["seconds"] >= -0.001 for v in stages.values() if v["source"] == "derived"), stages
         engine = sum(v["seconds"] for v in stages.values() if v["source"] == "engine")
         assert 0 < engine < client_mean
