@@ -59,7 +59,7 @@ def jsonable(obj):
     return obj
 
 
-def _json(obj) -> JSONResponse:
+def json_response(obj) -> JSONResponse:
     """``obj`` rendered to JSON here, in the route's worker thread: returned as a dict, FastAPI
     encoded and rendered it on the event loop, which a 3 MB /v1/status held for half a second
     (scrapes and the tick's schedule run on that loop)."""
@@ -239,7 +239,7 @@ def create_app(guard: Guard, *, token: str | Callable[[], str] | None = None,
         snap = out["evaluators"].get(evaluator) if evaluator is not None else None
         if isinstance(snap, dict) and "next" in snap:
             out["next"] = snap["next"]  # one evaluator's pages: the cursor where every paged answer has it
-        return _json(out)
+        return json_response(out)
 
     @v1.get("/slo", response_model=dict)
     def slo(model: str | None = None, pool: str | None = None,
@@ -269,7 +269,7 @@ def create_app(guard: Guard, *, token: str | Callable[[], str] | None = None,
             snap.update(pools=got, pools_total=len(snap["pools"]))
         if nxt is not None:
             snap["next"] = nxt
-        return _json(snap)
+        return json_response(snap)
 
     @v1.get("/targets", response_model=dict)
     def targets(limit: Annotated[int, Query(ge=1, le=PAGE_MAX, description=f"targets per page (1-{PAGE_MAX})")]
@@ -283,7 +283,7 @@ def create_app(guard: Guard, *, token: str | Callable[[], str] | None = None,
         out = {"source": guard.source.mode, "targets": got}
         if nxt is not None:
             out.update(count=len(every), next=nxt)
-        return _json(out)
+        return json_response(out)
 
     app.include_router(v1)
     for r in extra_routers:

@@ -356,14 +356,15 @@ def test_slo_is_paged_and_its_status_is_every_pools():
         srv.stop()
 
 
-def test_the_advisors_rolling_restarts_are_paged_and_every_one_is_reached():
+def test_the_advisors_rolling_restarts_are_paged_and_every_one_is_reached(monkeypatch):
     """The advisor's snapshot held its last decision whole: one rolling restart per open leak
     finding (3,272 at 1,000 engines) was 0.8 MB of ``/v1/status`` and 0.75 MB of
     ``/v1/recommendations``, an autoscaler read meant to stay small. Its restarts are one more
     paged map now, by ``model/finding`` (``/v1/status``: ``limit`` a map, 100 by default,
     ``evaluator=advisor&after=``; ``/v1/recommendations``: ``limit``/``after``, 1,000 a page),
     ``?model=`` pages that model's; the pool decisions stay whole, KEDA's answers carry no restart,
-    and an answer that fits one page is as before."""
+    and an answer that fits one page is as before. Every page is rendered in its worker thread,
+    not on the event loop the scrapes share (a dict returned was encoded there)."""
     from scale_support import Engine as ScaledEngine
     from scale_support import run
     from scale_support import store as scale_store
@@ -386,6 +387,7 @@ def test_the_advisors_rolling_restarts_are_paged_and_every_one_is_reached():
                              {"model": m, "pool": "decode", "engine": f"e{i:04d}"}, {"slope_mib_per_h": 12.0}, 1060)
     assert not root.guard.tick(1060).errors
     assert len(root.advisor.recommendations()[1]) == 3000
+    on_loop = _where_answers_render(monkeypatch, "restarts")
     srv = UvicornThread(create_app(root.guard, token=TOKEN, extra_routers=root.routers))
     try:
         snap = httpx.get(f"{srv.url}/v1/status", headers=_auth()).json()["evaluators"]["advisor"]
@@ -415,8 +417,33 @@ def test_the_advisors_rolling_restarts_are_paged_and_every_one_is_reached():
         for path in ("/v1/scale/keda", "/v1/scale/keda/prefill"):  # KEDA's flat answers: no restart
             r = httpx.get(srv.url + path, headers=_auth(), params={"model": "a"})
             assert r.status_code == 200 and "restart" not in r.text and len(r.content) < 400, r.text
+        assert len(on_loop) == 4 + 10 and not any(on_loop), on_loop  # /v1/status pages, /v1/recommendations
     finally:
         srv.stop()
+
+
+def _where_answers_render(monkeypatch, marker: str) -> list[bool]:
+    """For each answer whose body holds ``marker``, whether it was rendered on an event loop
+    (True) or in a worker thread: a large answer rendered on the loop holds every scrape. Every
+    response sets its headers once its body is rendered, whichever path FastAPI took."""
+    import asyncio
+
+    from starlette.responses import Response
+
+    seen: list[bool] = []
+    init_headers = Response.init_headers
+
+    def recorded(self, headers=None) -> None:
+        if marker.encode() in bytes(getattr(self, "body", b""))[:100_000]:
+            try:
+                asyncio.get_running_loop()
+                seen.append(True)
+            except RuntimeError:
+                seen.append(False)
+        init_headers(self, headers)
+
+    monkeypatch.setattr(Response, "init_headers", recorded)
+    return seen
 
 
 def test_probes_answer_while_every_worker_thread_is_busy():

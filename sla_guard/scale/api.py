@@ -28,7 +28,9 @@ from collections.abc import Sequence
 from typing import Annotated
 
 from fastapi import APIRouter, HTTPException, Query
+from fastapi.responses import JSONResponse
 
+from sla_guard.api import json_response
 from sla_guard.model import PAGE_MAX
 from sla_guard.scale.evaluator import AdvisorEvaluator
 from sla_guard.scale.guardrails import without_data
@@ -78,10 +80,12 @@ def advisor_router(evaluators: Sequence[AdvisorEvaluator] | AdvisorEvaluator) ->
                         limit: Annotated[int, Query(ge=1, le=PAGE_MAX, description="rolling restarts per page "
                                                     f"(1-{PAGE_MAX})")] = PAGE_MAX,
                         after: Annotated[str | None, Query(description="the previous page's `next`")] = None
-                        ) -> dict:
+                        ) -> JSONResponse:
         """Each model's pool decisions, and its rolling restarts (one per open leak finding) by
         ``model/finding``, ``limit`` a page (``restarts_total`` and ``next`` when more): unpaged, a
-        fleet's were 0.75 MB, in the autoscalers' lane that is meant to stay small."""
+        fleet's were 0.75 MB, in the autoscalers' lane that is meant to stay small. A page (0.3 MB)
+        is rendered here, in the worker thread: returned as a dict, FastAPI encoded it on the event
+        loop that scrapes and every other request share."""
         chosen = evs if model is None else [pick(model)]
         # a wildcard advisor's answer for one model is that model's advice, not every model's
         out = [{"model": model or e.model, **e.snapshot(limit, after, model if e.wildcard else None)}
@@ -89,7 +93,7 @@ def advisor_router(evaluators: Sequence[AdvisorEvaluator] | AdvisorEvaluator) ->
         body: dict = {"models": out}
         if len(out) == 1 and "next" in out[0]:
             body["next"] = out[0]["next"]  # the cursor where every paged answer has it
-        return body
+        return json_response(body)
 
     def _pools(e: AdvisorEvaluator, model: str | None) -> dict:
         """One model's pools: a wildcard advisor holds several models, whose pools must never be
