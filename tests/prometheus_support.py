@@ -37,17 +37,21 @@ class PrometheusProcess:
     starts: hours of a fleet's samples in seconds; ``route_prefix``: served under that path, as
     with ``--web.route-prefix`` behind an Ingress, ``url`` then ends with it; ``web_config``: its
     ``--web.config.file``, e.g. ``basic_auth_users``, with ``auth`` the credentials this harness
-    queries with); stop() kills it and removes its storage."""
+    queries with; ``block``: the longest block promtool writes, e.g. "720h" for weeks of history,
+    which in 2 h blocks took minutes; ``flags``: more of Prometheus's, e.g. a retention longer than
+    its 15 days); stop() kills it and removes its storage."""
 
     def __init__(self, targets: list[str], interval_s: float = 1.0, job: str = "engines",
                  metrics_path: str = "/metrics", extra: dict | None = None, history: str | None = None,
                  route_prefix: str = "", web_config: dict | None = None,
-                 auth: tuple[str, str] | None = None) -> None:
+                 auth: tuple[str, str] | None = None, block: str | None = None,
+                 flags: tuple[str, ...] = ()) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="sla-guard-prom-"))
         if history is not None:
             (self.dir / "history.om").write_text(history)
+            longest = [f"--max-block-duration={block}"] if block else []
             subprocess.run([shutil.which("promtool") or "promtool", "tsdb", "create-blocks-from", "openmetrics",
-                            str(self.dir / "history.om"), str(self.dir / "data")],
+                            *longest, str(self.dir / "history.om"), str(self.dir / "data")],
                            check=True, capture_output=True, timeout=120)
         self.port = _free_port()
         cfg = {
@@ -61,7 +65,8 @@ class PrometheusProcess:
         (self.dir / "prometheus.yml").write_text(yaml.safe_dump(cfg))
         self.log = open(self.dir / "log.txt", "w")  # noqa: SIM115 (closed in stop)
         self.url = f"http://127.0.0.1:{self.port}{route_prefix}"
-        flags = [f"--web.route-prefix={route_prefix}", f"--web.external-url={self.url}"] if route_prefix else []
+        flags = [*flags, *([f"--web.route-prefix={route_prefix}", f"--web.external-url={self.url}"]
+                           if route_prefix else [])]
         if web_config is not None:
             (self.dir / "web.yml").write_text(yaml.safe_dump(web_config))
             flags.append(f"--web.config.file={self.dir / 'web.yml'}")
@@ -116,11 +121,12 @@ class PrometheusProcess:
 
 
 @contextmanager
-def backfilled(history: str) -> Iterator[PrometheusProcess]:
+def backfilled(history: str, **kw) -> Iterator[PrometheusProcess]:
     """A Prometheus scraping nothing, holding ``history`` (OpenMetrics text with timestamps, ended
     by ``# EOF``) backfilled with promtool, ready to query; stopped on leaving. Timestamps hours
-    back are taken as history: every sample is the test's own, so each expected value is exact."""
-    prom = PrometheusProcess([], interval_s=15.0, history=history)
+    back are taken as history: every sample is the test's own, so each expected value is exact.
+    ``kw``: PrometheusProcess's ``block`` and ``flags``."""
+    prom = PrometheusProcess([], interval_s=15.0, history=history, **kw)
     try:
         prom.wait_ready(60)
         yield prom

@@ -141,3 +141,33 @@ def test_a_failed_coverage_query_is_unknown_not_ok(changed):
     assert view.failed_queries >= 1
     up = slos["up"]
     assert up.status is Status.UNKNOWN and "changed within" in up.reason, (up.status, up.reason)
+
+
+def test_the_cover_answer_serves_the_ticks_of_one_slice(changed):
+    """The cover query reads the whole period's samples, as much as the period's own query
+    (bench/bench_prometheus_bucket_cover.py), for up to a period after a change: it is asked once
+    a slice (5 m for 2 days), not every tick, nor sent ahead with the next tick's queries, and the
+    ticks between judge the same span from that answer."""
+    from sla_guard.config import parse_config
+    from sla_guard.ingest.prometheus import PrometheusView
+    from sla_guard.slo import SLOEvaluator
+
+    prom, base = changed
+    rec = Recording()
+    view = PrometheusView(prom.url, timeout_s=30, transport=rec)
+    ev = SLOEvaluator(parse_config({"slos": SLOS}))
+    at = base + SPAN - 20 * STEP  # 15 min after a 5-min slice began: the next one starts 5 min on
+    reasons = []
+    try:
+        for tick in (0, 15, 60, 120, 240, 300):  # seconds after the first tick; the guard's order
+            if tick:
+                view.prefetch(at + tick)
+            ev.evaluate(view, at + tick)
+            reasons.append(ev.pools[("up", "decode")].slos[0].reason)
+            if tick == 240:
+                assert sum(q.startswith("max_over_time(") for q in rec.sent) == 1, rec.sent
+        assert sum(q.startswith("max_over_time(") for q in rec.sent) == 2  # a slice on: asked again
+        assert all("judged over the last 11h" in r for r in reasons), reasons
+        assert view.errors == {}, view.last_error
+    finally:
+        view.close()

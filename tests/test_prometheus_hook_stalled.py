@@ -158,13 +158,15 @@ def test_a_stall_holds_after_the_engine_goes_idle_until_a_restart(fleet):
 def test_the_stall_answer_serves_the_ticks_of_one_step(fleet):
     """The stall query is a subquery over the lookback (500 engines: 0.25 s over 1 h, 1.2 s over 6 h, against 23 ms for
     the 5-min query before it): the guard asks it once per HOOK_STALL_STEP_S, not every tick, and the
-    ticks in between use that answer (still counted as stalls)."""
+    ticks in between use that answer (still counted as stalls). Nor is it sent ahead with the next
+    tick's queries (``prefetch``), which ran it a second time a step for an answer nobody read."""
     prom, base = fleet
     rec = Recording()
     view = PrometheusView(prom.url, timeout_s=30, transport=rec)
     try:
         at = base + 35 * 60
         first = view.hook_stalls(at)
+        view.prefetch(at + c.HOOK_STALL_STEP_S / 2)  # the next tick, as the guard runs it
         again = view.hook_stalls(at + c.HOOK_STALL_STEP_S / 2)
         assert "stall:8000" in {r["instance"] for r in first or []} and again == first
         assert sum(q == STALL_QUERY for q in rec.sent) == 1 and view.errors == {"hook_stalled": 2}
