@@ -654,7 +654,9 @@ class SLOEvaluator:
                 for mp, got in cover.items():
                     self._covered_long[(ind, thr, period, *mp)] = got
                 for w in sorted({*wins, *(span for span, _, _ in cover.values())}):
-                    buckets = _scoped(ind, lambda h, w=w: _bucket_increase(view, h.series(), w, now))
+                    # the threshold's bucket and +Inf only: read over 30 days, each bucket costs
+                    # Prometheus every sample of the period
+                    buckets = _scoped(ind, lambda h, w=w, t=thr: _bucket_increase(view, h.series(), w, now, (t,)))
                     refused = _unobserved(ind, lambda m, w=w: view.increase(m, {}, w, now, BY))
                     for lab, b in buckets.items():
                         good = le_count(b, thr)
@@ -1177,6 +1179,8 @@ def _le_of(text: str) -> float:
         return math.nan
 
 
-def _bucket_increase(view: MetricsView, hist: str, w: float, now: float) -> dict[Labels, dict[float, float]]:
-    """sum by (le, model, pool) (increase(hist_bucket[w]))."""
-    return view.bucket_increase(hist, {}, w, now, BY)
+def _bucket_increase(view: MetricsView, hist: str, w: float, now: float,
+                     les: tuple[float, ...] = ()) -> dict[Labels, dict[float, float]]:
+    """sum by (le, model, pool) (increase(hist_bucket[w])), of the bounds ``les`` and +Inf only
+    when given."""
+    return view.bucket_increase(hist, {}, w, now, BY, les)

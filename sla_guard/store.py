@@ -1252,9 +1252,10 @@ class SeriesStore:
         return _group_sum(d, keys, labels, poisoned)
 
     def bucket_increase(self, metric: str, matchers: Mapping[str, str], window_s: float, at: float,
-                        by: tuple[str, ...] = ()) -> dict[Labels, dict[float, float]]:
-        """``sum by (le, by) (increase(metric_bucket[window]))`` as {group: {le: count}}. A
-        group with a NaN sample in the window gets +Inf counts (quantiles become meaningless)."""
+                        by: tuple[str, ...] = (), les: tuple[float, ...] = ()) -> dict[Labels, dict[float, float]]:
+        """``sum by (le, by) (increase(metric_bucket[window]))`` as {group: {le: count}} (``les``: only
+        those bounds and +Inf). A group with a NaN sample in the window gets +Inf counts (quantiles
+        become meaningless)."""
         name = promql.bucket_series(metric)
         with self._lock:
             fam = self._families.get(name)
@@ -1272,19 +1273,19 @@ class SeriesStore:
             if "le" not in extra:
                 codes = fam.codes["le"][rows]
                 uniq, le_idx = np.unique(codes, return_inverse=True)
-                les = np.array([_le(self._words[int(u)]) if u != 0 else np.nan for u in uniq], dtype=float)
-                extra["le"] = (le_idx.reshape(-1), les)
-            le_idx, les = extra["le"]
-        ok = ~np.isnan(inc) & ~np.isnan(les[le_idx])
-        nl = len(les)
+                le_values = np.array([_le(self._words[int(u)]) if u != 0 else np.nan for u in uniq], dtype=float)
+                extra["le"] = (le_idx.reshape(-1), le_values)
+            le_idx, le_values = extra["le"]
+        ok = ~np.isnan(inc) & ~np.isnan(le_values[le_idx])
+        nl = len(le_values)
         combo = keys[ok] * nl + le_idx[ok]
         sums = np.bincount(combo, weights=inc[ok], minlength=len(labels) * nl)
         present = np.bincount(combo, minlength=len(labels) * nl) > 0
         out: dict[Labels, dict[float, float]] = {}
         for i in np.flatnonzero(present):
             g, li = divmod(int(i), nl)
-            out.setdefault(labels[g], {})[float(les[li])] = float(sums[i])
-        return out
+            out.setdefault(labels[g], {})[float(le_values[li])] = float(sums[i])
+        return promql.only_bounds(out, les)
 
     def histogram_quantile(self, q: float, metric: str, matchers: Mapping[str, str], window_s: float,
                            at: float, by: tuple[str, ...] = ()) -> dict[Labels, float]:

@@ -171,3 +171,19 @@ def test_the_cover_answer_serves_the_ticks_of_one_slice(changed):
         assert view.errors == {}, view.last_error
     finally:
         view.close()
+
+
+def test_the_periods_attainment_reads_two_buckets_not_every_one(changed):
+    """Prometheus reads every sample of each bucket a query selects: over 30 days, a fleet's
+    attainment that selected all of a histogram's ~20 buckets cost ~20x the two it uses
+    (bench/bench_prometheus_bucket_cover.py). The long windows select the threshold's bucket
+    and +Inf, in every spelling exporters write, and judge as before."""
+    prom, base = changed
+    rec = Recording()
+    slos, view = _judge(prom, base + SPAN - STEP, rec)
+    long = [q for q in rec.sent if q.startswith(f"sum by (le,model,pool) (increase({TPOT}_bucket")
+            and f"[{2 * DAY * 1000}ms]" in q]
+    assert long and all('le=~"\\\\+Inf|0\\\\.02|inf"' in q for q in long), long
+    up = slos["up"]
+    assert up.status is Status.OK and up.value == 1.0 and "judged over the last 11h" in up.reason, up.reason
+    assert view.errors == {}, view.last_error

@@ -46,9 +46,9 @@ class LifetimeView:
         return self.increase(metric, matchers, t1 - t0, t1, by)
 
     def bucket_increase(self, metric: str, matchers: Mapping[str, str], window_s: float, at: float,
-                        by: tuple[str, ...] = ()) -> dict[Labels, dict[float, float]]:
+                        by: tuple[str, ...] = (), les: tuple[float, ...] = ()) -> dict[Labels, dict[float, float]]:
         name = promql.bucket_series(metric)
-        return promql.split_le(self.increase(name, matchers, window_s, at, ("le", *by)))
+        return promql.only_bounds(promql.split_le(self.increase(name, matchers, window_s, at, ("le", *by))), les)
 
     def histogram_quantile(self, q: float, metric: str, matchers: Mapping[str, str], window_s: float,
                            at: float, by: tuple[str, ...] = ()) -> dict[Labels, float]:
