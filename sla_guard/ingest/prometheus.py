@@ -57,6 +57,11 @@ MAX_PREFETCH = 2000
 # RANGE_REREAD_S (samples that reach the server late land there) and keeps the rest
 RANGE_REREAD_S = 300.0
 RANGE_CACHE_MAX = 4096  # selectors whose samples ``range`` keeps (least recently read dropped)
+# ``increase`` over a window this long or longer is summed from hour slices, each asked once
+# (``_sliced_increase``): over 30 days Prometheus reads every sample of the period at each tick
+SLICED_FROM_S = 86_400.0
+SLICE_S = 3600.0
+SLICES_MAX = 256  # selectors whose slices are kept (least recently used dropped)
 # a matrix sample ``[1712345678.123,"8123456789"],`` is ~31 bytes: a read is split into pieces of
 # at most a quarter of ``max_body_bytes`` at this size per sample
 RANGE_BYTES_PER_SAMPLE = 48
@@ -194,6 +199,10 @@ class PrometheusView:
         self._used: dict[str, None] = {}
         self._cache: dict[tuple[str, float], dict | None] = {}
         self._stalls: tuple[float, list[dict[str, str | float]]] | None = None  # (at, answer): ``hook_stalls``
+        # (selector, by) -> {slice end on the server's clock: its increase by group}: ``_sliced_increase``
+        self._slices: OrderedDict[tuple[str, tuple[str, ...]], dict[float, dict[Labels, float]]] = OrderedDict()
+        self._spans: dict[tuple[str, tuple[str, ...]], float] = {}  # the longest window each is asked for
+        self._newest: dict[tuple[str, tuple[str, ...], float], dict[Labels, float]] = {}  # this tick's
         # (histogram, threshold, window, step) -> (at, answer): ``bucket_covered_since``
         self._covered: dict[tuple[str, float, float, float], tuple[float, dict[Labels, float]]] = {}
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
@@ -390,9 +399,86 @@ class PrometheusView:
 
     def increase(self, metric: str, matchers: Mapping[str, str], window_s: float, at: float,
                  by: tuple[str, ...] = ()) -> dict[Labels, float]:
-        """``sum by (by) (increase(metric{matchers}[window]))``."""
-        sel = selector(metric, matchers, self.extra)
+        """``sum by (by) (increase(metric{matchers}[window]))``; from hour slices over a day or
+        more (``_sliced_increase``)."""
+        return self._increase(selector(metric, matchers, self.extra), by, window_s, at)
+
+    def _increase(self, sel: str, by: tuple[str, ...], window_s: float, at: float) -> dict[Labels, float]:
+        if window_s >= SLICED_FROM_S:
+            return self._sliced_increase(sel, by, window_s, at) or {}
         return self._vector(f"sum by ({','.join(by)}) (increase({sel}[{duration(window_s)}]))", at)
+
+    def _sliced_increase(self, sel: str, by: tuple[str, ...], window_s: float, at: float
+                         ) -> dict[Labels, float] | None:
+        """``sum by (by) (increase(sel[window]))`` at ``at`` as the sum of three parts: the hour
+        slices wholly inside the window that ended ``RANGE_REREAD_S`` or more ago (late samples land
+        before that), each asked once (one subquery for those missing, aligned to whole hours) and
+        kept; the newest part since the last such slice, asked each tick (once for every window of
+        the selector); and the oldest part before the first slice. A 30-day ``increase`` read every
+        sample of the period at every tick (10 engines' 30 days: 35 ms a tick with two buckets; a
+        thousand engines scraped every 15 s: ~14 s, past the query deadline, so the period read
+        unknown); the parts read at most an hour each. Each part extrapolates to its own edges, as
+        ``increase`` does to the window's: a steady counter sums to the window's increase. None
+        when a part's query failed (nothing is kept from it)."""
+        off = self.clock_offset_s
+        now = at + off  # the server's clock: subquery steps align to it
+        last = math.floor((now - RANGE_REREAD_S) / SLICE_S) * SLICE_S  # the newest settled slice's end
+        first = math.ceil((now - window_s) / SLICE_S) * SLICE_S + SLICE_S  # the oldest slice wholly inside
+        if first > last:
+            return self._vector(f"sum by ({','.join(by)}) (increase({sel}[{duration(window_s)}]))", at)
+        key = (sel, by)
+        slices = self._slices.pop(key, {})
+        self._slices[key] = slices  # most recently used last
+        while len(self._slices) > SLICES_MAX:
+            self._spans.pop(self._slices.popitem(last=False)[0], None)
+        self._spans[key] = span_s = max(self._spans.get(key, 0.0), window_s)
+        ends = [first + i * SLICE_S for i in range(round((last - first) / SLICE_S) + 1)]
+        missing = [e for e in ends if e not in slices]
+        if missing:
+            span = missing[-1] - missing[0] + SLICE_S
+            data = self.query(f"(sum by ({','.join(by)}) (increase({sel}[{duration(SLICE_S)}])))"
+                              f"[{duration(span)}:{duration(SLICE_S)}]", missing[-1] - off, prefetch=False)
+            if data is None:
+                return None
+            got: dict[float, dict[Labels, float]] = {e: {} for e in missing}
+            for labels, times, values in _matrix(data):
+                for t, v in zip(times, values, strict=True):
+                    if t in got and not math.isnan(v):
+                        got[t][labels] = float(v)
+            slices.update(got)
+        for e in [e for e in slices if e < now - span_s]:
+            del slices[e]  # older than any window this selector is asked for
+        if any(k[2] != now for k in self._newest):
+            self._newest = {}  # another tick's
+        newest = self._newest.get((sel, by, now))
+        if newest is None:
+            newest = self._part(sel, by, now - last, now)
+            if newest is None:
+                return None
+            self._newest[(sel, by, now)] = newest
+        oldest = {} if first - SLICE_S - (now - window_s) < 1.0 else self._part(
+            sel, by, first - SLICE_S - (now - window_s), first - SLICE_S)
+        if oldest is None:
+            return None
+        out: dict[Labels, float] = {}
+        for part in (oldest, *(slices[e] for e in ends), newest):
+            for labels, v in part.items():
+                out[labels] = out.get(labels, 0.0) + v
+        return out
+
+    def _part(self, sel: str, by: tuple[str, ...], length_s: float, end: float) -> dict[Labels, float] | None:
+        """``sum by (by) (increase(sel[length]))`` ending at ``end`` on the server's clock; None when
+        the query failed."""
+        data = self.query(f"sum by ({','.join(by)}) (increase({sel}[{duration(length_s)}]))",
+                          end - self.clock_offset_s, prefetch=False)
+        if data is None:
+            return None
+        out: dict[Labels, float] = {}
+        for item in _result(data, "vector"):
+            labels, point = _labels(item), _point(item.get("value"))
+            if labels is not None and point is not None and not math.isnan(point[1]):
+                out[labels] = point[1]
+        return out
 
     def rate(self, metric: str, matchers: Mapping[str, str], window_s: float, at: float,
              by: tuple[str, ...] = ()) -> dict[Labels, float]:
@@ -512,14 +598,13 @@ class PrometheusView:
         """``sum by (le, by) (increase(metric_bucket[window]))`` as {group: {le: count}}; ``les``:
         only the buckets of those bounds (every spelling exporters write) and +Inf. Prometheus reads
         every sample of each bucket it selects: a 30-day attainment that read all of a histogram's
-        buckets cost ~20x the two it uses (bench/bench_prometheus_bucket_cover.py)."""
+        buckets cost ~20x the two it uses (bench/bench_prometheus_long_windows.py)."""
         name = promql.bucket_series(metric)
         if not les:
             return promql.split_le(self.increase(name, matchers, window_s, at, ("le", *by)))
         bounds = any_of_literal({s for b in les for s in le_spellings(b)} | le_spellings(math.inf))
         sel = selector(name, matchers, ",".join(m for m in (self.extra, f"le=~{bounds}") if m))
-        got = self._vector(f"sum by ({','.join(('le', *by))}) (increase({sel}[{duration(window_s)}]))", at)
-        return promql.only_bounds(promql.split_le(got), les)
+        return promql.only_bounds(promql.split_le(self._increase(sel, ("le", *by), window_s, at)), les)
 
     def bucket_covered_since(self, metric: c.Metric, threshold: float, window_s: float, step_s: float,
                              at: float) -> dict[Labels, float] | None:
@@ -529,7 +614,7 @@ class PrometheusView:
         by at most ``step_s``, never early); the others are left out. None when the query failed.
 
         The subquery reads every sample of the bucket and ``_count`` over the period, as much as the
-        period's own query (bench/bench_prometheus_bucket_cover.py: 50 engines' 30 days, 226 vs
+        period's own query (bench/bench_prometheus_long_windows.py: 50 engines' 30 days, 226 vs
         198 ms), for up to a period after a change. An answer is used again for ``step_s``: the times
         it gives are fixed once a slice is covered, and a change since the answer shows in the
         ``step_s`` burn window, which the caller checks every tick (``slo._covered_spans``)."""
