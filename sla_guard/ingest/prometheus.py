@@ -62,6 +62,10 @@ RANGE_CACHE_MAX = 4096  # selectors whose samples ``range`` keeps (least recentl
 SLICED_FROM_S = 86_400.0
 SLICE_S = 3600.0
 SLICES_MAX = 256  # selectors whose slices are kept (least recently used dropped)
+# the most slices one query asks for: a restarted guard's first read of a 30-day period is 30 of
+# them, each kept as it arrives, so a fleet whose whole period passes the query deadline is read
+# over a few ticks (unknown meanwhile) instead of never
+SLICES_PER_QUERY = 24
 # a matrix sample ``[1712345678.123,"8123456789"],`` is ~31 bytes: a read is split into pieces of
 # at most a quarter of ``max_body_bytes`` at this size per sample
 RANGE_BYTES_PER_SAMPLE = 48
@@ -412,14 +416,15 @@ class PrometheusView:
                          ) -> dict[Labels, float] | None:
         """``sum by (by) (increase(sel[window]))`` at ``at`` as the sum of three parts: the hour
         slices wholly inside the window that ended ``RANGE_REREAD_S`` or more ago (late samples land
-        before that), each asked once (one subquery for those missing, aligned to whole hours) and
-        kept; the newest part since the last such slice, asked each tick (once for every window of
-        the selector); and the oldest part before the first slice. A 30-day ``increase`` read every
-        sample of the period at every tick (10 engines' 30 days: 35 ms a tick with two buckets; a
-        thousand engines scraped every 15 s: ~14 s, past the query deadline, so the period read
-        unknown); the parts read at most an hour each. Each part extrapolates to its own edges, as
-        ``increase`` does to the window's: a steady counter sums to the window's increase. None
-        when a part's query failed (nothing is kept from it)."""
+        before that), each asked once (a subquery for those missing, aligned to whole hours, at most
+        ``SLICES_PER_QUERY`` a query) and kept; the newest part since the last such slice, asked
+        each tick (once for every window of the selector); and the oldest part before the first
+        slice. A 30-day ``increase`` read every sample of the period at every tick (10 engines' 30
+        days: 35 ms a tick with two buckets; a thousand engines scraped every 15 s: ~14 s, past the
+        query deadline, so the period read unknown); the parts read at most an hour each. Each part
+        extrapolates to its own edges, as ``increase`` does to the window's: a steady counter sums
+        to the window's increase. None when a query failed (the pieces of slices answered before
+        it are kept, nothing of the parts)."""
         off = self.clock_offset_s
         now = at + off  # the server's clock: subquery steps align to it
         last = math.floor((now - RANGE_REREAD_S) / SLICE_S) * SLICE_S  # the newest settled slice's end
@@ -434,13 +439,14 @@ class PrometheusView:
         self._spans[key] = span_s = max(self._spans.get(key, 0.0), window_s)
         ends = [first + i * SLICE_S for i in range(round((last - first) / SLICE_S) + 1)]
         missing = [e for e in ends if e not in slices]
-        if missing:
-            span = missing[-1] - missing[0] + SLICE_S
+        while missing:  # newest first: each answered piece is kept, whatever happens to the next
+            piece, missing = missing[-SLICES_PER_QUERY:], missing[:-SLICES_PER_QUERY]
+            span = piece[-1] - piece[0] + SLICE_S
             data = self.query(f"(sum by ({','.join(by)}) (increase({sel}[{duration(SLICE_S)}])))"
-                              f"[{duration(span)}:{duration(SLICE_S)}]", missing[-1] - off, prefetch=False)
+                              f"[{duration(span)}:{duration(SLICE_S)}]", piece[-1] - off, prefetch=False)
             if data is None:
                 return None
-            got: dict[float, dict[Labels, float]] = {e: {} for e in missing}
+            got: dict[float, dict[Labels, float]] = {e: {} for e in piece}
             for labels, times, values in _matrix(data):
                 for t, v in zip(times, values, strict=True):
                     if t in got and not math.isnan(v):
