@@ -1075,9 +1075,8 @@ def _bucket_changes(view: MetricsView, ind: Indicator, thr: float, windows: tupl
                     if (mp[1] == c.Pool.CLIENT) == client:
                         out.setdefault(w, {})[mp] = {UNCHECKED}
                 continue
-            for lab, v in children.items():
-                d = dict(lab)
-                if v > 0 and (d.get("pool") == c.Pool.CLIENT) == client:
+            for lab in children:
+                if (dict(lab).get("pool") == c.Pool.CLIENT) == client:
                     out.setdefault(w, {}).setdefault(_mp(lab), set()).add(_target(lab))
     return {w: {mp: sorted(t) for mp, t in by_pool.items()} for w, by_pool in out.items()}
 

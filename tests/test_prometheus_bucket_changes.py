@@ -141,3 +141,25 @@ def test_a_failed_bucket_check_reads_unknown_not_ok(upgraded):
     assert view.failed_queries >= 1
     s = slos["up"]
     assert s.status is Status.UNKNOWN and "could not check" in s.reason, (s.status, s.reason)
+
+
+
+def test_a_bucket_gone_since_the_hourly_coverage_answer_is_seen_at_once(upgraded):
+    """Windows of a day or more take their coverage from an answer asked once an hour (hour
+    slices); a bucket that vanished after it ("gone", 30 min before this tick; the answer from 20
+    min before the upgrade, every bucket there) is caught by the last 2 h, read every tick. Read
+    from the hourly answer alone, the 1-day window counted the half hour's requests as misses."""
+    prom, t0 = upgraded
+    rec = Recording()
+    view = PrometheusView(prom.url, timeout_s=30, transport=rec)
+    day = 86_400.0
+    try:
+        before = view.uncovered_buckets(c.REQUEST_TPOT, 0.02, (300.0, day), t0 - 20 * 60)
+        assert before is not None and not any(dict(lab)["model"] == "gone" for w in before.values() for lab in w)
+        hourly = sum(q.startswith("max_over_time(") for q in rec.sent)
+        after = view.uncovered_buckets(c.REQUEST_TPOT, 0.02, (300.0, day), t0 + 30 * 60)
+        assert after is not None and {dict(lab)["model"] for lab in after[day]} >= {"gone"}, after
+        assert sum(q.startswith("max_over_time(") for q in rec.sent) == hourly >= 1  # not asked again
+        assert 2 * 3600.0 not in after  # the last 2 h, asked for this, is not a window of the answer
+    finally:
+        view.close()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 
+import httpx
 import pytest
 from prometheus_support import Recording, backfilled, judged, prometheus_binary, tpot_attainment
 
@@ -136,18 +137,22 @@ def test_too_few_requests_since_the_change_is_unknown(changed):
 
 
 def test_a_failed_coverage_query_is_unknown_not_ok(changed):
+    """The hour slices' coverage answers for the windows of a day or more: where it fails, those
+    windows are unchecked (unknown, saying so), the shorter ones judged as before."""
     prom, base = changed
     slos, view = _judge(prom, base + SPAN - STEP, Recording(fail="max_over_time("))
     assert view.failed_queries >= 1
     up = slos["up"]
-    assert up.status is Status.UNKNOWN and "changed within" in up.reason, (up.status, up.reason)
+    assert up.status is Status.UNKNOWN and "could not check" in up.reason, (up.status, up.reason)
+    assert "covers the 1d, 2d window(s)" in up.reason, up.reason
 
 
 def test_the_cover_answer_serves_the_ticks_of_one_slice(changed):
     """The cover query reads the whole period's samples, as much as the period's own query
     (bench/bench_prometheus_long_windows.py), for up to a period after a change: it is asked once
     a slice (5 m for 2 days), not every tick, nor sent ahead with the next tick's queries, and the
-    ticks between judge the same span from that answer."""
+    ticks between judge the same span from that answer. (The long windows' coverage asks it too, in
+    hour slices, for each histogram family: once an hour.)"""
     from sla_guard.config import parse_config
     from sla_guard.ingest.prometheus import PrometheusView
     from sla_guard.slo import SLOEvaluator
@@ -157,16 +162,20 @@ def test_the_cover_answer_serves_the_ticks_of_one_slice(changed):
     view = PrometheusView(prom.url, timeout_s=30, transport=rec)
     ev = SLOEvaluator(parse_config({"slos": SLOS}))
     at = base + SPAN - 20 * STEP  # 15 min after a 5-min slice began: the next one starts 5 min on
-    reasons = []
+    reasons, asked = [], []
     try:
         for tick in (0, 15, 60, 120, 240, 300):  # seconds after the first tick; the guard's order
             if tick:
                 view.prefetch(at + tick)
+            rec.sent.clear()
             ev.evaluate(view, at + tick)
             reasons.append(ev.pools[("up", "decode")].slos[0].reason)
-            if tick == 240:
-                assert sum(q.startswith("max_over_time(") for q in rec.sent) == 1, rec.sent
-        assert sum(q.startswith("max_over_time(") for q in rec.sent) == 2  # a slice on: asked again
+            asked.append([q for q in rec.sent if q.startswith("max_over_time(")])
+        # the first tick asks the 2 days in pieces of 24 slices (2 h of 5 min; hour slices for the
+        # burn windows' coverage), each kept; the ticks to 240 s ask none; a slice on, only the
+        # newest part of the 5-min answer again, not its settled pieces
+        assert len(asked[0]) > 24 and asked[1:5] == [[]] * 4, [len(a) for a in asked]
+        assert len(asked[5]) == 1 and asked[5][0].endswith(":300000ms])"), asked[5]
         assert all("judged over the last 11h" in r for r in reasons), reasons
         assert view.errors == {}, view.last_error
     finally:
@@ -186,3 +195,57 @@ def test_the_periods_attainment_reads_two_buckets_not_every_one(changed):
     up = slos["up"]
     assert up.status is Status.OK and up.value == 1.0 and "judged over the last 11h" in up.reason, up.reason
     assert view.errors == {}, view.last_error
+
+
+def test_no_tick_reads_a_long_window_whole(changed):
+    """Over a day or more, neither the attainment's counts nor its bucket-coverage check reads the
+    window whole each tick: hour slices (asked once, a subquery) and parts of at most an hour do.
+    The judgement is the one the whole windows gave (the tests above)."""
+    prom, base = changed
+    rec = Recording()
+    slos, view = _judge(prom, base + SPAN - STEP, rec)
+    whole = [q for q in rec.sent if not q.startswith(("max_over_time(", "(sum by"))
+             and any(f"[{w * 1000}ms]" in q for w in (DAY, 2 * DAY))]
+    assert whole == [], whole
+    assert slos["up"].status is Status.OK and view.errors == {}, (slos["up"].reason, view.last_error)
+
+
+
+class _FailSecondPiece(Recording):
+    """The real transport, failing the second cover piece it sees (once)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pieces = 0
+
+    def handle_request(self, request):
+        if request.url.params.get("query", "").startswith("max_over_time("):
+            self.pieces += 1
+            if self.pieces == 2:
+                raise httpx.ConnectError("store unavailable", request=request)
+        return super().handle_request(request)
+
+
+def test_the_cover_answer_is_read_in_pieces_each_kept(changed):
+    """A whole period's cover subquery at fleet scale passes the query deadline (1,000 engines'
+    30 days: ~20 s). It is asked a piece of 24 slices at a time, newest first, each kept: a failed
+    piece reads unknown (None) and the next call asks only the pieces left, for the same answer a
+    view that never failed gives."""
+    from sla_guard.ingest.prometheus import PrometheusView
+
+    prom, base = changed
+    at = base + SPAN - STEP
+    rec, whole = _FailSecondPiece(), Recording()
+    view, fresh = (PrometheusView(prom.url, timeout_s=30, transport=rec),
+                   PrometheusView(prom.url, timeout_s=30, transport=whole))
+    try:
+        assert view.bucket_covered_since(c.REQUEST_TPOT, 0.02, 2 * DAY, 300, at) is None
+        assert rec.pieces == 2
+        got = view.bucket_covered_since(c.REQUEST_TPOT, 0.02, 2 * DAY, 300, at)
+        want = fresh.bucket_covered_since(c.REQUEST_TPOT, 0.02, 2 * DAY, 300, at)
+        assert got == want and {dict(k)["model"] for k in got} == {"up", "late", "two", "quiet"}, got
+        pieces = len(whole.sent)  # 2 days of 2 h pieces (23 or 24 by the clock) and the newest part
+        assert pieces >= 24 and rec.pieces == 2 + pieces - 1  # the first piece kept, not asked again
+    finally:
+        view.close()
+        fresh.close()

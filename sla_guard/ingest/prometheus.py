@@ -62,6 +62,8 @@ RANGE_CACHE_MAX = 4096  # selectors whose samples ``range`` keeps (least recentl
 SLICED_FROM_S = 86_400.0
 SLICE_S = 3600.0
 SLICES_MAX = 256  # selectors whose slices are kept (least recently used dropped)
+# ``bucket_covered_since`` asks its slices this many a query, each piece kept once settled
+COVER_PIECE_SLICES = 24
 # the most slices one query asks for: a restarted guard's first read of a 30-day period is 30 of
 # them, each kept as it arrives, so a fleet whose whole period passes the query deadline is read
 # over a few ticks (unknown meanwhile) instead of never
@@ -209,6 +211,9 @@ class PrometheusView:
         self._newest: dict[tuple[str, tuple[str, ...], float], dict[Labels, float]] = {}  # this tick's
         # (histogram, threshold, window, step) -> (at, answer): ``bucket_covered_since``
         self._covered: dict[tuple[str, float, float, float], tuple[float, dict[Labels, float]]] = {}
+        # (histogram, threshold, window, step) -> {piece end on the server's clock: child -> its last
+        # uncovered slice's end}: the settled pieces of ``bucket_covered_since``
+        self._cover_pieces: dict[tuple[str, float, float, float], dict[float, dict[Labels, float]]] = {}
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._io: concurrent.futures.ThreadPoolExecutor | None = None  # requests, each within its deadline
         self._metrics: ContractMetrics | None = None
@@ -617,40 +622,100 @@ class PrometheusView:
         """{histogram child: the time (the guard's clock) from which its ``le=threshold`` bucket
         covers it} for the children of histogram ``metric`` that the bucket did not cover all of
         ``window_s`` (``exporters.promql.bucket_uncovered_until``, in slices of ``step_s``; read late
-        by at most ``step_s``, never early); the others are left out. None when the query failed.
+        by at most ``step_s``, never early); the others are left out. None when a query failed.
 
-        The subquery reads every sample of the bucket and ``_count`` over the period, as much as the
-        period's own query (bench/bench_prometheus_long_windows.py: 50 engines' 30 days, 226 vs
-        198 ms), for up to a period after a change. An answer is used again for ``step_s``: the times
-        it gives are fixed once a slice is covered, and a change since the answer shows in the
-        ``step_s`` burn window, which the caller checks every tick (``slo._covered_spans``)."""
+        Asked whole, the subquery read every sample of the bucket and ``_count`` over the period
+        (10 engines' 30 days: 47-57 ms; a thousand engines scraped every 15 s: ~20 s, past the
+        query deadline). It is asked in pieces of ``COVER_PIECE_SLICES`` slices, newest first, each
+        kept once it ended ``RANGE_REREAD_S`` ago (its slices' coverage is then fixed), plus the
+        newest part since; and the answer is used again for ``step_s``, since a change after it
+        shows in the ``step_s`` burn window the caller checks every tick (``slo._covered_spans``,
+        ``uncovered_buckets``)."""
         key = (metric.name, threshold, window_s, step_s)
         last = self._covered.get(key)
         if last is not None and 0 <= at - last[0] < step_s:
             return last[1]
+        off = self.clock_offset_s
+        now = at + off  # the server's clock: subquery steps align to it
+        length = step_s * COVER_PIECE_SLICES
+        settled = math.floor((now - RANGE_REREAD_S) / length) * length  # the newest settled piece's end
+        ends = [settled - i * length for i in range(math.ceil(window_s / length) + 1)]
+        ends = [e for e in ends if e > now - window_s]  # a piece ending before the window has none of it
+        pieces = self._cover_pieces.setdefault(key, {})
+        for e in [e for e in pieces if e <= now - window_s]:
+            del pieces[e]
+        for e in ends:  # newest first; each answered piece is kept, whatever happens to the next
+            if e not in pieces:
+                got = self._uncovered_until(metric, threshold, length, step_s, e)
+                if got is None:
+                    return None
+                pieces[e] = got
+        newest = self._uncovered_until(metric, threshold, now - settled, step_s, now) if now > settled else {}
+        if newest is None:
+            return None
+        out: dict[Labels, float] = {}
+        for part in (*(pieces[e] for e in ends), newest):
+            for labels, t in part.items():
+                if t > now - window_s and t - off > out.get(labels, -math.inf):
+                    out[labels] = t - off  # on the guard's clock
+        self._covered[key] = (at, out)
+        return out
+
+    def _uncovered_until(self, metric: c.Metric, threshold: float, length_s: float, step_s: float,
+                         end: float) -> dict[Labels, float] | None:
+        """``exporters.promql.bucket_uncovered_until`` over the ``length_s`` ending at ``end`` (the
+        server's clock): child -> its last uncovered slice's end there; None when the query failed."""
         m = (self.extra,) if self.extra else ()
-        data = self.query(contract_promql.bucket_uncovered_until(metric, threshold, duration(window_s),
-                                                                 duration(step_s), m), at, prefetch=False)
+        data = self.query(contract_promql.bucket_uncovered_until(metric, threshold, duration(length_s),
+                                                                 duration(step_s), m),
+                          end - self.clock_offset_s, prefetch=False)
         if data is None:
             return None
         out: dict[Labels, float] = {}
         for item in _result(data, "vector"):
             labels, point = _labels(item), _point(item.get("value"))
             if labels is not None and point is not None and math.isfinite(point[1]):
-                out[labels] = point[1] - self.clock_offset_s
-        self._covered[key] = (at, out)
+                out[labels] = point[1]
         return out
 
     def uncovered_buckets(self, metric: c.Metric, threshold: float, windows_s: tuple[float, ...],
-                          at: float) -> dict[float, dict[Labels, float]] | None:
-        """{window_s: {histogram child: its requests}} of the children of histogram ``metric`` with
-        requests in a window whose ``le=threshold`` bucket does not cover it
-        (``exporters.promql.bucket_covered``, which the attainment rules use too): the bucket appeared
-        or vanished inside the window (an engine upgraded to another bucket set), or never was
-        there. ``increase`` of such a bucket counts only part of the window while ``_count`` counts
-        all of it: every request of the rest read as over the threshold (5 % attainment,
-        "violated", every request in time). One query for all windows; a window without such a
-        child is left out; None for the whole answer when the query failed."""
+                          at: float) -> dict[float, set[Labels] | None] | None:
+        """{window_s: histogram children} of histogram ``metric`` whose ``le=threshold`` bucket does
+        not cover the window (``exporters.promql.bucket_covered``, which the attainment rules use
+        too): the bucket appeared or vanished inside it (an engine upgraded to another bucket set),
+        or never was there. ``increase`` of such a bucket counts only part of the window while
+        ``_count`` counts all of it: every request of the rest read as over the threshold (5 %
+        attainment, "violated", every request in time). A window without such a child is left out;
+        None for a window whose query failed, or for the whole answer when the short windows' did.
+
+        Windows under a day: the children with requests in the window, one query for all of them.
+        A day or more: the children whose bucket missed an hour slice of the window in which
+        ``_count`` had samples (``bucket_covered_since``, asked once an hour), plus those the last
+        2 h miss (asked with the short windows: they reach past the newest slice that answer saw).
+        Reading ``count_over_time`` of the bucket and ``_count`` over 30 days cost every sample of
+        the period at every tick (10 engines' 30 days: 57-64 ms of a 100 ms tick). An idle child
+        missing the bucket counts here too: its pool's long windows read unknown, never wrong."""
+        long = [w for w in windows_s if w >= SLICED_FROM_S]
+        recent = 2 * SLICE_S
+        short = tuple(sorted({*(w for w in windows_s if w < SLICED_FROM_S), *((recent,) if long else ())}))
+        now = self._uncovered_now(metric, threshold, short, at) if short else {}
+        if now is None:
+            return None
+        out: dict[float, set[Labels] | None] = dict(now)
+        if long:
+            since = self.bucket_covered_since(metric, threshold, max(long), SLICE_S, at)
+            lately = set().union(*(now.get(w, set()) for w in short))
+            for w in long:
+                got = None if since is None else lately | {lab for lab, t in since.items() if t > at - w}
+                if got is None or got:
+                    out[w] = got
+            if recent not in windows_s:
+                out.pop(recent, None)
+        return out
+
+    def _uncovered_now(self, metric: c.Metric, threshold: float, windows_s: tuple[float, ...],
+                       at: float) -> dict[float, set[Labels]] | None:
+        """``uncovered_buckets`` for windows read whole: one query for all of them."""
         m = (self.extra,) if self.extra else ()
         parts = []
         for w in windows_s:
@@ -661,17 +726,17 @@ class PrometheusView:
         data = self.query(" or ".join(parts), at)
         if data is None:
             return None
-        out: dict[float, dict[Labels, float]] = {}
+        out: dict[float, set[Labels]] = {}
         for item in _result(data, "vector"):
             labels, point = _labels(item), _point(item.get("value"))
-            if labels is None or point is None:
+            if labels is None or point is None or not point[1] > 0:
                 continue
             d = dict(labels)
             try:
                 w = float(d.pop(WINDOW_LABEL))
             except (KeyError, ValueError):
                 continue
-            out.setdefault(w, {})[tuple(sorted(d.items()))] = point[1]
+            out.setdefault(w, set()).add(tuple(sorted(d.items())))
         return out
 
     def hook_stalls(self, at: float) -> list[dict[str, str | float]] | None:
