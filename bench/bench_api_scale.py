@@ -43,12 +43,12 @@ from exporters import contract as c
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from guard_support import UvicornThread
 
-from sla_guard.api import AUTOSCALER_READS, V1Limit, create_app, jsonable
+from sla_guard.api import AUTOSCALER_READS, V1Limit, create_app
 from sla_guard.compose import compose
 from sla_guard.config import parse_config
 from sla_guard.detect import drift, leak
 from sla_guard.ingest.source import StoreSource, TargetState
-from sla_guard.model import PoolRecommendation, Status
+from sla_guard.model import PoolRecommendation, Status, jsonable
 from sla_guard.scale.advisor import leak_restarts
 from sla_guard.slo import PoolResult, SLOResult
 from sla_guard.store import SeriesStore

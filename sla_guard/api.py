@@ -17,11 +17,8 @@
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-import enum
 import hmac
 import logging
-import math
 from collections.abc import Callable, Sequence
 from typing import Annotated
 
@@ -33,7 +30,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from exporters.request_deadline import request_timeout_protocol
-from sla_guard.model import PAGE_MAX, Status, page
+from sla_guard.model import PAGE_MAX, Status, jsonable, page
 from sla_guard.service import Guard
 from sla_guard.slo import worst
 
@@ -44,22 +41,7 @@ STATUS_LIMIT = 100  # /v1/status: entries per evaluator's per-process / per-grou
 _bearer = HTTPBearer(auto_error=False, description="the guard's API token (api.token_file or $SLA_GUARD_TOKEN)")
 
 
-def jsonable(obj):
-    """Replace non-finite floats by None (JSON has no NaN) and enums by their values."""
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {str(k): jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return [jsonable(v) for v in obj]
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return jsonable(dataclasses.asdict(obj))
-    if isinstance(obj, enum.Enum):
-        return obj.value
-    return obj
-
-
-def json_response(obj) -> JSONResponse:
+def _json(obj) -> JSONResponse:
     """``obj`` rendered to JSON here, in the route's worker thread: returned as a dict, FastAPI
     encoded and rendered it on the event loop, which a 3 MB /v1/status held for half a second
     (scrapes and the tick's schedule run on that loop)."""
@@ -239,7 +221,7 @@ def create_app(guard: Guard, *, token: str | Callable[[], str] | None = None,
         snap = out["evaluators"].get(evaluator) if evaluator is not None else None
         if isinstance(snap, dict) and "next" in snap:
             out["next"] = snap["next"]  # one evaluator's pages: the cursor where every paged answer has it
-        return json_response(out)
+        return _json(out)
 
     @v1.get("/slo", response_model=dict)
     def slo(model: str | None = None, pool: str | None = None,
@@ -269,7 +251,7 @@ def create_app(guard: Guard, *, token: str | Callable[[], str] | None = None,
             snap.update(pools=got, pools_total=len(snap["pools"]))
         if nxt is not None:
             snap["next"] = nxt
-        return json_response(snap)
+        return _json(snap)
 
     @v1.get("/targets", response_model=dict)
     def targets(limit: Annotated[int, Query(ge=1, le=PAGE_MAX, description=f"targets per page (1-{PAGE_MAX})")]
@@ -283,7 +265,7 @@ def create_app(guard: Guard, *, token: str | Callable[[], str] | None = None,
         out = {"source": guard.source.mode, "targets": got}
         if nxt is not None:
             out.update(count=len(every), next=nxt)
-        return json_response(out)
+        return _json(out)
 
     app.include_router(v1)
     for r in extra_routers:

@@ -7,7 +7,10 @@ a laptop, against a fleet's Prometheus, or in the simulator's offline replay.
 
 from __future__ import annotations
 
+import dataclasses
+import enum
 import heapq
+import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -173,3 +176,18 @@ class Evaluator(Protocol):
     def snapshot(self) -> dict:
         """JSON-able current state, served by the API and used by `check`/`demo`."""
         ...
+
+
+def jsonable(obj):
+    """Replace non-finite floats by None (JSON has no NaN) and enums by their values."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {str(k): jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [jsonable(v) for v in obj]
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return jsonable(dataclasses.asdict(obj))
+    if isinstance(obj, enum.Enum):
+        return obj.value
+    return obj

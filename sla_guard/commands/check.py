@@ -134,7 +134,7 @@ def run(args: argparse.Namespace) -> int:
     down = [{"target": t.name, "url": t.url, "error": t.last_error} for t in guard.source.targets() if not t.up]
     failed = {name: str(err) for name, err in result.errors.items()}
     if args.json:
-        from sla_guard.api import jsonable
+        from sla_guard.model import jsonable
 
         out = {**snap, "ttft_breakdown": stages, "targets_down": down, "evaluator_errors": failed}
         if failed:  # exit 2: the JSON says the same

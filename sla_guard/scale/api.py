@@ -30,8 +30,7 @@ from typing import Annotated
 from fastapi import APIRouter, HTTPException, Query
 from fastapi.responses import JSONResponse
 
-from sla_guard.api import json_response
-from sla_guard.model import PAGE_MAX
+from sla_guard.model import PAGE_MAX, jsonable
 from sla_guard.scale.evaluator import AdvisorEvaluator
 from sla_guard.scale.guardrails import without_data
 
@@ -93,7 +92,7 @@ def advisor_router(evaluators: Sequence[AdvisorEvaluator] | AdvisorEvaluator) ->
         body: dict = {"models": out}
         if len(out) == 1 and "next" in out[0]:
             body["next"] = out[0]["next"]  # the cursor where every paged answer has it
-        return json_response(body)
+        return JSONResponse(jsonable(body))
 
     def _pools(e: AdvisorEvaluator, model: str | None) -> dict:
         """One model's pools: a wildcard advisor holds several models, whose pools must never be
