@@ -136,18 +136,23 @@ def backfilled(history: str, **kw) -> Iterator[PrometheusProcess]:
 
 class Recording(httpx.HTTPTransport):
     """The real transport, recording each query sent; ``fail`` (a query prefix) answers that
-    query with a connection error, as a store that fails one query among many."""
+    query with a connection error, as a store that fails one query among many; with ``nth``,
+    only the nth query with that prefix (``matched`` counts them), as one piece of a long read."""
 
-    def __init__(self, fail: str | None = None) -> None:
+    def __init__(self, fail: str | None = None, nth: int | None = None) -> None:
         super().__init__()
         self.sent: list[str] = []
         self.fail = fail
+        self.nth = nth
+        self.matched = 0
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         query = request.url.params.get("query", "")
         self.sent.append(query)
         if self.fail is not None and query.startswith(self.fail):
-            raise httpx.ConnectError("store unavailable", request=request)
+            self.matched += 1
+            if self.nth is None or self.matched == self.nth:
+                raise httpx.ConnectError("store unavailable", request=request)
         return super().handle_request(request)
 
 

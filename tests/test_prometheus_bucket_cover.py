@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import time
 
-import httpx
 import pytest
 from prometheus_support import Recording, backfilled, judged, prometheus_binary, tpot_attainment
 
@@ -211,21 +210,6 @@ def test_no_tick_reads_a_long_window_whole(changed):
 
 
 
-class _FailSecondPiece(Recording):
-    """The real transport, failing the second cover piece it sees (once)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.pieces = 0
-
-    def handle_request(self, request):
-        if request.url.params.get("query", "").startswith("max_over_time("):
-            self.pieces += 1
-            if self.pieces == 2:
-                raise httpx.ConnectError("store unavailable", request=request)
-        return super().handle_request(request)
-
-
 def test_the_cover_answer_is_read_in_pieces_each_kept(changed):
     """A whole period's cover subquery at fleet scale passes the query deadline (1,000 engines'
     30 days: ~20 s). It is asked a piece of 24 slices at a time, newest first, each kept: a failed
@@ -235,17 +219,17 @@ def test_the_cover_answer_is_read_in_pieces_each_kept(changed):
 
     prom, base = changed
     at = base + SPAN - STEP
-    rec, whole = _FailSecondPiece(), Recording()
+    rec, whole = Recording(fail="max_over_time(", nth=2), Recording()
     view, fresh = (PrometheusView(prom.url, timeout_s=30, transport=rec),
                    PrometheusView(prom.url, timeout_s=30, transport=whole))
     try:
         assert view.bucket_covered_since(c.REQUEST_TPOT, 0.02, 2 * DAY, 300, at) is None
-        assert rec.pieces == 2
+        assert rec.matched == 2
         got = view.bucket_covered_since(c.REQUEST_TPOT, 0.02, 2 * DAY, 300, at)
         want = fresh.bucket_covered_since(c.REQUEST_TPOT, 0.02, 2 * DAY, 300, at)
         assert got == want and {dict(k)["model"] for k in got} == {"up", "late", "two", "quiet"}, got
         pieces = len(whole.sent)  # 2 days of 2 h pieces (23 or 24 by the clock) and the newest part
-        assert pieces >= 24 and rec.pieces == 2 + pieces - 1  # the first piece kept, not asked again
+        assert pieces >= 24 and rec.matched == 2 + pieces - 1  # the first piece kept, not asked again
     finally:
         view.close()
         fresh.close()

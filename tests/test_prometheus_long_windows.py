@@ -12,7 +12,6 @@ from __future__ import annotations
 import math
 import time
 
-import httpx
 import pytest
 from prometheus_support import Recording, backfilled, prometheus_binary
 
@@ -106,35 +105,19 @@ def test_slices_are_asked_once_and_a_failed_one_keeps_nothing(history):
         view.close()
 
 
-class _FailSecondPiece(Recording):
-    """The real transport, failing the second hour-slice subquery it sees (once)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.pieces = 0
-
-    def handle_request(self, request):
-        if request.url.params.get("query", "").startswith("(sum by"):
-            self.pieces += 1
-            if self.pieces == 2:
-                self.sent.append(request.url.params["query"])
-                raise httpx.ConnectError("store unavailable", request=request)
-        return super().handle_request(request)
-
-
 def test_a_long_first_read_goes_in_pieces_each_kept(history):
     """A restarted guard's first read of a long window asks at most a day of slices a query, newest
     first, and keeps each piece answered: a fleet whose whole period passes the query deadline is
     read over a few ticks (unknown meanwhile), not retried whole and never read."""
     prom, base = history
-    rec = _FailSecondPiece()
+    rec = Recording(fail="(sum by", nth=2)
     view = PrometheusView(prom.url, timeout_s=30, transport=rec)
     at = base + SPAN - 17 * 60
     try:
         assert view.increase(f"{NAME}_total", {}, 3 * DAY, at, ("engine",)) == {}  # the second piece failed
-        assert rec.pieces == 2 and view.failed_queries == 1
+        assert rec.matched == 2 and view.failed_queries == 1
         got = {dict(k)["engine"]: v for k, v in view.increase(f"{NAME}_total", {}, 3 * DAY, at, ("engine",)).items()}
-        assert rec.pieces == 4  # the two pieces left (71 slices: 24 + 24 + 23), not the first again
+        assert rec.matched == 4  # the two pieces left (71 slices: 24 + 24 + 23), not the first again
         assert got == pytest.approx(_truth(prom, "3d", at), rel=2e-3)
     finally:
         view.close()

@@ -739,29 +739,47 @@ def test_failed_burn_window_query_is_unknown_not_ok(failing):
     base = {"model": "m", "pool": "decode", "instance": "i0"}
     fail_ms = {"1h": 3_600_000, "5m": 300_000}.get(failing)
 
+    now = 2_000_000_000.0
+
+    def counts(a: float, b: float, query: str) -> dict[str, float]:
+        """Requests from a to b: 10 a second, 16 % of them slow within the last hour before now."""
+        total = 10 * (b - a)
+        slow = 1.6 * max(0.0, min(b, now) - max(a, now - 3600))
+        got = {"0.5": total - slow, "+Inf": total}
+        m = re.search(r'le="([^"]*)"', query)
+        return {m.group(1): got.get(m.group(1), 0.0)} if m else got
+
+    def series(a: float, b: float, query: str) -> list[tuple[dict, float]]:
+        by = re.search(r"sum by \(([^)]*)\)", query).group(1).split(",")
+        if "_bucket" in query:
+            return [({k: v for k, v in {**base, "le": le}.items() if k in by}, n)
+                    for le, n in counts(a, b, query).items()]
+        total = counts(a, b, query)["+Inf"]
+        return [({k: base[k] for k in by if k in base}, total * (0.3 if "_sum" in query else 1))]
+
     def answer(query: str, at: float):
         if query == "up":
             return _vector([({"__name__": "up", **base}, 1.0)], at)
         if "ttft" not in query or "client" in query:
             return _vector([], at)
-        if query.startswith("label_replace("):  # the bucket-coverage check: no bucket changed
+        if query.startswith(("label_replace(", "max_over_time(")):  # bucket coverage: no bucket changed
             return _vector([], at)
         if "increase(" not in query:  # the current-sample check
             return _vector([({"__name__": "x_count", **base}, 1000.0)], at)
         w_ms = int(re.search(r"\[(\d+)ms\]", query).group(1))
+        sub = re.search(r"\[(\d+)ms:(\d+)ms\]$", query)
+        if sub:  # a day's hour slices of a long window (a subquery): a matrix, one point a slice
+            span, step = int(sub.group(1)) / 1000, int(sub.group(2)) / 1000
+            ends = [e for e in (at - k * step for k in range(int(span // step) + 1)) if e > at - span]
+            points: dict[tuple, list] = {}
+            for e in sorted(ends):
+                for labels, v in series(e - w_ms / 1000, e, query):
+                    points.setdefault(tuple(sorted(labels.items())), []).append([e, str(v)])
+            return 200, {"status": "success", "data": {"resultType": "matrix", "result": [
+                {"metric": dict(k), "values": v} for k, v in points.items()]}}
         if w_ms == fail_ms:
             return UNAVAILABLE
-        by = re.search(r"sum by \(([^)]*)\)", query).group(1).split(",")
-        total = 10 * w_ms / 1000  # 10 requests/s, 16 % of them slow during the last hour
-        slow = 0.16 * 10 * min(w_ms / 1000, 3600)
-        counts = {"0.5": total - slow, "+Inf": total}
-        m = re.search(r'le="([^"]*)"', query)
-        if m:
-            counts = {m.group(1): counts.get(m.group(1), 0.0)}
-        if "_bucket" in query:
-            return _vector([({k: v for k, v in {**base, "le": le}.items() if k in by}, n)
-                            for le, n in counts.items()], at)
-        return _vector([({k: base[k] for k in by if k in base}, total * (0.3 if "_sum" in query else 1))], at)
+        return _vector(series(at - w_ms / 1000, at, query), at)
 
     srv = FakePrometheus(answer)
     try:
@@ -771,7 +789,7 @@ def test_failed_burn_window_query_is_unknown_not_ok(failing):
                                  "threshold_s": 0.5, "target": 0.99, "window": "5m", "period": "30d",
                                  "min_requests": 10}]}]})
         guard = compose(cfg, detectors=False, advisor=False).guard
-        guard.tick(2_000_000_000.0)
+        guard.tick(now)
         slo = guard.evaluator("slo").pools[("m", "decode")].slos[0]
         if failing is None:
             assert slo.status is Status.VIOLATED and "1h&5m" in slo.reason, (slo.status, slo.reason)

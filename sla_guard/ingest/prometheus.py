@@ -149,6 +149,16 @@ def _matrix(data: dict | None) -> list[tuple[Labels, np.ndarray, np.ndarray]]:
     return out
 
 
+def _values(data: dict | None) -> dict[Labels, float]:
+    """A vector answer as {labels: value}; NaN values and items of the wrong shape are left out."""
+    out: dict[Labels, float] = {}
+    for item in _result(data, "vector"):
+        labels, point = _labels(item), _point(item.get("value"))
+        if labels is not None and point is not None and not math.isnan(point[1]):
+            out[labels] = point[1]
+    return out
+
+
 def _point(p: object) -> tuple[float, float] | None:
     """``[time, "value"]`` as floats; None when it is not such a pair."""
     if not isinstance(p, list | tuple) or len(p) != 2:
@@ -394,12 +404,7 @@ class PrometheusView:
         log.warning("%s%s", msg, f" (and {since} more {kind} errors since the last such line)" if since else "")
 
     def _vector(self, promql: str, at: float) -> dict[Labels, float]:
-        out: dict[Labels, float] = {}
-        for item in _result(self.query(promql, at), "vector"):
-            labels, point = _labels(item), _point(item.get("value"))
-            if labels is not None and point is not None and not math.isnan(point[1]):
-                out[labels] = point[1]
-        return out
+        return _values(self.query(promql, at))
 
     # -- MetricsView ---------------------------------------------------------------------------
     def instant(self, metric: str, matchers: Mapping[str, str], at: float) -> dict[Labels, float]:
@@ -482,14 +487,7 @@ class PrometheusView:
         the query failed."""
         data = self.query(f"sum by ({','.join(by)}) (increase({sel}[{duration(length_s)}]))",
                           end - self.clock_offset_s, prefetch=False)
-        if data is None:
-            return None
-        out: dict[Labels, float] = {}
-        for item in _result(data, "vector"):
-            labels, point = _labels(item), _point(item.get("value"))
-            if labels is not None and point is not None and not math.isnan(point[1]):
-                out[labels] = point[1]
-        return out
+        return None if data is None else _values(data)
 
     def rate(self, metric: str, matchers: Mapping[str, str], window_s: float, at: float,
              by: tuple[str, ...] = ()) -> dict[Labels, float]:
@@ -669,14 +667,7 @@ class PrometheusView:
         data = self.query(contract_promql.bucket_uncovered_until(metric, threshold, duration(length_s),
                                                                  duration(step_s), m),
                           end - self.clock_offset_s, prefetch=False)
-        if data is None:
-            return None
-        out: dict[Labels, float] = {}
-        for item in _result(data, "vector"):
-            labels, point = _labels(item), _point(item.get("value"))
-            if labels is not None and point is not None and math.isfinite(point[1]):
-                out[labels] = point[1]
-        return out
+        return None if data is None else _values(data)
 
     def uncovered_buckets(self, metric: c.Metric, threshold: float, windows_s: tuple[float, ...],
                           at: float) -> dict[float, set[Labels] | None] | None:
