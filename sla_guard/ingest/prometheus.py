@@ -149,6 +149,36 @@ def _matrix(data: dict | None) -> list[tuple[Labels, np.ndarray, np.ndarray]]:
     return out
 
 
+@dataclass
+class _Slices:
+    """One selector's hour slices (``PrometheusView._sliced_increase``): a row of values per slice
+    end, a column per group (NaN where the group had none). Kept as arrays: a 30-day period is
+    720 slices of every group, which as dicts of label tuples took 352 bytes a value (10 as arrays;
+    120 groups: 30.4 vs 0.84 MB a selector)."""
+
+    columns: dict[Labels, int] = field(default_factory=dict)
+    rows: dict[float, np.ndarray] = field(default_factory=dict)
+    span_s: float = 0.0  # the longest window the selector is asked for
+
+    def put(self, end: float, values: dict[Labels, float]) -> None:
+        for labels in values:
+            self.columns.setdefault(labels, len(self.columns))
+        row = np.full(len(self.columns), np.nan)
+        for labels, v in values.items():
+            row[self.columns[labels]] = v
+        self.rows[end] = row
+
+    def total(self, ends: list[float]) -> dict[Labels, float]:
+        """Each group's sum over the slices ``ends``; a group with no value in any left out."""
+        grid = np.full((len(ends), len(self.columns)), np.nan)
+        for i, e in enumerate(ends):
+            row = self.rows[e]
+            grid[i, :len(row)] = row
+        present = ~np.isnan(grid).all(axis=0)
+        sums = np.nansum(grid, axis=0)
+        return {labels: float(sums[i]) for labels, i in self.columns.items() if present[i]}
+
+
 def _values(data: dict | None) -> dict[Labels, float]:
     """A vector answer as {labels: value}; NaN values and items of the wrong shape are left out."""
     out: dict[Labels, float] = {}
@@ -215,9 +245,8 @@ class PrometheusView:
         self._used: dict[str, None] = {}
         self._cache: dict[tuple[str, float], dict | None] = {}
         self._stalls: tuple[float, list[dict[str, str | float]]] | None = None  # (at, answer): ``hook_stalls``
-        # (selector, by) -> {slice end on the server's clock: its increase by group}: ``_sliced_increase``
-        self._slices: OrderedDict[tuple[str, tuple[str, ...]], dict[float, dict[Labels, float]]] = OrderedDict()
-        self._spans: dict[tuple[str, tuple[str, ...]], float] = {}  # the longest window each is asked for
+        # (selector, by) -> its hour slices, by end on the server's clock: ``_sliced_increase``
+        self._slices: OrderedDict[tuple[str, tuple[str, ...]], _Slices] = OrderedDict()
         self._newest: dict[tuple[str, tuple[str, ...], float], dict[Labels, float]] = {}  # this tick's
         # (histogram, threshold, window, step) -> (at, answer): ``bucket_covered_since``
         self._covered: dict[tuple[str, float, float, float], tuple[float, dict[Labels, float]]] = {}
@@ -442,13 +471,13 @@ class PrometheusView:
         if first > last:
             return self._vector(f"sum by ({','.join(by)}) (increase({sel}[{duration(window_s)}]))", at)
         key = (sel, by)
-        slices = self._slices.pop(key, {})
+        slices = self._slices.pop(key, None) or _Slices()
         self._slices[key] = slices  # most recently used last
         while len(self._slices) > SLICES_MAX:
-            self._spans.pop(self._slices.popitem(last=False)[0], None)
-        self._spans[key] = span_s = max(self._spans.get(key, 0.0), window_s)
+            self._slices.popitem(last=False)
+        slices.span_s = max(slices.span_s, window_s)
         ends = [first + i * SLICE_S for i in range(round((last - first) / SLICE_S) + 1)]
-        missing = [e for e in ends if e not in slices]
+        missing = [e for e in ends if e not in slices.rows]
         while missing:  # newest first: each answered piece is kept, whatever happens to the next
             piece, missing = missing[-SLICES_PER_QUERY:], missing[:-SLICES_PER_QUERY]
             span = piece[-1] - piece[0] + SLICE_S
@@ -461,9 +490,10 @@ class PrometheusView:
                 for t, v in zip(times, values, strict=True):
                     if t in got and not math.isnan(v):
                         got[t][labels] = float(v)
-            slices.update(got)
-        for e in [e for e in slices if e < now - span_s]:
-            del slices[e]  # older than any window this selector is asked for
+            for e, values in got.items():
+                slices.put(e, values)
+        for e in [e for e in slices.rows if e < now - slices.span_s]:
+            del slices.rows[e]  # older than any window this selector is asked for
         if any(k[2] != now for k in self._newest):
             self._newest = {}  # another tick's
         newest = self._newest.get((sel, by, now))
@@ -476,8 +506,8 @@ class PrometheusView:
             sel, by, first - SLICE_S - (now - window_s), first - SLICE_S)
         if oldest is None:
             return None
-        out: dict[Labels, float] = {}
-        for part in (oldest, *(slices[e] for e in ends), newest):
+        out = slices.total(ends)
+        for part in (oldest, newest):
             for labels, v in part.items():
                 out[labels] = out.get(labels, 0.0) + v
         return out
