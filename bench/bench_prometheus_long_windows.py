@@ -36,9 +36,8 @@ from prometheus_client.utils import floatToGoString  # noqa: E402
 from prometheus_support import Recording, backfilled, prometheus_binary, tpot_attainment  # noqa: E402
 
 from exporters import contract as c  # noqa: E402
-from exporters import promql as contract_promql  # noqa: E402
 from sla_guard.config import parse_config  # noqa: E402
-from sla_guard.ingest.prometheus import WINDOW_LABEL, PrometheusView, duration  # noqa: E402
+from sla_guard.ingest.prometheus import WINDOW_LABEL, PrometheusView, uncovered_query  # noqa: E402
 from sla_guard.slo import SLOEvaluator  # noqa: E402
 
 TPOT = c.REQUEST_TPOT.series()
@@ -156,13 +155,7 @@ def _whole_coverage(query: str) -> str:
     long windows came from hour slices: the same windows plus the day or longer ones, read whole."""
     windows = [float(w) for w in re.findall(rf'"{WINDOW_LABEL}", "([0-9.]+)"', query)]
     metric = c.REQUEST_TPOT if c.REQUEST_TPOT.series() in query else c.CLIENT_TPOT
-    parts = []
-    for w in sorted({*windows, DAY, 3.0 * DAY, PERIOD_DAYS * float(DAY)}):
-        d = duration(w)
-        uncovered = (f"({contract_promql.increase(metric, d, '_count')} > 0) "
-                     f"unless ({contract_promql.bucket_covered(metric, 0.02, d)})")
-        parts.append(f'label_replace({uncovered}, "{WINDOW_LABEL}", "{w!r}", "", "")')
-    return " or ".join(parts)
+    return uncovered_query(metric, 0.02, sorted({*windows, DAY, 3.0 * DAY, PERIOD_DAYS * float(DAY)}))
 
 
 def _long_part(q: str) -> bool:

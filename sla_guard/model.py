@@ -116,9 +116,10 @@ class MetricsView(Protocol):
 
     def bucket_increase(self, metric: str, matchers: Mapping[str, str], window_s: float, at: float,
                         by: tuple[str, ...], les: tuple[float, ...] = ()) -> dict[Labels, dict[float, float]]:
-        """sum by (le, by) (increase(metric_bucket[window])) as {group: {le: count}}; ``les``: only
-        the buckets of those bounds and +Inf (an attainment needs two of a histogram's ~20, and over
-        30 days in Prometheus each bucket read costs every sample of the period)."""
+        """sum by (le, by) (increase(metric_bucket[window])) as {group: {le: count}}; ``les``: the
+        bounds the caller needs besides +Inf, a hint a view may use to leave the others out (an
+        attainment needs two of a histogram's ~20, and over 30 days Prometheus reads every sample
+        of each bucket selected)."""
         ...
 
     def counter_delta(self, metric: str, matchers: Mapping[str, str], t0: float, t1: float,

@@ -240,17 +240,6 @@ def bucket_series(metric: str) -> str:
     return metric if metric.endswith("_bucket") else metric + "_bucket"
 
 
-def only_bounds(buckets: dict[LabelKey, dict[float, float]], les: Sequence[float]
-                ) -> dict[LabelKey, dict[float, float]]:
-    """``buckets`` with only the bounds ``les`` and +Inf (all of them when ``les`` is empty)."""
-    if not les:
-        return buckets
-    keep = [float(b) for b in les]
-    return {k: {le: v for le, v in b.items()
-                if math.isinf(le) or any(math.isclose(le, x, rel_tol=1e-9, abs_tol=1e-12) for x in keep)}
-            for k, b in buckets.items()}
-
-
 def split_le(by_le: Mapping[LabelKey, float]) -> dict[LabelKey, dict[float, float]]:
     """Regroup ``sum by (le, ...)`` results into {labels without le: {upper bound: value}};
     series without a numeric ``le`` are ignored, as histogram_quantile ignores them, and

@@ -1253,9 +1253,9 @@ class SeriesStore:
 
     def bucket_increase(self, metric: str, matchers: Mapping[str, str], window_s: float, at: float,
                         by: tuple[str, ...] = (), les: tuple[float, ...] = ()) -> dict[Labels, dict[float, float]]:
-        """``sum by (le, by) (increase(metric_bucket[window]))`` as {group: {le: count}} (``les``: only
-        those bounds and +Inf). A group with a NaN sample in the window gets +Inf counts (quantiles
-        become meaningless)."""
+        """``sum by (le, by) (increase(metric_bucket[window]))`` as {group: {le: count}} (every bound:
+        ``les`` is a hint for views that pay per bucket read). A group with a NaN sample in the
+        window gets +Inf counts (quantiles become meaningless)."""
         name = promql.bucket_series(metric)
         with self._lock:
             fam = self._families.get(name)
@@ -1285,7 +1285,7 @@ class SeriesStore:
         for i in np.flatnonzero(present):
             g, li = divmod(int(i), nl)
             out.setdefault(labels[g], {})[float(le_values[li])] = float(sums[i])
-        return promql.only_bounds(out, les)
+        return out
 
     def histogram_quantile(self, q: float, metric: str, matchers: Mapping[str, str], window_s: float,
                            at: float, by: tuple[str, ...] = ()) -> dict[Labels, float]:

@@ -48,7 +48,7 @@ class LifetimeView:
     def bucket_increase(self, metric: str, matchers: Mapping[str, str], window_s: float, at: float,
                         by: tuple[str, ...] = (), les: tuple[float, ...] = ()) -> dict[Labels, dict[float, float]]:
         name = promql.bucket_series(metric)
-        return promql.only_bounds(promql.split_le(self.increase(name, matchers, window_s, at, ("le", *by))), les)
+        return promql.split_le(self.increase(name, matchers, window_s, at, ("le", *by)))  # one scrape: all
 
     def histogram_quantile(self, q: float, metric: str, matchers: Mapping[str, str], window_s: float,
                            at: float, by: tuple[str, ...] = ()) -> dict[Labels, float]:

@@ -18,7 +18,7 @@ import logging
 import math
 import time
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 import httpx
@@ -177,6 +177,19 @@ class _Slices:
         present = ~np.isnan(grid).all(axis=0)
         sums = np.nansum(grid, axis=0)
         return {labels: float(sums[i]) for labels, i in self.columns.items() if present[i]}
+
+
+def uncovered_query(metric: c.Metric, threshold: float, windows_s: Iterable[float],
+                    matchers: tuple[str, ...] = ()) -> str:
+    """One query for the histogram children with requests in each window whose ``le=threshold``
+    bucket does not cover it (``exporters.promql.bucket_covered``), told apart by ``WINDOW_LABEL``."""
+    parts = []
+    for w in windows_s:
+        d = duration(w)
+        uncovered = (f"({contract_promql.increase(metric, d, '_count', matchers)} > 0) "
+                     f"unless ({contract_promql.bucket_covered(metric, threshold, d, matchers)})")
+        parts.append(f'label_replace({uncovered}, "{WINDOW_LABEL}", "{float(w)!r}", "", "")')
+    return " or ".join(parts)
 
 
 def _values(data: dict | None) -> dict[Labels, float]:
@@ -643,7 +656,7 @@ class PrometheusView:
             return promql.split_le(self.increase(name, matchers, window_s, at, ("le", *by)))
         bounds = any_of_literal({s for b in les for s in le_spellings(b)} | le_spellings(math.inf))
         sel = selector(name, matchers, ",".join(m for m in (self.extra, f"le=~{bounds}") if m))
-        return promql.only_bounds(promql.split_le(self._increase(sel, ("le", *by), window_s, at)), les)
+        return promql.split_le(self._increase(sel, ("le", *by), window_s, at))
 
     def bucket_covered_since(self, metric: c.Metric, threshold: float, window_s: float, step_s: float,
                              at: float) -> dict[Labels, float] | None:
@@ -737,14 +750,7 @@ class PrometheusView:
     def _uncovered_now(self, metric: c.Metric, threshold: float, windows_s: tuple[float, ...],
                        at: float) -> dict[float, set[Labels]] | None:
         """``uncovered_buckets`` for windows read whole: one query for all of them."""
-        m = (self.extra,) if self.extra else ()
-        parts = []
-        for w in windows_s:
-            d = duration(w)
-            uncovered = (f"({contract_promql.increase(metric, d, '_count', m)} > 0) "
-                         f"unless ({contract_promql.bucket_covered(metric, threshold, d, m)})")
-            parts.append(f'label_replace({uncovered}, "{WINDOW_LABEL}", "{float(w)!r}", "", "")')
-        data = self.query(" or ".join(parts), at)
+        data = self.query(uncovered_query(metric, threshold, windows_s, (self.extra,) if self.extra else ()), at)
         if data is None:
             return None
         out: dict[float, set[Labels]] = {}
