@@ -82,9 +82,10 @@ def quantile(q: float, metric: Metric, window: str, labels: Sequence[str], match
     return f"histogram_quantile({q:g}, {inner})"
 
 
-def share_at_or_below(metric: Metric, threshold: float, window: str, labels: Sequence[str],
-                      matchers: Sequence[str] = (), refused: Metric | None = None) -> str:
-    """Share of observations <= threshold (an attainment SLI); the threshold must be a bucket bound.
+def share_parts(metric: Metric, threshold: float, window: str, labels: Sequence[str],
+                matchers: Sequence[str] = (), refused: Metric | None = None) -> tuple[str, str]:
+    """The good and the judged requests per second of an attainment SLI (observations <= threshold,
+    and all of them): its share is good / judged. The threshold must be a bucket bound.
 
     Only series whose threshold bucket holds as many samples in the window as their ``_count``
     count, in the good ones and the total alike (``covered``): an engine started without the
@@ -104,17 +105,30 @@ def share_at_or_below(metric: Metric, threshold: float, window: str, labels: Seq
     total = sum_by(labels, f"{rate(metric, window, '_count', matchers)} and ({covered})")
     if refused is not None:
         total = plus_or_zero(total, sum_by(labels, rate(refused, window, matchers=matchers)))
-    return ratio(good, total)
+    return good, total
+
+
+def share_at_or_below(metric: Metric, threshold: float, window: str, labels: Sequence[str],
+                      matchers: Sequence[str] = (), refused: Metric | None = None) -> str:
+    """Share of observations <= threshold over ``window`` (``share_parts``' good / judged)."""
+    return ratio(*share_parts(metric, threshold, window, labels, matchers, refused))
+
+
+def outcome_parts(metric: Metric, label: str, failed: str, counted: Sequence[str], window: str,
+                  labels: Sequence[str], matchers: Sequence[str] = ()) -> tuple[str, str]:
+    """The failed and the counted requests per second of an availability SLI: requests whose
+    ``label`` is ``failed``, 0 (not nothing) for a group that never failed one (no ``failed`` series
+    yet), and those whose ``label`` is one of ``counted``."""
+    total = sum_by(labels, rate(metric, window, matchers=[*matchers, f"{label}=~{any_of_literal(counted)}"]))
+    failures = sum_by(labels, rate(metric, window, matchers=[*matchers, f'{label}="{failed}"']))
+    return f"{failures} or {total} * 0", total
 
 
 def outcome_ratio(metric: Metric, label: str, failed: str, counted: Sequence[str], window: str,
                   labels: Sequence[str], matchers: Sequence[str] = ()) -> str:
     """Share of requests whose ``label`` is ``failed`` among those whose ``label`` is one of
-    ``counted`` (an availability SLI's error ratio), request-weighted over ``window``; 0, not
-    nothing, for a group that never failed one (no ``failed`` series yet)."""
-    total = sum_by(labels, rate(metric, window, matchers=[*matchers, f"{label}=~{any_of_literal(counted)}"]))
-    failures = sum_by(labels, rate(metric, window, matchers=[*matchers, f'{label}="{failed}"']))
-    return ratio(f"{failures} or {total} * 0", total)
+    ``counted`` (an availability SLI's error ratio), request-weighted over ``window``."""
+    return ratio(*outcome_parts(metric, label, failed, counted, window, labels, matchers))
 
 
 def bucket_covered(metric: Metric, threshold: float, window: str, matchers: Sequence[str] = ()) -> str:

@@ -416,7 +416,10 @@ def test_an_upgrade_adding_the_threshold_bucket_fires_no_burn_alert_and_a_real_v
     new bucket's ``rate`` counts since it appeared, ``_count``'s the whole window: 5 min after the
     upgrade d0 read 94 % errors over 6h, 1d and 3d (76 % over 1d 30 min later) and paged (6h&30m)
     with every request in time. An engine now counts in a window once its threshold bucket covered it: no
-    alert for d0, the short windows exact at once, and d1's page (1h&5m) once the hour has passed."""
+    alert for d0, the short windows exact at once, and d1's page (1h&5m) once the hour has passed. The
+    1d window sums 5-min slices, each counted once covered: at 130m it reads d0's 25 covered minutes
+    (0) and d1's (0.5) at once, where a raw 1d window left both out for a day; the tickets still wait
+    for their 2h and 6h windows."""
     lab = 'model="{}",pool="decode",engine="0",job="vllm",instance="{}"'
     name = c.REQUEST_TTFT.series
     old, new = 100, 80  # one-minute samples before and after the upgrade
@@ -440,11 +443,55 @@ def test_an_upgrade_adding_the_threshold_bucket_fires_no_burn_alert_and_a_real_v
             {"expr": rec.format("5m", "m"), "eval_time": "130m", "exp_samples": [
                 {"labels": rec.format("5m", "m"), "value": 0}]},
             {"expr": rec.format("1h", "m"), "eval_time": "130m", "exp_samples": []},
-            {"expr": rec.format("1d", "m"), "eval_time": "130m", "exp_samples": []}],
+            {"expr": rec.format("1d", "m"), "eval_time": "130m", "exp_samples": [
+                {"labels": rec.format("1d", "m"), "value": 0}]},
+            {"expr": rec.format("1d", "v"), "eval_time": "130m", "exp_samples": [
+                {"labels": rec.format("1d", "v"), "value": 0.5}]}],
         "alert_rule_test": [
             *({"eval_time": f"{t}m", "alertname": "SlaGuardErrorBudgetBurn", "exp_alerts": []}
               for t in (105, 130, 155)),
             {"eval_time": "170m", "alertname": "SlaGuardErrorBudgetBurn", "exp_alerts": [page]}]})
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+@needs_promtool
+def test_the_long_burn_windows_summed_from_slices_match_the_raw_windows(tmp_path):
+    """The 1d and 3d error ratios are sums of the 5-min slices' records (errors and judged requests
+    per second), not every raw sample of every engine at each evaluation. Over 8 h with the miss
+    share changing (5 %, 20 %, 2 %), the traffic doubling and d1 restarted (counters from 0) at
+    300m, they stay within 0.2 point of the raw windows (``share_at_or_below`` over 1d and 3d, as
+    the rules computed them before), each time they are read."""
+    lab = 'model="m",pool="decode",engine="0",job="vllm",instance="{}"'
+    name = c.REQUEST_TTFT.series
+    minutes = 480
+
+    def counts(per_min, miss, restart=None):
+        total, good, out_t, out_g = 0.0, 0.0, [], []
+        for t in range(minutes + 1):
+            if t == restart:
+                total = good = 0.0
+            out_t.append(f"{total:g}")
+            out_g.append(f"{good:g}")
+            total += per_min(t)
+            good += per_min(t) * (1 - miss(t))
+        return " ".join(out_t), " ".join(out_g)
+
+    d0 = counts(lambda t: 60 if t < 240 else 120, lambda t: 0.05 if t < 180 else 0.2 if t < 300 else 0.02)
+    d1 = counts(lambda t: 30, lambda t: 0.1, restart=300)
+    series = []
+    for inst, (total, good) in (("d0", d0), ("d1", d1)):
+        series += [{"series": f"{name('_count')}{{{lab.format(inst)}}}", "values": total},
+                   {"series": f'{name("_bucket")}{{{lab.format(inst)},le="+Inf"}}', "values": total},
+                   {"series": f'{name("_bucket")}{{{lab.format(inst)},le="2.5"}}', "values": good}]
+    rec = 'model_pool_slo:sli_error:ratio_rate{}{{model="m",pool="decode",slo="ttft_attainment",slo_set="*/*"}}'
+    tests = []
+    for w in ("1d", "3d"):
+        raw = pq.share_at_or_below(c.REQUEST_TTFT, 2.5, w, ("model", "pool"), ['pool="decode"'])
+        expr = f"abs({rec.format(w)} - on (model, pool) (1 - ({raw}))) < bool 0.002"
+        tests += [{"expr": expr, "eval_time": f"{t}m", "exp_samples": [{"labels": '{model="m",pool="decode"}',
+                                                                         "value": 1}]}
+                  for t in (120, 240, 360, 480)]
+    r = _promtool_test(tmp_path, {"slo.yaml": render_rules()["slo.yaml"]}, series, {"promql_expr_test": tests})
     assert r.returncode == 0, r.stdout + r.stderr
 
 
