@@ -686,3 +686,16 @@ def test_analyze_reads_our_columns_in_any_case_and_spacing(tmp_path):
     out = _ok("leak", tmp_path / "odd.csv")
     _same(out, plain)
     assert out["timestamp_unit"] == "iso8601" and plain["detected"] is True
+
+
+def test_one_rule_tells_the_unit_of_numeric_timestamps():
+    """``sla-guard analyze`` and ``sla-guard replay`` read unnamed numeric times with one rule
+    (``sla_guard.epoch``): the unit in which they are all dates of 2000-2100. A span that no unit
+    makes dates (numbers counted from 0) has none: analyze then reads seconds (and refuses implausible
+    spacing), replay takes the column's convention."""
+    from sla_guard.epoch import epoch_unit
+
+    day = 1_780_000_000.0  # 2026
+    assert [epoch_unit(day * k, (day + 86_400) * k) for k in (1, 1e3, 1e6, 1e9)] == ["s", "ms", "us", "ns"]
+    assert epoch_unit(0.0, 86_400.0) is None and epoch_unit(5.0e5, 9.0e5) is None
+    assert epoch_unit(day, 5.0e9) is None  # past 2100 as seconds, before 1970 as milliseconds

@@ -49,6 +49,7 @@ ALLOWED: dict[str, frozenset[str]] = {
 RANK: dict[str, int] = {
     "sla_guard": 0,  # the package __init__ (runs before any submodule)
     "sla_guard.model": 0,
+    "sla_guard.epoch": 0,  # the unit of numeric timestamps (trace files and recorded series)
     "sla_guard.promql": 0,
     "sla_guard.exposition": 0,  # text-exposition parser: below the store that stores what it parses
     "sla_guard.spec_base": 0,

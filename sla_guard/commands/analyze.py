@@ -18,7 +18,6 @@ from sla_guard.commands import number
 from sla_guard.commands.analyze_input import (
     COLUMNS,
     SERIES_NAMES,
-    TIME_UNITS,
     InputError,
     check_bytes_column,
     check_counters,
@@ -27,6 +26,7 @@ from sla_guard.commands.analyze_input import (
     read_series,
 )
 from sla_guard.detect import census, drift, leak
+from sla_guard.epoch import SECONDS_PER
 from sla_guard.settings.detectors import DetectorsConfig
 
 # option types: finite and in range (--time-scale 0, --interval-s 0 or --tolerance -1 used to end in a traceback,
@@ -105,7 +105,7 @@ def _input_args(p: argparse.ArgumentParser) -> None:
                    help="where a column has several series (one per process or engine), the one whose labels "
                         "match (e.g. pid=1, or 'engine=\"0\",model_name=\"m\"'), or the Grafana column of that "
                         "header; repeat it for columns told apart by other labels")
-    p.add_argument("--timestamp-unit", choices=("auto", *TIME_UNITS), default="auto",
+    p.add_argument("--timestamp-unit", choices=("auto", *SECONDS_PER), default="auto",
                    help="unit of numeric timestamps (default auto: epoch seconds, ms, us or ns by their size; "
                         "give it for timestamps counted from 0 in ms)")
 

@@ -24,6 +24,7 @@ import numpy as np
 
 from exporters import contract
 from exporters.sidecar import MAPPINGS
+from sla_guard.epoch import SECONDS_PER, epoch_unit
 
 
 class InputError(ValueError):
@@ -37,19 +38,6 @@ def _ts(text: str) -> tuple[float, bool]:
         return float(text), False
     except ValueError:
         return datetime.fromisoformat(text.strip().replace("Z", "+00:00")).timestamp(), True
-
-
-# seconds per unit of a numeric timestamp
-TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
-
-
-def epoch_unit(t: np.ndarray) -> str:
-    """The unit of numeric epoch timestamps, from their size. Grafana's CSV export and most
-    databases write milliseconds (1.7e12 in 2026), some micro- or nanoseconds; read as seconds, a
-    12 h series spans 500 days between samples a minute apart, and every detector stays silent.
-    Seconds reach 1e11 only in the year 5138, milliseconds were past it by 1973."""
-    m = float(np.median(np.abs(t)))
-    return "ns" if m >= 1e17 else "us" if m >= 1e14 else "ms" if m >= 1e11 else "s"
 
 
 # the widest median sample spacing taken as seconds from numbers counted from 0 without --timestamp-unit
@@ -155,9 +143,12 @@ def _cell_error(where: str, row_no: int, column: str, raw: str, what: str = "a n
 
 
 def _seconds(where: str, raw: np.ndarray, iso: bool, timestamp_unit: str) -> tuple[np.ndarray, str]:
-    """Times in epoch seconds, and the unit they were read in (see ``epoch_unit``)."""
-    unit = "s" if iso else epoch_unit(raw) if timestamp_unit == "auto" else timestamp_unit
-    t = raw * TIME_UNITS[unit]
+    """Times in epoch seconds, and the unit they were read in (``sla_guard.epoch``; seconds where no
+    unit makes them dates: numbers counted from 0, checked below)."""
+    unit = "s" if iso else timestamp_unit
+    if not iso and timestamp_unit == "auto":
+        unit = (epoch_unit(float(np.nanmin(raw)), float(np.nanmax(raw))) if np.isfinite(raw).any() else None) or "s"
+    t = raw * SECONDS_PER[unit]
     if not iso and timestamp_unit == "auto":
         _relative_seconds(where, np.sort(t))
     return t, "iso8601" if iso else unit

@@ -23,6 +23,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TextIO
 
+from sla_guard.epoch import SECONDS_PER, epoch_unit
+
 
 class TraceError(ValueError):
     """A trace that cannot be read; the message says where and what to fix."""
@@ -98,7 +100,6 @@ FIELDS: dict[str, tuple[str, ...]] = {
 }
 # Units per second of the time columns named with their unit; the others: _time_unit.
 _TIME_UNIT = {"timestampms": 1000.0, "arrivaltimems": 1000.0, "timestamps": 1.0, "arrivaltimes": 1.0}
-_EPOCH_S = (946_684_800.0, 4_102_444_800.0)  # 2000-01-01 .. 2100-01-01: a time in this range is a date
 
 
 def _norm(name: str) -> str:
@@ -166,9 +167,8 @@ def _time_unit(col: str, json_lines: bool, lo: float, hi: float) -> float:
     ``timestamp`` (Mooncake, aiperf) and seconds otherwise (BurstGPT's Timestamp, arrival_time)."""
     if _norm(col) in _TIME_UNIT:
         return _TIME_UNIT[_norm(col)]
-    for per_s in (1.0, 1e3, 1e6, 1e9):
-        if _EPOCH_S[0] <= lo / per_s and hi / per_s < _EPOCH_S[1]:
-            return per_s
+    if (unit := epoch_unit(lo, hi)) is not None:
+        return 1.0 / SECONDS_PER[unit]
     return 1000.0 if json_lines and _norm(col) == "timestamp" else 1.0
 
 
