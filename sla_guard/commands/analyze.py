@@ -106,7 +106,8 @@ def _input_args(p: argparse.ArgumentParser) -> None:
                         "match (e.g. pid=1, or 'engine=\"0\",model_name=\"m\"'), or the Grafana column of that "
                         "header; repeat it for columns told apart by other labels")
     p.add_argument("--timestamp-unit", choices=("auto", *SECONDS_PER), default="auto",
-                   help="unit of numeric timestamps (default auto: epoch seconds, ms, us or ns by their size; "
+                   help="unit of numeric timestamps (default auto: epoch s, ms, us or ns, whichever makes them dates "
+                        "of 2000-2100; "
                         "give it for timestamps counted from 0 in ms)")
 
 
