@@ -177,6 +177,23 @@ def test_analyze_leak_refuses_rss_in_mib_and_says_how_to_convert(tmp_path):
     assert "rss_bytes must hold bytes" in r.stderr and "1048576" in r.stderr
 
 
+def test_analyze_leak_reads_rss_in_kib_when_told_and_refuses_it_unsaid(tmp_path):
+    """``ps -o rss`` and /proc/<pid>/status's VmRSS give KiB: an 8 GiB worker is 8.4 million, which
+    passed the 1 MiB floor as an 8 MB process whose 48 MiB/h leak grew 48 KiB/h: a silent "no leak".
+    Under 64 MiB (less than any vLLM process holds) the column is refused, naming --rss-unit; with
+    ``--rss-unit KiB`` the leak is found when the bytes' file finds it."""
+    _leak_csv(tmp_path / "b.csv", 48.0, seed=3, with_limit=False)
+    rows = (tmp_path / "b.csv").read_text().splitlines()
+    kib = [rows[0]] + [f"{r.split(',')[0]},{int(r.split(',')[1]) // 1024}" for r in rows[1:]]
+    (tmp_path / "kib.csv").write_text("\n".join(kib) + "\n")
+    r = _run("leak", tmp_path / "kib.csv")
+    assert r.returncode == 2 and r.stdout == "" and "--rss-unit KiB" in r.stderr
+    told, b = (json.loads(_run("leak", *a).stdout)
+               for a in ((tmp_path / "kib.csv", "--rss-unit", "KiB"), (tmp_path / "b.csv",)))
+    assert told["rss_unit"] == "KiB" and b["rss_unit"] == "B"
+    assert told["detected"] is b["detected"] is True and abs(told["detected_at"] - b["detected_at"]) <= 600
+
+
 def test_analyze_drift_reads_microseconds(tmp_path):
     c = sy.rate_case("step", 5, change=-0.10, baseline=0.6, days=0.5, onset_h=4.0)
     rows = ["timestamp,draft_tokens,accepted_tokens"] + [

@@ -17,13 +17,14 @@ import numpy as np
 from sla_guard.commands import number
 from sla_guard.commands.analyze_input import (
     COLUMNS,
+    RSS_UNITS,
     SERIES_NAMES,
     InputError,
-    check_bytes_column,
     check_counters,
     check_not_rounded,
     memory_limit,
     read_series,
+    rss_in_bytes,
 )
 from sla_guard.detect import census, drift, leak
 from sla_guard.epoch import SECONDS_PER
@@ -41,6 +42,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     lk = _kind(kinds, "leak", "CSV columns: timestamp,rss_bytes[,limit_bytes][,running_requests] "
                                        "(running requests make it load-aware, as in the guard)")
     _input_args(lk)
+    lk.add_argument("--rss-unit", choices=tuple(RSS_UNITS), default=None,
+                    help="unit of the rss_bytes column when not bytes (KiB: ps -o rss, /proc/<pid>/status VmRSS); "
+                         "default: bytes, and a median under 64 MiB is refused as another unit")
     lk.add_argument("--limit-bytes", type=NONNEG, default=None,
                     help="memory limit when the CSV has none (0: no limit)")
     lk.add_argument("--time-scale", type=POS, default=1.0,
@@ -246,8 +250,9 @@ def run(args) -> int:
     try:
         cols, read = read_series(files, required, optional, unit, getattr(args, "series", []))
         if args.kind == "leak":
-            check_bytes_column(where, "rss_bytes", cols["rss_bytes"])
+            cols["rss_bytes"] = rss_in_bytes(where, "rss_bytes", cols["rss_bytes"], args.rss_unit)
             result = analyze_leak(cols, memory_limit(where, cols, args.limit_bytes), args.time_scale)
+            result["rss_unit"] = args.rss_unit or "B"
             if getattr(args, "census", None) is not None:
                 try:
                     data = census.read_census_file(args.census)

@@ -456,13 +456,27 @@ def check_not_rounded(path: Path | str, v: np.ndarray) -> None:
                          f"Formatted data); export it unrounded (Formatted data off, or the Prometheus answer)")
 
 
-def check_bytes_column(path: Path | str, name: str, v: np.ndarray) -> None:
-    """RSS exported in MiB or GiB (a dashboard's unit) read as bytes is a process of a few kB: no
-    leak could reach any threshold, and the answer would be a silent "no leak"."""
+# bytes per unit of an RSS column (``--rss-unit``)
+RSS_UNITS = {"B": 1.0, "KiB": 2.0**10, "MiB": 2.0**20, "GiB": 2.0**30}
+# no vLLM engine or worker process holds less (torch alone maps hundreds of MiB): a median under it
+# is RSS in another unit read as bytes
+MIN_PROCESS_RSS = 64 * 2**20
+
+
+def rss_in_bytes(path: Path | str, name: str, v: np.ndarray, unit: str | None) -> np.ndarray:
+    """The RSS column in bytes. ``unit`` (``--rss-unit``) converts; without it the column must read as
+    bytes of a plausible engine process. RSS in KiB (``ps -o rss``, ``/proc/<pid>/status``'s VmRSS),
+    MiB or GiB (a dashboard's unit) read as bytes is a process of a few MB or kB, in which no leak
+    reaches any threshold: a silent "no leak"."""
+    if unit is not None:
+        return v * RSS_UNITS[unit]
     med = float(np.median(v))
-    if 0 < med < 2**20:
-        raise InputError(f"{path}: column {name} must hold bytes, but its median is {med:g} (under 1 MiB): "
-                         f"convert it (MiB x 1048576, GiB x 1073741824)")
+    if 0 < med < MIN_PROCESS_RSS:
+        raise InputError(f"{path}: column {name} must hold bytes, but its median is {med:g} (under 64 MiB, less "
+                         f"than any vLLM process holds): pass --rss-unit KiB for ps -o rss or /proc/<pid>/status "
+                         f"VmRSS, --rss-unit MiB or GiB for a dashboard's export (MiB x 1048576, GiB x 1073741824), "
+                         f"or --rss-unit B if these are bytes")
+    return v
 
 
 def memory_limit(path: Path | str, cols: dict[str, np.ndarray], option: float | None) -> float | None:
