@@ -261,6 +261,19 @@ def test_a_leak_under_repeated_excursions_is_read_from_the_levels_they_fall_back
         assert before is not None and before[0] > 16 * HOUR, before and before[0] / HOUR
 
 
+def test_a_slow_leak_under_repeated_excursions_is_read_from_the_line_through_its_fall_backs():
+    """Session 38, on blind.py's tuning-more seeds (24 MiB/h leaks within 4 h: 8 -> 11 of 12): the
+    running minimum over the excursions' length lags by its span and holds plateaus, whose pairwise
+    slopes of 0 pull the Theil-Sen slope down. Up to the last fall-back the 4 h window now reads the
+    floor capped by the line through the levels it fell back to (3.0-3.6 h after the onset before)."""
+    for seed in range(4):
+        t, v = _ratchet(seed, leak_mib_h=24.0, hours=30.0)
+        first = leak.first_detection(leak.scan(t, v))
+        assert first is not None and 12 * HOUR < first[0] < 14.95 * HOUR, first and first[0] / HOUR - 12
+        t, v = _ratchet(seed, hours=30.0)
+        assert leak.episodes(leak.scan(t, v), 2 * HOUR) == []
+
+
 def test_a_floor_window_that_changes_is_not_a_move_of_the_floor():
     """Found in the demo (session 22): the floor window grew from 10 to 30 min when a sawtooth's
     drops were first counted and shrank back later. Under a fast leak the minimum over the longer
