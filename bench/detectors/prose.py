@@ -3,7 +3,7 @@
 
     .venv/bin/python bench/detectors/prose.py [--set tuning|tuning-more|sealed] [--seeds N]
         [--only leak|drift] [--verbose] [--code-root DIR] [--detector production|simple]
-        [--generator prose|blind]
+        [--generator prose|blind|third]
 
 Per seed, seven leak series (timestamp, rss_bytes, limit_bytes; 30 s samples, 30-36 h; start-up
 growth of 300-700 MiB with tau 10-40 min, an allocator sawtooth of 70-110 MiB every 3-7 min,
@@ -20,7 +20,8 @@ diagnosis); sealed seeds 10000 + 100 i (reported, never tuned to). ``--code-root
 checkout (e.g. a worktree of an older commit) on the same series. ``--detector simple`` scores the
 issue's plain methods (``simple.py``) in-process on the same CSV files instead. ``--generator blind``
 scores the same 13 cases drawn by ``blind.py`` (session 21), a generator written by a helper who
-read only the issue's specification; its seeds are reported, never tuned to.
+read only the issue's specification, ``--generator third`` those of ``third.py`` (session 38, written
+the same way); their seeds are reported, never tuned to.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from pathlib import Path
 import blind  # bench/detectors/, beside this script
 import numpy as np
 import simple
+import third
 
 MIB = 2.0**20
 H = 3600.0
@@ -153,10 +155,11 @@ def main() -> int:
     ap.add_argument("--only", choices=("leak", "drift"), help="only the leak or only the acceptance series")
     ap.add_argument("--verbose", action="store_true", help="one line per series: seed, outcome, delay")
     ap.add_argument("--detector", choices=("production", "simple"), default="production")
-    ap.add_argument("--generator", choices=("prose", "blind"), default="prose",
-                    help="blind: the same 13 cases from blind.py, written apart from everything else here")
+    ap.add_argument("--generator", choices=("prose", "blind", "third"), default="prose",
+                    help="blind, third: the same 13 cases from blind.py (session 21) or third.py (session 38), "
+                         "each written apart from everything else here")
     args = ap.parse_args()
-    make = blind.cases if args.generator == "blind" else cases
+    make = {"prose": cases, "blind": blind.cases, "third": third.cases}[args.generator]
     rows: dict[str, list[dict]] = defaultdict(list)
     with tempfile.TemporaryDirectory() as tmp:
         for s in SETS[args.set][: args.seeds]:
