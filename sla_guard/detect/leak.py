@@ -912,9 +912,10 @@ def _excursion_envelope(
     out = y.copy()
     back = np.unique(np.searchsorted(t, done[:, 1]))  # the buckets where the floor fell back
     back = back[back < len(t)]
-    if len(back) >= 2 and back[-1] > lo:
-        a, lo = max(int(back[0]), lo), int(back[-1])
-        out[a:lo + 1] = np.minimum(y[a:lo + 1], np.interp(t[a:lo + 1], t[back], y[back]))
+    if len(back) >= 2 and back[-1] > lo:  # the line through the fall-backs, then the minimum after the last
+        first, last = max(int(back[0]), lo), int(back[-1])
+        out[first:last + 1] = np.minimum(y[first:last + 1], np.interp(t[first:last + 1], t[back], y[back]))
+        lo = last
     out[lo:] = _trailing_min(y[lo:], k + 1)
     return out, span
 
